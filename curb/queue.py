@@ -1,0 +1,249 @@
+"""The queue's state machine: which message goes to which subscription, and when it comes back.
+
+Rules (pure state, no sockets, no files):
+- A message is rdy, wip on exactly one subscription, or done. The source hands out
+  never-delivered rdy messages in FIFO order; NACKed messages and the wip of a closed
+  connection are rdy again and wait in a heap, oldest id first, ahead of the source.
+- A subscription holds at most `prefetch` wip messages. ACK and NACK free credit; in
+  "client" mode they are cumulative over the subscription's wip in delivery order.
+- "auto" subscriptions hold no wip: a message is done once handed to them. So that one
+  greedy consumer cannot pull the whole log into memory at once, they take at most
+  `prefetch` messages per `deliver()` call.
+- UNSUBSCRIBE pauses a subscription: it gets nothing more, its wip stays and can still be
+  ACKed or NACKed on its connection. Closing the connection returns all of its wip.
+- Competing subscriptions take turns, one message each, in a ring that persists across
+  calls. The ring holds exactly the subscriptions that could take a message now (active,
+  writable, with credit), so `deliver()` is O(1) when nothing can be delivered.
+"""
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+ACK_MODES = ("auto", "client", "client-individual")
+
+
+class QueueError(Exception):
+    """A client asked for something the queue state does not allow.
+
+    str() is a short reason, fit for the `message` header of an ERROR frame.
+    """
+
+
+class Message(Protocol):
+    """What the queue needs of a message (the log's record objects)."""
+
+    id: int  # unique, increasing in send order
+    deliveries: int  # times delivered so far; the queue increments it
+
+
+class Source(Protocol):
+    def next_ready(self) -> Message | None:
+        """The next never-delivered message in FIFO order, or None.
+
+        Taking a message means it is now delivered.
+        """
+
+
+@dataclass(eq=False)
+class Subscription:
+    """One SUBSCRIBE of a connection, and the messages it holds (its wip, in delivery order)."""
+
+    conn: Hashable
+    id: str
+    ack_mode: str
+    prefetch: int
+    active: bool = True
+    unacked: OrderedDict[int, Message] = field(default_factory=OrderedDict, repr=False)
+
+    def has_room(self) -> bool:
+        return self.ack_mode == "auto" or len(self.unacked) < self.prefetch
+
+
+class Queue:
+    """Subscriptions, their wip and credit, and the redelivery list, over a source of new ones."""
+
+    def __init__(self, source: Source, default_prefetch: int = 100, max_prefetch: int = 10000):
+        if not 1 <= default_prefetch <= max_prefetch:
+            raise ValueError(
+                f"need 1 <= default_prefetch ({default_prefetch}) <= max_prefetch ({max_prefetch})"
+            )
+        self._source = source
+        self._default_prefetch = default_prefetch
+        self._max_prefetch = max_prefetch
+        self._active: dict[Hashable, Subscription] = {}  # each connection's active subscription
+        self._paused: dict[Hashable, set[Subscription]] = {}  # unsubscribed but still holding wip
+        self._blocked: set[Hashable] = set()  # connections whose send buffer is full
+        self._wip: dict[int, Subscription] = {}  # message id -> the subscription holding it
+        self._redeliver: list[tuple[int, Message]] = []  # heap of (id, message), rdy again
+        # subscriptions that could take a message now, the next turn first
+        self._ring: OrderedDict[Subscription, None] = OrderedDict()
+
+    @property
+    def redeliver_count(self) -> int:
+        """Messages waiting in the redelivery list."""
+        return len(self._redeliver)
+
+    @property
+    def wip_count(self) -> int:
+        """Messages delivered and not yet ACKed or NACKed."""
+        return len(self._wip)
+
+    @property
+    def subscription_count(self) -> int:
+        """Active (not unsubscribed) subscriptions."""
+        return len(self._active)
+
+    def has_credit(self) -> bool:
+        """Some active, writable subscription could take a message now."""
+        return bool(self._ring)
+
+    def subscribe(
+        self, conn: Hashable, sub_id: str, ack_mode: str = "auto", prefetch: int | None = None
+    ) -> Subscription:
+        if conn in self._active:
+            raise QueueError(f"already subscribed as {self._active[conn].id!r}; UNSUBSCRIBE first")
+        if ack_mode not in ACK_MODES:
+            raise QueueError(f"unknown ack mode {ack_mode!r}; use one of {', '.join(ACK_MODES)}")
+        if prefetch is None:
+            prefetch = self._default_prefetch
+        elif prefetch < 1:
+            raise QueueError(f"prefetch must be at least 1, got {prefetch}")
+        sub = Subscription(conn, sub_id, ack_mode, min(prefetch, self._max_prefetch))
+        self._active[conn] = sub
+        self._refresh(sub)
+        return sub
+
+    def unsubscribe(self, conn: Hashable, sub_id: str) -> None:
+        """Pause: no more deliveries; its wip stays and can still be ACKed or NACKed."""
+        sub = self._active.get(conn)
+        if sub is None or sub.id != sub_id:
+            raise QueueError(f"no active subscription {sub_id!r} on this connection")
+        del self._active[conn]
+        sub.active = False
+        self._ring.pop(sub, None)
+        if sub.unacked:
+            self._paused.setdefault(conn, set()).add(sub)
+
+    def set_writable(self, conn: Hashable, writable: bool) -> None:
+        """Back-pressure: a connection whose send buffer is full gets nothing."""
+        if writable:
+            self._blocked.discard(conn)
+        else:
+            self._blocked.add(conn)
+        sub = self._active.get(conn)
+        if sub is not None:
+            self._refresh(sub)
+
+    def deliver(self) -> list[tuple[Subscription, Message]]:
+        """Hand out as many messages as credit allows: redeliveries (oldest first), then new ones.
+
+        Subscriptions take turns one message at a time. A message for an "auto" subscription
+        is done once returned (the caller removes it). Since an "auto" subscription takes at
+        most `prefetch` messages per call, a non-empty result may leave more deliverable:
+        call again once it is written.
+        """
+        delivered: list[tuple[Subscription, Message]] = []
+        ring = self._ring
+        if not ring:
+            return delivered
+        redeliver, wip, source = self._redeliver, self._wip, self._source
+        auto_taken: dict[Subscription, int] = {}
+        auto_spent: list[Subscription] = []
+        while ring:
+            if redeliver:
+                message = heapq.heappop(redeliver)[1]
+            else:
+                message = source.next_ready()
+                if message is None:
+                    break
+            sub = ring.popitem(last=False)[0]
+            message.deliveries += 1
+            delivered.append((sub, message))
+            if sub.ack_mode == "auto":
+                taken = auto_taken.get(sub, 0) + 1
+                auto_taken[sub] = taken
+                if taken < sub.prefetch:
+                    ring[sub] = None
+                else:
+                    auto_spent.append(sub)
+            else:
+                sub.unacked[message.id] = message
+                wip[message.id] = sub
+                if len(sub.unacked) < sub.prefetch:
+                    ring[sub] = None
+        for sub in auto_spent:
+            ring[sub] = None
+        return delivered
+
+    def ack(self, conn: Hashable, message_id: int) -> list[Message]:
+        """Finish the message (in "client" mode also the earlier wip of its subscription).
+
+        Returns the finished messages.
+        """
+        return self._settle(conn, message_id)
+
+    def nack(self, conn: Hashable, message_id: int) -> list[Message]:
+        """Like ack, but the messages become rdy again, ahead of never-delivered ones."""
+        messages = self._settle(conn, message_id)
+        for message in messages:
+            heapq.heappush(self._redeliver, (message.id, message))
+        return messages
+
+    def close(self, conn: Hashable) -> list[Message]:
+        """The connection is gone: its subscriptions vanish and all its wip is rdy again.
+
+        Returns that wip.
+        """
+        self._blocked.discard(conn)
+        subs = self._paused.pop(conn, set())
+        active = self._active.pop(conn, None)
+        if active is not None:
+            active.active = False
+            self._ring.pop(active, None)
+            subs.add(active)
+        returned: list[Message] = []
+        for sub in subs:
+            for message in sub.unacked.values():
+                del self._wip[message.id]
+                heapq.heappush(self._redeliver, (message.id, message))
+                returned.append(message)
+        return returned
+
+    def _settle(self, conn: Hashable, message_id: int) -> list[Message]:
+        """Take the message (cumulatively in "client" mode) out of wip; the caller places it."""
+        sub = self._wip.get(message_id)
+        if sub is None or sub.conn != conn:
+            raise QueueError(f"message {message_id} is not awaiting ACK or NACK on this connection")
+        unacked = sub.unacked
+        if sub.ack_mode == "client":
+            settled = []
+            while True:
+                settled_id, message = unacked.popitem(last=False)
+                del self._wip[settled_id]
+                settled.append(message)
+                if settled_id == message_id:
+                    break
+        else:
+            settled = [unacked.pop(message_id)]
+            del self._wip[message_id]
+        if sub.active:
+            self._refresh(sub)
+        elif not unacked:
+            self._forget_paused(sub)
+        return settled
+
+    def _forget_paused(self, sub: Subscription) -> None:
+        paused = self._paused[sub.conn]
+        paused.discard(sub)
+        if not paused:
+            del self._paused[sub.conn]
+
+    def _refresh(self, sub: Subscription) -> None:
+        """Put an active subscription in the ring if it could take a message now, else out."""
+        if sub.conn not in self._blocked and sub.has_room():
+            self._ring[sub] = None
+        else:
+            self._ring.pop(sub, None)
