@@ -1,0 +1,206 @@
+"""Prometheus and JSON views of the broker's counters, and the HTTP endpoint serving them."""
+
+import asyncio
+import http.client
+import json
+import socket
+import threading
+
+import pytest
+
+from curb import __version__
+from curb.metrics import Metrics, serve_http
+
+parser = pytest.importorskip(
+    "prometheus_client.parser", reason="prometheus_client (test extra) parses the exposition format"
+)
+
+GAUGES = {"rdy": 12, "wip": 3, "connections": 4, "subscriptions": 2,
+          "log_bytes": 4096, "live_bytes": 1500, "cap": 1 << 20}
+
+
+def parse(text: str) -> dict[str, parser.Metric]:
+    """Families by name; every sample must belong to a family declared with TYPE and HELP."""
+    families = {family.name: family for family in parser.text_string_to_metric_families(text)}
+    for family in families.values():
+        assert family.type != "unknown" and family.type != "untyped", family
+        assert family.documentation, family
+    return families
+
+
+def value(families, family: str, sample: str, **labels) -> float:
+    [found] = [s.value for s in families[family].samples if s.name == sample and s.labels == labels]
+    return found
+
+
+def test_counters_and_gauges_render_as_typed_prometheus_families():
+    metrics = Metrics()
+    metrics.sent, metrics.delivered, metrics.acked, metrics.nacked = 10, 8, 6, 1
+    metrics.redelivered, metrics.refused_full, metrics.refused_too_large = 2, 3, 4
+    metrics.connections_total, metrics.protocol_errors, metrics.compactions = 5, 6, 7
+    families = parse(metrics.prometheus(GAUGES))
+
+    counters = {
+        "curb_messages_sent": 10, "curb_messages_delivered": 8, "curb_messages_acked": 6,
+        "curb_messages_nacked": 1, "curb_messages_redelivered": 2,
+        "curb_connections_accepted": 5, "curb_protocol_errors": 6, "curb_compaction_moves": 7,
+    }
+    for name, expected in counters.items():
+        assert families[name].type == "counter"
+        assert value(families, name, name + "_total") == expected
+    assert value(families, "curb_sends_refused", "curb_sends_refused_total", reason="full") == 3
+    assert value(families, "curb_sends_refused", "curb_sends_refused_total", reason="too_large") == 4
+
+    assert value(families, "curb_messages", "curb_messages", state="rdy") == 12
+    assert value(families, "curb_messages", "curb_messages", state="wip") == 3
+    gauges = {"curb_connections_open": 4, "curb_subscriptions": 2, "curb_log_file_bytes": 4096,
+              "curb_log_live_bytes": 1500, "curb_log_cap_bytes": 1 << 20}
+    for name, expected in gauges.items():
+        assert families[name].type == "gauge"
+        assert value(families, name, name) == expected
+    assert value(families, "curb_build_info", "curb_build_info", version=__version__) == 1
+
+
+def test_fsync_latency_is_a_cumulative_histogram_in_seconds():
+    metrics = Metrics()
+    for seconds in (0.0003, 0.02, 0.0004, 10.0):
+        metrics.observe_fsync(seconds)
+    families = parse(metrics.prometheus(GAUGES))
+    name = "curb_fsync_duration_seconds"
+    assert families[name].type == "histogram"
+    assert value(families, name, name + "_bucket", le="0.0001") == 0
+    assert value(families, name, name + "_bucket", le="0.0005") == 2
+    assert value(families, name, name + "_bucket", le="0.025") == 3
+    assert value(families, name, name + "_bucket", le="2.5") == 3
+    assert value(families, name, name + "_bucket", le="+Inf") == 4
+    assert value(families, name, name + "_count") == 4
+    assert value(families, name, name + "_sum") == pytest.approx(10.0207)
+    assert metrics.fsyncs == 4
+
+
+def test_fsyncs_are_counted_only_through_observe_fsync():
+    metrics = Metrics()
+    with pytest.raises(AttributeError):
+        metrics.fsyncs += 1
+
+
+def test_stats_is_one_flat_json_object_of_gauges_and_counters():
+    metrics = Metrics()
+    metrics.sent = 9
+    metrics.observe_fsync(0.5)
+    stats = json.loads(json.dumps(metrics.stats(GAUGES)))
+    assert stats == {
+        "version": __version__, **GAUGES,
+        "sent": 9, "delivered": 0, "acked": 0, "nacked": 0, "redelivered": 0,
+        "refused_full": 0, "refused_too_large": 0, "connections_total": 0,
+        "protocol_errors": 0, "compactions": 0, "fsyncs": 1, "fsync_seconds_sum": 0.5,
+    }
+
+
+@pytest.fixture
+def endpoint():
+    """serve_http on a loopback port, run by an event loop in a thread; yields (port, metrics, gauges)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    metrics, gauges = Metrics(), dict(GAUGES)
+
+    def current_gauges():
+        if gauges.get("fail"):
+            raise RuntimeError("snapshot failed")
+        return dict(gauges)
+
+    server = asyncio.run_coroutine_threadsafe(
+        serve_http("127.0.0.1", 0, metrics, current_gauges), loop
+    ).result(timeout=10)
+    yield server.sockets[0].getsockname()[1], metrics, gauges
+    server.close()
+    asyncio.run_coroutine_threadsafe(server.wait_closed(), loop).result(timeout=10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=10)
+    loop.close()
+
+
+def request(port: int, method: str, path: str) -> tuple[http.client.HTTPResponse, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request(method, path)
+        response = conn.getresponse()
+        return response, response.read()
+    finally:
+        conn.close()
+
+
+def raw_exchange(port: int, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        return sock.makefile("rb").read()
+
+
+def test_metrics_endpoint_serves_the_current_values(endpoint):
+    port, metrics, gauges = endpoint
+    metrics.acked = 7
+    response, body = request(port, "GET", "/metrics")
+    assert response.status == 200
+    assert response.getheader("Content-Type") == "text/plain; version=0.0.4; charset=utf-8"
+    families = parse(body.decode())
+    assert value(families, "curb_messages_acked", "curb_messages_acked_total") == 7
+    assert value(families, "curb_messages", "curb_messages", state="rdy") == 12
+
+    gauges["rdy"] = 0
+    metrics.acked = 19
+    families = parse(request(port, "GET", "/metrics?x=1")[1].decode())
+    assert value(families, "curb_messages", "curb_messages", state="rdy") == 0
+    assert value(families, "curb_messages_acked", "curb_messages_acked_total") == 19
+
+
+def test_stats_endpoint_serves_json(endpoint):
+    port, metrics, _ = endpoint
+    metrics.sent = 3
+    response, body = request(port, "GET", "/stats")
+    assert response.status == 200
+    assert response.getheader("Content-Type") == "application/json"
+    stats = json.loads(body)
+    assert stats["sent"] == 3 and stats["rdy"] == 12
+
+
+def test_head_answers_headers_without_a_body(endpoint):
+    port, _, _ = endpoint
+    response, body = request(port, "HEAD", "/stats")
+    assert response.status == 200
+    assert int(response.getheader("Content-Length")) > 0
+    assert body == b""
+
+
+@pytest.mark.parametrize("method, path, status", [
+    ("GET", "/", 404),
+    ("GET", "/metricsx", 404),
+    ("POST", "/metrics", 405),
+    ("DELETE", "/stats", 405),
+])
+def test_other_paths_and_methods_are_refused(endpoint, method, path, status):
+    port, _, _ = endpoint
+    response, _ = request(port, method, path)
+    assert response.status == status
+    if status == 405:
+        assert response.getheader("Allow") == "GET, HEAD"
+
+
+@pytest.mark.parametrize("data", [
+    b"HELLO\r\n\r\n",
+    b"GET /metrics SPDY/3\r\n\r\n",
+    b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\n\r\n",
+    b"GET /metrics HTTP/1.1\r\n" + b"X-Many: yes\r\n" * 200 + b"\r\n",
+])
+def test_malformed_requests_get_400_and_the_endpoint_keeps_serving(endpoint, data):
+    port, _, _ = endpoint
+    assert raw_exchange(port, data).startswith(b"HTTP/1.1 400 ")
+    assert request(port, "GET", "/metrics")[0].status == 200
+
+
+def test_a_failing_snapshot_is_a_500_not_a_dead_endpoint(endpoint):
+    port, _, gauges = endpoint
+    gauges["fail"] = True
+    assert request(port, "GET", "/metrics")[0].status == 500
+    del gauges["fail"]
+    assert request(port, "GET", "/metrics")[0].status == 200
