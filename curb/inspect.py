@@ -1,0 +1,220 @@
+"""`curb inspect`: what is in a log file, read offline without taking its lock.
+
+Meant for the operator of a stuck or full queue: one short summary (how many
+messages wait and since when, whether some keep coming back, how full the file
+is, whether a crash tore the tail) and, on request, the messages themselves.
+"""
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import click
+
+from curb.log import Entry, LogError, LogReader, Summary
+
+PREVIEW_BYTES = 64
+
+
+@dataclass
+class _Findings:
+    """What one pass over the entries tells beyond the log's own summary."""
+
+    oldest: Entry | None = None
+    redelivered: int = 0
+    most_delivered: Entry | None = None
+    listed: list[Entry] = field(default_factory=list)
+    unlisted: int = 0
+
+
+def _scan(reader: LogReader, list_states: set[str], limit: int) -> _Findings:
+    found = _Findings()
+    for entry in reader.entries():
+        if entry.state == "rdy":
+            found.oldest = found.oldest or entry
+            if entry.deliveries:
+                found.redelivered += 1
+                if found.most_delivered is None or entry.deliveries > found.most_delivered.deliveries:
+                    found.most_delivered = entry
+        if entry.state in list_states:
+            if limit == 0 or len(found.listed) < limit:
+                found.listed.append(entry)
+            else:
+                found.unlisted += 1
+    return found
+
+
+@click.command("inspect")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--messages", is_flag=True, help="Also list the waiting (rdy) messages, in queue order.")
+@click.option("--acked", is_flag=True, help="With --messages, list acked records not yet reclaimed too.")
+@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True,
+              help="List at most N messages (0: all).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+def inspect_command(path: str, messages: bool, acked: bool, limit: int, as_json: bool) -> None:
+    """Tell what is in the Curb log file PATH.
+
+    Read-only and lock-free, so it is safe on the log of a running broker (whose
+    in-flight messages show as rdy: wip is not kept on disk).
+    """
+    try:
+        reader = LogReader(path)
+        summary = reader.summary()
+        list_states = ({"rdy", "ack"} if acked else {"rdy"}) if messages else set()
+        found = _scan(reader, list_states, limit)
+    except LogError as error:
+        raise click.ClickException(str(error)) from None
+    except OSError as error:
+        raise click.ClickException(f"cannot read {path}: {error.strerror or error}") from None
+    now_ms = time.time_ns() // 1_000_000
+    if as_json:
+        document = {"summary": _summary_json(summary, found, now_ms)}
+        if messages:
+            document["messages"] = [_entry_json(entry, now_ms) for entry in found.listed]
+        click.echo(json.dumps(document, indent=2))
+        return
+    click.echo(_summary_text(summary, found, now_ms))
+    if messages:
+        click.echo(_messages_text(found, now_ms, limit))
+
+
+def _summary_text(summary: Summary, found: _Findings, now_ms: int) -> str:
+    lines = [f"curb log {summary.path}"]
+    waiting = f"{summary.messages:,} rdy" + (" (queue empty)" if summary.messages == 0 else "")
+    lines.append(f"  messages  {waiting}, {summary.acked:,} ack not yet reclaimed")
+    lines.append(f"  oldest    {'-' if found.oldest is None else _describe(found.oldest, now_ms)}")
+    lines.append(f"  retried   {_retried(found)}")
+    lines.append(f"  space     live {_size(summary.live_bytes)} ({_percent(summary.live_bytes, summary.cap)} of cap "
+                 f"{_size(summary.cap)}), dead {_size(summary.dead_bytes)}, file {_size(summary.file_bytes)}")
+    if summary.torn is None:
+        lines.append("  tail      clean")
+    else:
+        lines.append(f"  tail      TORN: {summary.torn}")
+        lines.append("            an unfinished write (a crash, or one in progress on a running broker):")
+        lines.append("            never acknowledged to its producer; the broker drops it when it starts")
+    return "\n".join(lines)
+
+
+def _retried(found: _Findings) -> str:
+    """How many waiting messages came back after a delivery, and the worst one: a poison message shows here."""
+    if found.oldest is None:
+        return "-"
+    if found.most_delivered is None:
+        return "none of them delivered before"
+    worst = found.most_delivered
+    return f"{found.redelivered:,} of them delivered before; most: #{worst.id}, {_delivered(worst.deliveries)}"
+
+
+def _messages_text(found: _Findings, now_ms: int, limit: int) -> str:
+    if not found.listed:
+        return "\nno messages to list"
+    lines = [""]
+    for entry in found.listed:
+        lines.append(f"#{entry.id} {entry.state}, {_describe(entry, now_ms, with_id=False)}, "
+                     f"{_size(len(entry.body))} body")
+        lines.extend(f"    {_escape(name)}: {_escape(value)}" for name, value in entry.headers.items())
+        lines.append(f"    body: {_preview(entry.body)}")
+    if found.unlisted:
+        lines.append(f"... {found.unlisted:,} more not listed (--limit {limit}; --limit 0 lists all)")
+    return "\n".join(lines)
+
+
+def _describe(entry: Entry, now_ms: int, with_id: bool = True) -> str:
+    sent = datetime.fromtimestamp(entry.timestamp_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    text = f"sent {_age(now_ms - entry.timestamp_ms)} ago ({sent}), {_delivered(entry.deliveries)}"
+    return f"#{entry.id}, {text}" if with_id else text
+
+
+def _summary_json(summary: Summary, found: _Findings, now_ms: int) -> dict:
+    return {
+        "path": str(summary.path),
+        "file_bytes": summary.file_bytes,
+        "cap": summary.cap,
+        "messages": summary.messages,
+        "acked": summary.acked,
+        "live_bytes": summary.live_bytes,
+        "dead_bytes": summary.dead_bytes,
+        "oldest_timestamp_ms": summary.oldest_timestamp_ms,
+        "oldest_age_seconds": None if summary.oldest_timestamp_ms is None
+        else max(0, now_ms - summary.oldest_timestamp_ms) / 1000,
+        "redelivered_messages": found.redelivered,
+        "most_delivered": None if found.most_delivered is None
+        else {"id": found.most_delivered.id, "deliveries": found.most_delivered.deliveries},
+        "torn": summary.torn,
+    }
+
+
+def _entry_json(entry: Entry, now_ms: int) -> dict:
+    return {
+        "id": entry.id,
+        "state": entry.state,
+        "deliveries": entry.deliveries,
+        "timestamp_ms": entry.timestamp_ms,
+        "age_seconds": max(0, now_ms - entry.timestamp_ms) / 1000,
+        "offset": entry.offset,
+        "size": entry.size,
+        "headers": entry.headers,
+        "body_bytes": len(entry.body),
+        "body_preview": _preview(entry.body),
+    }
+
+
+def _preview(body: bytes) -> str:
+    """The first PREVIEW_BYTES of a body on one line: text as is, anything else escaped."""
+    if not body:
+        return "(empty)"
+    text = _escape(body[:PREVIEW_BYTES].decode("utf-8", errors="surrogateescape"))
+    if len(body) > PREVIEW_BYTES:
+        text += f" ... ({len(body) - PREVIEW_BYTES:,} more bytes)"
+    return text
+
+
+_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(text: str) -> str:
+    """Text kept readable on one line: control characters and undecodable bytes (surrogate escapes) escaped."""
+    out = []
+    for char in text:
+        code = ord(char)
+        if char in _ESCAPES:
+            out.append(_ESCAPES[char])
+        elif 0xDC80 <= code <= 0xDCFF:
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif not char.isprintable():
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def _age(ms: int) -> str:
+    seconds = max(0, ms) // 1000
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{seconds:02d}s"
+    return f"{seconds}s"
+
+
+def _delivered(count: int) -> str:
+    return {0: "never delivered", 1: "delivered once"}.get(count, f"delivered {count:,} times")
+
+
+def _size(n: int) -> str:
+    value, unit = float(n), "B"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+def _percent(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.0f}%" if whole else "-"

@@ -1,0 +1,168 @@
+"""`curb inspect`: the offline report on a log file."""
+
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+from click.testing import CliRunner
+
+import curb.inspect
+from curb.inspect import inspect_command
+from curb.log import LogError
+
+HOUR_MS = 3600 * 1000
+
+
+def entry(id, state="rdy", deliveries=0, age_ms=0, headers=None, body=b"x"):
+    return SimpleNamespace(id=id, state=state, deliveries=deliveries,
+                           timestamp_ms=time.time_ns() // 1_000_000 - age_ms, offset=512 + 100 * id,
+                           size=100, headers=headers or {}, body=body)
+
+
+def summary(entries, torn=None, cap=1 << 20):
+    waiting = [e for e in entries if e.state == "rdy"]
+    return SimpleNamespace(
+        path="/srv/q/curb.log", file_bytes=64 * 1024, cap=cap, messages=len(waiting),
+        acked=len(entries) - len(waiting), live_bytes=100 * len(waiting), dead_bytes=100 * (len(entries) - len(waiting)),
+        oldest_timestamp_ms=waiting[0].timestamp_ms if waiting else None, torn=torn,
+    )
+
+
+@pytest.fixture
+def log_file(tmp_path, monkeypatch):
+    """A path whose reading is served by a stand-in LogReader; returns a function that sets what it holds."""
+    path = tmp_path / "curb.log"
+    path.write_bytes(b"")
+    held = {}
+
+    class FakeReader:
+        def __init__(self, given):
+            assert str(given) == str(path)
+            if "error" in held:
+                raise held["error"]
+
+        def entries(self):
+            return iter(held["entries"])
+
+        def summary(self):
+            return summary(held["entries"], held.get("torn"))
+
+    monkeypatch.setattr(curb.inspect, "LogReader", FakeReader)
+
+    def holding(entries, torn=None, error=None):
+        held.update(entries=entries, torn=torn)
+        if error:
+            held["error"] = error
+        return str(path)
+
+    return holding
+
+
+def run(*args):
+    result = CliRunner().invoke(inspect_command, [str(a) for a in args])
+    return result
+
+
+def test_summary_answers_how_many_wait_since_when_and_whether_one_keeps_coming_back(log_file):
+    path = log_file([
+        entry(1, state="ack"),
+        entry(2, deliveries=3, age_ms=3 * HOUR_MS + 5000),
+        entry(3, deliveries=17, age_ms=HOUR_MS),
+        entry(4),
+    ])
+    result = run(path)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "curb log /srv/q/curb.log"
+    assert lines[1] == "  messages  3 rdy, 1 ack not yet reclaimed"
+    assert lines[2].startswith("  oldest    #2, sent 3h00m ago (")
+    assert lines[2].endswith(" UTC), delivered 3 times")
+    assert lines[3] == "  retried   2 of them delivered before; most: #3, delivered 17 times"
+    assert lines[4] == "  space     live 300 B (0% of cap 1.0 MiB), dead 100 B, file 64.0 KiB"
+    assert lines[5] == "  tail      clean"
+    assert len(lines) == 6
+
+
+def test_summary_of_an_empty_queue(log_file):
+    result = run(log_file([entry(1, state="ack")]))
+    assert "  messages  0 rdy (queue empty), 1 ack not yet reclaimed" in result.output
+    assert "  oldest    -" in result.output
+    assert "  retried   -" in result.output
+
+
+def test_summary_says_none_came_back_when_no_waiting_message_was_delivered(log_file):
+    result = run(log_file([entry(1, age_ms=90_000)]))
+    assert "  oldest    #1, sent 1m30s ago (" in result.output
+    assert "never delivered" in result.output
+    assert "  retried   none of them delivered before" in result.output
+
+
+def test_a_torn_tail_is_reported_and_explained(log_file):
+    result = run(log_file([entry(1)], torn="37 bytes at offset 4096"))
+    assert "  tail      TORN: 37 bytes at offset 4096" in result.output
+    assert "never acknowledged to its producer" in result.output
+
+
+def test_messages_lists_the_waiting_messages_with_headers_and_an_escaped_body(log_file):
+    path = log_file([
+        entry(1, state="ack", body=b"done"),
+        entry(2, deliveries=1, headers={"content-type": "text/plain", "trace": "a\nb"}, body=b"line1\nline2\x00\xff"),
+        entry(3, body="grüße".encode() + b"z" * 100),
+        entry(4, body=b""),
+    ])
+    result = run(path, "--messages")
+    assert result.exit_code == 0, result.output
+    listing = result.output.split("\n\n", 1)[1].splitlines()
+    assert listing[0].startswith("#2 rdy, sent 0s ago (")
+    assert listing[0].endswith("delivered once, 13 B body")
+    assert listing[1:4] == ["    content-type: text/plain", "    trace: a\\nb", "    body: line1\\nline2\\x00\\xff"]
+    assert listing[4].endswith("never delivered, 107 B body")
+    assert listing[5] == "    body: grüße" + "z" * 57 + " ... (43 more bytes)"
+    assert listing[7] == "    body: (empty)"
+    assert len(listing) == 8
+
+
+def test_acked_records_are_listed_only_on_request(log_file):
+    path = log_file([entry(1, state="ack"), entry(2)])
+    assert "#1 ack" not in run(path, "--messages").output
+    assert "#1 ack" in run(path, "--messages", "--acked").output
+
+
+def test_limit_bounds_the_listing_and_says_how_many_are_left(log_file):
+    path = log_file([entry(i) for i in range(1, 6)])
+    result = run(path, "--messages", "--limit", 2)
+    assert "#2 rdy" in result.output and "#3 rdy" not in result.output
+    assert result.output.rstrip().endswith("... 3 more not listed (--limit 2; --limit 0 lists all)")
+    assert "#5 rdy" in run(path, "--messages", "--limit", 0).output
+
+
+def test_json_carries_the_summary_and_the_messages(log_file):
+    path = log_file([entry(1, state="ack"), entry(2, deliveries=4, age_ms=HOUR_MS, headers={"k": "v"}, body=b"\x01hi")],
+                    torn="9 bytes at offset 700")
+    result = run(path, "--json", "--messages")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    head = document["summary"]
+    assert head["messages"] == 1 and head["acked"] == 1 and head["torn"] == "9 bytes at offset 700"
+    assert head["most_delivered"] == {"id": 2, "deliveries": 4}
+    assert head["oldest_age_seconds"] == pytest.approx(3600, abs=60)
+    [message] = document["messages"]
+    assert message["id"] == 2 and message["headers"] == {"k": "v"}
+    assert message["body_bytes"] == 3 and message["body_preview"] == "\\x01hi"
+
+
+def test_json_without_messages_has_only_the_summary(log_file):
+    assert json.loads(run(log_file([entry(1)]), "--json").output).keys() == {"summary"}
+
+
+def test_a_file_that_is_not_a_curb_log_is_a_clear_error(log_file):
+    result = run(log_file([], error=LogError("not a curb log: it does not start with the curb header")))
+    assert result.exit_code == 1
+    assert "Error: not a curb log: it does not start with the curb header" in result.output
+
+
+def test_a_missing_file_is_a_usage_error(tmp_path):
+    result = run(tmp_path / "nope.log")
+    assert result.exit_code == 2
+    assert "does not exist" in result.output
