@@ -1,0 +1,68 @@
+"""The wheel carries the units and the console script, and installs into a clean venv."""
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import curb
+
+SOURCE = Path(__file__).resolve().parent.parent
+UNIT_FILES = ("curb@.service", "curb@.socket", "curb.env.example")
+
+pytestmark = pytest.mark.slow
+
+
+def run(*command, cwd: Path, timeout: float = 300) -> str:
+    result = subprocess.run([str(c) for c in command], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{command} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """A wheel built by `pip wheel` from a copy of the source, so the checkout gets no build droppings."""
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(SOURCE / name, source)
+    shutil.copytree(SOURCE / "curb", source / "curb", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    out = tmp_path_factory.mktemp("wheel")
+    run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", out, source, cwd=source)
+    [built] = out.glob("curb-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def venv(wheel, tmp_path_factory) -> Path:
+    """A fresh virtual environment with only the wheel and its dependencies installed."""
+    where = tmp_path_factory.mktemp("venv")
+    run(sys.executable, "-m", "venv", "--without-pip", where, cwd=where)
+    run(sys.executable, "-m", "pip", "--python", where / "bin" / "python", "install", "--quiet",
+        "--disable-pip-version-check", wheel, cwd=where)
+    return where
+
+
+def test_wheel_holds_the_unit_files_and_the_console_script(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        [entry_points] = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        scripts = archive.read(entry_points).decode()
+    assert {f"curb/units/{unit}" for unit in UNIT_FILES} <= names
+    assert "curb = curb.cli:main" in scripts
+
+
+def test_installed_console_script_and_module_report_the_version(venv):
+    assert curb.__version__ in run(venv / "bin" / "curb", "--version", cwd=venv)
+    assert curb.__version__ in run(venv / "bin" / "python", "-m", "curb", "--version", cwd=venv)
+
+
+def test_installed_package_carries_the_unit_files(venv):
+    where = run(venv / "bin" / "python", "-c",
+                "import curb, pathlib; print(pathlib.Path(curb.__file__).parent / 'units')", cwd=venv).strip()
+    units = Path(where)
+    assert units.is_relative_to(venv)
+    for unit in UNIT_FILES:
+        assert (units / unit).read_text() == (SOURCE / "curb" / "units" / unit).read_text()
