@@ -59,10 +59,10 @@ def inspect_command(path: str, messages: bool, acked: bool, limit: int, as_json:
     in-flight messages show as rdy: wip is not kept on disk).
     """
     try:
-        reader = LogReader(path)
-        summary = reader.summary()
-        list_states = ({"rdy", "ack"} if acked else {"rdy"}) if messages else set()
-        found = _scan(reader, list_states, limit)
+        with LogReader(path) as reader:
+            summary = reader.summary()
+            list_states = ({"rdy", "ack"} if acked else {"rdy"}) if messages else set()
+            found = _scan(reader, list_states, limit)
     except LogError as error:
         raise click.ClickException(str(error)) from None
     except OSError as error:
