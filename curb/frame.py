@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import repeat
 
 HEARTBEAT = b"\n"
 UNESCAPED_COMMANDS = frozenset({"CONNECT", "STOMP", "CONNECTED"})
@@ -24,7 +25,10 @@ _EOLS = re.compile(rb"(?:\r?\n)+")
 _LONE_CR = re.compile(rb"\r[^\n]")
 _ESCAPE_SEQUENCE = re.compile(r"\\(.?)", re.DOTALL)
 _UNESCAPES = {"r": "\r", "n": "\n", "c": ":", "\\": "\\"}
-_NEEDS_ESCAPE = re.compile(r"[\\\r\n:]")
+# Arguments that make map(str.split, lines, ...) split every line at its first colon, in C.
+_COLON, _ONCE = repeat(":"), repeat(1)
+# An incomplete head's scan: complete lines seen, where the current line starts, CR seen.
+_NO_HEAD_SCAN = (0, 0, False)
 # Decimal digits of a content-length beyond which it can only be too large (and int() slow).
 _MAX_LENGTH_DIGITS = 19
 
@@ -42,8 +46,6 @@ class Frame:
 
 def escape(text: str) -> str:
     """Escape a header name or value for the wire (STOMP 1.2)."""
-    if not _NEEDS_ESCAPE.search(text):
-        return text
     return text.replace("\\", "\\\\").replace("\r", "\\r").replace("\n", "\\n").replace(":", "\\c")
 
 
@@ -67,20 +69,28 @@ def encode(command: str, headers: dict[str, str] | Iterable[tuple[str, str]] = (
     """One wire frame with escaped headers (CONNECT, STOMP, CONNECTED excepted) and an
     exact content-length: emitted when the body is non-empty and always for SEND, MESSAGE
     and ERROR; a caller-given content-length is replaced."""
-    pairs = [(name, value) for name, value in (headers.items() if isinstance(headers, dict) else headers)
-             if name != "content-length"]
-    if command in UNESCAPED_COMMANDS:
-        if any("\n" in name or "\r" in name or ":" in name or "\n" in value or "\r" in value
-               for name, value in pairs):
-            raise ValueError(f"{command} headers cannot carry CR, LF or a colon in a name (no escaping)")
-    elif _NEEDS_ESCAPE.search("".join(name + value for name, value in pairs)):
-        pairs = [(escape(name), escape(value)) for name, value in pairs]
+    items = headers.items() if isinstance(headers, dict) else list(headers)
     lines = [command]
-    lines.extend(f"{name}:{value}" for name, value in pairs)
+    lines += [f"{name}:{value}" for name, value in items if name != "content-length"]
+    head = "\n".join(lines)
+    # Usually no header holds a character that needs escaping: one colon per line, no CR or \.
+    count = len(lines) - 1
+    if head.count(":") != count or head.count("\n") != count or "\\" in head or "\r" in head:
+        head = "\n".join([command, *_special_header_lines(command, items)])
     if body or command in ALWAYS_SIZED_COMMANDS:
-        lines.append(f"content-length:{len(body)}")
-    lines.append("\n")
-    return b"".join(("\n".join(lines).encode(), body, b"\0"))
+        head = f"{head}\ncontent-length:{len(body)}"
+    return b"".join((head.encode(), b"\n\n", body, b"\0"))
+
+
+def _special_header_lines(command: str, items: Iterable[tuple[str, str]]) -> list[str]:
+    """Header lines when some name or value holds a backslash, CR, LF or colon: escaped, or,
+    for the frames that are never escaped, checked to be representable at all."""
+    pairs = [(name, value) for name, value in items if name != "content-length"]
+    if command not in UNESCAPED_COMMANDS:
+        return [f"{escape(name)}:{escape(value)}" for name, value in pairs]
+    if any("\n" in name or "\r" in name or ":" in name or "\n" in value or "\r" in value for name, value in pairs):
+        raise ValueError(f"{command} headers cannot carry CR, LF or a colon in a name (no escaping)")
+    return [f"{name}:{value}" for name, value in pairs]
 
 
 class FrameParser:
@@ -97,11 +107,9 @@ class FrameParser:
         self.max_headers = max_headers
         self.max_header_line = max_header_line
         self._pending = bytearray()  # unparsed bytes, starting at the incomplete frame
-        self._searched = 0           # bytes of the pending frame already searched
-        self._head_lines = 0         # complete lines (command included) in the incomplete head
-        self._line_start = 0         # where the incomplete head's current line starts
-        self._head_has_cr = False    # a CR was seen in the incomplete head
-        # Parsed head of the pending frame: command, headers, body offset, content-length.
+        self._searched = 0           # bytes of the incomplete frame already searched
+        self._head_scan = _NO_HEAD_SCAN
+        # Parsed head of the incomplete frame: command, headers, body offset, content-length.
         self._head: tuple[str, dict[str, str], int, int | None] | None = None
 
     def feed(self, data: bytes) -> list[Frame]:
@@ -134,95 +142,94 @@ class FrameParser:
         where the unparsed rest starts (the incomplete frame's state is saved, relative to it)."""
         end = len(buf)
         find = buf.find
+        append = frames.append
+        head = self._head
+        searched = self._searched
         while pos < end:
-            if self._head is None:
-                if buf[pos] == 10 or buf[pos] == 13:
+            if head is None:
+                if buf[pos] <= 13:  # maybe LF or CR: heart-beats
                     match = _EOLS.match(buf, pos)
                     if match:
                         pos = match.end()
-                        self._reset()
+                        searched = 0
+                        self._head_scan = _NO_HEAD_SCAN
                         if pos == end:
                             break
-                searched = self._searched
-                # A terminator (LF LF or LF CR LF) may straddle feeds: search from a bit back.
-                head_end = find(b"\n\n", pos + searched - 1 if searched else pos)
-                has_cr = self._head_has_cr or find(b"\r", pos + searched, end if head_end < 0 else head_end) >= 0
+                # A head end (LF LF or LF CR LF) may straddle feeds: resume a little back.
+                resume = pos + searched - 2 if searched > 2 else pos
+                head_end = find(b"\n\n", resume)
+                has_cr = (searched > 0 and self._head_scan[2]) or find(
+                    b"\r", pos + searched, end if head_end < 0 else head_end) >= 0
                 if has_cr:
-                    head_end = self._crlf_head_end(buf, max(pos, pos + searched - 2), head_end)
+                    lf_crlf = find(b"\n\r\n", resume, end if head_end < 0 else head_end)
+                    if lf_crlf >= 0:
+                        head_end = lf_crlf
                 if head_end < 0:
-                    self._check_incomplete_head(buf, pos, has_cr)
+                    searched = self._check_incomplete_head(buf, pos, searched, has_cr)
                     break
-                command, headers, body_start = self._parse_head(buf, pos, head_end, has_cr)
-                length = headers.get("content-length")
-                if length is not None:
-                    length = self._content_length(length, body_start - pos)
-                self._head = (command, headers, body_start - pos, length)
-                self._searched = body_start - pos
-            command, headers, body_offset, length = self._head
+                if searched:
+                    self._head_scan = _NO_HEAD_SCAN
+                command, headers, body_offset, length = self._parse_head(buf, pos, head_end, has_cr)
+                searched = body_offset
+            else:
+                command, headers, body_offset, length = head
+                head = None
             if length is None:
-                nul = find(b"\0", pos + self._searched)
+                nul = find(b"\0", pos + searched)
                 if nul < 0:
-                    self._searched = end - pos
-                    if self._searched > self.max_frame_bytes:
+                    searched = end - pos
+                    if searched > self.max_frame_bytes:
                         raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes")
+                    head = (command, headers, body_offset, length)
                     break
                 if nul - pos > self.max_frame_bytes:
                     raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes")
             else:
                 nul = pos + body_offset + length
                 if nul >= end:
+                    head = (command, headers, body_offset, length)
                     break
                 if buf[nul]:
                     raise ProtocolError("body is not followed by NUL at content-length")
-            frames.append(Frame(command, headers, buf[pos + body_offset:nul]))
-            self._reset()
+            append(Frame(command, headers, buf[pos + body_offset:nul]))
+            searched = 0
             pos = nul + 1
             if len(frames) == limit:
                 break
+        self._head = head
+        self._searched = searched
         return pos
 
-    def _reset(self) -> None:
-        """Forget the pending frame's state: the next byte starts a new frame."""
-        self._head = None
-        self._searched = self._head_lines = self._line_start = 0
-        self._head_has_cr = False
-
-    @staticmethod
-    def _crlf_head_end(buf: bytes | bytearray, start: int, lf_lf: int) -> int:
-        """Where a head that may use CRLF ends: the earlier of LF LF and LF CR LF."""
-        lf_crlf = buf.find(b"\n\r\n", start, len(buf) if lf_lf < 0 else lf_lf)
-        return lf_crlf if lf_crlf >= 0 else lf_lf
-
-    def _check_incomplete_head(self, buf: bytes | bytearray, pos: int, has_cr: bool) -> None:
-        """Record how far the incomplete head was searched and fail early on a limit."""
+    def _check_incomplete_head(self, buf: bytes | bytearray, pos: int, searched: int, has_cr: bool) -> int:
+        """Save how far the incomplete head at pos was scanned, fail early on a limit or a bad CR,
+        and return the new count of searched bytes."""
         end = len(buf)
-        searched = pos + self._searched
-        unchecked = pos + self._line_start  # lines from here on were not length-checked yet
-        self._head_lines += buf.count(b"\n", searched, end)
-        last_lf = buf.rfind(b"\n", searched, end)
+        lines, line_start, _ = self._head_scan
+        unchecked = pos + line_start  # lines from here on were not length-checked yet
+        lines += buf.count(b"\n", pos + searched, end)
+        last_lf = buf.rfind(b"\n", pos + searched, end)
         if last_lf >= 0:
-            self._line_start = last_lf + 1 - pos
-        self._searched = end - pos
-        self._head_has_cr = has_cr
-        if has_cr and _LONE_CR.search(buf, max(pos, searched - 1), end):
+            line_start = last_lf + 1 - pos
+        self._head_scan = (lines, line_start, has_cr)
+        if has_cr and _LONE_CR.search(buf, max(pos, pos + searched - 1), end):
             raise ProtocolError("CR not followed by LF in frame head")
-        if self._head_lines - 1 > self.max_headers:
+        if lines - 1 > self.max_headers:
             raise ProtocolError(f"more than {self.max_headers} headers")
         if end - unchecked > self.max_header_line and max(
                 len(line.rstrip(b"\r")) for line in buf[unchecked:end].split(b"\n")) > self.max_header_line:
             raise ProtocolError(f"header line exceeds {self.max_header_line} bytes")
         if end - pos > self.max_frame_bytes:
             raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes")
+        return end - pos
 
     def _parse_head(self, buf: bytes | bytearray, pos: int, head_end: int,
-                    has_cr: bool) -> tuple[str, dict[str, str], int]:
-        """Decode the command and headers in buf[pos:head_end]; return them and the body start."""
+                    has_cr: bool) -> tuple[str, dict[str, str], int, int | None]:
+        """Decode the head in buf[pos:head_end]: command, headers, body offset, content-length."""
         try:
             text = buf[pos:head_end].decode()
         except UnicodeDecodeError:
             raise ProtocolError("frame head is not valid UTF-8") from None
         lines = text.split("\n")
-        body_start = head_end + (3 if buf[head_end + 1] == 13 else 2)
         if has_cr:
             lines = [line[:-1] if line.endswith("\r") else line for line in lines]
             if any("\r" in line for line in lines):
@@ -231,34 +238,38 @@ class FrameParser:
             raise ProtocolError(f"more than {self.max_headers} headers")
         if head_end - pos > self.max_header_line and max(len(line.encode()) for line in lines) > self.max_header_line:
             raise ProtocolError(f"header line exceeds {self.max_header_line} bytes")
-        if body_start - pos > self.max_frame_bytes:
-            raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes")
         command = lines[0]
         del lines[0]
-        return command, _headers(lines, "\\" in text and command not in UNESCAPED_COMMANDS), body_start
-
-    def _content_length(self, value: str, head_bytes: int) -> int:
-        """The announced body length, checked against the frame size limit."""
-        if not (value.isdigit() and value.isascii()):
-            raise ProtocolError("content-length is not a non-negative decimal integer")
-        if len(value) > _MAX_LENGTH_DIGITS or head_bytes + int(value) > self.max_frame_bytes:
+        try:
+            headers = dict(map(str.split, lines, _COLON, _ONCE))
+        except ValueError:
+            raise ProtocolError("header line without a colon") from None
+        escaped = "\\" in text and command not in UNESCAPED_COMMANDS
+        if escaped or len(headers) != len(lines):
+            headers = _first_headers(lines, escaped)
+        if "" in headers:
+            raise ProtocolError("header with an empty name")
+        body_offset = head_end - pos + (3 if buf[head_end + 1] == 13 else 2)
+        size = body_offset
+        length = headers.get("content-length")
+        if length is not None:
+            if not (length.isdigit() and length.isascii()):
+                raise ProtocolError("content-length is not a non-negative decimal integer")
+            if len(length) > _MAX_LENGTH_DIGITS:
+                raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes")
+            length = int(length)
+            size += length
+        if size > self.max_frame_bytes:
             raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes")
-        return int(value)
+        return command, headers, body_offset, length
 
 
-def _headers(lines: list[str], escaped: bool) -> dict[str, str]:
-    """Header lines to a dict in wire order, first occurrence winning."""
-    try:
-        headers = dict(line.split(":", 1) for line in lines)
-    except ValueError:
-        raise ProtocolError("header line without a colon") from None
-    if escaped or len(headers) != len(lines):
-        headers = {}
-        for line in lines:
-            name, _, value = line.partition(":")
-            if escaped:
-                name, value = unescape(name), unescape(value)
-            headers.setdefault(name, value)
-    if "" in headers:
-        raise ProtocolError("header with an empty name")
+def _first_headers(lines: list[str], escaped: bool) -> dict[str, str]:
+    """Header lines to a dict in wire order, unescaped if asked, first occurrence winning."""
+    headers: dict[str, str] = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        if escaped:
+            name, value = unescape(name), unescape(value)
+        headers.setdefault(name, value)
     return headers
