@@ -110,7 +110,7 @@ class Log:
             raise LogError(f"-cap {cap} is too small: the log needs at least {MIN_CAP // 1024}KiB")
         self.end = cap - cap % 4096
         self.capacity = self.end - RING_START
-        self.max_record = min(max_payload + PAD_SIZE, self.capacity // 8)
+        self.max_record = min(max_payload + PAD_SIZE, self.capacity // 32)
         self._reserve = 2 * (self.max_record + PAD_SIZE)
         self.on_written: Callable[[], None] = lambda: None
         self.on_fatal: Callable[[str], None] = lambda reason: None
@@ -379,6 +379,7 @@ class Log:
             item = self._pending[0]
             rec = item.record
             try:
+                self._compact(rec.size, runs, fno)
                 off = self._room(rec.size, runs)
             except OSError as err:
                 if err.errno not in (errno.ENOSPC, errno.EDQUOT):
@@ -386,8 +387,6 @@ class Log:
                 self._cancel_pending(f"disk full ({err.strerror}): message not stored")
                 break
             if off is None:
-                if self._move_tail_record(runs, fno):
-                    continue
                 break
             wseq = self._next_wseq
             self._next_wseq += 1
@@ -427,6 +426,19 @@ class Log:
         if head + size < tail:
             return head
         return None
+
+    def _free(self) -> int:
+        """Bytes the head may still write before it meets the durable tail."""
+        head, tail = self._head, self._durable_tail
+        if head >= tail:
+            return max(0, self.end - head - PAD_SIZE) + (tail - RING_START)
+        return tail - head
+
+    def _compact(self, size: int, runs, fno: int) -> None:
+        """Keep a reserve of free space by copying in-flight records that pin the tail to
+        the head, before the head runs out of room to copy them to."""
+        while self._free() < size + self._reserve and self._move_tail_record(runs, fno):
+            pass
 
     def _allocate(self, upto: int) -> None:
         if upto > self._allocated:

@@ -81,7 +81,7 @@ class Scan:
             if hdr is None:
                 nxt = self._resync(pos, stop)
                 if nxt is None:
-                    self.damaged.append(f"damaged records from byte {pos} to {stop} dropped")
+                    self.damaged.append(f"torn tail: bytes {pos}..{stop} dropped")
                     self.head = pos
                     return
                 self.damaged.append(f"damaged bytes {pos}..{nxt} skipped")
@@ -99,7 +99,7 @@ class Scan:
             hdr, buf, off = self._intact(pos)
             if hdr is None or hdr.wseq != expect:
                 if hdr is None and self._looks_torn(pos, expect):
-                    self.torn = f"torn record at byte {pos} dropped"
+                    self.torn = f"torn tail: record at byte {pos} dropped"
                 break
             yield pos, hdr, buf, off
             expect += 1
