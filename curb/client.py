@@ -1,0 +1,270 @@
+"""A small blocking STOMP 1.2 client over `curb.frame`, for the Spark connector, the benchmark and tests.
+
+One thread per client. Writes are buffered and flushed before every blocking read (and
+whenever 64 KiB pile up), so a caller can pipeline many SENDs; while flushing, the client
+keeps reading, so a server that answers while we write cannot deadlock us. Heart-beats,
+when negotiated, go out while we are blocked in a read; a server silent for twice its
+heart-beat period is taken as lost.
+"""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import time
+from collections import deque
+from typing import NoReturn
+
+from curb.frame import HEARTBEAT, Frame, FrameParser, ProtocolError, encode
+
+DEFAULT_DESTINATION = "/queue/curb"
+_FLUSH_AT = 64 * 1024
+_READ_SIZE = 64 * 1024
+
+
+class StompError(Exception):
+    """The server sent an ERROR frame (kept in `frame`) or the connection was lost (`frame` is None)."""
+
+    def __init__(self, reason: str, frame: Frame | None = None):
+        super().__init__(reason)
+        self.frame = frame
+
+
+class Client:
+    """Blocking STOMP 1.2 connection; `with Client(...) as c:` connects, and disconnects on exit."""
+
+    def __init__(self, host: str, port: int, *, login: str | None = None, passcode: str | None = None,
+                 heartbeat: tuple[int, int] = (0, 0), timeout: float = 30.0):
+        self.host = host
+        self.port = port
+        self.login = login
+        self.passcode = passcode
+        self.heartbeat = heartbeat  # (ms we can send at, ms we want to hear at), as in CONNECT
+        self.timeout = timeout      # seconds for connecting, for a stalled send and for receipts
+        self._sock: socket.socket | None = None
+        self._selector: selectors.BaseSelector | None = None
+        self._parser = FrameParser()
+        self._out = bytearray()
+        self._inbox: deque[Frame] = deque()
+        self._send_every = 0.0      # negotiated heart-beat periods in seconds, 0 for none
+        self._expect_every = 0.0
+        self._last_sent = 0.0
+        self._last_received = 0.0
+
+    def __enter__(self) -> Client:
+        if self._sock is None:
+            self.connect()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None and self._sock is not None:
+            self.disconnect()
+        else:
+            self.close()
+
+    def connect(self) -> Frame:
+        """Open the connection and log in (a STOMP frame asking for 1.2); return the CONNECTED frame."""
+        sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)
+        self._sock = sock
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(sock, selectors.EVENT_READ)
+        self._last_sent = self._last_received = time.monotonic()
+        headers = {"accept-version": "1.2", "host": self.host, "heart-beat": "%d,%d" % self.heartbeat}
+        if self.login is not None:
+            headers["login"] = self.login
+        if self.passcode is not None:
+            headers["passcode"] = self.passcode
+        self._write(encode("STOMP", headers))
+        frame = self._next_frame(time.monotonic() + self.timeout)
+        if frame is None:
+            self.close()
+            raise StompError(f"no CONNECTED within {self.timeout}s")
+        if frame.command != "CONNECTED":
+            self.close()
+            raise StompError(f"expected CONNECTED, got {frame.command}", frame)
+        self._negotiate_heartbeat(frame.headers.get("heart-beat", "0,0"))
+        return frame
+
+    def send(self, body: bytes, headers: dict[str, str] | None = None, receipt: str | None = None,
+             destination: str = DEFAULT_DESTINATION) -> None:
+        """Queue a SEND (flushed before the next blocking read)."""
+        frame_headers = {"destination": destination, **(headers or {})}
+        if receipt is not None:
+            frame_headers["receipt"] = receipt
+        self._write(encode("SEND", frame_headers, body))
+
+    def subscribe(self, sub_id: str = "0", destination: str = DEFAULT_DESTINATION, ack: str = "client-individual",
+                  prefetch: int | None = None, headers: dict[str, str] | None = None) -> None:
+        """Queue a SUBSCRIBE; `prefetch` becomes the `prefetch-count` header."""
+        frame_headers = {"id": sub_id, "destination": destination, "ack": ack}
+        if prefetch is not None:
+            frame_headers["prefetch-count"] = str(prefetch)
+        self._write(encode("SUBSCRIBE", {**frame_headers, **(headers or {})}))
+
+    def unsubscribe(self, sub_id: str = "0") -> None:
+        self._write(encode("UNSUBSCRIBE", {"id": sub_id}))
+
+    def ack(self, ack_id: str, receipt: str | None = None) -> None:
+        self._write(encode("ACK", _with_receipt({"id": ack_id}, receipt)))
+
+    def nack(self, ack_id: str, receipt: str | None = None) -> None:
+        self._write(encode("NACK", _with_receipt({"id": ack_id}, receipt)))
+
+    def receive(self, timeout: float | None = None) -> Frame | None:
+        """The next frame from the server (MESSAGE, RECEIPT, ...), or None after `timeout`
+        seconds (None: wait as long as it takes). Raises StompError on ERROR or a lost connection."""
+        return self._next_frame(None if timeout is None else time.monotonic() + timeout)
+
+    def wait_receipt(self, receipt_id: str, timeout: float | None = None) -> list[Frame]:
+        """Block until the RECEIPT for `receipt_id` arrives (at most `timeout` seconds, default
+        the client's timeout, else StompError); return the frames that arrived before it, in order."""
+        wait = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + wait
+        before = []
+        while True:
+            frame = self._next_frame(deadline)
+            if frame is None:
+                raise StompError(f"no RECEIPT for {receipt_id!r} within {wait}s")
+            if frame.command == "RECEIPT" and frame.headers.get("receipt-id") == receipt_id:
+                return before
+            before.append(frame)
+
+    def disconnect(self, timeout: float = 5.0) -> None:
+        """DISCONNECT with a receipt, wait for it (frames arriving meanwhile are dropped), close."""
+        try:
+            self._write(encode("DISCONNECT", {"receipt": "disconnect"}))
+            self.wait_receipt("disconnect", timeout)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Drop the connection without DISCONNECT (the server redelivers unacked messages)."""
+        if self._selector is not None:
+            self._selector.close()
+            self._selector = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._out.clear()
+
+    def flush(self) -> None:
+        """Send everything buffered, reading (and queueing) incoming frames meanwhile."""
+        sock, selector = self._connection()
+        if not self._out:
+            return
+        selector.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
+        try:
+            stalled_at = time.monotonic() + self.timeout
+            while self._out:
+                events = selector.select(stalled_at - time.monotonic())
+                if not events:
+                    self._lost(f"send stalled for {self.timeout}s")
+                for _, mask in events:
+                    if mask & selectors.EVENT_READ:
+                        self._read()
+                    if mask & selectors.EVENT_WRITE:
+                        try:
+                            sent = sock.send(self._out)
+                        except BlockingIOError:
+                            continue
+                        except OSError as err:
+                            self._lost(f"connection lost: {err}")
+                        del self._out[:sent]
+                        self._last_sent = time.monotonic()
+                        stalled_at = self._last_sent + self.timeout
+        finally:
+            if self._selector is not None:
+                selector.modify(sock, selectors.EVENT_READ)
+
+    def _write(self, data: bytes) -> None:
+        self._connection()
+        self._out += data
+        if len(self._out) >= _FLUSH_AT:
+            self.flush()
+
+    def _next_frame(self, deadline: float | None) -> Frame | None:
+        """Flush, then the next frame (ERROR raises), or None once the monotonic deadline passes."""
+        self.flush()
+        _, selector = self._connection()
+        while not self._inbox:
+            now = time.monotonic()
+            if self._expect_every and now - self._last_received > 2 * self._expect_every:
+                self._lost(f"server silent for {now - self._last_received:.1f}s")
+            if self._send_every and now - self._last_sent >= self._send_every:
+                self._out += HEARTBEAT
+                self.flush()
+            if deadline is not None and now >= deadline:
+                return None
+            if selector.select(self._until_next_duty(now, deadline)):
+                self._read()
+        frame = self._inbox.popleft()
+        if frame.command == "ERROR":
+            self.close()
+            raise StompError(_error_reason(frame), frame)
+        return frame
+
+    def _until_next_duty(self, now: float, deadline: float | None) -> float | None:
+        """Seconds until the deadline or the next heart-beat to send or check (None: no limit)."""
+        times = [] if deadline is None else [deadline]
+        if self._send_every:
+            times.append(self._last_sent + self._send_every)
+        if self._expect_every:
+            times.append(self._last_received + 2 * self._expect_every)
+        return max(0.0, min(times) - now) if times else None
+
+    def _read(self) -> None:
+        """Read what the socket has and queue the complete frames."""
+        sock, _ = self._connection()
+        try:
+            data = sock.recv(_READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError as err:
+            self._lost(f"connection lost: {err}")
+        if not data:
+            self._lost("connection closed by the server")
+        self._last_received = time.monotonic()
+        try:
+            self._inbox.extend(self._parser.feed(data))
+        except ProtocolError as err:
+            self._lost(f"bad frame from the server: {err}")
+
+    def _lost(self, reason: str) -> NoReturn:
+        """Close and raise: with the server's ERROR frame if one is queued, else with `reason`."""
+        self.close()
+        error = next((frame for frame in self._inbox if frame.command == "ERROR"), None)
+        if error is not None:
+            raise StompError(_error_reason(error), error)
+        raise StompError(reason)
+
+    def _connection(self) -> tuple[socket.socket, selectors.BaseSelector]:
+        if self._sock is None or self._selector is None:
+            raise StompError("not connected")
+        return self._sock, self._selector
+
+    def _negotiate_heartbeat(self, server_heartbeat: str) -> None:
+        """Heart-beat periods as STOMP 1.2 negotiates them from CONNECT's and CONNECTED's headers."""
+        try:
+            server_sends, server_wants = (int(part) for part in server_heartbeat.split(","))
+        except ValueError:
+            self._lost(f"bad heart-beat header from the server: {server_heartbeat!r}")
+        client_sends, client_wants = self.heartbeat
+        if client_sends and server_wants:
+            self._send_every = max(client_sends, server_wants) / 1000
+        if server_sends and client_wants:
+            self._expect_every = max(server_sends, client_wants) / 1000
+
+
+def _with_receipt(headers: dict[str, str], receipt: str | None) -> dict[str, str]:
+    if receipt is not None:
+        headers["receipt"] = receipt
+    return headers
+
+
+def _error_reason(frame: Frame) -> str:
+    """An ERROR frame as one line: its message header and, if any, its body."""
+    detail = frame.body.decode(errors="replace").strip()
+    message = frame.headers.get("message", "ERROR")
+    return f"{message}: {detail}" if detail else message
