@@ -114,8 +114,12 @@ def endpoint():
         serve_http("127.0.0.1", 0, metrics, current_gauges), loop
     ).result(timeout=10)
     yield server.sockets[0].getsockname()[1], metrics, gauges
-    server.close()
-    asyncio.run_coroutine_threadsafe(server.wait_closed(), loop).result(timeout=10)
+
+    async def shut_down():
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run_coroutine_threadsafe(shut_down(), loop).result(timeout=10)
     loop.call_soon_threadsafe(loop.stop)
     thread.join(timeout=10)
     loop.close()
