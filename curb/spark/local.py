@@ -1,0 +1,108 @@
+"""Curb and Spark on one machine: a local Spark session bound to loopback with the `curb`
+format registered, and brokers run as child processes. For trying the connector out, for
+the benchmark, and for tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from curb.client import Client
+from curb.spark.datasource import CurbDataSource
+
+STARTUP_S = 30.0
+LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
+
+
+def local_spark(app: str, cores: int = 2) -> SparkSession:
+    """A local[cores] session on 127.0.0.1 without web UI; Python workers use this interpreter."""
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    spark = (SparkSession.builder.master(f"local[{cores}]").appName(app)
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", str(cores))
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(CurbDataSource)
+    return spark
+
+
+class LocalBroker:
+    """A `curb` child process serving `log` on a loopback port the system picks."""
+
+    def __init__(self, log: Path, cap: str = "10MiB") -> None:
+        self.log = log
+        self.cap = cap
+        self.process: subprocess.Popen | None = None
+        self.port = 0
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        """Return once the broker says where it listens; its other output is kept for errors."""
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "curb", "-cap", self.cap, "-addr", "127.0.0.1:0", "-file", str(self.log)],
+            stderr=subprocess.PIPE, text=True)
+        lines: list[str] = []
+        listening = threading.Event()
+
+        def watch(stderr) -> None:
+            for line in stderr:
+                lines.append(line)
+                found = LISTENING.search(line)
+                if found:
+                    self.port = int(found.group(1))
+                    listening.set()
+
+        threading.Thread(target=watch, args=(self.process.stderr,), daemon=True).start()
+        if not listening.wait(STARTUP_S):
+            self.process.kill()
+            self.process.wait()
+            raise RuntimeError(f"curb did not start: {''.join(lines)}")
+
+    def stop(self) -> None:
+        """SIGTERM: the broker drains its syncs and receipts and exits."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(STARTUP_S)
+
+    def client(self) -> Client:
+        client = Client("127.0.0.1", self.port, timeout=STARTUP_S)
+        client.connect()
+        return client
+
+    def send(self, bodies: list[bytes], headers: dict[str, str] | None = None) -> None:
+        """Queue the bodies, pipelined; return once the broker has them all on disk."""
+        client = self.client()
+        try:
+            for body in bodies[:-1]:
+                client.send(body, headers=headers)
+            client.send(bodies[-1], headers=headers, receipt="sent")
+            client.wait_receipt("sent")
+        finally:
+            client.close()
+
+    def counts(self) -> dict[str, int]:
+        """The queue's counts as the ./count subscription reports them (rdy, wip, subscriptions)."""
+        client = self.client()
+        try:
+            client.subscribe(sub_id="count", destination="./count", ack="auto")
+            frame = client.receive(timeout=STARTUP_S)
+        finally:
+            client.close()
+        if frame is None:
+            raise RuntimeError(f"curb at {self.endpoint} sent no counts")
+        return json.loads(frame.body)
