@@ -1,14 +1,19 @@
 """`curb inspect`: the offline report on a log file."""
 
 import json
+import os
+import subprocess
 import time
 from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
+from conftest import CURB
 
 import curb.inspect
+from curb.client import Client
 from curb.inspect import inspect_command
+from curb.log import LogReader
 
 HOUR_MS = 3600 * 1000
 
@@ -169,3 +174,62 @@ def test_a_missing_file_is_a_usage_error(tmp_path):
     result = run(tmp_path / "nope.log")
     assert result.exit_code == 2
     assert "does not exist" in result.output
+
+
+def send(port: int, *bodies: bytes, headers: dict[str, str] | None = None) -> None:
+    with Client("127.0.0.1", port) as client:
+        for i, body in enumerate(bodies):
+            client.send(body, headers=headers, receipt=f"r{i}")
+        client.wait_receipt(f"r{len(bodies) - 1}")
+
+
+def test_reports_a_log_written_by_a_real_broker(curb_broker):
+    broker = curb_broker()
+    send(broker.port, b"first")
+    send(broker.port, b"bin\x00ary", headers={"content-type": "application/octet-stream", "order": "17"})
+    send(broker.port, b"third")
+    with Client("127.0.0.1", broker.port) as client:
+        client.subscribe(prefetch=2)
+        first, second = client.receive(timeout=10), client.receive(timeout=10)
+        client.unsubscribe()
+        client.ack(first.headers["ack"], receipt="acked")
+        client.nack(second.headers["ack"], receipt="nacked")
+        client.wait_receipt("nacked")
+    assert broker.stop() == 0
+
+    text = run(broker.file).output
+    assert "  messages  2 rdy," in text
+    assert f"  oldest    #{second.headers['message-id']}, sent 0s ago (" in text
+    assert f"  retried   1 of them delivered before; most: #{second.headers['message-id']}, delivered once" in text
+    assert "  tail      clean" in text
+
+    document = json.loads(run(broker.file, "--json", "--messages").output)
+    assert document["summary"]["messages"] == 2 and document["summary"]["torn"] is None
+    nacked, third = document["messages"]
+    assert nacked["id"] == int(second.headers["message-id"]) and nacked["deliveries"] == 1
+    assert nacked["headers"].items() >= {"content-type": "application/octet-stream", "order": "17"}.items()
+    assert (nacked["body_bytes"], nacked["body_preview"]) == (7, "bin\\x00ary")
+    assert (third["deliveries"], third["body_preview"]) == (0, "third")
+
+
+def test_reports_the_torn_tail_a_crash_left(curb_broker):
+    broker = curb_broker()
+    send(broker.port, b"one", b"two", b"three")
+    broker.kill()
+    last = list(LogReader(broker.file).entries())[-1]
+    os.truncate(broker.file, last.offset + last.size // 2)
+
+    result = run(broker.file, "--messages")
+    assert result.exit_code == 0, result.output
+    assert "  messages  2 rdy," in result.output
+    assert "  tail      TORN: torn tail" in result.output
+    assert "body: two" in result.output and "body: three" not in result.output
+
+
+def test_reads_the_log_of_a_running_broker_through_the_curb_command(curb_broker):
+    broker = curb_broker()
+    send(broker.port, b"waiting")
+    result = subprocess.run([*CURB, "inspect", str(broker.file)], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert "  messages  1 rdy," in result.stdout
+    send(broker.port, b"still served")

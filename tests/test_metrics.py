@@ -7,8 +7,10 @@ import socket
 import threading
 
 import pytest
+from conftest import free_port, wait_until
 
 from curb import __version__
+from curb.client import Client
 from curb.metrics import Metrics, serve_http
 
 parser = pytest.importorskip(
@@ -208,3 +210,79 @@ def test_a_failing_snapshot_is_a_500_not_a_dead_endpoint(endpoint):
     assert request(port, "GET", "/metrics")[0].status == 500
     del gauges["fail"]
     assert request(port, "GET", "/metrics")[0].status == 200
+
+
+def scrape(port: int) -> dict[str, parser.Metric] | None:
+    """The broker's /metrics, parsed; None while the endpoint does not answer yet."""
+    try:
+        response, body = request(port, "GET", "/metrics")
+    except OSError:
+        return None
+    assert response.status == 200
+    return parse(body.decode())
+
+
+def scraped_until(port: int, expected: dict[tuple[str, str, tuple], float]) -> dict:
+    """Scrape until every (family, sample, labels) has its expected value; fail showing the last values."""
+    last = {}
+
+    def matches() -> bool:
+        families = scrape(port)
+        if families is None:
+            return False
+        last.update({key: value(families, key[0], key[1], **dict(key[2])) for key in expected})
+        return last == expected
+
+    assert wait_until(matches), f"expected {expected}, scraped {last}"
+    return last
+
+
+def counter(name: str, number: float) -> tuple[tuple[str, str, tuple], float]:
+    return (name, name + "_total", ()), number
+
+
+def messages(state: str, number: float) -> tuple[tuple[str, str, tuple], float]:
+    return ("curb_messages", "curb_messages", (("state", state),)), number
+
+
+def test_counters_and_gauges_move_as_messages_flow_through_a_real_broker(curb_broker):
+    http_port = free_port()
+    broker = curb_broker(extra_args=("-http", f"127.0.0.1:{http_port}"))
+    scraped_until(http_port, dict([counter("curb_messages_sent", 0), messages("rdy", 0)]))
+
+    with Client("127.0.0.1", broker.port) as client:
+        for i in range(3):
+            client.send(b"m%d" % i, receipt=f"r{i}")
+        client.wait_receipt("r2")
+        scraped_until(http_port, dict([
+            counter("curb_messages_sent", 3), messages("rdy", 3), messages("wip", 0),
+            (("curb_connections_open", "curb_connections_open", ()), 1),
+            counter("curb_connections_accepted", 1),
+        ]))
+        families = scrape(http_port)
+        assert value(families, "curb_fsync_duration_seconds", "curb_fsync_duration_seconds_count") >= 1
+        assert value(families, "curb_log_live_bytes", "curb_log_live_bytes") > 0
+        assert value(families, "curb_log_file_bytes", "curb_log_file_bytes") > 0
+
+        client.subscribe(prefetch=3)
+        first, second, third = (client.receive(timeout=10) for _ in range(3))
+        scraped_until(http_port, dict([
+            counter("curb_messages_delivered", 3), messages("rdy", 0), messages("wip", 3),
+            (("curb_subscriptions", "curb_subscriptions", ()), 1),
+        ]))
+        client.ack(first.headers["ack"])
+        client.ack(second.headers["ack"])
+        client.nack(third.headers["ack"], receipt="nacked")
+        again = [f for f in client.wait_receipt("nacked") if f.command == "MESSAGE"] or [client.receive(timeout=10)]
+        assert again[0].headers["redelivered"] == "true"
+        client.ack(again[0].headers["ack"], receipt="done")
+        client.wait_receipt("done")
+
+    scraped_until(http_port, dict([
+        counter("curb_messages_sent", 3), counter("curb_messages_delivered", 4),
+        counter("curb_messages_acked", 3), counter("curb_messages_nacked", 1),
+        counter("curb_messages_redelivered", 1), messages("rdy", 0), messages("wip", 0),
+        (("curb_connections_open", "curb_connections_open", ()), 0),
+    ]))
+    stats = json.loads(request(http_port, "GET", "/stats")[1])
+    assert (stats["sent"], stats["acked"], stats["rdy"]) == (3, 3, 0)

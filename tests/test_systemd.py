@@ -3,6 +3,7 @@
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -10,8 +11,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import CURB, STARTUP_S, free_port, wait_until
 
 import curb
+from curb.client import Client
 from curb.systemd import listen_sockets, notify
 
 UNITS = Path(curb.__file__).parent / "units"
@@ -151,3 +154,68 @@ def test_service_unit_reads_its_settings_from_the_instance_environment_file():
     assert "EnvironmentFile=-/etc/curb/%i.env" in service
     assert re.search(r"^ExecStart=\S+/curb \$CURB_ARGS$", service, flags=re.M)
     assert re.search(r"^CURB_ARGS=.*-cap \S+", example, flags=re.M)
+
+
+def env_without_notify_socket() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if name != "NOTIFY_SOCKET"}
+
+
+def start_curb(argv: list[str], stderr: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    with open(stderr, "wb") as err:
+        return subprocess.Popen(argv, cwd=stderr.parent, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=err)
+
+
+def test_ready_comes_after_recovery_and_stopping_on_sigterm(curb_broker, notify_socket, tmp_path):
+    first = curb_broker(env=env_without_notify_socket())
+    with Client("127.0.0.1", first.port) as client:
+        for i in range(3):
+            client.send(b"m%d" % i, receipt=f"r{i}")
+        client.wait_receipt("r2")
+    assert first.stop() == 0
+
+    port, stderr = free_port(), tmp_path / "notified.stderr"
+    proc = start_curb([*CURB, "-cap", "10MiB", "-addr", f"127.0.0.1:{port}", "-file", str(first.file)], stderr)
+    try:
+        ready = notify_socket.recv(4096).decode().split("\n")
+        assert "READY=1" in ready
+        assert any(re.match(r"STATUS=.*\b3 recovered messages", line) for line in ready), ready
+        assert "recovered 3 messages" in stderr.read_text()
+        client = Client("127.0.0.1", port, timeout=5)
+        try:
+            assert client.connect().command == "CONNECTED"
+        finally:
+            client.close()
+        proc.send_signal(signal.SIGTERM)
+        assert notify_socket.recv(4096) == b"STOPPING=1"
+        assert proc.wait(timeout=STARTUP_S) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.skipif(
+    shutil.which("systemd-socket-activate") is None,
+    reason="systemd-socket-activate is missing (Debian package: systemd)",
+)
+def test_socket_activation_serves_a_stomp_client_on_the_passed_socket(tmp_path, stomp_conn):
+    port, ignored, stderr = free_port(), free_port(), tmp_path / "activated.stderr"
+    proc = start_curb(["systemd-socket-activate", "-l", f"127.0.0.1:{port}",
+                       *CURB, "-cap", "1MiB", "-addr", f"127.0.0.1:{ignored}", "-file", str(tmp_path / "q.log")],
+                      stderr, env=env_without_notify_socket())
+    try:
+        assert wait_until(lambda: f"Listening on 127.0.0.1:{port}" in stderr.read_text(), STARTUP_S)
+        conn, inbox = stomp_conn(port)
+        conn.send("/queue/curb", "through the passed socket", receipt="sent")
+        inbox.wait_receipt("sent")
+        conn.subscribe("/queue/curb", id="s", ack="client-individual")
+        [message] = inbox.wait_messages(1)
+        assert message.body == "through the passed socket"
+        assert "socket passed by systemd; -addr ignored" in stderr.read_text()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", ignored), timeout=5).close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=STARTUP_S) == 0
+    finally:
+        proc.kill()
+        proc.wait()
