@@ -24,10 +24,10 @@ def entry(id, state="rdy", deliveries=0, age_ms=0, headers=None, body=b"x"):
                            size=100, headers=headers or {}, body=body)
 
 
-def summary(entries, torn=None, cap=1 << 20):
+def summary(entries, torn=None):
     waiting = [e for e in entries if e.state == "rdy"]
     return SimpleNamespace(
-        path="/srv/q/curb.log", file_bytes=64 * 1024, cap=cap, messages=len(waiting),
+        path="/srv/q/curb.log", file_bytes=64 * 1024, cap=1 << 20, messages=len(waiting),
         acked=len(entries) - len(waiting), live_bytes=100 * len(waiting), dead_bytes=100 * (len(entries) - len(waiting)),
         oldest_timestamp_ms=waiting[0].timestamp_ms if waiting else None, torn=torn,
     )
@@ -66,8 +66,7 @@ def log_file(tmp_path, monkeypatch):
 
 
 def run(*args):
-    result = CliRunner().invoke(inspect_command, [str(a) for a in args])
-    return result
+    return CliRunner().invoke(inspect_command, [str(a) for a in args])
 
 
 def test_summary_answers_how_many_wait_since_when_and_whether_one_keeps_coming_back(log_file):
