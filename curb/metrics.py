@@ -180,7 +180,8 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str]:
     raise _BadRequest(f"more than {MAX_HEADERS} headers")
 
 
-def _answer(method: str, path: str, metrics: Metrics, gauges: Callable[[], dict[str, int]]):
+def _answer(method: str, path: str, metrics: Metrics,
+            gauges: Callable[[], dict[str, int]]) -> tuple[int, str, bytes, dict[str, str]]:
     """(status, content type, body, extra headers) for a well-formed request."""
     text = "text/plain; charset=utf-8"
     if path not in ("/metrics", "/stats"):
