@@ -526,9 +526,10 @@ class Log:
         if durable is not None and durable[1] != self._last_snapshot:
             self._ckpt_to_write = durable
             self._last_snapshot = durable[1]
-        if (self._pending or self._patches or self._untagged or self._ckpt_to_write is not None
-                or self._written_no > self._synced_no):
+        if self._pending or self._patches or self._untagged or self._ckpt_to_write is not None:
             self._schedule()
+        elif self._waiters or self._written_no > self._synced_no:
+            self._start_sync()
 
     def _fail(self, reason: str) -> None:
         """A write or sync failed: what it covered may not be on disk, so stop for good."""
