@@ -19,6 +19,8 @@ from curb.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_R
 
 CHUNK = 1 << 20
 STARTS = (b"rdy ", b"ack ", b"pad ")
+STATES = (STATE_RDY, STATE_ACK, STATE_PAD)
+VERIFY_NEAR_HEAD = 4 << 20
 
 
 class LogError(Exception):
@@ -40,43 +42,66 @@ class Scan:
         self.acked = 0
         self.live_bytes = 0
         self.dead_bytes = 0
-        self.oldest_ms: int | None = None
+        self._oldest_pos: int | None = None
         self.damaged: list[str] = []
         self.torn: str | None = None
         self._buf = b""
         self._base = 0
 
     def run(self) -> None:
-        for _ in self.records():
+        """Count the records, checking every CRC near the head and past it, where a crash
+        can tear a write; older records were synced before the checkpoint named them, and
+        their CRC is checked when they are read for delivery."""
+        for _ in self._walk(VERIFY_NEAR_HEAD):
             pass
+        self._note_damage()
 
     def records(self) -> Iterator[tuple[int, fmt.RecordHeader, bytes, int]]:
         """Yield (offset, header, buffer, index of the record in buffer) for every
-        message record in queue order, counting as it goes."""
-        for pos, hdr, buf, off in self._walk():
-            if hdr.state == STATE_PAD:
-                continue
-            if hdr.id < self.max_id:
-                self.copies.append(hdr.id)
-            else:
-                self.max_id = hdr.id
-            if hdr.state == STATE_RDY:
-                self.messages += 1
-                self.live_bytes += hdr.size
-                if self.oldest_ms is None or hdr.timestamp_ms < self.oldest_ms:
-                    self.oldest_ms = hdr.timestamp_ms
-            else:
-                self.acked += 1
-                self.dead_bytes += hdr.size
-            yield pos, hdr, buf, off
+        message record in queue order, each checked against its CRC."""
+        yield from self._walk(None)
+        self._note_damage()
+
+    def _note_damage(self) -> None:
         if self.damaged:
             note = "; ".join(self.damaged)
             self.torn = note if self.torn is None else f"{note}; {self.torn}"
 
-    def _walk(self):
+    def _count(self, state: bytes, msg_id: int, size: int, pos: int) -> None:
+        if msg_id < self.max_id:
+            self.copies.append(msg_id)
+        else:
+            self.max_id = msg_id
+        if state == STATE_RDY:
+            self.messages += 1
+            self.live_bytes += size
+            if self._oldest_pos is None:
+                self._oldest_pos = pos
+        else:
+            self.acked += 1
+            self.dead_bytes += size
+
+    @property
+    def oldest_ms(self) -> int | None:
+        """Send time of the first waiting message (queue order is send order)."""
+        if self._oldest_pos is None:
+            return None
+        buf, off = self._window(self._oldest_pos, RECORD_HEADER)
+        return fmt.parse_header(buf, off).timestamp_ms
+
+    def _walk(self, trust_until: int | None):
+        """Phase 1: the checkpoint's region; phase 2: records written after it.
+        With `trust_until`, records more than that many bytes before the checkpoint's
+        head are skimmed for state, length and id only."""
         pos, stop = self.ckpt.tail, self.ckpt.head
         budget = self.file_size * 2 + CHUNK
         while pos != stop and budget > 0:
+            if trust_until is not None and (pos > stop or stop - pos > trust_until):
+                start = pos
+                pos = self._skim(pos, stop, trust_until)
+                budget -= abs(pos - start)
+                if pos != start:
+                    continue
             hdr, buf, off = self._intact(pos)
             if hdr is None:
                 nxt = self._resync(pos, stop)
@@ -92,7 +117,9 @@ class Scan:
                 self.head = pos
                 return
             budget -= hdr.size
-            yield pos, hdr, buf, off
+            if hdr.state != STATE_PAD:
+                self._count(hdr.state, hdr.id, hdr.size, pos)
+                yield pos, hdr, buf, off
             pos = RING_START if hdr.state == STATE_PAD else pos + hdr.size
         pos, expect = self.head, self.next_wseq
         while True:
@@ -101,11 +128,42 @@ class Scan:
                 if hdr is None and self._looks_torn(pos, expect):
                     self.torn = f"torn tail: record at byte {pos} dropped"
                 break
-            yield pos, hdr, buf, off
+            if hdr.state != STATE_PAD:
+                self._count(hdr.state, hdr.id, hdr.size, pos)
+                yield pos, hdr, buf, off
             expect += 1
             pos = RING_START if hdr.state == STATE_PAD else pos + hdr.size
             self.head = pos
         self.next_wseq = expect
+
+    def _skim(self, pos: int, stop: int, trust_until: int) -> int:
+        """Count well-formed records from pos by their headers alone, while they are more
+        than `trust_until` bytes before the checkpoint's head; return where it stopped
+        (there the checked path takes over). The recovery of a large log spends its time
+        here, so it is one flat loop."""
+        buf, base, count = self._buf, self._base, self._count
+        rdy, ack, pad = STATE_RDY, STATE_ACK, STATE_PAD
+        while pos != stop and (pos > stop or stop - pos > trust_until):
+            off = pos - base
+            if off < 0 or off + RECORD_HEADER > len(buf):
+                buf, off = self._window(pos, RECORD_HEADER)
+                base = self._base
+            if buf[off + RECORD_HEADER - 1] != 10:
+                break
+            state = buf[off:off + 3]
+            if state == pad:
+                pos = RING_START
+                continue
+            if state != rdy and state != ack:
+                break
+            try:
+                msg_id = int(buf[off + 9:off + 21], 16)
+                size = RECORD_HEADER + 1 + int(buf[off + 48:off + 56], 16)
+            except ValueError:
+                break
+            count(state, msg_id, size, pos)
+            pos += size
+        return pos
 
     def _window(self, pos: int, n: int) -> tuple[bytes, int]:
         off = pos - self._base
