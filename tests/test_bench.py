@@ -1,0 +1,155 @@
+"""The benchmark: its verification (unit), a smoke run against a real Curb, and failure
+against a broker that loses a message it acknowledged."""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from curb.bench.bodies import SEQ_STRIDE, BodyReader, Tally, make_body
+from curb.frame import FrameParser, encode
+
+
+def bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "curb.bench", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_body_reader_returns_the_seq_of_a_good_body_and_counts_the_rest():
+    reader = BodyReader("run1", 40)
+    assert reader.seq(make_body("run1", 7, 40)) == 7
+    assert reader.seq(make_body("run2", 7, 40)) is None
+    assert reader.seq(make_body("run1", 7, 40)[:-1] + b"x") is None
+    assert reader.seq(b"run1:x:") is None
+    assert (reader.foreign, reader.altered) == (1, 2)
+
+
+def test_tally_finds_lost_duplicated_and_unexpected_messages():
+    tally = Tally({0: 3, 2: 2})
+    tally.add([0, 2, 2, 2 * SEQ_STRIDE + 1, 5, SEQ_STRIDE])
+    verdict = tally.verdict()
+    assert (verdict.expected, verdict.unique, verdict.duplicates, verdict.unexpected) == (5, 3, 1, 2)
+    assert list(tally.missing()) == [1, 2 * SEQ_STRIDE]
+    assert "2 of 5 messages lost" in "; ".join(verdict.problems())
+
+
+def test_tally_of_everything_once_has_no_problems():
+    tally = Tally({1: 2})
+    tally.add([SEQ_STRIDE + 1, SEQ_STRIDE])
+    assert tally.verdict().problems() == [] and len(tally.missing()) == 0
+
+
+class FakeBroker:
+    """A STOMP broker just good enough for the benchmark's produce and drain steps: one
+    queue, MESSAGEs pushed to a subscriber without flow control, ACKs ignored. It can
+    drop or duplicate the n-th SEND (after acknowledging it with a RECEIPT)."""
+
+    def __init__(self, lose: int | None = None, duplicate: int | None = None):
+        self.lose = lose
+        self.duplicate = duplicate
+        self.sends = 0
+        self.messages: queue.Queue[bytes] = queue.Queue()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        parser = FrameParser()
+        lock = threading.Lock()
+        closed = threading.Event()
+
+        def send(data: bytes) -> None:
+            with lock:
+                sock.sendall(data)
+
+        def deliver(sub_id: str) -> None:
+            for serial in range(1, sys.maxsize):
+                while True:
+                    try:
+                        body = self.messages.get(timeout=0.02)
+                        break
+                    except queue.Empty:
+                        if closed.is_set():
+                            return
+                headers = {"subscription": sub_id, "message-id": str(serial), "ack": str(serial)}
+                with lock:
+                    if closed.is_set():
+                        self.messages.put(body)
+                        return
+                    sock.sendall(encode("MESSAGE", headers, body))
+
+        try:
+            while not closed.is_set() and (data := sock.recv(65536)):
+                for frame in parser.feed(data):
+                    if frame.command == "CONNECT":
+                        send(encode("CONNECTED", {"version": "1.2"}))
+                    elif frame.command == "SEND":
+                        self.sends += 1
+                        copies = (self.sends != self.lose) + (self.sends == self.duplicate)
+                        for _ in range(copies):
+                            self.messages.put(frame.body)
+                    elif frame.command == "SUBSCRIBE":
+                        threading.Thread(target=deliver, args=(frame.headers["id"],), daemon=True).start()
+                    if "receipt" in frame.headers:
+                        send(encode("RECEIPT", {"receipt-id": frame.headers["receipt"]}))
+                    if frame.command == "DISCONNECT":
+                        with lock:
+                            closed.set()
+        finally:
+            closed.set()
+            sock.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.fixture
+def fake_broker(request):
+    broker = FakeBroker(**request.param)
+    yield broker
+    broker.close()
+
+
+@pytest.mark.parametrize("fake_broker", [{"lose": 50}], indirect=True)
+def test_a_broker_that_loses_an_acknowledged_message_fails_the_benchmark(fake_broker, tmp_path):
+    result = bench("--addr", f"127.0.0.1:{fake_broker.port}", "--quick", "--only", "produce-w1",
+                   "--timeout", "1", "--dir", str(tmp_path))
+    assert result.returncode == 1
+    assert "FAILED: produce-w1 on curb: 1 of 100 messages lost" in result.stderr
+    assert "produce, receipt each" not in result.stdout
+
+
+@pytest.mark.parametrize("fake_broker", [{"duplicate": 10}], indirect=True)
+def test_duplicates_are_reported_but_allowed(fake_broker, tmp_path):
+    result = bench("--addr", f"127.0.0.1:{fake_broker.port}", "--quick", "--only", "produce-w1",
+                   "--timeout", "1", "--dir", str(tmp_path), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["duplicates"] == {"produce-w1 on curb": 1}
+    assert [row["key"] for row in report["rows"]] == ["produce-w1"]
+
+
+def test_quick_run_against_curb_prints_the_table(tmp_path):
+    result = bench("--quick", "--dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("Curb benchmark: 100-byte bodies, 1 run")
+    for label in ("produce, receipt each, 1 producer, window 1", "consume + ACK, prefetch 256",
+                  "ping-pong SEND -> MESSAGE, p99", "broker RSS, 2,000 queued", "restart with 2,000 queued",
+                  "balanced 2+2, 90% full / empty", "disk: append + fdatasync, 64 records per sync"):
+        row = next(line for line in lines if line.startswith(label))
+        assert row.split()[-1][0].isdigit(), row
