@@ -105,6 +105,10 @@ def consume(worker: Worker, target: Target, run_id: str, size: int, prefetch: in
     me = worker.index
     received = before_deadline = 0
 
+    def take_and_ack(message: Frame) -> None:
+        take(message)
+        conn.ack(message)
+
     def take(message: Frame) -> None:
         nonlocal received, quiet
         if message.command != "MESSAGE":
@@ -143,12 +147,12 @@ def consume(worker: Worker, target: Target, run_id: str, size: int, prefetch: in
                     time.sleep(GATE_SLEEP_SECONDS)
         if count is not None and received >= count:
             conn.ack(message, receipt="last")
-            conn.wait_receipt("last", lambda extra: (take(extra), conn.ack(extra)))
+            conn.wait_receipt("last", take_and_ack)
             last = time.monotonic()
             break
         conn.ack(message)
         worker.done[me] = received
-    conn.close(lambda extra: (take(extra), conn.ack(extra)))
+    conn.close(take_and_ack)
     return {"seqs": seqs.tobytes(), "received": received, "before_deadline": before_deadline,
             "foreign": reader.foreign, "altered": reader.altered, "start": start, "end": last}
 

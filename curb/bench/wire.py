@@ -126,6 +126,3 @@ class Connection:
             self.wait_receipt("bye", on_frame)
         finally:
             self._sock.close()
-
-    def abort(self) -> None:
-        self._sock.close()
