@@ -26,7 +26,6 @@ class Producer(threading.Thread):
     def run(self) -> None:
         try:
             with Client("127.0.0.1", self.port, timeout=10) as c:
-                c.connect()
                 outstanding = {}
                 while True:
                     while len(outstanding) < WINDOW:
@@ -55,7 +54,6 @@ class Consumer(threading.Thread):
         pending = {}
         try:
             with Client("127.0.0.1", self.port, timeout=10) as c:
-                c.connect()
                 c.subscribe("c", ack="client-individual", prefetch=64)
                 while True:
                     frame = c.receive(timeout=10)
@@ -76,7 +74,6 @@ def drain(port: int) -> list[bytes]:
     """Every message left in the queue, acked, in delivery order."""
     bodies = []
     with Client("127.0.0.1", port, timeout=10) as c:
-        c.connect()
         c.subscribe("d", ack="client-individual", prefetch=500)
         while (frame := c.receive(timeout=1.0)) is not None:
             if frame.command == "MESSAGE":
@@ -123,7 +120,6 @@ def fill(port: int, start: int) -> int:
     it took. The refused one must not be stored."""
     n = start
     with Client("127.0.0.1", port, timeout=10) as c:
-        c.connect()
         with pytest.raises(StompError, match="queue full"):
             while True:
                 c.send(b"fill-%07d-" % n + b"x" * 200, receipt=f"f{n}")
@@ -157,11 +153,9 @@ def test_cap_fill_drain_refill_restart_stays_under_the_cap(curb_broker):
 def test_message_larger_than_the_cap_allows_is_refused_and_nothing_is_harmed(curb_broker):
     broker = curb_broker(cap="64KiB")
     with Client("127.0.0.1", broker.port) as c:
-        c.connect()
         c.send(b"keep me", receipt="k")
         c.wait_receipt("k")
     with Client("127.0.0.1", broker.port) as c:
-        c.connect()
         with pytest.raises(StompError, match="too large"):
             c.send(b"x" * 10000, receipt="big")
             c.wait_receipt("big")
@@ -170,7 +164,6 @@ def test_message_larger_than_the_cap_allows_is_refused_and_nothing_is_harmed(cur
 
 def send_all(port: int, count: int) -> None:
     with Client("127.0.0.1", port) as c:
-        c.connect()
         for i in range(count):
             c.send(b"torn-%04d" % i, receipt=f"t{i}")
         c.wait_receipt(f"t{count - 1}")
