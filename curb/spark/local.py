@@ -23,7 +23,7 @@ LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
 
 
 def local_spark(app: str, cores: int = 2) -> SparkSession:
-    """A local[cores] session on 127.0.0.1 without web UI; Python workers use this interpreter."""
+    """A local[cores] session on 127.0.0.1 without web UI or progress bars; Python workers use this interpreter."""
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -31,6 +31,7 @@ def local_spark(app: str, cores: int = 2) -> SparkSession:
              .config("spark.driver.host", "127.0.0.1")
              .config("spark.driver.bindAddress", "127.0.0.1")
              .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", str(cores))
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")

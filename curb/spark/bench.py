@@ -1,0 +1,111 @@
+"""Throughput of the Spark connector on this machine: `python -m curb.spark.bench`.
+
+For 1 and 2 local brokers, preloads N messages per broker and measures rows/s
+- through the source's reader alone, called as Spark calls it but without Spark (its own cost,
+  with the broker's),
+- through the source in an availableNow query into a `noop` sink and into parquet,
+- through the sink (a batch write of N rows per broker).
+Each run starts from fresh log files, after one unmeasured warm-up query.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+from pyspark.sql.functions import col, format_string, lpad
+
+from curb.spark.local import LocalBroker, local_spark
+from curb.spark.options import parse_source
+from curb.spark.stream import CurbStreamReader
+
+
+def reader_alone(endpoints: str, batch_size: int, expected: int) -> None:
+    """Drive the source's reader as Spark's driver-side source process does: read, then read on from the end."""
+    reader = CurbStreamReader(parse_source({"endpoints": endpoints, "batchSize": str(batch_size)}))
+    reader.prepareForTriggerAvailableNow()
+    offset, rows = reader.initialOffset(), 0
+    while True:
+        batches, end = reader.read(offset)
+        if end == offset:
+            break
+        rows += sum(batch.num_rows for batch in batches)
+        offset = end
+    if rows != expected:
+        raise RuntimeError(f"the reader gave {rows} rows, expected {expected}")
+
+
+def source_query(spark: SparkSession, endpoints: str, batch_size: int, sink: str, work: Path) -> float:
+    """Run an availableNow query to the end; return the seconds its micro-batches took (start-up excluded)."""
+    reader = spark.readStream.format("curb").option("endpoints", endpoints).option("batchSize", batch_size).load()
+    writer = reader.writeStream.trigger(availableNow=True).option("checkpointLocation", str(work / "checkpoint"))
+    if sink == "parquet":
+        writer = writer.format("parquet").option("path", str(work / "out"))
+    else:
+        writer = writer.format("noop")
+    query = writer.start()
+    query.awaitTermination()
+    return sum(progress["durationMs"]["triggerExecution"] for progress in query.recentProgress) / 1000
+
+
+def sink_write(spark: SparkSession, endpoints: str, rows: int, size: int) -> None:
+    spark.range(rows, numPartitions=2 * len(endpoints.split(","))) \
+        .select(lpad(format_string("%d", col("id")), size, "x").alias("body")) \
+        .write.format("curb").option("endpoints", endpoints).mode("append").save()
+
+
+def measure(work: Path, brokers: int, preload: int, size: int,
+            run: Callable[[str], float | None]) -> tuple[float, float | None]:
+    """Seconds `run(endpoints)` takes against fresh brokers, each preloaded with `preload` messages,
+    and what `run` returns (the seconds spent in micro-batches, for queries)."""
+    started = [LocalBroker(work / f"{index}.curb", cap="1GiB") for index in range(brokers)]
+    try:
+        for broker in started:
+            broker.start()
+            if preload:
+                broker.send([b"x" * size] * preload)
+        endpoints = ",".join(broker.endpoint for broker in started)
+        began = time.perf_counter()
+        in_batches = run(endpoints)
+        return time.perf_counter() - began, in_batches
+    finally:
+        for broker in started:
+            broker.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=100_000, help="messages per broker (default 100000)")
+    parser.add_argument("--size", type=int, default=100, help="body bytes (default 100)")
+    parser.add_argument("--batch-size", type=int, default=10_000, help="source batchSize (default 10000)")
+    args = parser.parse_args()
+    spark = local_spark("curb-bench")
+    with tempfile.TemporaryDirectory() as temp:  # the first query pays for warming up the JVM: not measured
+        measure(Path(temp), 1, 1000, args.size, lambda e: source_query(spark, e, args.batch_size, "noop", Path(temp)))
+    print(f"{args.messages} messages of {args.size} bytes per broker, batchSize {args.batch_size}; rows/s from "
+          "start to end (query start-up included), per broker, and within micro-batches (start-up excluded)")
+    print(f"{'path':<22}{'brokers':>8}{'rows':>8}{'seconds':>9}{'rows/s':>8}{'/broker':>8}{'in batches':>11}")
+    for brokers in (1, 2):
+        total = brokers * args.messages
+        runs: dict[str, tuple[int, Callable[[str, Path], float | None]]] = {
+            "reader alone": (args.messages, lambda e, w: reader_alone(e, args.batch_size, total)),
+            "source -> noop": (args.messages, lambda e, w: source_query(spark, e, args.batch_size, "noop", w)),
+            "source -> parquet": (args.messages, lambda e, w: source_query(spark, e, args.batch_size, "parquet", w)),
+            "sink (batch write)": (0, lambda e, w: sink_write(spark, e, total, args.size)),
+        }
+        for name, (preload, run) in runs.items():
+            with tempfile.TemporaryDirectory() as temp:
+                work = Path(temp)
+                seconds, in_batches = measure(work, brokers, preload, args.size, lambda e: run(e, work))
+            batch_rate = f"{total / in_batches:>11.0f}" if in_batches else f"{'':>11}"
+            print(f"{name:<22}{brokers:>8}{total:>8}{seconds:>9.2f}{total / seconds:>8.0f}"
+                  f"{total / seconds / brokers:>8.0f}{batch_rate}", flush=True)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
