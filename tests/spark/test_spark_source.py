@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from ackproxy import AckProxy
-from sparkjob import start_job
+from .ackproxy import AckProxy
+from .sparkjob import start_job
 
 DEADLINE_S = 180
 

@@ -1,0 +1,1 @@
+"""Tests of the Spark connector (a package, so its conftest does not shadow the shared one)."""
