@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -42,9 +43,10 @@ def local_spark(app: str, cores: int = 2) -> SparkSession:
 class LocalBroker:
     """A `curb` child process serving `log` on a loopback port the system picks."""
 
-    def __init__(self, log: Path, cap: str = "10MiB") -> None:
+    def __init__(self, log: Path, cap: str = "10MiB", flags: Sequence[str] = ()) -> None:
         self.log = log
         self.cap = cap
+        self.flags = list(flags)  # more command-line flags, e.g. ["-heartbeat", "500"]
         self.process: subprocess.Popen | None = None
         self.port = 0
 
@@ -55,7 +57,8 @@ class LocalBroker:
     def start(self) -> None:
         """Return once the broker says where it listens; its other output is kept for errors."""
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "curb", "-cap", self.cap, "-addr", "127.0.0.1:0", "-file", str(self.log)],
+            [sys.executable, "-m", "curb", "-cap", self.cap, "-addr", "127.0.0.1:0", "-file", str(self.log),
+             *self.flags],
             stderr=subprocess.PIPE, text=True)
         lines: list[str] = []
         listening = threading.Event()

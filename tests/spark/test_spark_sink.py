@@ -12,7 +12,7 @@ from curb.spark.sink import endpoint_of_key
 
 
 def consumed(broker) -> Counter:
-    """What a broker holds, as (body, headers) pairs: taken with a plain STOMP consumer."""
+    """What a broker holds, as (body, `part` header, `user` header): taken with a plain STOMP consumer."""
     return Counter((frame.body, frame.headers.get("part"), frame.headers.get("user"))
                    for frame in broker.drain())
 

@@ -1,5 +1,5 @@
 """The streaming source against real brokers: draining, at-least-once recovery after a failed
-batch and after SIGKILL of driver and JVM, availableNow runs, lost connections, bad options."""
+batch and after SIGKILL of driver and JVM, availableNow runs, lost and silent brokers, bad options."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 from pyspark.errors import StreamingQueryException
+
+from curb.spark.local import LocalBroker
 
 from .ackproxy import AckProxy
 from .sparkjob import start_job
@@ -50,9 +52,9 @@ def test_a_stream_drains_two_brokers_into_parquet(spark, brokers, tmp_path):
         query.stop()
     rows = parquet_rows(spark, tmp_path / "sink")
     assert sorted(row.body for row in rows) == sorted(bodies("a", 150) + bodies("b", 120))
-    for broker, prefix in ((a, b"a-"), (b, b"b-")):
+    for broker, prefix in ((a, "a"), (b, "b")):
         mine = sorted((row for row in rows if row.endpoint == broker.endpoint), key=lambda row: row.seq)
-        assert [row.body for row in mine] == bodies(prefix.decode()[0], len(mine)), "seq follows send order"
+        assert [row.body for row in mine] == bodies(prefix, len(mine)), "seq follows send order"
         assert all(row.seq == int(row.message_id) and not row.redelivered for row in mine)
         assert all(row.headers == headers for row in mine)
 
@@ -163,6 +165,22 @@ def test_a_lost_connection_fails_the_query_naming_the_endpoint(spark, brokers, t
             query.awaitTermination(DEADLINE_S)
     finally:
         query.stop()
+
+
+def test_with_heartbeat_a_frozen_broker_fails_the_query(spark, tmp_path):
+    frozen = LocalBroker(tmp_path / "frozen.curb", flags=["-heartbeat", "200"])
+    frozen.start()
+    query = (spark.readStream.format("curb").option("endpoints", frozen.endpoint).option("heartbeat", 200).load()
+             .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "checkpoint")).start())
+    try:
+        wait_until(lambda: query.lastProgress is not None, "the query to run a first batch")
+        frozen.process.send_signal(signal.SIGSTOP)
+        with pytest.raises(StreamingQueryException, match=f"curb endpoint {frozen.endpoint}: .*server silent"):
+            query.awaitTermination(DEADLINE_S)
+    finally:
+        query.stop()
+        frozen.process.send_signal(signal.SIGCONT)
+        frozen.stop()
 
 
 @pytest.mark.parametrize("options, fragment", [
