@@ -1,0 +1,159 @@
+"""The `curb` command as an operator meets it: --help, usage errors, addresses, the default
+log file, signals and the lines it logs."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import curb
+
+DOCUMENTED_FLAGS = ["-cap", "-addr", "-file", "-prefetch", "-max-frame", "-heartbeat", "--version"]
+
+
+def one_line(result: subprocess.CompletedProcess[str]) -> str:
+    """A usage error: exit status 2 and exactly one line on stderr, which is returned."""
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, f"exit {result.returncode}, stderr: {result.stderr}"
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{result.stderr}"
+    return lines[0]
+
+
+def test_help_lists_every_flag(run_curb):
+    result = run_curb("--help")
+    assert result.returncode == 0
+    for flag in DOCUMENTED_FLAGS:
+        assert re.search(rf"(^|[\s,]){re.escape(flag)}\b", result.stdout), f"--help does not mention {flag}"
+
+
+@pytest.mark.parametrize("flag, value, fix", [
+    ("-cap", "10XB", "MiB"),
+    ("-addr", "nohost", "PORT"),
+    ("-addr", ":70000", "65535"),
+])
+def test_bad_flag_value_is_a_one_line_usage_error(run_curb, tmp_path, flag, value, fix):
+    args = {"-cap": "10MiB", "-addr": "127.0.0.1:0", "-file": str(tmp_path / "curb.log")}
+    args[flag] = value
+    line = one_line(run_curb(*[x for pair in args.items() for x in pair]))
+    assert value in line, "the error should name the bad value"
+    assert fix in line, f"the error should show what a good value looks like ({fix!r})"
+
+
+def test_port_in_use_is_a_one_line_usage_error(run_curb, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = one_line(run_curb("-cap", "10MiB", "-addr", f"127.0.0.1:{port}", "-file", str(tmp_path / "curb.log")))
+    assert str(port) in line and "-addr" in line
+
+
+def test_unwritable_log_path_is_a_one_line_usage_error(run_curb, tmp_path):
+    (tmp_path / "afile").write_text("a regular file, not a directory\n")
+    path = tmp_path / "afile" / "x.log"
+    line = one_line(run_curb("-cap", "10MiB", "-addr", "127.0.0.1:0", "-file", str(path)))
+    assert str(path) in line and "-file" in line
+
+
+def test_second_broker_on_the_same_log_is_refused(curb_broker, run_curb, raw):
+    first = curb_broker()
+    line = one_line(run_curb("-cap", "10MiB", "-addr", "127.0.0.1:0", "-file", str(first.file)))
+    assert str(first.file.name) in line
+    assert "another" in line or "lock" in line
+    assert first.running()
+    raw(first.port).connect()
+
+
+def test_a_file_that_is_not_a_curb_log_is_refused_and_left_alone(run_curb, tmp_path):
+    path = tmp_path / "notes.txt"
+    content = "dear diary\n" * 100
+    path.write_text(content)
+    line = one_line(run_curb("-cap", "10MiB", "-addr", "127.0.0.1:0", "-file", str(path)))
+    assert "notes.txt" in line and "not a curb log" in line
+    assert path.read_text() == content
+
+
+def dual_stack_port(free_port) -> int:
+    """A port free on both 127.0.0.1 and ::1."""
+    while True:
+        port = free_port("::1")
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+
+
+def test_empty_host_listens_on_ipv4_and_ipv6(curb_broker, raw, free_port):
+    port = dual_stack_port(free_port)
+    broker = curb_broker(addr=f":{port}")
+    assert broker.port == port
+    assert raw(port, "127.0.0.1").connect().headers["version"] == "1.2"
+    assert raw(port, "::1").connect().headers["version"] == "1.2"
+
+
+def test_bracketed_ipv6_address_works(curb_broker, raw):
+    broker = curb_broker(addr="[::1]:0")
+    assert raw(broker.port, "::1").connect().headers["version"] == "1.2"
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", broker.port), timeout=2).close()
+
+
+def test_default_log_file_is_curb_log_in_the_working_directory(curb_broker, tmp_path):
+    broker = curb_broker(default_file=True)
+    assert broker.file == tmp_path / "curb.log"
+    assert broker.file.is_file()
+    assert str(broker.file.name) in broker.stderr_text()
+
+
+def test_default_log_file_is_under_state_directory(curb_broker, tmp_path):
+    state, cwd = tmp_path / "state", tmp_path / "cwd"
+    state.mkdir()
+    cwd.mkdir()
+    broker = curb_broker(default_file=True, cwd=cwd, env={**os.environ, "STATE_DIRECTORY": str(state)})
+    assert broker.file == state / "curb.log"
+    assert broker.file.is_file()
+    assert not (cwd / "curb.log").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signals_stop_cleanly(broker, raw, sig):
+    client = raw(broker.port)
+    client.connect()
+    assert broker.stop(sig) == 0
+    assert "stopped" in broker.stderr_text().splitlines()[-1]
+    assert client.closed()
+
+
+def test_start_up_reports_recovered_messages(broker, raw):
+    client = raw(broker.port)
+    client.connect()
+    for i in range(3):
+        client.send_frame("SEND", {"destination": "/queue/curb", "receipt": f"r{i}"}, b"kept %d" % i)
+    assert [client.read_frame().headers.get("receipt-id") for _ in range(3)] == ["r0", "r1", "r2"]
+    broker.restart()
+    assert re.search(r"recovered 3 messages", broker.stderr_text()), broker.stderr_text()
+
+
+def test_client_protocol_error_is_logged_with_the_peer_address(broker, raw, wait_until):
+    client = raw(broker.port)
+    client.send(b"HELLO\n\n\0")
+    assert client.closed()
+    host, port = client.sock.getsockname()[:2]
+    assert wait_until(lambda: f"{host}:{port}" in broker.stderr_text()), broker.stderr_text()
+
+
+def test_version_from_the_script_and_the_module(run_curb):
+    module = run_curb("--version")
+    assert module.returncode == 0 and curb.__version__ in module.stdout
+    script = Path(sys.executable).parent / "curb"
+    result = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=15)
+    assert result.returncode == 0 and curb.__version__ in result.stdout
