@@ -94,7 +94,7 @@ def default_file() -> str:
               show_default=True, help="Log lines on stderr as text or as one JSON object each.")
 @click.version_option(__version__, "-version", "--version", prog_name="curb")
 @click.pass_context
-def main(ctx, cap, addr, path, prefetch, max_frame, heartbeat, http, log_format):
+def command(ctx, cap, addr, path, prefetch, max_frame, heartbeat, http, log_format):
     """Curb: one durable work queue behind a STOMP 1.2 port, kept in one capped log file.
 
     Run `curb -cap 10MiB -addr :61613` to serve; `curb inspect FILE` reads a log offline."""
@@ -113,7 +113,22 @@ def main(ctx, cap, addr, path, prefetch, max_frame, heartbeat, http, log_format)
     sys.exit(code)
 
 
-main.add_command(inspect_command)
+command.add_command(inspect_command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The console script: click's command, with usage errors as one line, exit 2."""
+    try:
+        code = command.main(args=argv, prog_name="curb", standalone_mode=False)
+    except click.UsageError as err:
+        click.echo(f"curb: {err.format_message()}", err=True)
+        sys.exit(2)
+    except click.ClickException as err:
+        click.echo(f"curb: {err.format_message()}", err=True)
+        sys.exit(err.exit_code)
+    except click.Abort:
+        sys.exit(130)
+    sys.exit(code or 0)
 
 
 async def serve(*, cap: int, addr, path: str, prefetch: int, max_frame: int, heartbeat: int,
@@ -121,7 +136,25 @@ async def serve(*, cap: int, addr, path: str, prefetch: int, max_frame: int, hea
     """Recover the log, listen, serve until SIGINT/SIGTERM, then drain. Returns the exit code."""
     loop = asyncio.get_running_loop()
     metrics = Metrics()
-    log = Log(path, cap, max_payload=max_frame, metrics=metrics)
+    broker: Broker | None = None
+    inherited = systemd.listen_sockets()
+    if inherited:
+        servers = [await loop.create_server(lambda: Session(broker), sock=s, start_serving=False)
+                   for s in inherited]
+        names = ", ".join(_sockname(s) for s in inherited)
+        where = f"listening on {names} (socket passed by systemd; -addr ignored)"
+    else:
+        host, port = addr
+        servers = [await loop.create_server(lambda: Session(broker), host, port, reuse_address=True,
+                                            start_serving=False)]
+        names = ", ".join(_sockname(s) for s in servers[0].sockets)
+        where = f"listening on {names}, log {path}, cap {cap} bytes"
+    try:
+        log = Log(path, cap, max_payload=max_frame, metrics=metrics)
+    except BaseException:
+        for server in servers:
+            server.close()
+        raise
     rec = log.recovery
     events("recovered", f"recovered {rec.messages} messages ({rec.live_bytes} bytes) from {path} "
            f"in {rec.seconds:.3f}s" + (f"; {rec.torn}" if rec.torn else ""),
@@ -139,27 +172,20 @@ async def serve(*, cap: int, addr, path: str, prefetch: int, max_frame: int, hea
 
     log.on_fatal = on_fatal
     log.start(loop)
-    inherited = systemd.listen_sockets()
     try:
-        if inherited:
-            servers = [await loop.create_server(lambda: Session(broker), sock=s) for s in inherited]
-            names = ", ".join(_sockname(s) for s in inherited)
-            events("listening", f"listening on {names} (socket passed by systemd; -addr ignored)",
-                   addr=names, file=path)
-        else:
-            host, port = addr
-            servers = [await loop.create_server(lambda: Session(broker), host, port, reuse_address=True)]
-            names = ", ".join(_sockname(s) for s in servers[0].sockets)
-            events("listening", f"listening on {names}, log {path}, cap {cap} bytes",
-                   addr=names, file=path, cap=cap)
         if http is not None:
             web = await serve_http(http[0] or "", http[1], metrics, broker.gauges)
             servers.append(web)
             events("http", "metrics on http://%s/metrics" % _sockname(web.sockets[0]),
                    addr=_sockname(web.sockets[0]))
     except BaseException:
+        for server in servers:
+            server.close()
         await log.close()
         raise
+    for server in servers:
+        await server.start_serving()
+    events("listening", where, addr=names, file=path, cap=cap)
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))
     systemd.notify("READY=1", f"STATUS=serving {rec.messages} recovered messages")

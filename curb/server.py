@@ -10,6 +10,7 @@ session rules do not allow ends in one ERROR frame and the close of that connect
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import socket
 import time
@@ -106,7 +107,7 @@ class Session(asyncio.Protocol):
         self.parser = FrameParser(max_frame_bytes=broker.max_frame)
         self.connected = False
         self.closing = False
-        self.owed_receipts = 0
+        self.owed: collections.deque[list] = collections.deque()
         self.count_sub: tuple[str, int] | None = None
         self.last_counts: dict[str, int] | None = None
         self.prefixes: dict[int, bytes] = {}
@@ -216,34 +217,34 @@ class Session(asyncio.Protocol):
         headers = frame.headers
         stored = "".join(f"{escape(k)}:{escape(v)}\n" for k, v in headers.items() if k not in NOT_STORED)
         payload = stored.encode() + b"\n" + frame.body
-        receipt = headers.get("receipt")
         broker = self.broker
-        if receipt is not None:
-            self.owed_receipts += 1
         try:
-            broker.log.append(payload, lambda err: self.stored(receipt, err))
+            broker.log.append(payload, self.stored(frame))
         except TooLarge as err:
             broker.metrics.refused_too_large += 1
-            self.owed_receipts -= receipt is not None
             self.error("message too large", str(err), frame)
             return
         except QueueFull as err:
             broker.metrics.refused_full += 1
-            self.owed_receipts -= receipt is not None
             self.error("queue full", str(err), frame)
             return
         broker.metrics.sent += 1
         if broker.counters:
             broker.counts_changed()
 
-    def stored(self, receipt: str | None, err: str | None) -> None:
-        """The log's answer for one SEND: fsynced, or not stored after all."""
-        if err is not None:
-            self.error("message not stored", err, receipt=receipt)
-            return
-        if receipt is not None:
-            self.owed_receipts -= 1
-            self.write(b"RECEIPT\nreceipt-id:%s\n\n\0" % escape(receipt).encode())
+    def stored(self, frame: Frame) -> Callable[[str | None], None]:
+        """The log's answer for one SEND: its RECEIPT once fsynced, or an ERROR if it
+        was not stored after all."""
+        receipt = frame.headers.get("receipt")
+        entry = self.owe() if receipt is not None else None
+
+        def done(err: str | None) -> None:
+            if err is not None:
+                self.error("message not stored", err, receipt=receipt)
+            elif entry is not None:
+                self.settle(entry, _receipt(receipt))
+
+        return done
 
     def on_subscribe(self, frame: Frame) -> None:
         headers = frame.headers
@@ -297,14 +298,8 @@ class Session(asyncio.Protocol):
         if receipt is None:
             self.transport.close()
             return
-        self.owed_receipts += 1
-
-        def answer(err: str | None) -> None:
-            self.owed_receipts -= 1
-            self.write(b"RECEIPT\nreceipt-id:%s\n\n\0" % escape(receipt).encode())
-            self.transport.close()
-
-        self.broker.log.on_durable(answer)
+        entry = self.owe()
+        self.broker.log.on_durable(lambda err: self.settle(entry, _receipt(receipt), self.transport.close))
 
     def ack_id(self, frame: Frame) -> int | None:
         """The message an ACK or NACK names; None for a ./count update, which needs none."""
@@ -319,23 +314,33 @@ class Session(asyncio.Protocol):
             raise QueueError(f"unknown ack id {raw[:40]!r}") from None
 
     def receipt(self, frame: Frame, durable: bool = False) -> None:
-        """Answer a frame's receipt header: after the log's next sync when the frame
-        changed the log or an earlier receipt is still owed, else at once."""
+        """Answer a frame's receipt header: once the frame's effect is on disk when it
+        changed the log, else at once; either way after the receipts owed before it."""
         receipt = frame.headers.get("receipt")
         if receipt is None:
             return
-        data = b"RECEIPT\nreceipt-id:%s\n\n\0" % escape(receipt).encode()
-        if not durable and not self.owed_receipts:
+        entry = self.owe()
+        if durable:
+            self.broker.log.on_durable(lambda err: err is None and self.settle(entry, _receipt(receipt)))
+        else:
+            self.settle(entry, _receipt(receipt))
+
+    def owe(self) -> list:
+        """A place in this connection's line of receipts, filled in by settle()."""
+        entry = [None, None]
+        self.owed.append(entry)
+        return entry
+
+    def settle(self, entry: list, data: bytes, then: Callable[[], None] | None = None) -> None:
+        """Fill in an owed receipt and send every receipt that is now at the front of
+        the line, so that receipts leave in the order their frames came."""
+        entry[0], entry[1] = data, then
+        owed = self.owed
+        while owed and owed[0][0] is not None:
+            data, then = owed.popleft()
             self.write(data)
-            return
-        self.owed_receipts += 1
-
-        def answer(err: str | None) -> None:
-            self.owed_receipts -= 1
-            if err is None:
-                self.write(data)
-
-        self.broker.log.on_durable(answer)
+            if then is not None:
+                then()
 
     # ---------------------------------------------------------------- output
 
@@ -404,6 +409,10 @@ HANDLERS: dict[str, Callable[[Session, Frame], None]] = {
     "NACK": Session.on_nack,
     "DISCONNECT": Session.on_disconnect,
 }
+
+
+def _receipt(receipt_id: str) -> bytes:
+    return b"RECEIPT\nreceipt-id:%s\n\n\0" % escape(receipt_id).encode()
 
 
 def _tolerance(every: float) -> float:
