@@ -72,7 +72,6 @@ class Record:
 @dataclass(slots=True)
 class _Append:
     record: Record
-    header: bytes
     payload: bytes
     done: Done | None
 
@@ -128,6 +127,7 @@ class Log:
         self._snapshots: collections.deque[tuple[int, tuple]] = collections.deque()
         self._ckpt_to_write: tuple[int, tuple] | None = None
         self._ckpt_written: tuple[int, tuple[int, tuple]] | None = None
+        self._ckpt_due = 0.0
         self._moves: collections.deque[tuple[int, Record]] = collections.deque()
         self._behind: collections.OrderedDict[int, Record] = collections.OrderedDict()
         self._ahead: dict[int, Record] = {}
@@ -219,8 +219,7 @@ class Log:
         self._next_id += 1
         ts = time.time_ns() // 1_000_000
         rec = Record(msg_id, -1, size, 0, ts, payload if size <= KEEP_PAYLOAD else None)
-        header, _ = fmt.encode_record(STATE_RDY, 0, msg_id, 0, ts, payload)
-        self._pending.append(_Append(rec, header, payload, done))
+        self._pending.append(_Append(rec, payload, done))
         self.unread += 1
         self.unread_bytes += size
         self._schedule()
@@ -345,10 +344,12 @@ class Log:
             for off, patch in self._patches:
                 os.pwrite(self.fd, patch, off)
             self._patches.clear()
-            if self._ckpt_to_write is not None:
+            now = time.monotonic()
+            if self._ckpt_to_write is not None and (self._pending or now >= self._ckpt_due):
                 self._write_checkpoint(self._ckpt_to_write[1])
                 self._ckpt_written = (fno, self._ckpt_to_write)
                 self._ckpt_to_write = None
+                self._ckpt_due = now + CHECKPOINT_EVERY
                 wrote = True
         except OSError as err:
             self._fail(f"cannot write {self.path}: {err.strerror}")
@@ -526,7 +527,7 @@ class Log:
         if durable is not None and durable[1] != self._last_snapshot:
             self._ckpt_to_write = durable
             self._last_snapshot = durable[1]
-        if self._pending or self._patches or self._untagged or self._ckpt_to_write is not None:
+        if self._pending or self._patches or self._untagged:
             self._schedule()
         elif self._waiters or self._written_no > self._synced_no:
             self._start_sync()
@@ -544,8 +545,7 @@ class Log:
 
     def _busy(self) -> bool:
         return bool(self._pending or self._patches or self._untagged or self._syncing
-                    or self._flush_scheduled or self._written_no > self._synced_no
-                    or self._ckpt_to_write is not None)
+                    or self._flush_scheduled or self._written_no > self._synced_no)
 
     async def close(self, timeout: float = 10.0) -> None:
         """Write and sync everything pending, leave a checkpoint naming the final state
@@ -565,6 +565,7 @@ class Log:
 
 
 ALLOCATE_STEP = 4 << 20
+CHECKPOINT_EVERY = 0.05
 
 
 def _add_run(runs: list, off: int, bufs) -> None:

@@ -187,7 +187,8 @@ class Scan:
     def _looks_torn(self, pos: int, expect: int) -> bool:
         """Whether the bytes at pos are the start of the record due next, cut short."""
         buf, off = self._window(pos, RECORD_HEADER)
-        if buf[off:off + 4] not in STARTS:
+        start = buf[off:off + 4]
+        if not start or not any(s.startswith(start) for s in STARTS):
             return False
         try:
             return fmt.parse_header(buf, off).wseq == expect
