@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import errno
 import fcntl
 import os
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -114,7 +115,7 @@ class Log:
         self.on_written: Callable[[], None] = lambda: None
         self.on_fatal: Callable[[str], None] = lambda reason: None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="curb-sync")
+        self._syncer: Syncer | None = None
         self._pending: collections.deque[_Append] = collections.deque()
         self._patches: list[tuple[int, bytes]] = []
         self._waiters: collections.deque[tuple[int, Done]] = collections.deque()
@@ -323,6 +324,7 @@ class Log:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Begin writing: batches are flushed from this event loop."""
         self._loop = loop
+        self._syncer = Syncer(self.fd, loop, self._synced)
         self._schedule()
 
     def _schedule(self) -> None:
@@ -497,21 +499,17 @@ class Log:
         if self._syncing or self._broken:
             return
         self._syncing = True
-        target = self._flush_no
-        started = time.monotonic()
-        fut = self._loop.run_in_executor(self._executor, os.fdatasync, self.fd)
-        fut.add_done_callback(lambda f: self._synced(f, target, started))
+        self._syncer.request(self._flush_no)
 
-    def _synced(self, fut: asyncio.Future, target: int, started: float) -> None:
+    def _synced(self, target: int, seconds: float, err: OSError | None) -> None:
         """Everything written up to flush `target` is on disk: answer its waiters, let a
         checkpoint name it, and let space a synced checkpoint released be reused."""
         self._syncing = False
-        err = fut.exception()
         if err is not None:
             self._fail(f"fdatasync of {self.path} failed: {err}")
             return
         if self.metrics is not None:
-            self.metrics.observe_fsync(time.monotonic() - started)
+            self.metrics.observe_fsync(seconds)
         self._synced_no = target
         while self._waiters and self._waiters[0][0] <= target:
             self._waiters.popleft()[1](None)
@@ -560,8 +558,42 @@ class Log:
         if not self._broken:
             self._write_checkpoint(self._snapshot())
             os.fdatasync(self.fd)
-        self._executor.shutdown(wait=True)
+        if self._syncer is not None:
+            self._syncer.stop()
         os.close(self.fd)
+
+
+class Syncer:
+    """The thread that runs fdatasync while the event loop goes on gathering the next
+    batch; one request at a time, answered on the loop with (target, seconds, error)."""
+
+    def __init__(self, fd: int, loop: asyncio.AbstractEventLoop, answer: Callable):
+        self.fd = fd
+        self.loop = loop
+        self.answer = answer
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="curb-sync", daemon=True)
+        self.thread.start()
+
+    def request(self, target: int) -> None:
+        self.requests.put(target)
+
+    def stop(self) -> None:
+        self.requests.put(None)
+        self.thread.join()
+
+    def _run(self) -> None:
+        while (target := self.requests.get()) is not None:
+            started = time.monotonic()
+            err = None
+            try:
+                os.fdatasync(self.fd)
+            except OSError as exc:
+                err = exc
+            try:
+                self.loop.call_soon_threadsafe(self.answer, target, time.monotonic() - started, err)
+            except RuntimeError:
+                return
 
 
 ALLOCATE_STEP = 4 << 20
