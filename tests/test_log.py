@@ -64,6 +64,34 @@ def reopen(path, cap=CAP) -> Harness:
     return Harness(path, cap)
 
 
+def filled(path, count: int) -> Harness:
+    """A log holding payload(0) .. payload(count - 1), all synced."""
+    h = Harness(path)
+    for i in range(count):
+        h.append(payload(i))
+    h.settle()
+    return h
+
+
+def with_stuck_record(path) -> tuple[Harness, object]:
+    """A log whose first message is delivered and never acked."""
+    h = filled(path, 1)
+    return h, h.log.next_ready()
+
+
+def churn(h: Harness, stuck, count: int, seen: set | None = None) -> None:
+    """Send and drain `count` more messages while `stuck` stays in flight."""
+    for n in range(1, count):
+        h.log.append(payload(n))
+        if seen is not None:
+            seen.add(stuck.offset)
+        if n % 50 == 0:
+            h.settle()
+            h.drain()
+    h.settle()
+    h.drain()
+
+
 def test_append_is_durable_then_recovered_in_order(path):
     h = Harness(path)
     results = [h.append(payload(i)) for i in range(20)]
@@ -77,10 +105,7 @@ def test_append_is_durable_then_recovered_in_order(path):
 
 
 def test_acked_messages_never_come_back_and_wip_does(path):
-    h = Harness(path)
-    for i in range(10):
-        h.append(payload(i))
-    h.settle()
+    h = filled(path, 10)
     recs = h.drain(ack=False)
     for rec in recs[:4]:
         h.log.ack(rec)
@@ -92,9 +117,7 @@ def test_acked_messages_never_come_back_and_wip_does(path):
 
 
 def test_on_durable_runs_after_the_ack_is_synced(path):
-    h = Harness(path)
-    h.append(payload(1))
-    h.settle()
+    h = filled(path, 1)
     rec = h.log.next_ready()
     h.log.ack(rec)
     done = []
@@ -106,9 +129,7 @@ def test_on_durable_runs_after_the_ack_is_synced(path):
 
 
 def test_requeue_keeps_the_delivery_count(path):
-    h = Harness(path)
-    h.append(payload(1))
-    h.settle()
+    h = filled(path, 1)
     rec = h.log.next_ready()
     rec.deliveries = 3
     h.log.requeue(rec)
@@ -127,10 +148,7 @@ def crash_copy(h: Harness, dest) -> str:
 
 
 def test_records_written_after_the_last_checkpoint_are_recovered(path, tmp_path):
-    h = Harness(path)
-    for i in range(5):
-        h.append(payload(i))
-    h.settle()
+    h = filled(path, 5)
     crashed = crash_copy(h, tmp_path / "crash.log")
     h.close()
     with LogReader(crashed) as reader:
@@ -143,10 +161,7 @@ def test_records_written_after_the_last_checkpoint_are_recovered(path, tmp_path)
 
 @pytest.mark.parametrize("cut", [1, 30, 70, 120])
 def test_torn_tail_is_dropped_and_reported(path, tmp_path, cut):
-    h = Harness(path)
-    for i in range(5):
-        h.append(payload(i))
-    h.settle()
+    h = filled(path, 5)
     crashed = crash_copy(h, tmp_path / "crash.log")
     h.close()
     last = list(LogReader(crashed).entries())[-1]
@@ -164,10 +179,7 @@ def test_torn_tail_is_dropped_and_reported(path, tmp_path, cut):
 
 
 def test_corrupt_last_record_is_never_delivered(path):
-    h = Harness(path)
-    for i in range(5):
-        h.append(payload(i))
-    h.settle()
+    h = filled(path, 5)
     h.close()
     last = list(LogReader(path).entries())[-1]
     with open(path, "r+b") as f:
@@ -180,10 +192,7 @@ def test_corrupt_last_record_is_never_delivered(path):
 
 
 def test_corruption_in_the_middle_loses_only_that_record(path):
-    h = Harness(path)
-    for i in range(5):
-        h.append(payload(i))
-    h.settle()
+    h = filled(path, 5)
     h.close()
     third = list(LogReader(path).entries())[2]
     with open(path, "r+b") as f:
@@ -235,19 +244,9 @@ def test_the_ring_wraps_many_times_under_the_cap(path):
 def test_an_unacked_record_does_not_pin_the_ring(path):
     """A consumer holding one message forever: the tail copies it forward, the queue
     keeps flowing through many laps, and the message is still there, once."""
-    h = Harness(path)
-    h.append(payload(0))
-    h.settle()
-    stuck = h.log.next_ready()
+    h, stuck = with_stuck_record(path)
     offsets = {stuck.offset}
-    for n in range(1, 3000):
-        h.log.append(payload(n))
-        offsets.add(stuck.offset)
-        if n % 50 == 0:
-            h.settle()
-            h.drain()
-    h.settle()
-    h.drain()
+    churn(h, stuck, 3000, offsets)
     h.settle()
     assert 3000 * 190 > 5 * CAP
     assert len(offsets) >= 5
@@ -259,17 +258,8 @@ def test_an_unacked_record_does_not_pin_the_ring(path):
 
 
 def test_a_moved_record_acked_stays_acked_after_restart(path):
-    h = Harness(path)
-    h.append(payload(0))
-    h.settle()
-    stuck = h.log.next_ready()
-    for n in range(1, 1000):
-        h.log.append(payload(n))
-        if n % 50 == 0:
-            h.settle()
-            h.drain()
-    h.settle()
-    h.drain()
+    h, stuck = with_stuck_record(path)
+    churn(h, stuck, 1000)
     h.log.ack(stuck)
     h.settle()
     h.close()
@@ -281,10 +271,7 @@ def test_a_moved_record_acked_stays_acked_after_restart(path):
 def test_a_crash_right_after_a_move_delivers_the_message_once(path, tmp_path):
     """Between the copy's sync and the checkpoint that retires the original, the file
     holds the message twice; recovery hands it out once."""
-    h = Harness(path)
-    h.append(payload(0))
-    h.settle()
-    stuck = h.log.next_ready()
+    h, stuck = with_stuck_record(path)
     copies = []
     n = 1
     while len(copies) < 3 and n < 5000:
