@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict
 from statistics import median
 
-from curb.bench.workloads import ROWS, Settings
+from curb.bench.workloads import MACHINE_ROWS, ROWS, Settings
 
 FORMATS = {"msg/s": "{:,.0f}", "rec/s": "{:,.0f}", "us": "{:,.0f}", "MiB": "{:,.1f}", "s": "{:.2f}",
            "ratio": "{:.2f}"}
@@ -21,17 +21,18 @@ def spread(values: list[float]) -> dict:
 
 
 def tabulate(samples: dict[str, dict[str, list[float]]], side_names: list[str], settings: Settings) -> list[dict]:
-    """One dict per measured row, in table order: workload, unit, a spread per side, and
-    the spread of the per-run ratio first side / second side."""
+    """One dict per measured row, in table order: workload, unit, a spread per side (None
+    when not measurable there), and the spread of the per-run ratio first side / second
+    side. Rows about the machine rather than a broker carry the first side only."""
     rows = []
     for key, (label, unit) in ROWS.items():
         by_side = samples.get(key)
         if not by_side:
             continue
         row = {"key": key, "workload": label.format(queued=settings.queued), "unit": unit}
-        for name in side_names:
+        for name in side_names[:1] if key in MACHINE_ROWS else side_names:
             row[name] = spread(by_side[name]) if by_side.get(name) else None
-        if len(side_names) == 2 and row[side_names[0]] and row[side_names[1]]:
+        if len(side_names) == 2 and row[side_names[0]] and row.get(side_names[1]):
             ratios = [mine / theirs for mine, theirs in zip(by_side[side_names[0]], by_side[side_names[1]]) if theirs]
             row["ratio"] = spread(ratios) if ratios else None
         rows.append(row)
@@ -50,7 +51,11 @@ def disk_shares(samples: dict[str, dict[str, list[float]]], side_names: list[str
     return lines
 
 
-def cell(stats: dict | None, unit: str) -> str:
+def cell(row: dict, column: str, unit: str) -> str:
+    """A spread as `median (min-max)`; `n/a` if it could not be measured, blank if it does not apply."""
+    if column not in row:
+        return ""
+    stats = row[column]
     if stats is None:
         return "n/a"
     shown = FORMATS[unit].format
@@ -63,8 +68,8 @@ def table(rows: list[dict], side_names: list[str], settings: Settings, notes: li
     headers = ["workload", "unit", *side_names] + (["ratio"] if len(side_names) == 2 else [])
     if len(side_names) == 2:
         headers[-1] = f"{side_names[0]}/{side_names[1]}"
-    lines = [[row["workload"], row["unit"], *(cell(row[name], row["unit"]) for name in side_names)]
-             + ([cell(row.get("ratio"), "ratio")] if len(side_names) == 2 else []) for row in rows]
+    lines = [[row["workload"], row["unit"], *(cell(row, name, row["unit"]) for name in side_names)]
+             + ([cell(row, "ratio", "ratio")] if len(side_names) == 2 else []) for row in rows]
     widths = [max(len(line[column]) for line in [headers, *lines]) for column in range(len(headers))]
 
     def aligned(line: list[str]) -> str:

@@ -53,6 +53,8 @@ ROWS: dict[str, tuple[str, str]] = {
     "disk-64": ("disk: append + fdatasync, 64 records per sync", "rec/s"),
 }
 
+MACHINE_ROWS = frozenset({"disk-1", "disk-64"})  # figures of the machine, not of a broker
+
 
 @dataclass(frozen=True)
 class Settings:
