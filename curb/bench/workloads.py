@@ -29,6 +29,7 @@ MIXED_PREFETCH = 256
 DRAIN_PREFETCH = 256
 PREFILL_PRODUCER = 100          # prefills number their messages apart from the timed producers
 AFTER_DEADLINE_QUIET = 0.3      # a timed consumer stops once the queue was silent this long
+LEFTOVER_QUIET = 1.0            # and so does the drain of an external broker's leftovers
 FILL_FRACTION = 0.9
 CALIBRATION_MESSAGES = 1000     # sent first to learn how many bytes a message takes in the log
 DISK_RECORD_OVERHEAD = 64       # bytes a log record adds to a body, roughly, for the disk probe
@@ -148,7 +149,9 @@ class Bench:
             self.curb_fill_count = None
             for group in GROUPS:
                 wanted = selected & group.names
-                for side in (self.sides if group.per_side else self.sides[:1]) if wanted else ():
+                if not wanted:
+                    continue
+                for side in self.sides if group.per_side else self.sides[:1]:
                     figures = group.measure(self, side, wanted)
                     for key, value in figures.items():
                         samples[key][side.name].append(value)
@@ -163,7 +166,7 @@ class Bench:
         """Empty an external broker's queue of leftovers before measuring it."""
         conn = Connection(side.target, self.settings.timeout)
         conn.close()
-        [result] = self.crew.run([self.consume_task(side.target, "", DRAIN_PREFETCH, quiet=1.0)])
+        [result] = self.crew.run([self.consume_task(side.target, "", DRAIN_PREFETCH, quiet=LEFTOVER_QUIET)])
         self.notes[side.name] = (f"{side.name}: {conn.server or 'server unnamed'}" + (
             f"; {result['received']:,} leftover messages drained first" if result["received"] else ""))
 
@@ -342,9 +345,9 @@ def fill90(bench: Bench, side: Side, wanted: set[str]) -> dict[str, float]:
         empty, sent, received = bench.mixed(target, run_id, 2, 2, balanced=True)
         bench.check("fill90 empty", side, target, run_id, sent, received)
         run_id = bench.new_run_id()
-        queued = bench.fill_log(target, broker, run_id) if broker is not None else bench.prefill(target, run_id, count)
+        prefilled = bench.fill_log(target, broker, run_id) if broker is not None else bench.prefill(target, run_id, count)
         full, sent, received = bench.mixed(target, run_id, 2, 2, balanced=True)
-        bench.check("fill90 full", side, target, run_id, queued | sent, received)
+        bench.check("fill90 full", side, target, run_id, prefilled | sent, received)
     return {"fill-empty": empty, "fill-full": full, "fill-ratio": full / empty}
 
 
