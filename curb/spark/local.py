@@ -90,23 +90,17 @@ class LocalBroker:
 
     def send(self, bodies: list[bytes], headers: dict[str, str] | None = None) -> None:
         """Queue the bodies, pipelined; return once the broker has them all on disk."""
-        client = self.client()
-        try:
+        with self.client() as client:
             for body in bodies[:-1]:
                 client.send(body, headers=headers)
             client.send(bodies[-1], headers=headers, receipt="sent")
             client.wait_receipt("sent")
-        finally:
-            client.close()
 
     def counts(self) -> dict[str, int]:
         """The queue's counts as the ./count subscription reports them (rdy, wip, subscriptions)."""
-        client = self.client()
-        try:
+        with self.client() as client:
             client.subscribe(sub_id="count", destination="./count", ack="auto")
             frame = client.receive(timeout=STARTUP_S)
-        finally:
-            client.close()
         if frame is None:
             raise RuntimeError(f"curb at {self.endpoint} sent no counts")
         return json.loads(frame.body)
