@@ -199,7 +199,7 @@ async def serve(*, cap: int, addr, path: str, prefetch: int, max_frame: int, hea
         broker.requeue(broker.queue.close(session))
     await log.close()
     for session in list(broker.sessions):
-        session.transport.close()
+        session.close_transport()
     deadline = loop.time() + DRAIN_SECONDS
     while broker.sessions and loop.time() < deadline:
         await asyncio.sleep(0.01)

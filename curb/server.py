@@ -47,6 +47,7 @@ class Broker:
         self.counters: set[Session] = set()
         self._count_scheduled = False
         self._pumping = False
+        self._dirty: list[Session] = []
         log.on_written = self.pump
 
     def pump(self) -> None:
@@ -68,6 +69,17 @@ class Broker:
             self._pumping = False
         if self.counters:
             self.counts_changed()
+
+    def want_flush(self, session: Session) -> None:
+        """Gather every connection's output of this loop pass into one write each."""
+        if not self._dirty:
+            asyncio.get_running_loop().call_soon(self._flush_out)
+        self._dirty.append(session)
+
+    def _flush_out(self) -> None:
+        dirty, self._dirty = self._dirty, []
+        for session in dirty:
+            session.flush_out()
 
     def counts(self) -> dict[str, int]:
         return {"rdy": self.log.unread + self.queue.redeliver_count,
@@ -108,6 +120,7 @@ class Session(asyncio.Protocol):
         self.connected = False
         self.closing = False
         self.owed: collections.deque[list] = collections.deque()
+        self.out: list[bytes] = []
         self.count_sub: tuple[str, int] | None = None
         self.last_counts: dict[str, int] | None = None
         self.prefixes: dict[int, bytes] = {}
@@ -161,9 +174,21 @@ class Session(asyncio.Protocol):
         self.broker.pump()
 
     def write(self, data: bytes) -> None:
-        if not self.transport.is_closing():
-            self.transport.write(data)
-            self.last_send = time.monotonic()
+        """Queue output; it leaves in one send per connection per loop pass."""
+        if not self.out:
+            self.broker.want_flush(self)
+        self.out.append(data)
+
+    def flush_out(self) -> None:
+        if self.out:
+            if not self.transport.is_closing():
+                self.transport.write(b"".join(self.out))
+                self.last_send = time.monotonic()
+            self.out.clear()
+
+    def close_transport(self) -> None:
+        self.flush_out()
+        self.transport.close()
 
     # ---------------------------------------------------------------- frames
 
@@ -296,10 +321,10 @@ class Session(asyncio.Protocol):
         self.closing = True
         receipt = frame.headers.get("receipt")
         if receipt is None:
-            self.transport.close()
+            self.close_transport()
             return
         entry = self.owe()
-        self.broker.log.on_durable(lambda err: self.settle(entry, _receipt(receipt), self.transport.close))
+        self.broker.log.on_durable(lambda err: self.settle(entry, _receipt(receipt), self.close_transport))
 
     def ack_id(self, frame: Frame) -> int | None:
         """The message an ACK or NACK names; None for a ./count update, which needs none."""
@@ -380,7 +405,7 @@ class Session(asyncio.Protocol):
         self.broker.events("client_error", f"client error from {self.peer}: {reason}",
                            peer=self.peer, reason=reason)
         self.closing = True
-        self.transport.close()
+        self.close_transport()
 
     # ---------------------------------------------------------------- heart-beats
 
