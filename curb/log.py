@@ -75,6 +75,7 @@ class _Append:
     record: Record
     payload: bytes
     done: Done | None
+    urgent: bool
 
 
 @dataclass(slots=True)
@@ -129,6 +130,8 @@ class Log:
         self._ckpt_to_write: tuple[int, tuple] | None = None
         self._ckpt_written: tuple[int, tuple[int, tuple]] | None = None
         self._ckpt_due = 0.0
+        self._urgent_upto = 0
+        self._lazy: asyncio.TimerHandle | None = None
         self._moves: collections.deque[tuple[int, Record]] = collections.deque()
         self._behind: collections.OrderedDict[int, Record] = collections.OrderedDict()
         self._ahead: dict[int, Record] = {}
@@ -202,10 +205,11 @@ class Log:
 
     # ---------------------------------------------------------------- the broker's calls
 
-    def append(self, payload: bytes, done: Done | None = None) -> Record:
+    def append(self, payload: bytes, done: Done | None = None, urgent: bool = True) -> Record:
         """Queue a message (its SEND headers and body as a stored payload). It is
         written in the next batch and `done(None)` runs once it is fsynced, or
-        `done(reason)` if it could not be stored after all. Raises TooLarge or
+        `done(reason)` if it could not be stored after all. With urgent=False nobody
+        waits for the sync, so it may wait up to LAZY_SYNC for company. Raises TooLarge or
         QueueFull (nothing stored) when it cannot be accepted."""
         size = RECORD_HEADER + len(payload) + 1
         if size > self.max_record:
@@ -220,7 +224,7 @@ class Log:
         self._next_id += 1
         ts = time.time_ns() // 1_000_000
         rec = Record(msg_id, -1, size, 0, ts, payload if size <= KEEP_PAYLOAD else None)
-        self._pending.append(_Append(rec, payload, done))
+        self._pending.append(_Append(rec, payload, done, urgent))
         self.unread += 1
         self.unread_bytes += size
         self._schedule()
@@ -330,7 +334,14 @@ class Log:
     def _schedule(self) -> None:
         if not self._flush_scheduled and self._loop is not None:
             self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+            self._flush_handle = self._loop.call_soon(self._flush)
+
+    def flush(self) -> None:
+        """Write what is pending now rather than later in this loop pass, so that a
+        message sent can be delivered in the same pass."""
+        if self._flush_scheduled:
+            self._flush_handle.cancel()
+            self._flush()
 
     def _flush(self) -> None:
         """Write what is pending (appends as far as the ring has room, patches, a
@@ -356,6 +367,8 @@ class Log:
         except OSError as err:
             self._fail(f"cannot write {self.path}: {err.strerror}")
             return
+        if self._untagged:
+            self._urgent_upto = fno
         for done in self._untagged:
             self._waiters.append((fno, done))
         self._untagged.clear()
@@ -364,8 +377,7 @@ class Log:
             snap = self._snapshot()
             if not self._snapshots or self._snapshots[-1][1] != snap:
                 self._snapshots.append((fno, snap))
-        if self._written_no > self._synced_no or self._waiters:
-            self._start_sync()
+        self._want_sync()
         if placed:
             self.on_written()
 
@@ -400,6 +412,8 @@ class Log:
             self._pending.popleft()
             if item.done is not None:
                 self._waiters.append((fno, item.done))
+            if item.urgent:
+                self._urgent_upto = fno
             placed += 1
         for off, _, bufs in runs:
             _pwritev_all(self.fd, bufs, off)
@@ -495,11 +509,27 @@ class Log:
 
     # ---------------------------------------------------------------- syncing
 
-    def _start_sync(self) -> None:
+    def _want_sync(self) -> None:
+        """Sync soon: one loop pass from now when a receipt waits on it (after this
+        pass's answers are sent, so the sync thread's wake-up is not in their way), or
+        within LAZY_SYNC when nobody waits, so receipt-less traffic shares fsyncs."""
         if self._syncing or self._broken:
             return
-        self._syncing = True
-        self._syncer.request(self._flush_no)
+        if self._urgent_upto > self._synced_no:
+            self._syncing = True
+            self._loop.call_soon(self._request_sync)
+        elif (self._written_no > self._synced_no or self._waiters) and self._lazy is None:
+            self._lazy = self._loop.call_later(LAZY_SYNC, self._lazy_sync)
+
+    def _lazy_sync(self) -> None:
+        self._lazy = None
+        if not self._syncing and not self._broken:
+            self._syncing = True
+            self._request_sync()
+
+    def _request_sync(self) -> None:
+        if not self._broken:
+            self._syncer.request(self._flush_no)
 
     def _synced(self, target: int, seconds: float, err: OSError | None) -> None:
         """Everything written up to flush `target` is on disk: answer its waiters, let a
@@ -527,8 +557,8 @@ class Log:
             self._last_snapshot = durable[1]
         if self._pending or self._patches or self._untagged:
             self._schedule()
-        elif self._waiters or self._written_no > self._synced_no:
-            self._start_sync()
+        else:
+            self._want_sync()
 
     def _fail(self, reason: str) -> None:
         """A write or sync failed: what it covered may not be on disk, so stop for good."""
@@ -598,6 +628,7 @@ class Syncer:
 
 ALLOCATE_STEP = 4 << 20
 CHECKPOINT_EVERY = 0.05
+LAZY_SYNC = 0.01
 
 
 def _add_run(runs: list, off: int, bufs) -> None:

@@ -70,6 +70,13 @@ class Broker:
         if self.counters:
             self.counts_changed()
 
+    def after_frames(self) -> None:
+        """A connection's frames are handled: write them to the log, deliver what can
+        be delivered, and send the answers, all in this loop pass."""
+        self.log.flush()
+        self.pump()
+        self._flush_out()
+
     def want_flush(self, session: Session) -> None:
         """Gather every connection's output of this loop pass into one write each."""
         if not self._dirty:
@@ -171,7 +178,7 @@ class Session(asyncio.Protocol):
             if self.closing:
                 break
             self.handle(frame)
-        self.broker.pump()
+        self.broker.after_frames()
 
     def write(self, data: bytes) -> None:
         """Queue output; it leaves in one send per connection per loop pass."""
@@ -244,7 +251,7 @@ class Session(asyncio.Protocol):
         payload = stored.encode() + b"\n" + frame.body
         broker = self.broker
         try:
-            broker.log.append(payload, self.stored(frame))
+            broker.log.append(payload, self.stored(frame), urgent="receipt" in headers)
         except TooLarge as err:
             broker.metrics.refused_too_large += 1
             self.error("message too large", str(err), frame)
