@@ -115,6 +115,7 @@ class Log:
         self._reserve = 2 * (self.max_record + PAD_SIZE)
         self.on_written: Callable[[], None] = lambda: None
         self.on_fatal: Callable[[str], None] = lambda reason: None
+        self.on_answered: Callable[[], None] = lambda: None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._syncer: Syncer | None = None
         self._pending: collections.deque[_Append] = collections.deque()
@@ -131,6 +132,7 @@ class Log:
         self._ckpt_written: tuple[int, tuple[int, tuple]] | None = None
         self._ckpt_due = 0.0
         self._urgent_upto = 0
+        self._unsynced_ops = 0
         self._lazy: asyncio.TimerHandle | None = None
         self._moves: collections.deque[tuple[int, Record]] = collections.deque()
         self._behind: collections.OrderedDict[int, Record] = collections.OrderedDict()
@@ -354,6 +356,7 @@ class Log:
         try:
             placed = self._write_appends(fno)
             wrote = placed > 0 or bool(self._patches)
+            self._unsynced_ops += placed + len(self._patches)
             for off, patch in self._patches:
                 os.pwrite(self.fd, patch, off)
             self._patches.clear()
@@ -517,7 +520,7 @@ class Log:
             return
         if self._urgent_upto > self._synced_no:
             self._syncing = True
-            self._loop.call_soon(self._request_sync)
+            self._loop.call_soon(self._request_sync, self._unsynced_ops <= INLINE_SYNC_OPS)
         elif (self._written_no > self._synced_no or self._waiters) and self._lazy is None:
             self._lazy = self._loop.call_later(LAZY_SYNC, self._lazy_sync)
 
@@ -525,11 +528,26 @@ class Log:
         self._lazy = None
         if not self._syncing and not self._broken:
             self._syncing = True
-            self._request_sync()
+            self._request_sync(False)
 
-    def _request_sync(self) -> None:
-        if not self._broken:
+    def _request_sync(self, inline: bool) -> None:
+        """Sync everything written so far. A small batch (a lone producer waiting for
+        its receipt) is synced right here: handing it to the thread would cost two
+        thread wake-ups, more than the loop loses by waiting for the disk. Big batches
+        go to the thread, so the loop gathers the next batch meanwhile."""
+        if self._broken:
+            return
+        self._unsynced_ops = 0
+        if not inline:
             self._syncer.request(self._flush_no)
+            return
+        started = time.monotonic()
+        try:
+            os.fdatasync(self.fd)
+        except OSError as err:
+            self._synced(self._flush_no, 0.0, err)
+            return
+        self._synced(self._flush_no, time.monotonic() - started, None)
 
     def _synced(self, target: int, seconds: float, err: OSError | None) -> None:
         """Everything written up to flush `target` is on disk: answer its waiters, let a
@@ -541,8 +559,12 @@ class Log:
         if self.metrics is not None:
             self.metrics.observe_fsync(seconds)
         self._synced_no = target
+        answered = False
         while self._waiters and self._waiters[0][0] <= target:
             self._waiters.popleft()[1](None)
+            answered = True
+        if answered:
+            self.on_answered()
         if self._ckpt_written is not None and self._ckpt_written[0] <= target:
             source, snap = self._ckpt_written[1]
             self._ckpt_written = None
@@ -629,6 +651,7 @@ class Syncer:
 ALLOCATE_STEP = 4 << 20
 CHECKPOINT_EVERY = 0.05
 LAZY_SYNC = 0.01
+INLINE_SYNC_OPS = 4
 
 
 def _add_run(runs: list, off: int, bufs) -> None:

@@ -49,6 +49,7 @@ class Broker:
         self._pumping = False
         self._dirty: list[Session] = []
         log.on_written = self.pump
+        log.on_answered = self._flush_out
 
     def pump(self) -> None:
         """Hand out every message that some subscription has credit for."""
