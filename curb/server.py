@@ -131,7 +131,7 @@ class Session(asyncio.Protocol):
         self.out: list[bytes] = []
         self.count_sub: tuple[str, int] | None = None
         self.last_counts: dict[str, int] | None = None
-        self.prefixes: dict[int, bytes] = {}
+        self.prefixes: dict[Subscription, bytes] = {}
         self.last_recv = self.last_send = time.monotonic()
         self.send_every = self.expect_every = 0.0
         self._heartbeat: asyncio.TimerHandle | None = None
@@ -292,7 +292,7 @@ class Session(asyncio.Protocol):
         else:
             prefetch = _prefetch(headers)
             sub = self.broker.queue.subscribe(self, sub_id, headers.get("ack", "auto"), prefetch)
-            self.prefixes[id(sub)] = b"MESSAGE\nsubscription:%s\ndestination:%s\n" % (
+            self.prefixes[sub] = b"MESSAGE\nsubscription:%s\ndestination:%s\n" % (
                 escape(sub_id).encode(), escape(headers.get("destination", "/queue/curb")).encode())
         self.receipt(frame)
 
@@ -384,7 +384,7 @@ class Session(asyncio.Protocol):
             self.broker.metrics.redelivered += 1
         ack = b"" if sub.ack_mode == "auto" else b"ack:%d\n" % rec.id
         self.write(b"%smessage-id:%d\n%s%s%scontent-length:%d\n\n%s\0" % (
-            self.prefixes[id(sub)], rec.id, ack, extra, stored, len(body), body))
+            self.prefixes[sub], rec.id, ack, extra, stored, len(body), body))
 
     def send_counts(self, counts: dict[str, int]) -> None:
         if self.count_sub is None or counts == self.last_counts:
