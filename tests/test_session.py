@@ -190,6 +190,26 @@ def test_competing_consumers_get_distinct_messages_exactly_once(broker, stomp_co
     assert sorted(got) == sorted(sent), "each message exactly once across the consumers"
 
 
+def test_a_consumer_that_stops_reading_gets_no_more_and_others_are_served(curb_broker, stomp_conn, raw):
+    """Back-pressure: with a huge prefetch, a consumer that never reads its socket is sent
+    only what its buffers hold; the rest goes to a consumer that reads, while the first is
+    still connected. Once it goes, what it held is redelivered."""
+    broker = curb_broker(cap="64MiB")
+    stalled = raw(broker.port)
+    stalled.connect()
+    stalled.send_frame("SUBSCRIBE", {"id": "s", "destination": QUEUE, "ack": "client-individual",
+                                     "prefetch-count": "10000"})
+    count = 300
+    produce(stomp_conn, broker.port, [f"{i:04d}-" + "x" * 65536 for i in range(count)])
+    _, inbox = consume(stomp_conn, broker.port, prefetch=10000, auto_decode=False)
+    inbox.wait_for(lambda box: len(box.messages) >= count // 3, "the messages the stalled consumer cannot take")
+    served_while_stalled = len(inbox.quiet())
+    assert count // 3 <= served_while_stalled < count
+    stalled.close()
+    messages = inbox.wait_messages(count)
+    assert sorted(m.body[:4] for m in messages) == [b"%04d" % i for i in range(count)]
+
+
 @pytest.mark.parametrize("header", ["prefetch-count", "activemq.prefetchSize"])
 def test_prefetch_header_bounds_unacked_messages(broker, stomp_conn, header):
     produce(stomp_conn, broker.port, [f"p{i}" for i in range(6)])
