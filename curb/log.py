@@ -71,14 +71,6 @@ class Record:
 
 
 @dataclass(slots=True)
-class _Append:
-    record: Record
-    payload: bytes
-    done: Done | None
-    urgent: bool
-
-
-@dataclass(slots=True)
 class Recovery:
     """What start-up found in the file."""
 
@@ -118,7 +110,7 @@ class Log:
         self.on_answered: Callable[[], None] = lambda: None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._syncer: Syncer | None = None
-        self._pending: collections.deque[_Append] = collections.deque()
+        self._pending: collections.deque[tuple[Record, bytes, Done | None, bool]] = collections.deque()
         self._patches: list[tuple[int, bytes]] = []
         self._waiters: collections.deque[tuple[int, Done]] = collections.deque()
         self._untagged: list[Done] = []
@@ -225,8 +217,8 @@ class Log:
         msg_id = self._next_id
         self._next_id += 1
         ts = time.time_ns() // 1_000_000
-        rec = Record(msg_id, -1, size, 0, ts, payload if size <= KEEP_PAYLOAD else None)
-        self._pending.append(_Append(rec, payload, done, urgent))
+        rec = Record(msg_id, -1, size, 0, ts, None)
+        self._pending.append((rec, payload, done, urgent))
         self.unread += 1
         self.unread_bytes += size
         self._schedule()
@@ -394,8 +386,7 @@ class Log:
         runs: list[list] = []
         placed = 0
         while self._pending:
-            item = self._pending[0]
-            rec = item.record
+            rec, payload, done, urgent = self._pending[0]
             try:
                 self._compact(rec.size, runs, fno)
                 off = self._room(rec.size, runs)
@@ -408,14 +399,14 @@ class Log:
                 break
             wseq = self._next_wseq
             self._next_wseq += 1
-            header, _ = fmt.encode_record(STATE_RDY, 0, rec.id, wseq, rec.timestamp_ms, item.payload)
-            _add_run(runs, off, (header, item.payload, b"\n"))
+            header, _ = fmt.encode_record(STATE_RDY, 0, rec.id, wseq, rec.timestamp_ms, payload)
+            _add_run(runs, off, rec.size, (header, payload, b"\n"))
             rec.offset = off
             self._head = off + rec.size
             self._pending.popleft()
-            if item.done is not None:
-                self._waiters.append((fno, item.done))
-            if item.urgent:
+            if done is not None:
+                self._waiters.append((fno, done))
+            if urgent:
                 self._urgent_upto = fno
             placed += 1
         for off, _, bufs in runs:
@@ -439,7 +430,7 @@ class Log:
                 wseq = self._next_wseq
                 self._next_wseq += 1
                 header, _ = fmt.encode_record(STATE_PAD, 0, 0, wseq, 0, b"")
-                _add_run(runs, head, (header, b"\n"))
+                _add_run(runs, head, PAD_SIZE, (header, b"\n"))
                 self._head = RING_START
                 return RING_START
             return None
@@ -481,7 +472,7 @@ class Log:
         wseq = self._next_wseq
         self._next_wseq += 1
         header, _ = fmt.encode_record(STATE_RDY, rec.deliveries, rec.id, wseq, rec.timestamp_ms, payload)
-        _add_run(runs, off, (header, payload, b"\n"))
+        _add_run(runs, off, rec.size, (header, payload, b"\n"))
         del self._behind[rec.id]
         rec.origin = rec.offset
         rec.offset = off
@@ -499,11 +490,11 @@ class Log:
 
     def _cancel_pending(self, reason: str) -> None:
         while self._pending:
-            item = self._pending.popleft()
+            rec, _, done, _ = self._pending.popleft()
             self.unread -= 1
-            self.unread_bytes -= item.record.size
-            if item.done is not None:
-                item.done(reason)
+            self.unread_bytes -= rec.size
+            if done is not None:
+                done(reason)
 
     def _write_checkpoint(self, snap: tuple[int, int, int, int]) -> None:
         self._gen += 1
@@ -654,26 +645,26 @@ LAZY_SYNC = 0.01
 INLINE_SYNC_OPS = 4
 
 
-def _add_run(runs: list, off: int, bufs) -> None:
-    """Append buffers to the write run that ends at `off`, or start a new run."""
+def _add_run(runs: list, off: int, size: int, bufs) -> None:
+    """Append `size` bytes of buffers to the write run that ends at `off`, or start a new run."""
     if not runs or runs[-1][1] != off:
         runs.append([off, off, []])
     run = runs[-1]
-    run[2].extend(bufs)
-    run[1] += sum(map(len, bufs))
+    run[2] += bufs
+    run[1] = off + size
 
 
 def _pwritev_all(fd: int, bufs: list[bytes], off: int) -> None:
-    """Write the buffers back to back at `off`, however many pwritev calls it takes."""
-    i = 0
-    while i < len(bufs):
-        done = os.pwritev(fd, bufs[i:i + IOV_MAX], off)
-        off += done
-        while i < len(bufs) and done >= len(bufs[i]):
-            done -= len(bufs[i])
-            i += 1
-        if done:
-            bufs[i] = bufs[i][done:]
+    """Write the buffers back to back at `off`, however many calls it takes."""
+    for start in range(0, len(bufs), IOV_MAX):
+        batch = bufs[start:start + IOV_MAX]
+        want = sum(map(len, batch))
+        done = os.pwritev(fd, batch, off)
+        if done < want:
+            rest = b"".join(batch)
+            while done < want:
+                done += os.pwrite(fd, rest[done:], off + done)
+        off += want
 
 
 IOV_MAX = 1024

@@ -335,3 +335,17 @@ def test_reader_reports_states_and_headers(path):
     assert entries[2].headers == {"content-type": "text/plain", "x-key": "a:b"}
     assert entries[2].body == b"body2"
     assert (summary.messages, summary.acked, summary.torn) == (2, 1, None)
+
+
+def test_writes_of_more_buffers_than_one_call_takes(tmp_path):
+    from curb.log import _pwritev_all
+
+    path = tmp_path / "f"
+    path.write_bytes(b"")
+    bufs = [b"%05d" % i for i in range(3000)]
+    fd = os.open(path, os.O_RDWR)
+    try:
+        _pwritev_all(fd, list(bufs), 7)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"\0" * 7 + b"".join(bufs)
