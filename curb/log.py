@@ -40,6 +40,7 @@ __all__ = ["Entry", "Log", "LogError", "LogReader", "QueueFull", "Record", "Summ
 
 READ_CHUNK = 1 << 20
 KEEP_PAYLOAD = 64 * 1024
+FRESH_BYTES = 1 << 20
 MIN_CAP = 16 * 1024
 Done = Callable[[str | None], None]
 
@@ -128,6 +129,8 @@ class Log:
         self._lazy: asyncio.TimerHandle | None = None
         self._moves: collections.deque[tuple[int, Record]] = collections.deque()
         self._behind: collections.OrderedDict[int, Record] = collections.OrderedDict()
+        self._fresh: collections.deque[Record] = collections.deque()
+        self._fresh_bytes = 0
         self._ahead: dict[int, Record] = {}
         self._broken: str | None = None
         self.outstanding_bytes = 0
@@ -261,6 +264,17 @@ class Log:
         every written record has been handed out."""
         while self._rpos != self._whead:
             pos = self._rpos
+            fresh = self._fresh
+            if fresh and fresh[0].offset == pos:
+                rec = fresh.popleft()
+                size = rec.size
+                self._fresh_bytes -= size
+                self._rpos = pos + size
+                self.unread -= 1
+                self.unread_bytes -= size
+                self.outstanding_bytes += size
+                self._behind[rec.id] = rec
+                return rec
             off = pos - self._rbase
             buf = self._rbuf
             if off < 0 or off + RECORD_HEADER > len(buf):
@@ -296,6 +310,18 @@ class Log:
             self._behind[mid] = rec
             return rec
         return None
+
+    def _keep_fresh(self, rec: Record, payload: bytes) -> None:
+        """Remember a record just written, so that a consumer keeping up takes it from
+        memory instead of reading and parsing it back. Bounded: past FRESH_BYTES the
+        list restarts, and the cursor reads the file until it reaches it again."""
+        if self._fresh_bytes + rec.size > FRESH_BYTES:
+            self._fresh.clear()
+            self._fresh_bytes = 0
+        if rec.size <= KEEP_PAYLOAD:
+            rec.payload = payload
+        self._fresh.append(rec)
+        self._fresh_bytes += rec.size
 
     def _skip_duplicate(self, mid: int, pos: int, hdr: fmt.RecordHeader) -> bool:
         """A record copied forward shortly before a crash can be in the file twice. The
@@ -404,6 +430,7 @@ class Log:
             rec.offset = off
             self._head = off + rec.size
             self._pending.popleft()
+            self._keep_fresh(rec, payload)
             if done is not None:
                 self._waiters.append((fno, done))
             if urgent:
