@@ -130,7 +130,9 @@ def _messages(batch: pa.RecordBatch, layout: RowLayout, fixed: int,
         yield (body.encode() if isinstance(body, str) else body), header_map, target
 
 
-class CurbWriter(DataSourceArrowWriter):
+class _Sender:
+    """What both writers do with a partition's rows: send them, then wait for every receipt."""
+
     def __init__(self, options: SinkOptions, layout: RowLayout) -> None:
         self.options = options
         self.layout = layout
@@ -140,13 +142,9 @@ class CurbWriter(DataSourceArrowWriter):
         return WriterCommitMessage()
 
 
-class CurbStreamWriter(DataSourceStreamArrowWriter):
+class CurbWriter(_Sender, DataSourceArrowWriter):
+    """Batch writes."""
+
+
+class CurbStreamWriter(_Sender, DataSourceStreamArrowWriter):
     """Each micro-batch is written like a batch write: the batch commits only after every receipt."""
-
-    def __init__(self, options: SinkOptions, layout: RowLayout) -> None:
-        self.options = options
-        self.layout = layout
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        send_rows(self.options, self.layout, iterator)
-        return WriterCommitMessage()
