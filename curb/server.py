@@ -332,7 +332,13 @@ class Session(asyncio.Protocol):
             self.close_transport()
             return
         entry = self.owe()
-        self.broker.log.on_durable(lambda err: self.settle(entry, _receipt(receipt), self.close_transport))
+        def answer(err: str | None) -> None:
+            if err is None:
+                self.settle(entry, _receipt(receipt), self.close_transport)
+            else:
+                self.close_transport()
+
+        self.broker.log.on_durable(answer)
 
     def ack_id(self, frame: Frame) -> int | None:
         """The message an ACK or NACK names; None for a ./count update, which needs none."""
