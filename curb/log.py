@@ -425,7 +425,7 @@ class Log:
                 break
             wseq = self._next_wseq
             self._next_wseq += 1
-            header, _ = fmt.encode_record(STATE_RDY, 0, rec.id, wseq, rec.timestamp_ms, payload)
+            header = fmt.encode_record(STATE_RDY, 0, rec.id, wseq, rec.timestamp_ms, payload)
             _add_run(runs, off, rec.size, (header, payload, b"\n"))
             rec.offset = off
             self._head = off + rec.size
@@ -456,7 +456,7 @@ class Log:
             if RING_START + size < tail:
                 wseq = self._next_wseq
                 self._next_wseq += 1
-                header, _ = fmt.encode_record(STATE_PAD, 0, 0, wseq, 0, b"")
+                header = fmt.encode_record(STATE_PAD, 0, 0, wseq, 0, b"")
                 _add_run(runs, head, PAD_SIZE, (header, b"\n"))
                 self._head = RING_START
                 return RING_START
@@ -498,7 +498,7 @@ class Log:
         payload = self.payload(rec)
         wseq = self._next_wseq
         self._next_wseq += 1
-        header, _ = fmt.encode_record(STATE_RDY, rec.deliveries, rec.id, wseq, rec.timestamp_ms, payload)
+        header = fmt.encode_record(STATE_RDY, rec.deliveries, rec.id, wseq, rec.timestamp_ms, payload)
         _add_run(runs, off, rec.size, (header, payload, b"\n"))
         del self._behind[rec.id]
         rec.origin = rec.offset

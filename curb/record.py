@@ -62,13 +62,11 @@ class RecordHeader:
 
 
 def encode_record(state: bytes, deliveries: int, msg_id: int, wseq: int,
-                  timestamp_ms: int, payload: bytes) -> tuple[bytes, int]:
-    """The header line of a record; returns (header, size on disk). Payload and a
-    newline follow it in the file."""
+                  timestamp_ms: int, payload: bytes) -> bytes:
+    """The header line of a record; the payload and a newline follow it in the file."""
     mid = b"%012x %012x %012x %08x" % (msg_id, wseq, timestamp_ms, len(payload))
     crc = zlib.crc32(payload, zlib.crc32(mid))
-    header = b"%s %04x %s %08x\n" % (state, min(deliveries, MAX_DELIVERIES), mid, crc)
-    return header, RECORD_HEADER + len(payload) + 1
+    return b"%s %04x %s %08x\n" % (state, min(deliveries, MAX_DELIVERIES), mid, crc)
 
 
 def state_patch(state: bytes, deliveries: int) -> bytes:
