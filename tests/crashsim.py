@@ -1,0 +1,796 @@
+"""The log's crash simulator: seeded random workloads, crashes and disk faults against
+curb.log.LogCore on a SimDisk, with the crash model's invariants checked after every step.
+
+    python tests/crashsim.py --seeds 2000 [--start S] [--steps K] [--jobs N]
+    python tests/crashsim.py --seed S -v      # replay one seed exactly, printing its trace
+
+One seed decides everything: the cap, the faults, the workload (appends with and without
+receipt, consumers taking, ACKing with and without receipt, NACKing, disconnecting, the
+clock, flushes and syncs) and when the process is killed or the power fails. A crash drops
+the LogCore without closing it, keeps what `SimDisk.crash` says survives, and starts a new
+LogCore on it. The invariants, from the crash model in the design notes:
+
+- a SEND whose done(None) ran is delivered after every restart, unless an ACK took it;
+- an ACK whose on_durable ran with None is never undone: the message never comes back;
+- next_ready never hands out a message twice in one run of the log;
+- every payload delivered is byte for byte one that was appended;
+- the file never grows past the cap, nor past the log's own `end`;
+- every accepted append is answered within SETTLE_ROUNDS rounds of (clock, flush, sync),
+  with no ACKs needed, and QueueFull comes only when the live bytes leave no room;
+- the counts recovery reports are the messages a full read then finds.
+
+A failure names the seed and step; the same seed with the same --steps replays it exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import multiprocessing
+import random
+import sys
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, fields
+
+from simdisk import SimDisk
+
+from curb.log import LogCore, LogError, QueueFull, Record, TooLarge
+
+RECORD_OVERHEAD = 67
+KIB = 1024
+STEPS = 300
+SETTLE_ROUNDS = 20
+ROUND_SECONDS = 0.06
+TRACE_KEEP = 40
+PREFIX = b"content-type:x\n\n"
+START_TIME = 1_700_000_000.0
+
+
+class SimFailure(Exception):
+    """An invariant broke. `kind` groups failures of one sort across seeds."""
+
+    def __init__(self, kind: str, detail: str):
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+
+
+# ---------------------------------------------------------------- configuration
+
+
+@dataclass(slots=True)
+class Config:
+    """One seed's world: the log's size limits, the disk's faults, the workload's mix."""
+
+    cap: int
+    max_payload: int
+    consumers: int
+    free_bytes: int | None
+    write_eio: float
+    sync_eio: float
+    weights: dict[str, float]
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> Config:
+        cap = rng.choice((16, 16, 20, 24, 32, 48, 64, 128, 256)) * KIB + rng.choice((0, 0, 0, 700, 4095))
+        max_payload = 16 << 20 if rng.random() < 0.85 else rng.randint(64, 3000)
+        free_bytes, write_eio, sync_eio = None, 0.0, 0.0
+        fault = rng.random()
+        if fault < 0.08:
+            free_bytes = rng.randint(cap // 4, cap)
+        elif fault < 0.13:
+            write_eio = rng.choice((0.002, 0.01, 0.03))
+        elif fault < 0.18:
+            sync_eio = rng.choice((0.005, 0.02, 0.06))
+        weights = {name: base * rng.uniform(0.3, 2.0) for name, base in BASE_WEIGHTS.items()}
+        return cls(cap, max_payload, rng.randint(1, 3), free_bytes, write_eio, sync_eio, weights)
+
+
+BASE_WEIGHTS = {
+    "send_receipt": 20.0, "send_plain": 12.0, "take": 22.0, "ack": 15.0, "nack": 3.0,
+    "disconnect": 1.2, "clock": 8.0, "flush": 5.0, "sync": 4.0, "loop_pass": 8.0,
+    "settle": 0.8, "crash": 1.0,
+}
+
+
+# ---------------------------------------------------------------- the model
+
+
+@dataclass(slots=True)
+class Msg:
+    """What the simulator knows of one payload it tried to append."""
+
+    tag: int
+    payload: bytes
+    id: int | None = None
+    receipted: bool = False
+    synced: bool = False
+    rejected: bool = False
+    refused_run: int | None = None
+    acked_unconfirmed: bool = False
+    acked_durable: bool = False
+
+    @property
+    def size(self) -> int:
+        return len(self.payload) + RECORD_OVERHEAD
+
+    def must_survive(self) -> bool:
+        """Known to be on disk and not taken by an ACK that may have reached the disk."""
+        return (self.receipted or self.synced) and not self.acked_durable and not self.acked_unconfirmed
+
+
+@dataclass(slots=True)
+class Stats:
+    seeds: int = 0
+    steps: int = 0
+    kills: int = 0
+    powers: int = 0
+    restarts: int = 0
+    appends: int = 0
+    refused: int = 0
+    acks: int = 0
+    faults: int = 0
+    failures: int = 0
+
+    def add(self, other: Stats) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def line(self) -> str:
+        return (f"seeds {self.seeds}, steps {self.steps}, crashes {self.kills + self.powers} "
+                f"(kill {self.kills}, power {self.powers}), restarts {self.restarts}, "
+                f"appends {self.appends} (+{self.refused} refused), acks {self.acks}, "
+                f"disk faults {self.faults}, failures {self.failures}")
+
+
+def make_payload(tag: int, size: int) -> bytes:
+    """A payload that names itself (#tag#) and whose filler differs per message, so a
+    record mixed with another's bytes never passes as either. Newlines, NULs and text
+    that looks like a record header are in there on purpose."""
+    head = PREFIX + b"#%d#" % tag
+    unit = b"%d\n\x00rdy 0000 pad " % tag
+    fill = unit * ((size - len(head)) // len(unit) + 1)
+    return head + fill[:max(0, size - len(head))]
+
+
+def payload_tag(payload: bytes) -> int | None:
+    if not payload.startswith(PREFIX + b"#"):
+        return None
+    end = payload.find(b"#", len(PREFIX) + 1)
+    digits = payload[len(PREFIX) + 1:end]
+    return int(digits) if end > 0 and digits.isdigit() else None
+
+
+# ---------------------------------------------------------------- one seed
+
+
+class Sim:
+    """One seed's run: the workload, the crashes, and the model that checks the log."""
+
+    def __init__(self, seed: int, steps: int = STEPS, verbose: bool = False,
+                 out: Callable[[str], None] = print):
+        self.seed = seed
+        self.steps = steps
+        self.verbose = verbose
+        self.out = out
+        self.rng = random.Random(seed)
+        self.cfg = Config.draw(self.rng)
+        self.stats = Stats(seeds=1)
+        self.now = START_TIME
+        self.step = -1
+        self.trace_lines: deque[tuple] = deque(maxlen=TRACE_KEEP)
+        self.notes: dict[str, tuple[int, str, list[str]]] = {}
+        self.messages: dict[int, Msg] = {}
+        self.run = 0
+        self.disk = SimDisk(self.rng, free_bytes=self.cfg.free_bytes,
+                            write_eio=self.cfg.write_eio, sync_eio=self.cfg.sync_eio)
+        self.core: LogCore | None = None
+        self._actions = list(self.cfg.weights)
+        self._cum_weights = list(itertools.accumulate(self.cfg.weights.values()))
+
+    # ------------------------------------------------------------ driving
+
+    def play(self) -> None:
+        self.trace("config %s", self.cfg)
+        self._reset_run()
+        self.core = self._open()
+        self._check_fresh_log()
+        for step in range(self.steps):
+            self.step = step
+            if self.fatal is not None:
+                self.crash(self.rng.choice(("kill", "power")))
+            action = self.rng.choices(self._actions, cum_weights=self._cum_weights)[0]
+            getattr(self, "do_" + action)()
+            self.stats.steps += 1
+            self.check_step()
+        self.step = self.steps
+        self.finish()
+
+    def clock(self) -> float:
+        return self.now
+
+    def trace(self, fmt: str, *args) -> None:
+        entry = (self.step, self.run, fmt, args)
+        self.trace_lines.append(entry)
+        if self.verbose:
+            self.out(_format_trace(entry))
+
+    def fail(self, kind: str, detail: str) -> None:
+        raise SimFailure(kind, detail)
+
+    def note(self, kind: str, detail: str) -> None:
+        """A broken invariant that leaves the log's state sound (a refusal stores
+        nothing): keep the first of each kind, with its trace, and play on."""
+        if kind not in self.notes:
+            self.notes[kind] = (self.step, f"{kind}: {detail}", [_format_trace(e) for e in self.trace_lines])
+
+    # ------------------------------------------------------------ runs of the log
+
+    def _reset_run(self) -> None:
+        """Forget connection state: after a crash every held message is rdy again."""
+        self.run += 1
+        self.live: dict[int, int] = {}
+        self.live_bytes = 0
+        self.delivered: set[int] = set()
+        self.held: list[list[tuple[Record, int]]] = [[] for _ in range(self.cfg.consumers)]
+        self.redeliver: deque[tuple[Record, int]] = deque()
+        self.waiting_appends: set[int] = set()
+        self.waiting_durable = 0
+        self.acks: list[int] = []
+        self.confirmed = 0
+        self.fatal: str | None = None
+        self.disk_faults = self.disk.faults
+        self.exact = True
+
+    def _open(self) -> LogCore:
+        """A LogCore recovering from the disk, with faults off during recovery: a start-up
+        that fails must be the log's doing, not an injected fault's."""
+        disk = self.disk
+        write_eio, sync_eio = disk.write_eio, disk.sync_eio
+        disk.write_eio = disk.sync_eio = 0.0
+        try:
+            core = LogCore(disk, self.cfg.cap, max_payload=self.cfg.max_payload, clock=self.clock)
+        except LogError as err:
+            self.fail("start-up refused the file", str(err))
+        finally:
+            disk.write_eio, disk.sync_eio = write_eio, sync_eio
+        core.on_fatal = self._on_fatal
+        rec = core.recovery
+        self.trace("open: recovered %d messages, %d live bytes, torn %r",
+                   rec.messages, rec.live_bytes, rec.torn)
+        return core
+
+    def _check_fresh_log(self) -> None:
+        core = self.core
+        if core.end > self.cfg.cap:
+            self.fail("file past the cap", f"end {core.end} > cap {self.cfg.cap}")
+        if core.recovery.messages != 0:
+            self.fail("recovery count", f"a new log recovered {core.recovery.messages} messages")
+
+    def _on_fatal(self, reason: str) -> None:
+        self.trace("fatal: %s", reason)
+        self.fatal = reason
+
+    def crash(self, mode: str) -> None:
+        """Drop the log without closing it; keep what the crash leaves; start again."""
+        self.trace("CRASH %s (%d appends and %d ack receipts unanswered)",
+                   mode, len(self.waiting_appends), self.waiting_durable)
+        self.stats.faults += self.disk.faults - self.disk_faults
+        if mode == "kill":
+            self.stats.kills += 1
+        else:
+            self.stats.powers += 1
+        self.core = None
+        self.disk = self.disk.crash(mode)
+        self.restart()
+
+    def restart(self) -> None:
+        """Open the log, read every message it recovered and check them against the model.
+        Then either hand them all to the caller's redelivery list, or crash once more
+        (kill) and leave the next run to read them lazily between new appends."""
+        self._reset_run()
+        self.stats.restarts += 1
+        self.core = self._open()
+        found = self._drain_recovered()
+        self._check_recovered(found)
+        if self.rng.random() < 0.5:
+            for rec, tag in found:
+                self.core.requeue(rec)
+                self.redeliver.append((rec, tag))
+            return
+        self.trace("CRASH kill, to read the recovered messages lazily")
+        self.stats.kills += 1
+        self.stats.restarts += 1
+        self.core = None
+        self.disk = self.disk.crash("kill")
+        live, live_bytes = self.live, self.live_bytes
+        self._reset_run()
+        self.live, self.live_bytes = live, live_bytes
+        self.core = self._open()
+        self._check_counts(len(live), live_bytes)
+
+    def _drain_recovered(self) -> list[tuple[Record, int]]:
+        found = []
+        while (rec := self.core.next_ready()) is not None:
+            tag = self.check_delivery(rec, recovering=True)
+            found.append((rec, tag))
+        return found
+
+    def _check_recovered(self, found: list[tuple[Record, int]]) -> None:
+        tags = {tag for _, tag in found}
+        lost = [m for m in self.messages.values() if m.must_survive() and m.tag not in tags]
+        if lost:
+            kind = "receipted SEND lost" if any(m.receipted for m in lost) else "synced SEND lost"
+            self.fail(kind, f"{len(lost)} messages missing after restart, e.g. " + ", ".join(
+                f"#{m.tag} (id {m.id}, {m.size} B{', receipted' if m.receipted else ''})" for m in lost[:5]))
+        for tag in tags:
+            msg = self.messages[tag]
+            msg.acked_unconfirmed = False
+            self.live[tag] = msg.size
+            self.live_bytes += msg.size
+        self._check_counts(len(found), self.live_bytes)
+
+    def _check_counts(self, messages: int, live_bytes: int) -> None:
+        rec = self.core.recovery
+        if rec.messages != messages or rec.live_bytes != live_bytes:
+            self.fail("recovery count", f"recovery reports {rec.messages} messages, "
+                      f"{rec.live_bytes} live bytes; the file holds {messages}, {live_bytes}")
+
+    # ------------------------------------------------------------ actions
+
+    def do_send_receipt(self) -> None:
+        self.append(receipt=True)
+
+    def do_send_plain(self) -> None:
+        self.append(receipt=False)
+
+    def append(self, receipt: bool) -> None:
+        core = self.core
+        tag = len(self.messages)
+        msg = Msg(tag, make_payload(tag, self._draw_size(core.max_message)))
+        self.messages[tag] = msg
+        done = self._append_callback(tag) if receipt else None
+        if receipt:
+            self.waiting_appends.add(tag)
+        try:
+            rec = core.append(msg.payload, done, urgent=receipt)
+        except TooLarge:
+            self.waiting_appends.discard(tag)
+            self._refused(msg, "TooLarge")
+            if len(msg.payload) <= core.max_message:
+                self.note("TooLarge for a storable payload",
+                          f"#{tag}: {len(msg.payload)} B <= max_message {core.max_message}")
+            return
+        except QueueFull:
+            self.waiting_appends.discard(tag)
+            self._refused(msg, "QueueFull")
+            self._check_queue_full(msg.size)
+            return
+        self._accepted(msg, rec, receipt)
+
+    def _draw_size(self, max_message: int) -> int:
+        """Mostly small payloads, some middling, some at or just past the largest."""
+        r = self.rng.random()
+        if r < 0.6:
+            return self.rng.randint(0, 150)
+        if r < 0.85:
+            return self.rng.randint(150, max(150, max_message // 4))
+        if r < 0.97:
+            return self.rng.randint(max_message // 2, max_message)
+        if r < 0.99:
+            return max_message
+        return max_message + self.rng.randint(1, 64)
+
+    def _refused(self, msg: Msg, why: str) -> None:
+        msg.rejected = True
+        self.stats.refused += 1
+        self.trace("append #%d (%d B): %s", msg.tag, len(msg.payload), why)
+
+    def _accepted(self, msg: Msg, rec: Record, receipt: bool) -> None:
+        if len(msg.payload) > self.core.max_message:
+            self.fail("accepted a payload larger than max_message",
+                      f"#{msg.tag}: {len(msg.payload)} B > {self.core.max_message}")
+        msg.id = rec.id
+        self.stats.appends += 1
+        if msg.refused_run != self.run:
+            self.live[msg.tag] = msg.size
+            self.live_bytes += msg.size
+        self.trace("append #%d id %d (%d B)%s", msg.tag, rec.id, msg.size, " with receipt" if receipt else "")
+
+    def _append_callback(self, tag: int) -> Callable[[str | None], None]:
+        run = self.run
+        return lambda reason: self._append_done(tag, run, reason)
+
+    def _append_done(self, tag: int, run: int, reason: str | None) -> None:
+        if run != self.run:
+            return
+        msg = self.messages[tag]
+        if tag not in self.waiting_appends:
+            self.fail("append answered twice", f"#{tag} (id {msg.id}): {reason!r}")
+        self.waiting_appends.discard(tag)
+        self.trace("receipt #%d id %s: %s", tag, msg.id, reason or "stored")
+        if reason is None:
+            msg.receipted = True
+            return
+        msg.refused_run = run
+        if self.live.pop(tag, None) is not None:
+            self.live_bytes -= msg.size
+        if self.fatal is None and self.disk.faults == self.disk_faults:
+            self.fail("accepted SEND refused later without a disk fault", f"#{tag}: {reason}")
+
+    def _check_queue_full(self, size: int) -> None:
+        """QueueFull is the log's word that the live bytes leave no room: check it against
+        the model's own count of live bytes (exact: the model saw every append and ACK),
+        or the log's count once a disk fault refused appends the model cannot see."""
+        core = self.core
+        exact = self.exact and self.disk.faults == self.disk_faults
+        live = self.live_bytes if exact else core.live_bytes
+        ahead, headroom, capacity = core.ahead_dead_bytes, core.headroom(size), core.capacity
+        if live + ahead + size + headroom <= capacity:
+            self.note("QueueFull with room", f"live {live} + ahead-dead {ahead} + record {size} "
+                      f"+ headroom {headroom} <= capacity {capacity}")
+        if exact and live + size * 5 + 400 <= capacity:
+            self.note("QueueFull far from full", f"live {live}, record {size}, "
+                      f"capacity {capacity} (headroom {headroom}, ahead-dead {ahead})")
+
+    def do_take(self) -> None:
+        """A consumer takes a message: a requeued one first, as the queue would."""
+        consumer = self.rng.randrange(len(self.held))
+        if self.redeliver:
+            rec, tag = self.redeliver.popleft()
+            rec.deliveries += 1
+            self._check_payload(rec, tag)
+            self.trace("consumer %d retakes #%d id %d", consumer, tag, rec.id)
+        else:
+            rec = self.core.next_ready()
+            if rec is None:
+                return
+            rec.deliveries += 1
+            tag = self.check_delivery(rec)
+            self.trace("consumer %d takes #%d id %d", consumer, tag, rec.id)
+        self.held[consumer].append((rec, tag))
+
+    def do_ack(self) -> None:
+        held = self._some_held()
+        if held is None:
+            return
+        rec, tag = held.pop(self.rng.randrange(len(held)))
+        self.core.ack(rec)
+        self.stats.acks += 1
+        msg = self.messages[tag]
+        msg.acked_unconfirmed = True
+        if self.live.pop(tag, None) is not None:
+            self.live_bytes -= msg.size
+        self.acks.append(tag)
+        receipt = self.rng.random() < 0.5
+        self.trace("ack #%d id %d%s", tag, rec.id, " with receipt" if receipt else "")
+        if receipt:
+            self._ask_durable()
+
+    def do_nack(self) -> None:
+        held = self._some_held()
+        if held is None:
+            return
+        rec, tag = held.pop(self.rng.randrange(len(held)))
+        self._requeue(rec, tag)
+        if self.rng.random() < 0.3:
+            self._ask_durable()
+
+    def do_disconnect(self) -> None:
+        held = self._some_held()
+        if held is None:
+            return
+        self.trace("disconnect: %d held messages back", len(held))
+        for rec, tag in held:
+            self._requeue(rec, tag)
+        held.clear()
+        if self.rng.random() < 0.5:
+            self._ask_durable()
+
+    def _requeue(self, rec: Record, tag: int) -> None:
+        self.core.requeue(rec)
+        self.redeliver.append((rec, tag))
+        self.trace("requeue #%d id %d", tag, rec.id)
+
+    def _some_held(self) -> list[tuple[Record, int]] | None:
+        holding = [h for h in self.held if h]
+        return self.rng.choice(holding) if holding else None
+
+    def _ask_durable(self) -> None:
+        """A RECEIPT for an ACK, NACK or DISCONNECT: on_durable covers every ACK so far."""
+        upto, run = len(self.acks), self.run
+        self.waiting_durable += 1
+        self.core.on_durable(lambda reason: self._durable_done(upto, run, reason))
+
+    def _durable_done(self, upto: int, run: int, reason: str | None) -> None:
+        if run != self.run:
+            return
+        self.waiting_durable -= 1
+        self.trace("ack receipt for %d acks: %s", upto, reason or "durable")
+        if reason is not None:
+            return
+        for tag in self.acks[self.confirmed:upto]:
+            self.messages[tag].acked_durable = True
+        self.confirmed = max(self.confirmed, upto)
+
+    def do_clock(self) -> None:
+        self.now += self.rng.choice((0.001, 0.005, 0.02, 0.05, 0.06, 0.2))
+
+    def do_flush(self) -> None:
+        self.core.flush()
+
+    def do_sync(self) -> None:
+        self.core.sync()
+
+    def do_loop_pass(self) -> None:
+        self.now += 0.002
+        self.core.flush()
+        self.core.sync()
+
+    def do_settle(self) -> None:
+        self.trace("settle")
+        self.settle(0)
+
+    def do_crash(self) -> None:
+        self.crash(self.rng.choice(("kill", "power")))
+
+    def settle(self, min_rounds: int) -> None:
+        """Rounds of (clock, flush, sync) until every append and ack receipt is answered;
+        more than SETTLE_ROUNDS of them is a wedge."""
+        for n in range(SETTLE_ROUNDS + 1):
+            if n >= min_rounds and not self.waiting_appends and not self.waiting_durable:
+                return
+            if n == SETTLE_ROUNDS or self.fatal is not None:
+                break
+            self.now += ROUND_SECONDS
+            self.core.flush()
+            self.core.sync()
+        if self.waiting_appends or self.waiting_durable:
+            self.fail("wedge", f"{len(self.waiting_appends)} appends (e.g. #{min(self.waiting_appends, default=-1)}) "
+                      f"and {self.waiting_durable} ack receipts unanswered after {SETTLE_ROUNDS} rounds"
+                      f"{'' if self.fatal is None else ' and a fatal error: ' + self.fatal}")
+
+    # ------------------------------------------------------------ checks
+
+    def check_delivery(self, rec: Record, recovering: bool = False) -> int:
+        """A record from next_ready: a payload we appended, byte for byte, under its own
+        id and size, not delivered before in this run, not taken by a receipted ACK."""
+        tag = self._check_payload(rec, None)
+        msg = self.messages[tag]
+        if tag in self.delivered:
+            self.fail("delivered twice in one run", f"#{tag} id {rec.id}")
+        self.delivered.add(tag)
+        if msg.acked_durable:
+            self.fail("receipted ACK undone", f"#{tag} id {rec.id} was delivered again")
+        if msg.rejected:
+            self.fail("refused SEND stored", f"#{tag}: append raised, yet it was delivered as id {rec.id}")
+        if rec.id != msg.id:
+            self.fail("message id changed", f"#{tag} was appended as id {msg.id}, delivered as {rec.id}")
+        if rec.size != msg.size:
+            self.fail("record size", f"#{tag} id {rec.id}: size {rec.size}, expected {msg.size}")
+        if not recovering and tag not in self.live:
+            why = "refused with an error" if msg.refused_run == self.run else "not live in this run"
+            self.fail("dead message delivered", f"#{tag} id {rec.id} ({why})")
+        return tag
+
+    def _check_payload(self, rec: Record, tag: int | None) -> int:
+        payload = self.core.payload(rec)
+        found = payload_tag(payload)
+        msg = self.messages.get(found) if found is not None else None
+        if msg is None or payload != msg.payload or (tag is not None and found != tag):
+            self.fail("damaged record delivered",
+                      f"id {rec.id}, {len(payload)} B starting {bytes(payload[:48])!r}"
+                      + (f", expected #{tag}" if tag is not None else ""))
+        return found
+
+    def check_step(self) -> None:
+        size = self.disk.size()
+        if size > self.cfg.cap or size > self.core.end:
+            self.fail("file past the cap", f"size {size}, cap {self.cfg.cap}, end {self.core.end}")
+        if self.disk.faults != self.disk_faults:
+            self.exact = False
+        if self.exact and self.fatal is None and self.core.live_bytes != self.live_bytes:
+            self.fail("live bytes", f"log says {self.core.live_bytes}, model says {self.live_bytes}")
+        if self.fatal is not None and (self.waiting_appends or self.waiting_durable):
+            self.fail("fatal error left callbacks unanswered",
+                      f"{len(self.waiting_appends)} appends, {self.waiting_durable} ack receipts")
+
+    def finish(self) -> None:
+        """Quiesce and prove it: settle, read every message, sync; then a power loss must
+        keep exactly the live messages, receipted or not. Faults stop first, and a run
+        whose model went inexact (a disk fault refused appends nobody waited for) is
+        crashed and recovered, so that the model knows the live messages again."""
+        self.trace("finish")
+        self.disk.write_eio = self.disk.sync_eio = 0.0
+        if self.fatal is not None or not self.exact:
+            self.crash("kill")
+        self._ask_durable()
+        self.settle(SETTLE_ROUNDS)
+        while (rec := self.core.next_ready()) is not None:
+            self.check_delivery(rec)
+        self.core.flush()
+        self.core.sync()
+        if self.fatal is not None or self.disk.faults != self.disk_faults:
+            return
+        missing = [tag for tag in self.live if tag not in self.delivered]
+        if missing:
+            self.fail("accepted SEND never stored", f"{len(missing)} messages, e.g. #{missing[0]}")
+        for tag in self.live:
+            self.messages[tag].synced = True
+        self.stats.faults += self.disk.faults - self.disk_faults
+        self.stats.powers += 1
+        self.core = None
+        self.disk = self.disk.crash("power")
+        self.restart()
+
+
+def _format_trace(entry: tuple) -> str:
+    step, run, fmt, args = entry
+    return f"  step {step:4d} run {run:2d}: " + (fmt % args)
+
+
+# ---------------------------------------------------------------- running seeds
+
+
+@dataclass(slots=True)
+class Finding:
+    """One broken invariant of one seed: where, what, and the trace leading to it."""
+
+    kind: str
+    step: int
+    text: str
+    trace: list[str]
+
+
+@dataclass(slots=True)
+class Outcome:
+    seed: int
+    stats: Stats
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.findings)
+
+    def report(self, steps: int, trace: bool = True) -> str:
+        lines = []
+        for f in self.findings:
+            lines.append(f"seed {self.seed} step {f.step}: {f.text}")
+            lines += f.trace if trace else []
+        lines.append(f"  replay: python tests/crashsim.py --seed {self.seed} --steps {steps} -v")
+        return "\n".join(lines)
+
+
+def run_seed(seed: int, steps: int = STEPS, verbose: bool = False,
+             out: Callable[[str], None] = print, ignore: frozenset[str] = frozenset()) -> Outcome:
+    """Play one seed; a broken invariant or an exception from the log is its failure.
+    Kinds in `ignore` are dropped (to hunt past a known failure that notes, not stops)."""
+    sim = Sim(seed, steps, verbose, out)
+    outcome = Outcome(seed, sim.stats)
+    try:
+        sim.play()
+    except SimFailure as err:
+        outcome.findings.append(_finding(sim, err.kind, str(err)))
+    except Exception as err:  # the log raising is a finding, reported like the others
+        text = f"exception from the log: {err!r}\n" + traceback.format_exc(limit=-6)
+        outcome.findings.append(_finding(sim, f"exception {type(err).__name__}", text))
+    outcome.findings += [Finding(kind, step, text, trace) for kind, (step, text, trace) in sim.notes.items()]
+    outcome.findings = [f for f in outcome.findings if f.kind not in ignore]
+    sim.stats.failures = int(outcome.failed)
+    return outcome
+
+
+def _finding(sim: Sim, kind: str, text: str) -> Finding:
+    return Finding(kind, sim.step, text, [_format_trace(e) for e in sim.trace_lines])
+
+
+@dataclass(slots=True)
+class Totals:
+    stats: Stats = field(default_factory=Stats)
+    failed: list[Outcome] = field(default_factory=list)
+
+    def add(self, other: Totals) -> None:
+        self.stats.add(other.stats)
+        self.failed += other.failed
+
+
+def run_range(start: int, count: int, steps: int = STEPS, ignore: frozenset[str] = frozenset()) -> Totals:
+    """Play seeds start .. start+count-1 in this process."""
+    totals = Totals()
+    for seed in range(start, start + count):
+        outcome = run_seed(seed, steps, ignore=ignore)
+        totals.stats.add(outcome.stats)
+        if outcome.failed:
+            totals.failed.append(outcome)
+    return totals
+
+
+def _run_block(args: tuple[int, int, int, frozenset[str]]) -> Totals:
+    return run_range(*args)
+
+
+def run_many(start: int, count: int, steps: int, jobs: int, ignore: frozenset[str] = frozenset(),
+             progress: Callable[[Totals, float], None] | None = None) -> Totals:
+    """Play `count` seeds over `jobs` processes, calling `progress` now and then."""
+    block = max(1, min(200, count // (jobs * 4) or 1))
+    blocks = [(s, min(block, start + count - s), steps, ignore) for s in range(start, start + count, block)]
+    totals = Totals()
+    began = last = time.monotonic()
+    for part in _map(blocks, jobs):
+        totals.add(part)
+        now = time.monotonic()
+        if progress is not None and now - last >= 5.0:
+            progress(totals, now - began)
+            last = now
+    return totals
+
+
+def _map(blocks: list[tuple[int, int, int, frozenset[str]]], jobs: int) -> Iterator[Totals]:
+    if jobs <= 1:
+        yield from map(_run_block, blocks)
+        return
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        yield from pool.imap_unordered(_run_block, blocks)
+
+
+# ---------------------------------------------------------------- command line
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Crash-simulate curb's log over many seeds.")
+    parser.add_argument("--seeds", type=int, default=1000, help="how many seeds to play (default 1000)")
+    parser.add_argument("--start", type=int, default=0, help="first seed (default 0)")
+    parser.add_argument("--seed", type=int, help="play just this seed (replay a failure)")
+    parser.add_argument("--steps", type=int, default=STEPS, help=f"steps per seed (default {STEPS})")
+    parser.add_argument("--jobs", type=int, default=1, help="processes to fan out over (default 1)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print the trace of every step")
+    parser.add_argument("--show", type=int, default=10, help="failures to print in full (default 10)")
+    parser.add_argument("--ignore", action="append", default=[], metavar="KIND",
+                        help="drop findings of this kind (as printed after FAILED); repeatable")
+    args = parser.parse_args(None if argv is None else list(argv))
+    if args.seed is not None:
+        return _replay(args.seed, args.steps, args.verbose, frozenset(args.ignore))
+    began = time.monotonic()
+    totals = run_many(args.start, args.seeds, args.steps, max(1, args.jobs), frozenset(args.ignore),
+                      _progress(args.seeds))
+    _summarize(totals, args, time.monotonic() - began)
+    return 1 if totals.failed else 0
+
+
+def _replay(seed: int, steps: int, verbose: bool, ignore: frozenset[str]) -> int:
+    began = time.monotonic()
+    outcome = run_seed(seed, steps, verbose, ignore=ignore)
+    print(f"seed {seed}: {outcome.stats.line()}, {time.monotonic() - began:.2f} s")
+    if not outcome.failed:
+        print("ok")
+        return 0
+    print(outcome.report(steps, trace=not verbose))
+    return 1
+
+
+def _progress(total: int) -> Callable[[Totals, float], None]:
+    def show(totals: Totals, seconds: float) -> None:
+        done = totals.stats.seeds
+        print(f"crashsim: {done}/{total} seeds, {len(totals.failed)} failed, "
+              f"{done / seconds:.0f} seeds/s", file=sys.stderr, flush=True)
+    return show
+
+
+def _summarize(totals: Totals, args: argparse.Namespace, seconds: float) -> None:
+    for outcome in sorted(totals.failed, key=lambda o: o.seed)[:args.show]:
+        print(outcome.report(args.steps), end="\n\n")
+    kinds: dict[str, list[int]] = {}
+    for outcome in totals.failed:
+        for kind in {f.kind for f in outcome.findings}:
+            kinds.setdefault(kind, []).append(outcome.seed)
+    for kind, seeds in sorted(kinds.items()):
+        seeds.sort()
+        print(f"FAILED {kind}: {len(seeds)} seeds, e.g. {seeds[:8]}")
+    print(f"crashsim: seeds {args.start}..{args.start + args.seeds - 1}: {totals.stats.line()}, "
+          f"{seconds:.1f} s with {max(1, args.jobs)} jobs")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
