@@ -5,7 +5,6 @@ import errno
 import random
 
 import pytest
-
 from simdisk import SECTOR, SimDisk
 
 
