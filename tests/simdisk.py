@@ -23,6 +23,12 @@ file past it (a real file system's answer; the contract says a log that allocate
 never sees it there). With `write_eio`, a write may raise EIO after a random whole-sector
 prefix of it was written; with `sync_eio`, a sync may raise EIO, making nothing durable.
 
+A crash can also strike in the middle of the log's work: `arm_crash(n)` lets n more
+writes, allocations or syncs happen and raises `Crashed` instead of the next one (before
+it does anything), so a batch is cut between two of its writes, or recovery between its
+write and its sync. `Crashed` is a BaseException, so no `except OSError` or `except
+Exception` in the code under test mistakes it for an error it could handle.
+
 Every choice comes from the `random.Random` given, so a seeded run replays exactly.
 """
 
@@ -34,6 +40,10 @@ from collections.abc import Sequence
 
 SECTOR = 512
 CRASH_MODES = ("kill", "power")
+
+
+class Crashed(BaseException):
+    """The simulated process died here: the disk call raising it did nothing."""
 
 
 class SimDisk:
@@ -50,6 +60,7 @@ class SimDisk:
         self._writes: list[tuple[int, bytes]] = []
         self._allocs: list[int] = []
         self.closed = False
+        self.crash_in: int | None = None
         self.writes = 0
         self.syncs = 0
         self.faults = 0
@@ -63,6 +74,7 @@ class SimDisk:
 
     def pwrite(self, data: bytes, offset: int) -> None:
         self._check_open()
+        self._tick()
         _check_range(len(data), offset)
         data = bytes(data)
         end = offset + len(data)
@@ -81,6 +93,7 @@ class SimDisk:
 
     def sync(self) -> None:
         self._check_open()
+        self._tick()
         self.syncs += 1
         if self.sync_eio and self.rng.random() < self.sync_eio:
             self.faults += 1
@@ -95,6 +108,7 @@ class SimDisk:
 
     def allocate(self, upto: int) -> None:
         self._check_open()
+        self._tick()
         if upto <= len(self._visible):
             return
         if self.free_bytes is not None and upto > self.free_bytes:
@@ -107,6 +121,19 @@ class SimDisk:
         self.closed = True
 
     # ------------------------------------------------------------ crashes
+
+    def arm_crash(self, ops: int | None) -> None:
+        """Raise Crashed instead of the write, allocation or sync after the next `ops`
+        of them; None disarms."""
+        self.crash_in = ops
+
+    def _tick(self) -> None:
+        if self.crash_in is None:
+            return
+        if self.crash_in <= 0:
+            self.crash_in = None
+            raise Crashed()
+        self.crash_in -= 1
 
     def crash(self, mode: str) -> SimDisk:
         """A new disk holding what survives a crash of this kind; this one is left as it

@@ -5,7 +5,7 @@ import errno
 import random
 
 import pytest
-from simdisk import SECTOR, SimDisk
+from simdisk import SECTOR, Crashed, SimDisk
 
 
 def disk(seed: int = 1, **options) -> SimDisk:
@@ -189,3 +189,20 @@ def test_corruption_helpers_damage_the_medium():
 def test_unknown_crash_mode_is_refused():
     with pytest.raises(ValueError):
         disk().crash("flood")
+
+
+def test_an_armed_crash_strikes_before_the_nth_operation_and_does_nothing():
+    d = disk()
+    d.arm_crash(2)
+    d.pwrite(b"a", 0)
+    d.allocate(100)
+    with pytest.raises(Crashed):
+        d.pwritev([b"b"], 1)
+    assert d.pread(2, 0) == b"a\x00"
+    d.sync()
+    assert d.durable_image()[:1] == b"a"
+    assert d.crash("kill").crash_in is None
+
+
+def test_crashed_is_no_error_the_code_under_test_could_catch():
+    assert not issubclass(Crashed, Exception)
