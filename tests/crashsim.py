@@ -4,22 +4,35 @@ curb.log.LogCore on a SimDisk, with the crash model's invariants checked after e
     python tests/crashsim.py --seeds 2000 [--start S] [--steps K] [--jobs N]
     python tests/crashsim.py --seed S -v      # replay one seed exactly, printing its trace
 
-One seed decides everything: the cap, the faults, the workload (appends with and without
-receipt, consumers taking, ACKing with and without receipt, NACKing, disconnecting, the
-clock, flushes and syncs) and when the process is killed or the power fails. A crash drops
-the LogCore without closing it, keeps what `SimDisk.crash` says survives, and starts a new
-LogCore on it. The invariants, from the crash model in the design notes:
+One seed decides everything: the cap (16 KiB to 1 MiB, so the ring wraps many times), the
+disk (a free-space limit, EIO on writes or syncs, bit rot), the workload (appends with and
+without receipt, tiny to the largest payload; consumers taking, ACKing with and without
+receipt, NACKing, disconnecting; the clock, flushes and syncs) and the crashes: kill -9 or
+power loss between two steps, between two disk calls of one step, or in the middle of
+recovery. A crash drops the LogCore without closing it, keeps what `SimDisk.crash` says
+survives, and starts a new LogCore on it, which must recover at once.
 
+The invariants, from the crash model in the design notes:
 - a SEND whose done(None) ran is delivered after every restart, unless an ACK took it;
 - an ACK whose on_durable ran with None is never undone: the message never comes back;
 - next_ready never hands out a message twice in one run of the log;
-- every payload delivered is byte for byte one that was appended;
+- every payload delivered is byte for byte one that was appended, under its own id;
 - the file never grows past the cap, nor past the log's own `end`;
 - every accepted append is answered within SETTLE_ROUNDS rounds of (clock, flush, sync),
-  with no ACKs needed, and QueueFull comes only when the live bytes leave no room;
+  with no ACKs needed, and refused later only for a disk fault; QueueFull comes only when
+  the live bytes leave no room (by the log's own admission formula), and never while the
+  queue is nowhere near full;
 - the counts recovery reports are the messages a full read then finds.
 
-A failure names the seed and step; the same seed with the same --steps replays it exactly.
+The model knows the live messages exactly (it saw every append, refusal and ACK) until a
+disk fault refuses an append nobody waits for; then the next restart makes it exact again.
+After bit rot only what must hold whatever the file holds is checked (start-up, nothing
+damaged or refused delivered, nothing twice in a run). Every seed ends by settling, reading
+everything and syncing, and then a power loss must keep exactly the live messages.
+
+A broken invariant stops the seed, except a wrong refusal (which stores nothing): that is
+noted once per kind and the seed plays on. Either way the report names the seed and the
+step; the same seed with the same --steps replays it exactly.
 """
 
 from __future__ import annotations
@@ -35,9 +48,10 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields
 
-from simdisk import SimDisk
+from simdisk import CRASH_MODES, SECTOR, Crashed, SimDisk
 
 from curb.log import LogCore, LogError, QueueFull, Record, TooLarge
+from curb.record import RING_START
 
 RECORD_OVERHEAD = 67
 KIB = 1024
@@ -71,10 +85,13 @@ class Config:
     write_eio: float
     sync_eio: float
     weights: dict[str, float]
+    recovery_crash: float
+    rot: bool
 
     @classmethod
     def draw(cls, rng: random.Random) -> Config:
-        cap = rng.choice((16, 16, 20, 24, 32, 48, 64, 128, 256)) * KIB + rng.choice((0, 0, 0, 700, 4095))
+        kib = rng.choice((16, 16, 20, 24, 32, 48, 64, 128, 256)) if rng.random() < 0.95 else rng.choice((512, 1024))
+        cap = kib * KIB + rng.choice((0, 0, 0, 700, 4095))
         max_payload = 16 << 20 if rng.random() < 0.85 else rng.randint(64, 3000)
         free_bytes, write_eio, sync_eio = None, 0.0, 0.0
         fault = rng.random()
@@ -85,13 +102,15 @@ class Config:
         elif fault < 0.18:
             sync_eio = rng.choice((0.005, 0.02, 0.06))
         weights = {name: base * rng.uniform(0.3, 2.0) for name, base in BASE_WEIGHTS.items()}
-        return cls(cap, max_payload, rng.randint(1, 3), free_bytes, write_eio, sync_eio, weights)
+        recovery_crash = rng.choice((0.0, 0.0, 0.1, 0.3))
+        return cls(cap, max_payload, rng.randint(1, 3), free_bytes, write_eio, sync_eio, weights,
+                   recovery_crash, rng.random() < 0.05)
 
 
 BASE_WEIGHTS = {
     "send_receipt": 20.0, "send_plain": 12.0, "take": 22.0, "ack": 15.0, "nack": 3.0,
     "disconnect": 1.2, "clock": 8.0, "flush": 5.0, "sync": 4.0, "loop_pass": 8.0,
-    "settle": 0.8, "crash": 1.0,
+    "settle": 0.8, "crash": 1.0, "crash_mid_op": 0.6,
 }
 
 
@@ -111,6 +130,7 @@ class Msg:
     refused_run: int | None = None
     acked_unconfirmed: bool = False
     acked_durable: bool = False
+    epoch: int = 0
 
     @property
     def size(self) -> int:
@@ -120,6 +140,11 @@ class Msg:
         """Known to be on disk and not taken by an ACK that may have reached the disk."""
         return (self.receipted or self.synced) and not self.acked_durable and not self.acked_unconfirmed
 
+    def promise(self, epoch: int) -> None:
+        """Note the rot epoch of the latest promise made about this message (a receipt
+        for it or its ACK): bit rot after it may break the promise, none before."""
+        self.epoch = epoch
+
 
 @dataclass(slots=True)
 class Stats:
@@ -127,6 +152,7 @@ class Stats:
     steps: int = 0
     kills: int = 0
     powers: int = 0
+    mid_op: int = 0
     restarts: int = 0
     appends: int = 0
     refused: int = 0
@@ -140,7 +166,8 @@ class Stats:
 
     def line(self) -> str:
         return (f"seeds {self.seeds}, steps {self.steps}, crashes {self.kills + self.powers} "
-                f"(kill {self.kills}, power {self.powers}), restarts {self.restarts}, "
+                f"(kill {self.kills}, power {self.powers}; {self.mid_op} amid a batch or a recovery), "
+                f"restarts {self.restarts}, "
                 f"appends {self.appends} (+{self.refused} refused), acks {self.acks}, "
                 f"disk faults {self.faults}, failures {self.failures}")
 
@@ -184,9 +211,11 @@ class Sim:
         self.notes: dict[str, tuple[int, str, list[str]]] = {}
         self.messages: dict[int, Msg] = {}
         self.run = 0
-        self.disk = SimDisk(self.rng, free_bytes=self.cfg.free_bytes,
-                            write_eio=self.cfg.write_eio, sync_eio=self.cfg.sync_eio)
+        self.disk = SimDisk(self.rng, free_bytes=self.cfg.free_bytes)
         self.core: LogCore | None = None
+        self.faults_on = True
+        self.rot_epoch = 0
+        self.armed_mode = "kill"
         self._actions = list(self.cfg.weights)
         self._cum_weights = list(itertools.accumulate(self.cfg.weights.values()))
 
@@ -200,9 +229,13 @@ class Sim:
         for step in range(self.steps):
             self.step = step
             if self.fatal is not None:
-                self.crash(self.rng.choice(("kill", "power")))
+                self.crash(self.rng.choice(CRASH_MODES))
             action = self.rng.choices(self._actions, cum_weights=self._cum_weights)[0]
-            getattr(self, "do_" + action)()
+            try:
+                getattr(self, "do_" + action)()
+            except Crashed:
+                self.stats.mid_op += 1
+                self.crash(self.armed_mode)
             self.stats.steps += 1
             self.check_step()
         self.step = self.steps
@@ -218,11 +251,16 @@ class Sim:
             self.out(_format_trace(entry))
 
     def fail(self, kind: str, detail: str) -> None:
-        raise SimFailure(kind, detail)
+        raise SimFailure(self._kind(kind), detail)
+
+    def _kind(self, kind: str) -> str:
+        """Findings after bit rot are kinds of their own: the crash model promises less."""
+        return f"after bit rot: {kind}" if self.rot_epoch else kind
 
     def note(self, kind: str, detail: str) -> None:
         """A broken invariant that leaves the log's state sound (a refusal stores
         nothing): keep the first of each kind, with its trace, and play on."""
+        kind = self._kind(kind)
         if kind not in self.notes:
             self.notes[kind] = (self.step, f"{kind}: {detail}", [_format_trace(e) for e in self.trace_lines])
 
@@ -245,17 +283,27 @@ class Sim:
         self.exact = True
 
     def _open(self) -> LogCore:
-        """A LogCore recovering from the disk, with faults off during recovery: a start-up
-        that fails must be the log's doing, not an injected fault's."""
-        disk = self.disk
-        write_eio, sync_eio = disk.write_eio, disk.sync_eio
-        disk.write_eio = disk.sync_eio = 0.0
-        try:
-            core = LogCore(disk, self.cfg.cap, max_payload=self.cfg.max_payload, clock=self.clock)
-        except LogError as err:
-            self.fail("start-up refused the file", str(err))
-        finally:
-            disk.write_eio, disk.sync_eio = write_eio, sync_eio
+        """A LogCore recovering from the disk, with faults off during recovery (a start-up
+        that fails must be the log's doing, not an injected fault's) but maybe a crash in
+        the middle of it, after which recovery starts over on what that crash left."""
+        while True:
+            disk = self.disk
+            disk.write_eio = disk.sync_eio = 0.0
+            if self.faults_on and self.rng.random() < self.cfg.recovery_crash:
+                disk.arm_crash(self.rng.randint(0, 4))
+            try:
+                core = LogCore(disk, self.cfg.cap, max_payload=self.cfg.max_payload, clock=self.clock)
+                break
+            except Crashed:
+                mode = self.rng.choice(CRASH_MODES)
+                self.trace("CRASH %s during recovery", mode)
+                self._count_crash(mode, mid_op=True)
+                self.disk = disk.crash(mode)
+            except LogError as err:
+                self.fail("start-up refused the file", str(err))
+        disk.arm_crash(None)
+        if self.faults_on:
+            disk.write_eio, disk.sync_eio = self.cfg.write_eio, self.cfg.sync_eio
         core.on_fatal = self._on_fatal
         rec = core.recovery
         self.trace("open: recovered %d messages, %d live bytes, torn %r",
@@ -278,13 +326,37 @@ class Sim:
         self.trace("CRASH %s (%d appends and %d ack receipts unanswered)",
                    mode, len(self.waiting_appends), self.waiting_durable)
         self.stats.faults += self.disk.faults - self.disk_faults
+        self._count_crash(mode)
+        self.core = None
+        self.disk = self.disk.crash(mode)
+        if self.cfg.rot and self.rng.random() < 0.5:
+            self._rot()
+        self.restart()
+
+    def _count_crash(self, mode: str, mid_op: bool = False) -> None:
         if mode == "kill":
             self.stats.kills += 1
         else:
             self.stats.powers += 1
-        self.core = None
-        self.disk = self.disk.crash(mode)
-        self.restart()
+        self.stats.mid_op += mid_op
+
+    def _rot(self) -> None:
+        """Damage the medium under the ring (never the header): a flipped bit or a zeroed
+        sector. Promises made before it are off (the record may be the one damaged), and
+        the log's counts are estimates while the damage is in the ring; the rest holds."""
+        self.rot_epoch += 1
+        size = self.disk.size()
+        for _ in range(self.rng.randint(1, 3)):
+            if size <= RING_START:
+                return
+            if self.rng.random() < 0.5:
+                offset, bit = self.rng.randrange(RING_START, size), self.rng.randrange(8)
+                self.trace("ROT: bit %d of byte %d flipped", bit, offset)
+                self.disk.flip_bit(offset, bit)
+            else:
+                sector = self.rng.randrange(RING_START // SECTOR, -(-size // SECTOR))
+                self.trace("ROT: sector %d zeroed", sector)
+                self.disk.zero_sector(sector)
 
     def restart(self) -> None:
         """Open the log, read every message it recovered and check them against the model.
@@ -320,20 +392,24 @@ class Sim:
 
     def _check_recovered(self, found: list[tuple[Record, int]]) -> None:
         tags = {tag for _, tag in found}
-        lost = [m for m in self.messages.values() if m.must_survive() and m.tag not in tags]
+        lost = [m for m in self.messages.values()
+                if m.must_survive() and m.epoch == self.rot_epoch and m.tag not in tags]
         if lost:
             kind = "receipted SEND lost" if any(m.receipted for m in lost) else "synced SEND lost"
             self.fail(kind, f"{len(lost)} messages missing after restart, e.g. " + ", ".join(
                 f"#{m.tag} (id {m.id}, {m.size} B{', receipted' if m.receipted else ''})" for m in lost[:5]))
         for tag in tags:
             msg = self.messages[tag]
-            msg.acked_unconfirmed = False
+            msg.acked_unconfirmed = msg.acked_durable = False
+            msg.promise(self.rot_epoch)
             self.live[tag] = msg.size
             self.live_bytes += msg.size
         self._check_counts(len(found), self.live_bytes)
 
     def _check_counts(self, messages: int, live_bytes: int) -> None:
         rec = self.core.recovery
+        if self.rot_epoch:
+            return
         if rec.messages != messages or rec.live_bytes != live_bytes:
             self.fail("recovery count", f"recovery reports {rec.messages} messages, "
                       f"{rec.live_bytes} live bytes; the file holds {messages}, {live_bytes}")
@@ -413,6 +489,7 @@ class Sim:
         self.trace("receipt #%d id %s: %s", tag, msg.id, reason or "stored")
         if reason is None:
             msg.receipted = True
+            msg.promise(self.rot_epoch)
             return
         msg.refused_run = run
         if self.live.pop(tag, None) is not None:
@@ -423,9 +500,10 @@ class Sim:
     def _check_queue_full(self, size: int) -> None:
         """QueueFull is the log's word that the live bytes leave no room: check it against
         the model's own count of live bytes (exact: the model saw every append and ACK),
-        or the log's count once a disk fault refused appends the model cannot see."""
+        or the log's count once a disk fault refused appends the model cannot see or rot
+        made recovery's count an estimate."""
         core = self.core
-        exact = self.exact and self.disk.faults == self.disk_faults
+        exact = self.exact and not self.rot_epoch and self.disk.faults == self.disk_faults
         live = self.live_bytes if exact else core.live_bytes
         ahead, headroom, capacity = core.ahead_dead_bytes, core.headroom(size), core.capacity
         if live + ahead + size + headroom <= capacity:
@@ -513,6 +591,7 @@ class Sim:
             return
         for tag in self.acks[self.confirmed:upto]:
             self.messages[tag].acked_durable = True
+            self.messages[tag].promise(self.rot_epoch)
         self.confirmed = max(self.confirmed, upto)
 
     def do_clock(self) -> None:
@@ -534,7 +613,14 @@ class Sim:
         self.settle(0)
 
     def do_crash(self) -> None:
-        self.crash(self.rng.choice(("kill", "power")))
+        self.crash(self.rng.choice(CRASH_MODES))
+
+    def do_crash_mid_op(self) -> None:
+        """Arm a crash for one of the next few disk calls, wherever the log makes them:
+        between two writes of a batch, between a write and its sync."""
+        self.armed_mode = self.rng.choice(CRASH_MODES)
+        self.disk.arm_crash(self.rng.randint(0, 6))
+        self.trace("crash (%s) armed", self.armed_mode)
 
     def settle(self, min_rounds: int) -> None:
         """Rounds of (clock, flush, sync) until every append and ack receipt is answered;
@@ -562,7 +648,7 @@ class Sim:
         if tag in self.delivered:
             self.fail("delivered twice in one run", f"#{tag} id {rec.id}")
         self.delivered.add(tag)
-        if msg.acked_durable:
+        if msg.acked_durable and msg.epoch == self.rot_epoch:
             self.fail("receipted ACK undone", f"#{tag} id {rec.id} was delivered again")
         if msg.rejected:
             self.fail("refused SEND stored", f"#{tag}: append raised, yet it was delivered as id {rec.id}")
@@ -591,8 +677,11 @@ class Sim:
             self.fail("file past the cap", f"size {size}, cap {self.cfg.cap}, end {self.core.end}")
         if self.disk.faults != self.disk_faults:
             self.exact = False
-        if self.exact and self.fatal is None and self.core.live_bytes != self.live_bytes:
-            self.fail("live bytes", f"log says {self.core.live_bytes}, model says {self.live_bytes}")
+        if self.exact and not self.rot_epoch and self.fatal is None and self.core.live_bytes != self.live_bytes:
+            gap = self.core.live_bytes - self.live_bytes
+            self.fail("live bytes", f"log says {self.core.live_bytes}, model says {self.live_bytes}: "
+                      + ("a message the log accepted and never refused is gone from its count"
+                         if gap < 0 else "the log counts bytes of no live message"))
         if self.fatal is not None and (self.waiting_appends or self.waiting_durable):
             self.fail("fatal error left callbacks unanswered",
                       f"{len(self.waiting_appends)} appends, {self.waiting_durable} ack receipts")
@@ -603,11 +692,14 @@ class Sim:
         whose model went inexact (a disk fault refused appends nobody waited for) is
         crashed and recovered, so that the model knows the live messages again."""
         self.trace("finish")
+        self.faults_on = False
         self.disk.write_eio = self.disk.sync_eio = 0.0
+        self.disk.arm_crash(None)
         if self.fatal is not None or not self.exact:
             self.crash("kill")
         self._ask_durable()
         self.settle(SETTLE_ROUNDS)
+        self.check_step()
         while (rec := self.core.next_ready()) is not None:
             self.check_delivery(rec)
         self.core.flush()
@@ -616,9 +708,11 @@ class Sim:
             return
         missing = [tag for tag in self.live if tag not in self.delivered]
         if missing:
-            self.fail("accepted SEND never stored", f"{len(missing)} messages, e.g. #{missing[0]}")
+            self.fail("accepted SEND never stored", f"{len(missing)} messages, e.g. #{missing[0]}, "
+                      f"not written after {SETTLE_ROUNDS} rounds of (clock, flush, sync)")
         for tag in self.live:
             self.messages[tag].synced = True
+            self.messages[tag].promise(self.rot_epoch)
         self.stats.faults += self.disk.faults - self.disk_faults
         self.stats.powers += 1
         self.core = None
