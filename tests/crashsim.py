@@ -148,6 +148,8 @@ class Msg:
 
 @dataclass(slots=True)
 class Stats:
+    """What a run of seeds did, summed over seeds and processes for the totals line."""
+
     seeds: int = 0
     steps: int = 0
     kills: int = 0
