@@ -20,7 +20,7 @@ import heapq
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 ACK_MODES = ("auto", "client", "client-individual")
 
@@ -39,8 +39,16 @@ class Message(Protocol):
     deliveries: int  # times delivered so far; the queue increments it
 
 
-class Source(Protocol):
-    def next_ready(self) -> Message | None:
+# The queue is generic in what it tracks, so that its caller gets its own types back:
+# M is the message type (the log's Record), C the connection a subscription belongs to
+# (the server's Session). The queue only ever uses a connection as a dict key.
+M = TypeVar("M", bound=Message)
+M_co = TypeVar("M_co", bound=Message, covariant=True)
+C = TypeVar("C", bound=Hashable)
+
+
+class Source(Protocol[M_co]):
+    def next_ready(self) -> M_co | None:
         """The next never-delivered message in FIFO order, or None.
 
         Taking a message means it is now delivered.
@@ -48,24 +56,24 @@ class Source(Protocol):
 
 
 @dataclass(eq=False)
-class Subscription:
+class Subscription(Generic[C, M]):
     """One SUBSCRIBE of a connection, and the messages it holds (its wip, in delivery order)."""
 
-    conn: Hashable
+    conn: C
     id: str
     ack_mode: str
     prefetch: int
     active: bool = True
-    unacked: OrderedDict[int, Message] = field(default_factory=OrderedDict, repr=False)
+    unacked: OrderedDict[int, M] = field(default_factory=OrderedDict, repr=False)
 
     def has_room(self) -> bool:
         return self.ack_mode == "auto" or len(self.unacked) < self.prefetch
 
 
-class Queue:
+class Queue(Generic[C, M]):
     """Subscriptions, their wip and credit, and the redelivery list, over a source of new ones."""
 
-    def __init__(self, source: Source, default_prefetch: int = 100, max_prefetch: int = 10000):
+    def __init__(self, source: Source[M], default_prefetch: int = 100, max_prefetch: int = 10000):
         if not 1 <= default_prefetch <= max_prefetch:
             raise ValueError(
                 f"need 1 <= default_prefetch ({default_prefetch}) <= max_prefetch ({max_prefetch})"
@@ -73,13 +81,13 @@ class Queue:
         self._source = source
         self._default_prefetch = default_prefetch
         self._max_prefetch = max_prefetch
-        self._active: dict[Hashable, Subscription] = {}  # each connection's active subscription
-        self._paused: dict[Hashable, set[Subscription]] = {}  # unsubscribed but still holding wip
-        self._blocked: set[Hashable] = set()  # connections whose send buffer is full
-        self._wip: dict[int, Subscription] = {}  # message id -> the subscription holding it
-        self._redeliver: list[tuple[int, Message]] = []  # heap of (id, message), rdy again
+        self._active: dict[C, Subscription[C, M]] = {}  # each connection's active subscription
+        self._paused: dict[C, set[Subscription[C, M]]] = {}  # unsubscribed but still holding wip
+        self._blocked: set[C] = set()  # connections whose send buffer is full
+        self._wip: dict[int, Subscription[C, M]] = {}  # message id -> the subscription holding it
+        self._redeliver: list[tuple[int, M]] = []  # heap of (id, message), rdy again
         # subscriptions that could take a message now, the next turn first
-        self._ring: OrderedDict[Subscription, None] = OrderedDict()
+        self._ring: OrderedDict[Subscription[C, M], None] = OrderedDict()
 
     @property
     def redeliver_count(self) -> int:
@@ -101,8 +109,8 @@ class Queue:
         return bool(self._ring)
 
     def subscribe(
-        self, conn: Hashable, sub_id: str, ack_mode: str = "auto", prefetch: int | None = None
-    ) -> Subscription:
+        self, conn: C, sub_id: str, ack_mode: str = "auto", prefetch: int | None = None
+    ) -> Subscription[C, M]:
         if conn in self._active:
             raise QueueError(f"already subscribed as {self._active[conn].id!r}; UNSUBSCRIBE first")
         if ack_mode not in ACK_MODES:
@@ -111,12 +119,12 @@ class Queue:
             prefetch = self._default_prefetch
         elif prefetch < 1:
             raise QueueError(f"prefetch must be at least 1, got {prefetch}")
-        sub = Subscription(conn, sub_id, ack_mode, min(prefetch, self._max_prefetch))
+        sub: Subscription[C, M] = Subscription(conn, sub_id, ack_mode, min(prefetch, self._max_prefetch))
         self._active[conn] = sub
         self._refresh(sub)
         return sub
 
-    def unsubscribe(self, conn: Hashable, sub_id: str) -> None:
+    def unsubscribe(self, conn: C, sub_id: str) -> None:
         """Pause: no more deliveries; its wip stays and can still be ACKed or NACKed."""
         sub = self._active.get(conn)
         if sub is None or sub.id != sub_id:
@@ -127,7 +135,7 @@ class Queue:
         if sub.unacked:
             self._paused.setdefault(conn, set()).add(sub)
 
-    def set_writable(self, conn: Hashable, writable: bool) -> None:
+    def set_writable(self, conn: C, writable: bool) -> None:
         """Back-pressure: a connection whose send buffer is full gets nothing."""
         if writable:
             self._blocked.discard(conn)
@@ -137,7 +145,7 @@ class Queue:
         if sub is not None:
             self._refresh(sub)
 
-    def deliver(self) -> list[tuple[Subscription, Message]]:
+    def deliver(self) -> list[tuple[Subscription[C, M], M]]:
         """Hand out as many messages as credit allows: redeliveries (oldest first), then new ones.
 
         Subscriptions take turns one message at a time. A message for an "auto" subscription
@@ -145,13 +153,14 @@ class Queue:
         most `prefetch` messages per call, a non-empty result may leave more deliverable:
         call again once it is written.
         """
-        delivered: list[tuple[Subscription, Message]] = []
+        delivered: list[tuple[Subscription[C, M], M]] = []
         ring = self._ring
         if not ring:
             return delivered
         redeliver, wip, source = self._redeliver, self._wip, self._source
-        auto_taken: dict[Subscription, int] = {}
-        auto_spent: list[Subscription] = []
+        auto_taken: dict[Subscription[C, M], int] = {}
+        auto_spent: list[Subscription[C, M]] = []
+        message: M | None
         while ring:
             if redeliver:
                 message = heapq.heappop(redeliver)[1]
@@ -178,21 +187,21 @@ class Queue:
             ring[sub] = None
         return delivered
 
-    def ack(self, conn: Hashable, message_id: int) -> list[Message]:
+    def ack(self, conn: C, message_id: int) -> list[M]:
         """Finish the message (in "client" mode also the earlier wip of its subscription).
 
         Returns the finished messages.
         """
         return self._settle(conn, message_id)
 
-    def nack(self, conn: Hashable, message_id: int) -> list[Message]:
+    def nack(self, conn: C, message_id: int) -> list[M]:
         """Like ack, but the messages become rdy again, ahead of never-delivered ones."""
         messages = self._settle(conn, message_id)
         for message in messages:
             heapq.heappush(self._redeliver, (message.id, message))
         return messages
 
-    def close(self, conn: Hashable) -> list[Message]:
+    def close(self, conn: C) -> list[M]:
         """The connection is gone: its subscriptions vanish and all its wip is rdy again.
 
         Returns that wip.
@@ -204,7 +213,7 @@ class Queue:
             active.active = False
             self._ring.pop(active, None)
             subs.add(active)
-        returned: list[Message] = []
+        returned: list[M] = []
         for sub in subs:
             for message in sub.unacked.values():
                 del self._wip[message.id]
@@ -212,7 +221,7 @@ class Queue:
                 returned.append(message)
         return returned
 
-    def _settle(self, conn: Hashable, message_id: int) -> list[Message]:
+    def _settle(self, conn: C, message_id: int) -> list[M]:
         """Take the message (cumulatively in "client" mode) out of wip; the caller places it."""
         sub = self._wip.get(message_id)
         if sub is None or sub.conn != conn:
@@ -235,13 +244,13 @@ class Queue:
             self._forget_paused(sub)
         return settled
 
-    def _forget_paused(self, sub: Subscription) -> None:
+    def _forget_paused(self, sub: Subscription[C, M]) -> None:
         paused = self._paused[sub.conn]
         paused.discard(sub)
         if not paused:
             del self._paused[sub.conn]
 
-    def _refresh(self, sub: Subscription) -> None:
+    def _refresh(self, sub: Subscription[C, M]) -> None:
         """Put an active subscription in the ring if it could take a message now, else out."""
         if sub.conn not in self._blocked and sub.has_room():
             self._ring[sub] = None

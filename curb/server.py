@@ -15,6 +15,7 @@ import json
 import socket
 import time
 from collections.abc import Callable
+from typing import cast
 
 from curb import __version__
 from curb.frame import Frame, FrameParser, ProtocolError, encode, escape
@@ -38,7 +39,7 @@ class Broker:
                  heartbeat_ms: int = 10000, metrics: Metrics | None = None,
                  events: Callable[..., None] = lambda *a, **k: None):
         self.log = log
-        self.queue = Queue(log, default_prefetch=prefetch)
+        self.queue: Queue[Session, Record] = Queue(log, default_prefetch=prefetch)
         self.max_frame = max_frame
         self.heartbeat_ms = heartbeat_ms
         self.metrics = metrics or Metrics()
@@ -122,7 +123,7 @@ class Session(asyncio.Protocol):
 
     def __init__(self, broker: Broker):
         self.broker = broker
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.Transport  # set by connection_made, before any other call
         self.peer = "?"
         self.parser = FrameParser(max_frame_bytes=broker.max_frame)
         self.connected = False
@@ -131,21 +132,22 @@ class Session(asyncio.Protocol):
         self.out: list[bytes] = []
         self.count_sub: tuple[str, int] | None = None
         self.last_counts: dict[str, int] | None = None
-        self.prefixes: dict[Subscription, bytes] = {}
+        self.prefixes: dict[Subscription[Session, Record], bytes] = {}
         self.last_recv = self.last_send = time.monotonic()
         self.send_every = self.expect_every = 0.0
         self._heartbeat: asyncio.TimerHandle | None = None
 
     # ---------------------------------------------------------------- transport events
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream server (create_server) hands its protocols a Transport.
+        self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "local")
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self.broker.sessions.add(self)
         self.broker.metrics.connections_total += 1
 
@@ -274,7 +276,7 @@ class Session(asyncio.Protocol):
         def done(err: str | None) -> None:
             if err is not None:
                 self.error("message not stored", err, receipt=receipt)
-            elif entry is not None:
+            elif entry is not None and receipt is not None:  # both, or neither
                 self.settle(entry, _receipt(receipt))
 
         return done
@@ -360,7 +362,11 @@ class Session(asyncio.Protocol):
             return
         entry = self.owe()
         if durable:
-            self.broker.log.on_durable(lambda err: err is None and self.settle(entry, _receipt(receipt)))
+            def answer(err: str | None) -> None:
+                if err is None:
+                    self.settle(entry, _receipt(receipt))
+
+            self.broker.log.on_durable(answer)
         else:
             self.settle(entry, _receipt(receipt))
 
@@ -383,7 +389,7 @@ class Session(asyncio.Protocol):
 
     # ---------------------------------------------------------------- output
 
-    def send_message(self, sub: Subscription, rec: Record) -> None:
+    def send_message(self, sub: Subscription[Session, Record], rec: Record) -> None:
         stored, body = split_payload(self.broker.log.payload(rec))
         extra = b"redelivered:true\ncurb-deliveries:%d\n" % rec.deliveries if rec.deliveries > 1 else b""
         if rec.deliveries > 1:

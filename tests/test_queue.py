@@ -34,7 +34,12 @@ class FakeSource:
         return self.pending.popleft() if self.pending else None
 
 
-def make_queue(count: int = 0, **options) -> tuple[Queue, FakeSource]:
+# Connections are plain strings here: the queue only uses them as keys.
+StrQueue = Queue[str, FakeMessage]
+StrSubscription = Subscription[str, FakeMessage]
+
+
+def make_queue(count: int = 0, **options) -> tuple[StrQueue, FakeSource]:
     source = FakeSource(count)
     return Queue(source, **options), source
 
@@ -533,12 +538,12 @@ def test_acking_paused_wip_does_not_restart_delivery():
 class Model:
     """What must hold after any sequence of operations, tracked outside the queue."""
 
-    def __init__(self, queue: Queue, source: FakeSource, rng: random.Random):
+    def __init__(self, queue: StrQueue, source: FakeSource, rng: random.Random):
         self.queue, self.source, self.rng = queue, source, rng
         self.conns = ["a", "b", "c"]
-        self.active: dict[str, Subscription] = {}
+        self.active: dict[str, StrSubscription] = {}
         self.writable = dict.fromkeys(self.conns, True)
-        self.wip: dict[int, Subscription] = {}
+        self.wip: dict[int, StrSubscription] = {}
         self.rdy_again: set[int] = set()
         self.done: set[int] = set()
 
@@ -592,7 +597,7 @@ class Model:
             self.source.add(rng.randint(1, 3))
         self.check_invariants()
 
-    def check_delivery(self, pairs) -> None:
+    def check_delivery(self, pairs: list[tuple[StrSubscription, FakeMessage]]) -> None:
         redelivered = [m.id for _, m in pairs if m.id in self.rdy_again]
         fresh_started = False
         for sub, message in pairs:
@@ -632,7 +637,7 @@ class Model:
         assert queue.wip_count == len(self.wip)
         assert queue.redeliver_count == len(self.rdy_again)
         assert queue.subscription_count == len(self.active)
-        held: dict[Subscription, int] = {}
+        held: dict[StrSubscription, int] = {}
         for sub in self.wip.values():
             held[sub] = held.get(sub, 0) + 1
         assert all(count <= sub.prefetch for sub, count in held.items())
