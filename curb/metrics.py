@@ -30,7 +30,18 @@ class Metrics:
     `fsyncs` is derived from the histogram: call `observe_fsync` once per fsync.
     """
 
-    __slots__ = COUNTER_NAMES + ("_fsync_counts", "_fsync_seconds")
+    __slots__ = (*COUNTER_NAMES, "_fsync_counts", "_fsync_seconds")
+    # the counters of COUNTER_NAMES, each 0 at first
+    sent: int
+    delivered: int
+    acked: int
+    nacked: int
+    redelivered: int
+    refused_full: int
+    refused_too_large: int
+    connections_total: int
+    protocol_errors: int
+    compactions: int
 
     def __init__(self) -> None:
         for name in COUNTER_NAMES:
@@ -79,7 +90,7 @@ class _Family:
     samples: list[tuple[str, tuple[tuple[str, str], ...], int | float]]  # (name suffix, labels, value)
 
 
-def _counter(name: str, help: str, number: int, labels=()) -> _Family:
+def _counter(name: str, help: str, number: int, labels: tuple[tuple[str, str], ...] = ()) -> _Family:
     return _Family(name, "counter", help, [("", labels, number)])
 
 
@@ -88,8 +99,9 @@ def _gauge(name: str, help: str, number: int) -> _Family:
 
 
 def _families(m: Metrics, g: dict[str, int]) -> list[_Family]:
-    cumulative, buckets = 0, []
-    for bound, count in zip(FSYNC_BUCKETS + ("+Inf",), list(m._fsync_counts)):
+    cumulative = 0
+    buckets: list[tuple[str, tuple[tuple[str, str], ...], int | float]] = []
+    for bound, count in zip((*FSYNC_BUCKETS, "+Inf"), list(m._fsync_counts), strict=True):
         cumulative += count
         buckets.append(("_bucket", (("le", str(bound)),), cumulative))
     return [
@@ -110,7 +122,7 @@ def _families(m: Metrics, g: dict[str, int]) -> list[_Family]:
                  "Client frames answered with ERROR because they broke the protocol.", m.protocol_errors),
         _counter("curb_compaction_moves_total", "Live records copied forward by compaction.", m.compactions),
         _Family("curb_fsync_duration_seconds", "histogram", "Time each fsync of the log took.",
-                buckets + [("_sum", (), m._fsync_seconds), ("_count", (), cumulative)]),
+                [*buckets, ("_sum", (), m._fsync_seconds), ("_count", (), cumulative)]),
         _Family("curb_messages", "gauge", "Messages by state: rdy waits for a consumer, wip awaits ACK or NACK.", [
             ("", (("state", "rdy"),), g["rdy"]),
             ("", (("state", "wip"),), g["wip"]),
