@@ -127,7 +127,6 @@ class FrameParser:
             if not frames:
                 del pending[:start]
                 return frames
-            frames[0].body = bytes(frames[0].body)
             pending.clear()
             pos = start - held
         else:
@@ -191,7 +190,8 @@ class FrameParser:
                     break
                 if buf[nul]:
                     raise ProtocolError("body is not followed by NUL at content-length")
-            append(Frame(command, headers, buf[pos + body_offset:nul]))
+            # bytes() copies a slice of the pending bytearray; a slice of bytes it returns as is
+            append(Frame(command, headers, bytes(buf[pos + body_offset:nul])))
             searched = 0
             pos = nul + 1
             if len(frames) == limit:
@@ -251,13 +251,14 @@ class FrameParser:
             raise ProtocolError("header with an empty name")
         body_offset = head_end - pos + (3 if buf[head_end + 1] == 13 else 2)
         size = body_offset
-        length = headers.get("content-length")
-        if length is not None:
-            if not (length.isdigit() and length.isascii()):
+        length = None
+        raw_length = headers.get("content-length")
+        if raw_length is not None:
+            if not (raw_length.isdigit() and raw_length.isascii()):
                 raise ProtocolError("content-length is not a non-negative decimal integer")
-            if len(length) > _MAX_LENGTH_DIGITS:
+            if len(raw_length) > _MAX_LENGTH_DIGITS:
                 raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes")
-            length = int(length)
+            length = int(raw_length)
             size += length
         if size > self.max_frame_bytes:
             raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes")
