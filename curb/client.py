@@ -13,7 +13,7 @@ import selectors
 import socket
 import time
 from collections import deque
-from typing import NoReturn
+from typing import NoReturn, overload
 
 from curb.frame import HEARTBEAT, Frame, FrameParser, ProtocolError, encode
 
@@ -71,7 +71,8 @@ class Client:
         self._selector = selectors.DefaultSelector()
         self._selector.register(sock, selectors.EVENT_READ)
         self._last_sent = self._last_received = time.monotonic()
-        headers = {"accept-version": "1.2", "host": self.host, "heart-beat": "%d,%d" % self.heartbeat}
+        sends, wants = self.heartbeat
+        headers = {"accept-version": "1.2", "host": self.host, "heart-beat": f"{sends},{wants}"}
         if self.login is not None:
             headers["login"] = self.login
         if self.passcode is not None:
@@ -112,6 +113,11 @@ class Client:
     def nack(self, ack_id: str, receipt: str | None = None) -> None:
         self._write(encode("NACK", _with_receipt({"id": ack_id}, receipt)))
 
+    @overload
+    def receive(self, timeout: None = None) -> Frame: ...
+    @overload
+    def receive(self, timeout: float) -> Frame | None: ...
+
     def receive(self, timeout: float | None = None) -> Frame | None:
         """The next frame from the server (MESSAGE, RECEIPT, ...), or None after `timeout`
         seconds (None: wait as long as it takes). Raises StompError on ERROR or a lost connection."""
@@ -122,7 +128,7 @@ class Client:
         the client's timeout, else StompError); return the frames that arrived before it, in order."""
         wait = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + wait
-        before = []
+        before: list[Frame] = []
         while True:
             frame = self._next_frame(deadline)
             if frame is None:

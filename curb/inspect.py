@@ -8,7 +8,7 @@ is, whether a crash tore the tail) and, on request, the messages themselves.
 import json
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import click
 
@@ -69,7 +69,7 @@ def inspect_command(path: str, messages: bool, acked: bool, limit: int, as_json:
         raise click.ClickException(f"cannot read {path}: {error.strerror or error}") from None
     now_ms = time.time_ns() // 1_000_000
     if as_json:
-        document = {"summary": _summary_json(summary, found, now_ms)}
+        document: dict[str, dict | list[dict]] = {"summary": _summary_json(summary, found, now_ms)}
         if messages:
             document["messages"] = [_entry_json(entry, now_ms) for entry in found.listed]
         click.echo(json.dumps(document, indent=2))
@@ -121,7 +121,7 @@ def _messages_text(found: _Findings, now_ms: int, limit: int) -> str:
 
 
 def _describe(entry: Entry, now_ms: int, with_id: bool = True) -> str:
-    sent = datetime.fromtimestamp(entry.timestamp_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    sent = datetime.fromtimestamp(entry.timestamp_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     text = f"sent {_age(now_ms - entry.timestamp_ms)} ago ({sent}), {_delivered(entry.deliveries)}"
     return f"#{entry.id}, {text}" if with_id else text
 

@@ -5,6 +5,7 @@ import os
 import subprocess
 import time
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -28,7 +29,8 @@ def summary(entries, torn=None):
     waiting = [e for e in entries if e.state == "rdy"]
     return SimpleNamespace(
         path="/srv/q/curb.log", file_bytes=64 * 1024, cap=1 << 20, messages=len(waiting),
-        acked=len(entries) - len(waiting), live_bytes=100 * len(waiting), dead_bytes=100 * (len(entries) - len(waiting)),
+        acked=len(entries) - len(waiting), live_bytes=100 * len(waiting),
+        dead_bytes=100 * (len(entries) - len(waiting)),
         oldest_timestamp_ms=waiting[0].timestamp_ms if waiting else None, torn=torn,
     )
 
@@ -38,7 +40,7 @@ def log_file(tmp_path, monkeypatch):
     """A path whose reading is served by a stand-in LogReader; returns a function that sets what it holds."""
     path = tmp_path / "curb.log"
     path.write_bytes(b"")
-    held = {}
+    held: dict[str, Any] = {}  # "entries" and "torn", as holding() was last given them
 
     class FakeReader:
         def __init__(self, given):
@@ -190,6 +192,7 @@ def test_reports_a_log_written_by_a_real_broker(curb_broker):
     with Client("127.0.0.1", broker.port) as client:
         client.subscribe(prefetch=2)
         first, second = client.receive(timeout=10), client.receive(timeout=10)
+        assert first is not None and second is not None
         client.unsubscribe()
         client.ack(first.headers["ack"], receipt="acked")
         client.nack(second.headers["ack"], receipt="nacked")
