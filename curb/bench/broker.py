@@ -62,13 +62,15 @@ class CurbBroker:
         self._log_reader.start()
         while True:
             if self._process.poll() is not None:
-                raise BrokerError(f"curb exited with status {self._process.returncode} while starting:\n{self.log_tail()}")
+                raise BrokerError(f"curb exited with status {self._process.returncode} while starting:\n"
+                                  f"{self.log_tail()}")
             try:
                 conn = Connection(self.target, self.timeout)
             except ConnectionRefusedError:
                 if time.monotonic() - launched > self.timeout:
                     self.kill()
-                    raise BrokerError(f"curb did not accept connections within {self.timeout:g} s:\n{self.log_tail()}") from None
+                    raise BrokerError(f"curb did not accept connections within {self.timeout:g} s:\n"
+                                      f"{self.log_tail()}") from None
                 time.sleep(PROBE_INTERVAL_SECONDS)
                 continue
             connected = time.monotonic()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import tempfile
 from dataclasses import replace
+from typing import TypedDict
 
 import click
 
@@ -19,9 +20,23 @@ from curb.frame import ProtocolError
 from curb.log import LogError
 
 CREW_SIZE = 8  # the most load processes one workload uses (4 producers + 4 consumers)
-QUICK = dict(runs=1, seconds=0.5, messages=400, pings=200, warmup=20, queued=2_000, fill_cap="2MiB",
-             disk_seconds=0.2)
-FULL = dict(queued=1_000_000)
+
+
+class Preset(TypedDict, total=False):
+    """Settings that --quick and --full change."""
+    runs: int
+    seconds: float
+    messages: int
+    pings: int
+    warmup: int
+    queued: int
+    fill_cap: str
+    disk_seconds: float
+
+
+QUICK: Preset = dict(runs=1, seconds=0.5, messages=400, pings=200, warmup=20, queued=2_000, fill_cap="2MiB",
+                     disk_seconds=0.2)
+FULL: Preset = dict(queued=1_000_000)
 
 
 def parse_target_addr(text: str) -> tuple[str, int]:
@@ -49,8 +64,10 @@ def broker_options(prefix: str, whose: str):
         click.option(f"--{prefix}addr", help=f"HOST:PORT of {whose} that is already running"
                      + (" (default: start Curb brokers in a temporary directory)" if not prefix else "")),
         click.option(f"--{prefix}dest", default="/queue/bench", show_default=True, help="destination to use"),
-        click.option(f"--{prefix}send-header", multiple=True, metavar="K:V", help="extra header on every SEND (repeatable)"),
-        click.option(f"--{prefix}sub-header", multiple=True, metavar="K:V", help="extra header on every SUBSCRIBE (repeatable)"),
+        click.option(f"--{prefix}send-header", multiple=True, metavar="K:V",
+                     help="extra header on every SEND (repeatable)"),
+        click.option(f"--{prefix}sub-header", multiple=True, metavar="K:V",
+                     help="extra header on every SUBSCRIBE (repeatable)"),
         click.option(f"--{prefix}prefetch-header", default="prefetch-count", show_default=True,
                      help="SUBSCRIBE header that bounds unacknowledged messages"),
         click.option(f"--{prefix}login", help="CONNECT login"),
@@ -90,7 +107,8 @@ def make_side(name: str, options: dict, prefix: str) -> Side | None:
               "[default: 100000; --full: 1000000]")
 @click.option("--cap", default="1GiB", show_default=True, help="-cap of the Curb brokers started")
 @click.option("--fill-cap", help="-cap of the log that the 90%-full workload fills  [default: 16MiB]")
-@click.option("--broker-arg", multiple=True, metavar="ARG", help="extra argument for the Curb brokers started (repeatable)")
+@click.option("--broker-arg", multiple=True, metavar="ARG",
+              help="extra argument for the Curb brokers started (repeatable)")
 @click.option("--timeout", type=click.FloatRange(0.1), default=60.0, show_default=True,
               help="seconds to wait for any one frame before failing")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, exists=True),
@@ -112,8 +130,11 @@ def main(runs, size, seconds, messages, pings, queued, cap, fill_cap, broker_arg
         if unknown:
             raise click.BadParameter(f"unknown workload(s) {', '.join(sorted(unknown))}; "
                                      f"choose from {', '.join(WORKLOAD_NAMES)}", param_hint="--only")
-    settings = replace(Settings(size=size, cap=cap, timeout=timeout, quiet=min(Settings.quiet, timeout),
-                                broker_args=broker_arg), **(QUICK if quick else {}), **(FULL if full else {}))
+    settings = Settings(size=size, cap=cap, timeout=timeout, quiet=min(Settings.quiet, timeout),
+                        broker_args=broker_arg)
+    for preset, chosen in ((QUICK, quick), (FULL, full)):  # --full's queued wins over --quick's
+        if chosen:
+            settings = replace(settings, **preset)
     given = dict(runs=runs, seconds=seconds, messages=messages, pings=pings, queued=queued, fill_cap=fill_cap)
     settings = replace(settings, **{name: value for name, value in given.items() if value is not None})
     sides = [side for side in (make_side("curb", brokers, ""), make_side("reference", brokers, "ref-")) if side]

@@ -73,7 +73,7 @@ class Crew:
         self._go.clear()
         for counters in (self._sent, self._done):
             counters[:] = [0] * self.size
-        for inbox, task in zip(self._inboxes, tasks):
+        for inbox, task in zip(self._inboxes, tasks, strict=False):  # there may be fewer tasks than workers
             inbox.put(task)
         results: list[Any] = [None] * len(tasks)
         ready = finished = 0

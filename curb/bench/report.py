@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from statistics import median
+from typing import Any
 
 from curb.bench.workloads import MACHINE_ROWS, ROWS, Settings
 
@@ -29,11 +30,13 @@ def tabulate(samples: dict[str, dict[str, list[float]]], side_names: list[str], 
         by_side = samples.get(key)
         if not by_side:
             continue
-        row = {"key": key, "workload": label.format(queued=settings.queued), "unit": unit}
+        row: dict[str, Any] = {"key": key, "workload": label.format(queued=settings.queued), "unit": unit}
         for name in side_names[:1] if key in MACHINE_ROWS else side_names:
             row[name] = spread(by_side[name]) if by_side.get(name) else None
         if len(side_names) == 2 and row[side_names[0]] and row.get(side_names[1]):
-            ratios = [mine / theirs for mine, theirs in zip(by_side[side_names[0]], by_side[side_names[1]]) if theirs]
+            # pairs the runs both sides measured
+            pairs = zip(by_side[side_names[0]], by_side[side_names[1]], strict=False)
+            ratios = [mine / theirs for mine, theirs in pairs if theirs]
             row["ratio"] = spread(ratios) if ratios else None
         rows.append(row)
     return rows
@@ -74,7 +77,7 @@ def table(rows: list[dict], side_names: list[str], settings: Settings, notes: li
 
     def aligned(line: list[str]) -> str:
         return "  ".join(text.ljust(width) if column < 2 else text.rjust(width)
-                         for column, (text, width) in enumerate(zip(line, widths))).rstrip()
+                         for column, (text, width) in enumerate(zip(line, widths, strict=True))).rstrip()
 
     runs = f"{settings.runs} runs, median (min-max)" if settings.runs > 1 else "1 run"
     out = [f"Curb benchmark: {settings.size}-byte bodies, {runs}", "",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 from collections import deque
 from dataclasses import dataclass
+from typing import overload
 
 from curb.frame import Frame, FrameParser, encode
 
@@ -60,7 +61,8 @@ class Connection:
         self.write(encode("CONNECT", headers))
         frame = self.next_frame()
         if frame is None or frame.command != "CONNECTED":
-            raise BrokerError(f"CONNECT to {target.host}:{target.port} got {frame and frame.command} instead of CONNECTED")
+            raise BrokerError(f"CONNECT to {target.host}:{target.port} got {frame and frame.command} "
+                              "instead of CONNECTED")
         self.server = frame.headers.get("server", "")
 
     def write(self, data: bytes) -> None:
@@ -70,6 +72,11 @@ class Connection:
         if self._out:
             self._sock.sendall(self._out)
             self._out.clear()
+
+    @overload
+    def next_frame(self, wait: None = None) -> Frame: ...
+    @overload
+    def next_frame(self, wait: float) -> Frame | None: ...
 
     def next_frame(self, wait: float | None = None) -> Frame | None:
         """The next frame; None if `wait` seconds pass without one (default: the connection's

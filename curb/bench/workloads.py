@@ -143,8 +143,8 @@ class Bench:
     def run(self, selected: set[str]) -> dict[str, dict[str, list[float]]]:
         samples: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
         for side in self.sides:
-            if not side.managed:
-                self.clear(side)
+            if side.target is not None:  # not managed
+                self.clear(side.name, side.target)
         for run in range(1, self.settings.runs + 1):
             self.curb_fill_count = None
             for group in GROUPS:
@@ -162,18 +162,18 @@ class Bench:
     def new_run_id(self) -> str:
         return f"{self._token}-{next(self._serial)}"
 
-    def clear(self, side: Side) -> None:
+    def clear(self, name: str, target: Target) -> None:
         """Empty an external broker's queue of leftovers before measuring it."""
-        conn = Connection(side.target, self.settings.timeout)
+        conn = Connection(target, self.settings.timeout)
         conn.close()
-        [result] = self.crew.run([self.consume_task(side.target, "", DRAIN_PREFETCH, quiet=LEFTOVER_QUIET)])
-        self.notes[side.name] = (f"{side.name}: {conn.server or 'server unnamed'}" + (
+        [result] = self.crew.run([self.consume_task(target, "", DRAIN_PREFETCH, quiet=LEFTOVER_QUIET)])
+        self.notes[name] = (f"{name}: {conn.server or 'server unnamed'}" + (
             f"; {result['received']:,} leftover messages drained first" if result["received"] else ""))
 
     @contextmanager
     def broker(self, side: Side, label: str, cap: str | None = None) -> Iterator[tuple[Target, CurbBroker | None]]:
         """A fresh Curb on a file of its own (stopped cleanly after), or the side's own broker."""
-        if not side.managed:
+        if side.target is not None:  # not managed
             yield side.target, None
             return
         path = os.path.join(self.workdir, f"{label}-{next(self._serial)}.log")
@@ -194,7 +194,8 @@ class Bench:
         return load.consume, dict(target=target, run_id=run_id, size=self.settings.size, prefetch=prefetch,
                                   timeout=self.settings.timeout, **kwargs)
 
-    def prefill(self, target: Target, run_id: str, count: int, first_producer: int = PREFILL_PRODUCER) -> dict[int, int]:
+    def prefill(self, target: Target, run_id: str, count: int,
+                first_producer: int = PREFILL_PRODUCER) -> dict[int, int]:
         """Queue `count` messages (untimed, two pipelined producers); returns what each sent."""
         shares = [share for share in (count - count // 2, count // 2) if share]
         results = self.crew.run([self.produce_task(target, run_id, first_producer + index, PIPELINE_WINDOW, count=share)
@@ -210,7 +211,8 @@ class Bench:
         gate = load.Gate(tuple(range(producers)), tuple(range(producers, producers + consumers)),
                          producers * MIXED_WINDOW) if balanced else None
         results = self.crew.run(
-            [self.produce_task(target, run_id, index, MIXED_WINDOW, seconds=seconds, gate=gate) for index in range(producers)]
+            [self.produce_task(target, run_id, index, MIXED_WINDOW, seconds=seconds, gate=gate)
+             for index in range(producers)]
             + [self.consume_task(target, run_id, MIXED_PREFETCH, seconds=seconds, quiet=AFTER_DEADLINE_QUIET, gate=gate)
                for _ in range(consumers)])
         consumed = results[producers:]
@@ -279,7 +281,8 @@ def consume_prefilled(bench: Bench, side: Side, wanted: set[str]) -> dict[str, f
         with bench.broker(side, key) as (target, _):
             run_id = bench.new_run_id()
             sent = bench.prefill(target, run_id, count)
-            [result] = bench.crew.run([bench.consume_task(target, run_id, prefetch, count=count, subscribe_at_start=True)])
+            [result] = bench.crew.run(
+                [bench.consume_task(target, run_id, prefetch, count=count, subscribe_at_start=True)])
             bench.check(key, side, target, run_id, sent, [result])
         figures[key] = count / (result["end"] - result["start"])
     return figures
@@ -311,24 +314,24 @@ def queued(bench: Bench, side: Side, wanted: set[str]) -> dict[str, float]:
     figures: dict[str, float] = {}
     with bench.broker(side, "queued") as (target, broker):
         pid = broker.pid if broker is not None else side.pid
-        with_rss = "rss" in wanted and pid is not None
-        with_startup = "startup" in wanted and broker is not None
-        if not (with_rss or with_startup):
+        rss_pid = pid if "rss" in wanted else None
+        restarted = broker if "startup" in wanted else None
+        if rss_pid is None and restarted is None:
             return figures
-        if with_rss:
-            figures["rss-idle"] = rss_bytes(pid) / MIB
+        if rss_pid is not None:
+            figures["rss-idle"] = rss_bytes(rss_pid) / MIB
             run_id = bench.new_run_id()
-            with PeakRss(pid) as peak:
+            with PeakRss(rss_pid) as peak:
                 _, sent, received = bench.mixed(target, run_id, 4, 4)
             figures["rss-peak"] = peak.peak / MIB
             bench.check("rss-peak", side, target, run_id, sent, received)
         run_id = bench.new_run_id()
         sent = bench.prefill(target, run_id, bench.settings.queued)
-        if with_rss:
-            figures["rss-queued"] = rss_bytes(pid) / MIB
-        if with_startup:
-            broker.stop()
-            figures["startup"] = broker.start()
+        if rss_pid is not None:
+            figures["rss-queued"] = rss_bytes(rss_pid) / MIB
+        if restarted is not None:
+            restarted.stop()
+            figures["startup"] = restarted.start()
         bench.check("queued", side, target, run_id, sent, [])
     return figures
 
@@ -345,7 +348,11 @@ def fill90(bench: Bench, side: Side, wanted: set[str]) -> dict[str, float]:
         empty, sent, received = bench.mixed(target, run_id, 2, 2, balanced=True)
         bench.check("fill90 empty", side, target, run_id, sent, received)
         run_id = bench.new_run_id()
-        prefilled = bench.fill_log(target, broker, run_id) if broker is not None else bench.prefill(target, run_id, count)
+        if broker is not None:
+            prefilled = bench.fill_log(target, broker, run_id)
+        else:
+            assert count is not None  # an external broker without a fill count returned above
+            prefilled = bench.prefill(target, run_id, count)
         full, sent, received = bench.mixed(target, run_id, 2, 2, balanced=True)
         bench.check("fill90 full", side, target, run_id, prefilled | sent, received)
     return {"fill-empty": empty, "fill-full": full, "fill-ratio": full / empty}
