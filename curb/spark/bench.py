@@ -43,10 +43,7 @@ def source_query(spark: SparkSession, endpoints: str, batch_size: int, sink: str
     """Run an availableNow query to the end; return the seconds its micro-batches took (start-up excluded)."""
     reader = spark.readStream.format("curb").option("endpoints", endpoints).option("batchSize", batch_size).load()
     writer = reader.writeStream.trigger(availableNow=True).option("checkpointLocation", str(work / "checkpoint"))
-    if sink == "parquet":
-        writer = writer.format("parquet").option("path", str(work / "out"))
-    else:
-        writer = writer.format("noop")
+    writer = writer.format("parquet").option("path", str(work / "out")) if sink == "parquet" else writer.format("noop")
     query = writer.start()
     query.awaitTermination()
     return sum(progress["durationMs"]["triggerExecution"] for progress in query.recentProgress) / 1000
@@ -59,8 +56,8 @@ def sink_write(spark: SparkSession, endpoints: str, rows: int, size: int) -> Non
 
 
 def measure(work: Path, brokers: int, preload: int, size: int,
-            run: Callable[[str], float | None]) -> tuple[float, float | None]:
-    """Seconds `run(endpoints)` takes against fresh brokers, each preloaded with `preload` messages,
+            run: Callable[[str, Path], float | None]) -> tuple[float, float | None]:
+    """Seconds `run(endpoints, work)` takes against fresh brokers, each preloaded with `preload` messages,
     and what `run` returns (the seconds spent in micro-batches, for queries)."""
     started = [LocalBroker(work / f"{index}.curb", cap="1GiB") for index in range(brokers)]
     try:
@@ -70,11 +67,23 @@ def measure(work: Path, brokers: int, preload: int, size: int,
                 broker.send([b"x" * size] * preload)
         endpoints = ",".join(broker.endpoint for broker in started)
         began = time.perf_counter()
-        in_batches = run(endpoints)
+        in_batches = run(endpoints, work)
         return time.perf_counter() - began, in_batches
     finally:
         for broker in started:
             broker.stop()
+
+
+def paths(spark: SparkSession, args: argparse.Namespace,
+          total: int) -> dict[str, tuple[int, Callable[[str, Path], float | None]]]:
+    """What is measured, by name: (messages preloaded per broker, run(endpoints, work)), `total`
+    messages in all."""
+    return {
+        "reader alone": (args.messages, lambda e, w: reader_alone(e, args.batch_size, total)),
+        "source -> noop": (args.messages, lambda e, w: source_query(spark, e, args.batch_size, "noop", w)),
+        "source -> parquet": (args.messages, lambda e, w: source_query(spark, e, args.batch_size, "parquet", w)),
+        "sink (batch write)": (0, lambda e, w: sink_write(spark, e, total, args.size)),
+    }
 
 
 def main() -> None:
@@ -85,22 +94,15 @@ def main() -> None:
     args = parser.parse_args()
     spark = local_spark("curb-bench")
     with tempfile.TemporaryDirectory() as temp:  # the first query pays for warming up the JVM: not measured
-        measure(Path(temp), 1, 1000, args.size, lambda e: source_query(spark, e, args.batch_size, "noop", Path(temp)))
+        measure(Path(temp), 1, 1000, args.size, lambda e, w: source_query(spark, e, args.batch_size, "noop", w))
     print(f"{args.messages} messages of {args.size} bytes per broker, batchSize {args.batch_size}; rows/s from "
           "start to end (query start-up included), per broker, and within micro-batches (start-up excluded)")
     print(f"{'path':<22}{'brokers':>8}{'rows':>8}{'seconds':>9}{'rows/s':>8}{'/broker':>8}{'in batches':>11}")
     for brokers in (1, 2):
         total = brokers * args.messages
-        runs: dict[str, tuple[int, Callable[[str, Path], float | None]]] = {
-            "reader alone": (args.messages, lambda e, w: reader_alone(e, args.batch_size, total)),
-            "source -> noop": (args.messages, lambda e, w: source_query(spark, e, args.batch_size, "noop", w)),
-            "source -> parquet": (args.messages, lambda e, w: source_query(spark, e, args.batch_size, "parquet", w)),
-            "sink (batch write)": (0, lambda e, w: sink_write(spark, e, total, args.size)),
-        }
-        for name, (preload, run) in runs.items():
+        for name, (preload, run) in paths(spark, args, total).items():
             with tempfile.TemporaryDirectory() as temp:
-                work = Path(temp)
-                seconds, in_batches = measure(work, brokers, preload, args.size, lambda e: run(e, work))
+                seconds, in_batches = measure(Path(temp), brokers, preload, args.size, run)
             batch_rate = f"{total / in_batches:>11.0f}" if in_batches else f"{'':>11}"
             print(f"{name:<22}{brokers:>8}{total:>8}{seconds:>9.2f}{total / seconds:>8.0f}"
                   f"{total / seconds / brokers:>8.0f}{batch_rate}", flush=True)

@@ -31,7 +31,7 @@ class LogFileReader(DataSourceReader):
             for entry in log.entries():
                 for column, value in zip(columns, (path, entry.id, entry.state, entry.deliveries,
                                                    entry.timestamp_ms * 1000, entry.offset, entry.headers,
-                                                   entry.body)):
+                                                   entry.body), strict=True):
                     column.append(value)
                 if len(columns[0]) == ROWS_PER_BATCH:
                     yield record_batch(LOG_SCHEMA, columns)

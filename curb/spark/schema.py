@@ -10,8 +10,17 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import (BinaryType, BooleanType, IntegerType, LongType, MapType, StringType, StructField,
-                               StructType, TimestampType)
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 HEADERS = MapType(StringType(), StringType())
 
@@ -40,4 +49,5 @@ def record_batch(schema: StructType, columns: Sequence[list]) -> pa.RecordBatch:
     """An Arrow batch with exactly the Arrow schema Spark derives from `schema` (timestamps in microseconds)."""
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
     return pa.RecordBatch.from_arrays(
-        [pa.array(values, type=field.type) for values, field in zip(columns, arrow_schema)], schema=arrow_schema)
+        [pa.array(values, type=field.type) for values, field in zip(columns, arrow_schema, strict=True)],
+        schema=arrow_schema)

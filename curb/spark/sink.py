@@ -40,7 +40,8 @@ def row_layout(schema: StructType, key: str | None) -> RowLayout:
     if "body" not in names:
         raise ValueError(f"curb sink: the DataFrame needs a 'body' column (binary or string); it has {names}")
     if not isinstance(schema["body"].dataType, (BinaryType, StringType)):
-        raise ValueError(f"curb sink: column 'body' must be binary or string, not {schema['body'].dataType.simpleString()}")
+        raise ValueError("curb sink: column 'body' must be binary or string, "
+                         f"not {schema['body'].dataType.simpleString()}")
     if "headers" in names and not _is_string_map(schema["headers"].dataType):
         raise ValueError("curb sink: column 'headers' must be map<string,string>, "
                          f"not {schema['headers'].dataType.simpleString()}")
@@ -99,7 +100,10 @@ class _Link:
 def send_rows(options: SinkOptions, layout: RowLayout, batches: Iterable[pa.RecordBatch]) -> None:
     """Send every row of a task and return once Curb has them all on disk."""
     links: dict[int, _Link] = {}
-    fixed = TaskContext.get().partitionId() % len(options.endpoints)
+    task = TaskContext.get()
+    if task is None:
+        raise RuntimeError("curb sink: rows are sent from a Spark task, and this is none")
+    fixed = task.partitionId() % len(options.endpoints)
     try:
         for batch in batches:
             for body, headers, target in _messages(batch, layout, fixed, len(options.endpoints)):
@@ -124,7 +128,7 @@ def _messages(batch: pa.RecordBatch, layout: RowLayout, fixed: int,
     targets: Iterable[int] = repeat(fixed)
     if layout.key is not None:
         targets = (endpoint_of_key(key, count) for key in batch.column(layout.key).to_pylist())
-    for body, header_map, target in zip(bodies, headers, targets):
+    for body, header_map, target in zip(bodies, headers, targets, strict=False):  # the last two may repeat()
         if body is None:
             raise ValueError("curb sink: a row has a null 'body'")
         yield (body.encode() if isinstance(body, str) else body), header_map, target

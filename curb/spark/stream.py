@@ -118,7 +118,7 @@ class _Consumer:
             row = (self.endpoint.label, int(headers["message-id"]), headers["message-id"],
                    headers.get("redelivered") == "true",
                    {name: value for name, value in headers.items() if name not in BROKER_HEADERS}, frame.body)
-            for column, value in zip(columns, row):
+            for column, value in zip(columns, row, strict=True):
                 column.append(value)
         self.unacked.append((offset + taken, ids))
         return taken

@@ -7,6 +7,7 @@ committed before the broker could act on it: a direct check of "ACK only after c
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from dataclasses import dataclass
@@ -69,7 +70,5 @@ class AckProxy:
             pass
         finally:
             for sock in (source, target):
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass

@@ -11,18 +11,21 @@ from pathlib import Path
 
 import pytest
 
+from curb.frame import Frame
+
 pytest.importorskip("pyspark", reason="PySpark is not installed (pip install 'curb[spark]')")
 pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install 'curb[spark]')")
 if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
     pytest.skip("Java is not installed: PySpark needs a JVM (Java 17 or later)", allow_module_level=True)
 
-from curb.spark.local import LocalBroker, local_spark  # noqa: E402
+from curb.spark.local import LocalBroker, local_spark
 
 
 class Broker(LocalBroker):
-    def drain(self) -> list:
+    def drain(self) -> list[Frame]:
         """Take and ACK every message; returns the MESSAGE frames in delivery order."""
-        frames, early = [], deque()
+        frames: list[Frame] = []
+        early: deque[Frame] = deque()
         client = self.client()
         try:
             client.subscribe(sub_id="drain", ack="client-individual")

@@ -40,7 +40,7 @@ def test_log_files_read_as_rows_while_running_and_after_stop(spark, brokers):
 def test_a_file_that_is_not_a_log_fails_with_its_name(spark, tmp_path):
     bogus = tmp_path / "notes.txt"
     bogus.write_text("002 ack second\n")
-    with pytest.raises(Exception, match="notes.txt"):
+    with pytest.raises(Exception, match=r"notes\.txt"):
         spark.read.format("curb").load(str(bogus)).collect()
 
 

@@ -87,7 +87,7 @@ def proxies(brokers, tmp_path):
 
 def preload(brokers, proxies, count: int) -> dict[str, list[bytes]]:
     sent = {}
-    for broker, proxy, prefix in zip(brokers, proxies, "ab"):
+    for broker, proxy, prefix in zip(brokers, proxies, "ab", strict=True):
         sent[proxy.endpoint] = bodies(prefix, count)
         broker.send(sent[proxy.endpoint])
     return sent
@@ -170,16 +170,18 @@ def test_a_lost_connection_fails_the_query_naming_the_endpoint(spark, brokers, t
 def test_with_heartbeat_a_frozen_broker_fails_the_query(spark, tmp_path):
     frozen = LocalBroker(tmp_path / "frozen.curb", flags=["-heartbeat", "200"])
     frozen.start()
+    process = frozen.process
+    assert process is not None
     query = (spark.readStream.format("curb").option("endpoints", frozen.endpoint).option("heartbeat", 200).load()
              .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "checkpoint")).start())
     try:
         wait_until(lambda: query.lastProgress is not None, "the query to run a first batch")
-        frozen.process.send_signal(signal.SIGSTOP)
+        process.send_signal(signal.SIGSTOP)
         with pytest.raises(StreamingQueryException, match=f"curb endpoint {frozen.endpoint}: .*server silent"):
             query.awaitTermination(DEADLINE_S)
     finally:
         query.stop()
-        frozen.process.send_signal(signal.SIGCONT)
+        process.send_signal(signal.SIGCONT)
         frozen.stop()
 
 
