@@ -105,7 +105,7 @@ class Broker:
         self.file = default if file is None else self.cwd / file
         self.port = 0
         self._stderr_path = self._free_stderr_path()
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes]  # set by start()
         self.start()
 
     def _free_stderr_path(self) -> Path:
@@ -128,19 +128,21 @@ class Broker:
             self.proc = subprocess.Popen(self.argv(), cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=err)
 
-        def listening() -> re.Match | None:
+        def listening() -> re.Match[str] | bool:
             return _LISTENING.search(self.stderr_text()[seen:]) or self.proc.poll() is not None
 
         if not wait_until(listening, STARTUP_S) or self.proc.poll() is not None:
             self.kill()
             pytest.fail(f"curb did not start listening: {' '.join(self.argv())}\n{self.stderr_text()[seen:]}")
-        self.port = self.port or int(_LISTENING.search(self.stderr_text()[seen:]).group(1))
+        found = _LISTENING.search(self.stderr_text()[seen:])
+        assert found is not None  # listening() held, and not because the process had exited
+        self.port = self.port or int(found.group(1))
 
     def stderr_text(self) -> str:
         return self._stderr_path.read_text(errors="replace")
 
     def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.proc.poll() is None
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = STARTUP_S) -> int:
         """Signal the process (SIGTERM: drain and exit) and return its exit code."""
@@ -249,7 +251,7 @@ class Inbox(stomp.ConnectionListener):
     def wait_disconnected(self, timeout: float = WAIT_S) -> None:
         self._wait(lambda: self.disconnected, "the connection to close", timeout)
 
-    def wait_for(self, condition: Callable[["Inbox"], bool], what: str, timeout: float = WAIT_S) -> None:
+    def wait_for(self, condition: Callable[[Inbox], bool], what: str, timeout: float = WAIT_S) -> None:
         """Wait until `condition(inbox)` holds, e.g. for a message with certain content."""
         self._wait(lambda: condition(self), what, timeout)
 
@@ -284,7 +286,7 @@ def stomp_conn() -> Iterator[Callable[..., tuple[stomp.Connection12, Inbox]]]:
     for conn in conns:
         if conn.is_connected():
             conn.disconnect()
-            wait_until(lambda: not conn.is_connected())
+            wait_until(lambda: not conn.is_connected())  # noqa: B023 (called before the loop moves on)
         conn.transport.disconnect_socket()
 
 

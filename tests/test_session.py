@@ -9,6 +9,7 @@ import time
 import pytest
 
 import curb
+
 QUEUE = "/queue/curb"
 
 
