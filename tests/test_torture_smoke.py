@@ -1,0 +1,33 @@
+"""The kill -9 torture tool (tests/torture.py, bin/torture) keeps working: a short run of it
+against the real broker must finish, do real work and find every promise kept. The long
+runs are opt-in; this one only guards the tool itself."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+TORTURE = Path(__file__).with_name("torture.py")
+
+
+@pytest.mark.slow
+def test_three_kill_cycles_at_256kib_keep_every_promise(tmp_path: Path, free_port: Callable[[], int]) -> None:
+    result = subprocess.run(
+        [sys.executable, str(TORTURE), "--cycles", "3", "--cap", "256KiB", "--seed", "7",
+         "--port", str(free_port()), "--dir", str(tmp_path), "--json", "--quiet"],
+        capture_output=True, text=True, timeout=90)
+    assert result.stdout.strip(), result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    shown = json.dumps(summary, indent=1)
+    assert result.returncode == 0 and summary["ok"], shown
+    assert summary["cycles_done"] == 3, shown
+    assert summary["receipted"] > 0 and summary["ack_receipted"] > 0 and summary["nacked"] > 0, shown
+    assert summary["lost"] == summary["resurrections"] == summary["duplicates"] == 0, shown
+    assert summary["corrupt"] == summary["unexpected_errors"] == 0, shown
+    assert 512 <= summary["max_file_bytes"] <= summary["cap_bytes"] == 256 * 1024, shown
+    assert summary["seconds"] < 40, shown

@@ -1,0 +1,653 @@
+"""Kill -9 torture for Curb: crash the real broker again and again under load and check
+that it kept every promise the README makes about RECEIPTs and the cap.
+
+    bin/torture --cycles 100 --cap 256KiB [--seed S] [--port P] [--dir D] [--json]
+
+Each cycle starts (or restarts) `python -m curb` on one log file and port, runs 2
+producers (pipelined SENDs, a receipt each, every body unique) and 2 consumers
+(client-individual, a prefetch, an ACK with a receipt each; some held 0.2-2.5 s first,
+3% NACKed instead) until a SIGKILL 0.3-3 s later. After the last cycle the queue is
+drained until it stays empty, the broker is killed once more and drained again, then
+stopped with SIGTERM. The checks:
+
+- lost: a SEND got its RECEIPT but no ACK was ever sent for that message;
+- resurrections: a message delivered again after its ACK got a RECEIPT;
+- within-run duplicates: a message delivered again in the same broker run although the
+  consumer holding it neither NACKed it nor lost its connection;
+- corrupt: a MESSAGE whose body or headers are not what was sent;
+- stored though refused: a SEND refused as "queue full" that is delivered anyway;
+- the log file (size, and blocks on disk) never exceeds the cap;
+- the broker comes back within 15 s, never dies by itself, and sends no ERROR other
+  than "queue full" (which is counted, and the producer sends again after a pause).
+  A producer connection reset while the broker runs is counted, not failed: the broker
+  closes a refused producer's connection with SENDs still unread, and the kernel's reset
+  can destroy the ERROR frame before the client reads it.
+
+Exit status 0 when every check passed, 1 otherwise (with examples), 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from collections.abc import Iterable
+from pathlib import Path
+
+from curb.client import Client, StompError
+
+HOST = "127.0.0.1"
+PRODUCERS = 2
+CONSUMERS = 2
+WINDOW = 32                      # SENDs awaiting their RECEIPT per producer
+PREFETCHES = (4, 32, 128)        # a consumer picks one per connection
+NACK_SHARE = 0.03
+HOLD_SHARE = 0.05
+HOLD_S = (0.2, 2.5)
+KILL_AFTER_S = (0.3, 3.0)
+REFUSED_PAUSE_S = (0.05, 0.3)    # a producer's pause after "queue full"
+RECONNECT_PAUSE_S = 0.1
+CLIENT_TIMEOUT_S = 5.0
+STARTUP_S = 15.0
+JOIN_S = 15.0
+RUN_LIMIT_S = 30.0               # a worker stops by itself this long after its run began
+WATCH_EVERY_S = 0.05
+DRAIN_PREFETCH = 500
+DRAIN_S = 300.0
+QUIET_S = 1.0
+EXAMPLES = 5
+HISTORY = 6                      # deliveries remembered per message, for the examples
+ID_HEADER = "torture-id"
+LOG_NAME = "curb.log"
+STDERR_NAME = "curb.stderr"
+_LISTENING = re.compile(r"listening on \S*?:(\d+)")
+_SIZE = re.compile(r"\s*(\d+)\s*(B|KiB|MiB|GiB)?\s*", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+_STACK_LINES = ("Traceback (most recent call last):", "protocol: ", "transport: ", "handle: ")
+_VARYING = re.compile(r"0x[0-9a-f]+|fd=\d+|127\.0\.0\.1:\d+")
+
+
+def parse_size(text: str) -> int:
+    """Bytes in a -cap value, as the broker reads it, so the cap check uses the same number."""
+    match = _SIZE.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}: use e.g. 256KiB, 4MiB or a byte count")
+    return int(match.group(1)) * _UNITS[(match.group(2) or "").lower()]
+
+
+def body_for(msg_id: str) -> bytes:
+    """A body that names its message and has a length of its own (0-399 bytes of filler),
+    so that a delivery proves which SEND it is and that it came back intact."""
+    filler = (msg_id.encode() + b".") * 400
+    return msg_id.encode() + b"|" + filler[:zlib.crc32(msg_id.encode()) % 400]
+
+
+def id_of(body: bytes, header: str | None) -> str | None:
+    """The message id a delivered body and header name, or None if they do not agree
+    with what body_for() made."""
+    msg_id = body.split(b"|", 1)[0].decode(errors="replace")
+    return msg_id if header == msg_id and body_for(msg_id) == body else None
+
+
+def disk_bytes(path: Path) -> tuple[int, int]:
+    """The log file's size and the bytes its blocks take (0, 0 before it exists)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return 0, 0
+    return st.st_size, st.st_blocks * 512
+
+
+class Ledger:
+    """Everything the clients did and saw, shared by all threads; judges each delivery
+    as it arrives, since whether it is a resurrection depends on what was known then."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sent: set[str] = set()
+        self.receipted: set[str] = set()
+        self.refused: set[str] = set()
+        self.acks_sent: set[str] = set()
+        self.ack_receipts: dict[str, str] = {}     # message id -> connection that got the RECEIPT
+        self.holders: dict[str, str] = {}          # message id -> connection holding it unNACKed
+        self.history: dict[str, list[str]] = {}    # message id -> its first deliveries
+        self.counts = dict.fromkeys(("delivered", "redelivered", "acked", "nacked"), 0)
+        self.problems: dict[str, list[str]] = {name: [] for name in (
+            "resurrections", "duplicates", "corrupt", "stored_refused", "unexpected_errors")}
+        self.problem_counts = dict.fromkeys(self.problems, 0)
+        self.resurrected: set[str] = set()
+        self.resets = 0
+        self.max_size = 0
+        self.max_blocks = 0
+
+    def problem(self, kind: str, example: str) -> None:
+        """Count a broken promise and keep the first few examples (caller holds the lock)."""
+        self.problem_counts[kind] += 1
+        if len(self.problems[kind]) < EXAMPLES:
+            self.problems[kind].append(example)
+
+    def sending(self, msg_id: str) -> None:
+        with self.lock:
+            self.sent.add(msg_id)
+
+    def send_receipted(self, msg_id: str) -> None:
+        with self.lock:
+            self.receipted.add(msg_id)
+
+    def send_refused(self, msg_id: str) -> None:
+        with self.lock:
+            self.refused.add(msg_id)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.resets += 1
+
+    def unexpected(self, conn: str, what: object) -> None:
+        with self.lock:
+            self.problem("unexpected_errors", f"{conn}: {what}")
+
+    def delivered(self, conn: str, headers: dict[str, str], body: bytes) -> str:
+        """Record one MESSAGE on connection `conn` (named run/worker/epoch) and judge it;
+        returns the key its ACK is tracked by."""
+        msg_id = id_of(body, headers.get(ID_HEADER))
+        note = f"run {conn.split('/')[0]} to {conn} as message-id {headers.get('message-id')}" + (
+            f" (redelivered, curb-deliveries {headers.get('curb-deliveries')})" if "redelivered" in headers else "")
+        with self.lock:
+            self.counts["delivered"] += 1
+            self.counts["redelivered"] += "redelivered" in headers
+            if msg_id is None or msg_id not in self.sent:
+                key = f"?{headers.get('message-id')}"
+                self.problem("corrupt", f"{conn} got message-id {headers.get('message-id')} "
+                                        f"{ID_HEADER} {headers.get(ID_HEADER)!r}, body {body[:60]!r}")
+                return key
+            seen = self.history.setdefault(msg_id, [])
+            if msg_id in self.refused:
+                self.problem("stored_refused", f"{msg_id}: refused as queue full, delivered {note}")
+            if msg_id in self.ack_receipts:
+                self.resurrected.add(msg_id)
+                self.problem("resurrections", f"{msg_id}: ACK receipted on {self.ack_receipts[msg_id]}, "
+                                              f"delivered again {note}; before: {'; '.join(seen)}")
+            elif self.holders.get(msg_id, "").split("/")[0] == conn.split("/")[0]:
+                self.problem("duplicates", f"{msg_id}: held by {self.holders[msg_id]} (not NACKed, "
+                                           f"connection up), delivered again {note}")
+            self.holders[msg_id] = conn
+            if len(seen) < HISTORY:
+                seen.append(note)
+            return msg_id
+
+    def acking(self, msg_id: str) -> None:
+        """Called before the ACK is written: from now on the message may be gone."""
+        with self.lock:
+            self.counts["acked"] += 1
+            self.acks_sent.add(msg_id)
+
+    def ack_receipted(self, msg_id: str, conn: str) -> None:
+        with self.lock:
+            self.ack_receipts[msg_id] = conn
+            self.holders.pop(msg_id, None)
+
+    def nacking(self, msg_id: str, conn: str) -> None:
+        """Called before the NACK is written: the message may come back at once."""
+        with self.lock:
+            self.counts["nacked"] += 1
+            if self.holders.get(msg_id) == conn:
+                del self.holders[msg_id]
+
+    def released(self, conn: str) -> None:
+        """A consumer's connection is gone: what it held may be delivered again."""
+        with self.lock:
+            for msg_id in [m for m, holder in self.holders.items() if holder == conn]:
+                del self.holders[msg_id]
+
+    def saw_file(self, path: Path) -> None:
+        size, blocks = disk_bytes(path)
+        with self.lock:
+            self.max_size = max(self.max_size, size)
+            self.max_blocks = max(self.max_blocks, blocks)
+
+    def lost(self) -> list[str]:
+        """Receipted SENDs that no consumer ever ACKed (after the drain, nothing may be left)."""
+        with self.lock:
+            return sorted(self.receipted - self.acks_sent)
+
+    def lost_example(self, msg_id: str) -> str:
+        deliveries = self.history.get(msg_id)
+        return f"{msg_id}: SEND receipted; " + (
+            f"delivered {'; '.join(deliveries)}, never ACKed" if deliveries else "never delivered")
+
+
+class Run:
+    """One broker lifetime, from its start to its SIGKILL."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.killed = threading.Event()
+        self.deadline = time.monotonic() + RUN_LIMIT_S
+
+    def over(self) -> bool:
+        return self.killed.is_set() or time.monotonic() >= self.deadline
+
+
+class Worker(threading.Thread):
+    """A client that reconnects after an error until its run is over; an error that is
+    not the kill is a finding (except what `refused` accepts)."""
+
+    def __init__(self, name: str, life: Run, port: int, ledger: Ledger, seed: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.life = life
+        self.port = port
+        self.ledger = ledger
+        self.rng = random.Random(f"{seed}/{life.number}/{name}")
+
+    def run(self) -> None:
+        for epoch in range(10_000):
+            if self.life.over():
+                return
+            conn = f"{self.life.number}/{self.name}/{epoch}"
+            client = Client(HOST, self.port, timeout=CLIENT_TIMEOUT_S)
+            try:
+                client.connect()
+                self.session(client, conn)
+            except (StompError, OSError) as err:
+                if self.life.killed.is_set():
+                    return
+                if not self.refused(err):
+                    self.ledger.unexpected(conn, err)
+                    time.sleep(RECONNECT_PAUSE_S)
+            finally:
+                client.close()
+                self.ledger.released(conn)
+
+    def session(self, client: Client, conn: str) -> None:
+        raise NotImplementedError
+
+    def refused(self, err: Exception) -> bool:
+        return False
+
+
+class Producer(Worker):
+    """Pipelined SENDs with a receipt each; the receipt id is the message id."""
+
+    def session(self, client: Client, conn: str) -> None:
+        outstanding: set[str] = set()
+        seq = 0
+        while not self.life.over():
+            while len(outstanding) < WINDOW:
+                msg_id = f"{conn}/{seq}"
+                seq += 1
+                self.ledger.sending(msg_id)
+                outstanding.add(msg_id)
+                client.send(body_for(msg_id), {ID_HEADER: msg_id}, receipt=msg_id)
+            frame = client.receive(timeout=0.1)
+            if frame is None or frame.command != "RECEIPT":
+                continue
+            msg_id = frame.headers.get("receipt-id", "")
+            if msg_id in outstanding:
+                outstanding.discard(msg_id)
+                self.ledger.send_receipted(msg_id)
+            else:
+                self.ledger.unexpected(conn, f"RECEIPT for {msg_id!r}, which was not awaited")
+
+    def refused(self, err: Exception) -> bool:
+        """"queue full" is the cap working: note which SEND it was, pause, send again.
+        It comes at once ("queue full"), or once the log finds no room while writing
+        ("message not stored", with "queue full" in the body), or is lost to a reset
+        (see the module docstring)."""
+        frame = getattr(err, "frame", None)
+        if frame is None and isinstance(err.__context__, (ConnectionResetError, BrokenPipeError)):
+            self.ledger.reset()
+        elif frame is None:
+            return False
+        elif frame.headers.get("message") == "queue full" or (
+                frame.headers.get("message") == "message not stored" and frame.body.startswith(b"queue full")):
+            self.ledger.send_refused(frame.headers.get("receipt-id", "?"))
+        else:
+            return False
+        time.sleep(self.rng.uniform(*REFUSED_PAUSE_S))
+        return True
+
+
+class Consumer(Worker):
+    """ACKs with a receipt each; holds some messages a while first and NACKs a few."""
+
+    def session(self, client: Client, conn: str) -> None:
+        self.held: list[tuple[float, int, str, str]] = []   # (due, tiebreak, ack id, message id)
+        self.pending: dict[str, tuple[str, str]] = {}       # receipt id -> (ACK or NACK, message id)
+        self.n = 0
+        client.subscribe("q", ack="client-individual", prefetch=self.rng.choice(PREFETCHES))
+        while not self.life.over():
+            while self.held and self.held[0][0] <= time.monotonic():
+                _, _, ack_id, msg_id = heapq.heappop(self.held)
+                self.answer(client, "ACK", ack_id, msg_id, conn)
+            wait = 0.1 if not self.held else min(0.1, max(0.0, self.held[0][0] - time.monotonic()))
+            frame = client.receive(timeout=wait)
+            if frame is None:
+                continue
+            if frame.command == "MESSAGE":
+                self.on_message(client, frame.headers, frame.body, conn)
+            elif frame.command == "RECEIPT":
+                kind, msg_id = self.pending.pop(frame.headers.get("receipt-id", ""), ("?", ""))
+                if kind == "ACK":
+                    self.ledger.ack_receipted(msg_id, conn)
+
+    def on_message(self, client: Client, headers: dict[str, str], body: bytes, conn: str) -> None:
+        msg_id = self.ledger.delivered(conn, headers, body)
+        if self.life.killed.is_set():
+            return   # an ACK written now cannot arrive, yet would count as sent
+        ack_id = headers.get("ack", "")
+        roll = self.rng.random()
+        if roll < NACK_SHARE:
+            self.answer(client, "NACK", ack_id, msg_id, conn)
+        elif roll < NACK_SHARE + HOLD_SHARE:
+            due = time.monotonic() + self.rng.uniform(*HOLD_S)
+            heapq.heappush(self.held, (due, self.n, ack_id, msg_id))
+            self.n += 1
+        else:
+            self.answer(client, "ACK", ack_id, msg_id, conn)
+
+    def answer(self, client: Client, kind: str, ack_id: str, msg_id: str, conn: str) -> None:
+        """ACK or NACK with a receipt, recorded in the ledger before it is written."""
+        receipt = f"{kind[0].lower()}{self.n}"
+        self.n += 1
+        self.pending[receipt] = (kind, msg_id)
+        if kind == "ACK":
+            self.ledger.acking(msg_id)
+            client.ack(ack_id, receipt=receipt)
+        else:
+            self.ledger.nacking(msg_id, conn)
+            client.nack(ack_id, receipt=receipt)
+
+
+class BrokerProcess:
+    """The real `python -m curb` on one file and port; its stderr, across restarts, goes
+    to one file so that a failure can show it."""
+
+    def __init__(self, workdir: Path, cap: str, port: int) -> None:
+        self.workdir = workdir
+        self.file = workdir / LOG_NAME
+        self.stderr_path = workdir / STDERR_NAME
+        self.cap = cap
+        self.port = port
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> str | None:
+        """Start and wait for `listening on`; None when ready, else why not (with stderr)."""
+        seen = self.stderr_path.stat().st_size if self.stderr_path.exists() else 0
+        argv = [sys.executable, "-m", "curb", "-cap", self.cap, "-addr", f"{HOST}:{self.port}",
+                "-file", str(self.file)]
+        with open(self.stderr_path, "ab") as err:
+            self.proc = subprocess.Popen(argv, cwd=self.workdir, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + STARTUP_S
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if _LISTENING.search(self.stderr_text()[seen:]):
+                return None
+            time.sleep(0.02)
+        status = self.proc.poll()
+        self.kill()
+        why = f"exited with status {status}" if status is not None else f"not listening within {STARTUP_S:.0f}s"
+        return f"broker {why}: {' '.join(argv)}\n{self.stderr_text()[seen:]}"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: a crash with no chance to sync or answer."""
+        if self.alive():
+            self.proc.kill()
+        if self.proc is not None:
+            self.proc.wait(STARTUP_S)
+
+    def stop(self) -> str | None:
+        """SIGTERM and wait; None for a clean exit, else what happened."""
+        if not self.alive():
+            return None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            status = self.proc.wait(STARTUP_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return f"broker ignored SIGTERM for {STARTUP_S:.0f}s"
+        return None if status == 0 else f"broker exited with status {status} after SIGTERM"
+
+    def stderr_text(self) -> str:
+        return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def watch(broker: BrokerProcess, ledger: Ledger, seconds: float) -> bool:
+    """Let the run go on for `seconds`, sampling the file size; False if the broker died."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        ledger.saw_file(broker.file)
+        if not broker.alive():
+            return False
+        time.sleep(min(WATCH_EVERY_S, max(0.0, deadline - time.monotonic())))
+    return broker.alive()
+
+
+def one_cycle(number: int, broker: BrokerProcess, ledger: Ledger, seed: str, rng: random.Random) -> str | None:
+    """Load, SIGKILL, wait for every client to notice, restart; None or the failure."""
+    life = Run(number)
+    workers: list[Worker] = [Producer(f"p{i}", life, broker.port, ledger, seed) for i in range(PRODUCERS)]
+    workers += [Consumer(f"c{i}", life, broker.port, ledger, seed) for i in range(CONSUMERS)]
+    for worker in workers:
+        worker.start()
+    if not watch(broker, ledger, rng.uniform(*KILL_AFTER_S)):
+        life.killed.set()
+        return f"cycle {number}: the broker died by itself:\n{broker.stderr_text()[-4000:]}"
+    life.killed.set()
+    broker.kill()
+    ledger.saw_file(broker.file)
+    deadline = time.monotonic() + JOIN_S
+    for worker in workers:
+        worker.join(max(0.0, deadline - time.monotonic()))
+    stuck = [worker.name for worker in workers if worker.is_alive()]
+    if stuck:
+        return f"cycle {number}: clients {stuck} still busy {JOIN_S:.0f}s after the kill"
+    return broker.start()
+
+
+def drain(port: int, ledger: Ledger, number: int) -> str | None:
+    """Consume and ACK (with receipts) until ./count says empty, every receipt is in and
+    nothing came for QUIET_S; None when done, else why not."""
+    conn = f"{number}/drain/0"
+    client = Client(HOST, port, timeout=CLIENT_TIMEOUT_S)
+    pending: dict[str, str] = {}
+    acks = 0
+    counts: tuple[int, int] | None = None
+    last = time.monotonic()
+    deadline = last + DRAIN_S
+    try:
+        client.connect()
+        client.subscribe("q", ack="client-individual", prefetch=DRAIN_PREFETCH)
+        client.subscribe("n", destination="./count", ack="auto")
+        while time.monotonic() < deadline:
+            frame = client.receive(timeout=0.1)
+            if frame is not None and frame.command == "MESSAGE" and frame.headers.get("subscription") == "n":
+                counts = (int(frame.headers.get("rdy", -1)), int(frame.headers.get("wip", -1)))
+            elif frame is not None and frame.command == "MESSAGE":
+                msg_id = ledger.delivered(conn, frame.headers, frame.body)
+                receipt = f"a{acks}"
+                acks += 1
+                pending[receipt] = msg_id
+                ledger.acking(msg_id)
+                client.ack(frame.headers.get("ack", ""), receipt=receipt)
+                last = time.monotonic()
+            elif frame is not None and frame.command == "RECEIPT":
+                ledger.ack_receipted(pending.pop(frame.headers.get("receipt-id", ""), ""), conn)
+            if counts == (0, 0) and not pending and time.monotonic() - last >= QUIET_S:
+                client.disconnect()
+                return None
+        return f"drain {number}: not empty after {DRAIN_S:.0f}s (rdy, wip = {counts}, {len(pending)} ACK receipts owed)"
+    except (StompError, OSError, ValueError) as err:
+        return f"drain {number}: {err}"
+    finally:
+        client.close()
+
+
+def stderr_report(text: str) -> dict[str, object]:
+    """The broker's stderr in brief: refusals, recoveries that dropped a torn tail, and
+    the unusual lines (not a routine start, stop or refusal, whose reasons the clients
+    check), grouped, each with its count and the run it first appeared in; a traceback
+    shows as its message lines, without the stack."""
+    routine = ("curb: listening on ", "curb: stopping", "curb: stopped", "curb: recovered ")
+    refusals = (": queue full", ": message not stored")
+    lines = text.splitlines()
+    run, odd = 0, 0
+    torn: list[str] = []
+    groups: dict[str, list[int]] = {}   # line -> [count, first run]
+    for line in lines:
+        run += line.startswith("curb: listening on ")
+        if line.startswith("curb: recovered ") and "; " in line:
+            torn.append(f"run {run + 1}: {line}")
+        if line.startswith(routine) or line.endswith(refusals):
+            continue
+        odd += 1
+        if not line[:1].isspace() and not line.startswith(_STACK_LINES):
+            groups.setdefault(_VARYING.sub("...", line), [0, max(run, 1)])[0] += 1
+    top = sorted(groups.items(), key=lambda item: -item[1][0])[:EXAMPLES]
+    return {"lines": len(lines), "refusals": sum(line.endswith(refusals) for line in lines),
+            "torn_recoveries": len(torn), "torn_examples": torn[:EXAMPLES], "odd_lines": odd,
+            "odd_examples": [f"{count}x {line} (first in run {first})" for line, (count, first) in top]}
+
+
+def torture(cycles: int, cap: str, seed: str, port: int, workdir: Path, progress: bool) -> dict[str, object]:
+    """The whole run; returns the summary (its `failures` list is empty when all is well)."""
+    began = time.monotonic()
+    ledger = Ledger()
+    broker = BrokerProcess(workdir, cap, port)
+    rng = random.Random(seed)
+    failures: list[str] = []
+    done = 0
+    failure = broker.start()
+    for number in range(1, cycles + 1):
+        if failure:
+            break
+        failure = one_cycle(number, broker, ledger, seed, rng)
+        done = number if failure is None else number - 1
+        if progress and (number % 10 == 0 or number == cycles):
+            print(f"torture: cycle {number}/{cycles}, {len(ledger.receipted)} SENDs receipted, "
+                  f"{ledger.counts['delivered']} delivered, {time.monotonic() - began:.0f}s", file=sys.stderr)
+    if failure is None:
+        failure = drain(broker.port, ledger, cycles + 1)
+    if failure is None:
+        broker.kill()
+        ledger.saw_file(broker.file)
+        failure = broker.start() or drain(broker.port, ledger, cycles + 2)
+    drained = failure is None
+    failures += [failure] if failure else []
+    failures += [stopped] if (stopped := broker.stop()) else []
+    broker.kill()
+    ledger.saw_file(broker.file)
+    return summarize(ledger, failures, drained, cycles, done, cap, seed, port, workdir, broker,
+                     time.monotonic() - began)
+
+
+def summarize(ledger: Ledger, failures: list[str], drained: bool, cycles: int, done: int, cap: str, seed: str,
+              port: int, workdir: Path, broker: BrokerProcess, seconds: float) -> dict[str, object]:
+    """Figures and verdict in one dict (one JSON line with --json); `lost` needs a
+    completed drain, since until then a message may still be waiting."""
+    cap_bytes = parse_size(cap)
+    lost = ledger.lost() if drained else []
+    examples = {kind: found for kind, found in ledger.problems.items() if found}
+    if lost:
+        examples["lost"] = [ledger.lost_example(msg_id) for msg_id in lost[:EXAMPLES]]
+    if ledger.max_size > cap_bytes or ledger.max_blocks > cap_bytes:
+        failures.append(f"log file reached {ledger.max_size} bytes ({ledger.max_blocks} on disk), cap {cap_bytes}")
+    broken = len(lost) + sum(ledger.problem_counts.values())
+    return {
+        "ok": not failures and not broken,
+        "cycles": cycles, "cycles_done": done, "seed": seed, "cap": cap, "cap_bytes": cap_bytes, "port": port,
+        "sent": len(ledger.sent), "receipted": len(ledger.receipted), "refused_full": len(ledger.refused),
+        "delivered": ledger.counts["delivered"], "redelivered": ledger.counts["redelivered"],
+        "acked": ledger.counts["acked"], "ack_receipted": len(ledger.ack_receipts),
+        "nacked": ledger.counts["nacked"],
+        "lost": len(lost), **ledger.problem_counts, "resurrected_messages": len(ledger.resurrected),
+        "acked_unconfirmed": len(ledger.acks_sent - ledger.ack_receipts.keys()), "resets": ledger.resets,
+        "max_file_bytes": ledger.max_size, "max_disk_bytes": ledger.max_blocks,
+        "seconds": round(seconds, 1), "dir": str(workdir),
+        "broker_stderr": stderr_report(broker.stderr_text()),
+        "failures": failures, "examples": examples,
+    }
+
+
+def text_report(s: dict) -> str:
+    """The summary for a person: figures first, then what went wrong, with ids."""
+    err = s["broker_stderr"]
+    lines = [
+        f"curb torture: {s['cycles_done']}/{s['cycles']} kill -9 cycles, cap {s['cap']}, seed {s['seed']}, "
+        f"{s['seconds']}s",
+        f"  SENDs: {s['sent']} sent, {s['receipted']} receipted, {s['refused_full']} refused as queue full, "
+        f"{s['resets']} producer connections reset by the running broker",
+        f"  MESSAGEs: {s['delivered']} delivered ({s['redelivered']} redelivered), {s['acked']} ACKs sent, "
+        f"{s['ack_receipted']} ACK receipts, {s['nacked']} NACKs, {s['acked_unconfirmed']} ACKed without "
+        "a receipt (killed first)",
+        f"  lost {s['lost']}, resurrections {s['resurrections']} (of {s['resurrected_messages']} messages), "
+        f"within-run duplicates {s['duplicates']}, "
+        f"corrupt {s['corrupt']}, stored though refused {s['stored_refused']}, "
+        f"unexpected errors {s['unexpected_errors']}",
+        f"  largest log file: {s['max_file_bytes']} bytes ({s['max_disk_bytes']} on disk), cap {s['cap_bytes']}",
+        f"  broker stderr: {err['lines']} lines, {err['refusals']} refusals, "
+        f"{err['torn_recoveries']} recoveries dropped a torn tail, {err['odd_lines']} unusual lines",
+    ]
+    lines += [f"    {line}" for line in err["odd_examples"]]
+    lines += [f"FAILED: {failure}" for failure in s["failures"]]
+    for kind, found in s["examples"].items():
+        lines.append(f"{kind}:")
+        lines += [f"    {example}" for example in found]
+    lines.append("OK: every promise kept" if s["ok"] else f"BROKEN (files kept in {s['dir']})")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Iterable[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="torture", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cycles", type=int, default=100, help="kill -9 cycles (default 100)")
+    parser.add_argument("--cap", default="256KiB", help="the broker's -cap (default 256KiB)")
+    parser.add_argument("--seed", default=None, help="seed for the random choices (default: a fresh one)")
+    parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="make the working directory (log file, broker stderr) in here and keep it")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    args = parser.parse_args(list(argv))
+    if not 1 <= args.cycles <= 100_000:
+        parser.error("--cycles must be between 1 and 100000")
+    try:
+        parse_size(args.cap)
+    except argparse.ArgumentTypeError as err:
+        parser.error(str(err))
+    return args
+
+
+def main(argv: Iterable[str] = sys.argv[1:]) -> int:
+    args = parse_args(argv)
+    seed = args.seed if args.seed is not None else str(random.SystemRandom().randrange(1 << 32))
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="curb-torture-", dir=args.dir))
+    summary = torture(args.cycles, args.cap, seed, args.port or free_port(), workdir, not args.quiet)
+    print(json.dumps(summary) if args.json else text_report(summary), flush=True)
+    if summary["ok"] and args.dir is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
