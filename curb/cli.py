@@ -1,18 +1,33 @@
 """The `curb` command: flags, start-up, signals, systemd readiness, and log lines.
 
-Usage errors (bad size or address, a port in use, a log file that cannot be used) exit
-with status 2 and one line that says what to fix. SIGINT and SIGTERM stop accepting,
-finish the owed syncs and receipts, and exit 0.
+SIGINT and SIGTERM stop accepting, finish the owed syncs and receipts, and exit 0. A
+failure exits with one line on stderr, and its status says whether trying again can help,
+which is what a supervisor needs (the systemd unit restarts on 1 and not on 2):
+
+- 2, a usage error: only the operator can fix it. A bad flag, an address that cannot be
+  bound (in use, not local, privileged), and a log file that is locked by another curb, is
+  not a curb log, is larger than -cap, or cannot be opened as it is: a missing directory, no
+  permission (EACCES, EPERM), a read-only file system, a directory, a bad name. The line
+  says which flag to change.
+- 1, an I/O failure: the disk failed us and may not next time. EIO, a full disk (ENOSPC,
+  EDQUOT), too many open files and every other error from the log file while it is opened
+  and recovered, and a write or sync of the log that fails while serving. The line names the
+  file and the error.
+
+The log reports what it cannot use as `LogError` (status 2, or the error's `exit_status`
+attribute if it has one) and raises plain OSError for what the system refused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 
 import click
 
@@ -24,6 +39,23 @@ from curb.server import Broker, Session
 
 DEFAULT_PORT = 61613
 DRAIN_SECONDS = 5.0
+EXIT_IO = 1
+EXIT_USAGE = 2
+# What the system says about a log file that it will keep saying until someone changes
+# the file, its directory or the flags; any other error may pass (see the module docstring).
+OPERATOR_ERRNOS = frozenset({
+    errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR, errno.EISDIR,
+    errno.ENAMETOOLONG, errno.ELOOP, errno.EWOULDBLOCK,
+})
+
+
+class StartError(Exception):
+    """Start-up failed: `line` says why and what to do, `status` is the exit status."""
+
+    def __init__(self, line: str, status: int):
+        super().__init__(line)
+        self.line = line
+        self.status = status
 
 
 class Events:
@@ -104,12 +136,15 @@ def command(ctx, cap, addr, path, prefetch, max_frame, heartbeat, http, log_form
     try:
         code = asyncio.run(serve(cap=cap, addr=addr, path=path or default_file(), prefetch=prefetch,
                                  max_frame=max_frame, heartbeat=heartbeat, http=http, events=events))
+    except StartError as err:
+        click.echo(f"curb: {err.line}", err=True)
+        sys.exit(err.status)
     except LogError as err:
         click.echo(f"curb: {err}", err=True)
-        sys.exit(2)
+        sys.exit(getattr(err, "exit_status", EXIT_USAGE))
     except OSError as err:
-        click.echo(f"curb: cannot listen: {err.strerror or err}; pick another -addr", err=True)
-        sys.exit(2)
+        click.echo(f"curb: {_describe(err)}", err=True)
+        sys.exit(EXIT_IO)
     sys.exit(code)
 
 
@@ -144,13 +179,12 @@ async def serve(*, cap: int, addr, path: str, prefetch: int, max_frame: int, hea
         names = ", ".join(_sockname(s) for s in inherited)
         where = f"listening on {names} (socket passed by systemd; -addr ignored)"
     else:
-        host, port = addr
-        servers = [await loop.create_server(lambda: Session(broker), host, port, reuse_address=True,
-                                            start_serving=False)]
+        servers = [await _listen("-addr", addr, lambda: loop.create_server(
+            lambda: Session(broker), addr[0], addr[1], reuse_address=True, start_serving=False))]
         names = ", ".join(_sockname(s) for s in servers[0].sockets)
         where = f"listening on {names}, log {path}, cap {cap} bytes"
     try:
-        log = Log(path, cap, max_payload=max_frame, metrics=metrics)
+        log = _open_log(path, cap, max_frame, metrics)
     except BaseException:
         for server in servers:
             server.close()
@@ -174,9 +208,9 @@ async def serve(*, cap: int, addr, path: str, prefetch: int, max_frame: int, hea
     log.start(loop)
     try:
         if http is not None:
-            web = await serve_http(http[0] or "", http[1], metrics, broker.gauges)
+            web = await _listen("-http", http, lambda: serve_http(http[0] or "", http[1], metrics, broker.gauges))
             servers.append(web)
-            events("http", "metrics on http://%s/metrics" % _sockname(web.sockets[0]),
+            events("http", f"metrics on http://{_sockname(web.sockets[0])}/metrics",
                    addr=_sockname(web.sockets[0]))
     except BaseException:
         for server in servers:
@@ -204,7 +238,51 @@ async def serve(*, cap: int, addr, path: str, prefetch: int, max_frame: int, hea
     while broker.sessions and loop.time() < deadline:
         await asyncio.sleep(0.01)
     events("stopped", "stopped")
-    return 1 if fatal else 0
+    return EXIT_IO if fatal else 0
+
+
+async def _listen(flag: str, addr: tuple[str | None, int],
+                  open_server: Callable[[], Awaitable[asyncio.Server]]) -> asyncio.Server:
+    """The server `open_server` makes; an address it cannot bind is the operator's to change."""
+    try:
+        return await open_server()
+    except OSError as err:
+        # asyncio wraps a bind error in a long text of its own; a name lookup's errno is < 0.
+        reason = os.strerror(err.errno) if err.errno and err.errno > 0 else err.strerror or str(err)
+        raise StartError(f"cannot listen on {_addr_text(addr)}: {reason}; pick another {flag}",
+                         EXIT_USAGE) from None
+
+
+def _open_log(path: str, cap: int, max_frame: int, metrics: Metrics) -> Log:
+    """Open and recover the log. An OSError here is about the log file, so the line names it,
+    and its errno decides whether the operator must act (2) or a retry may do (1)."""
+    try:
+        return Log(path, cap, max_payload=max_frame, metrics=metrics)
+    except OSError as err:
+        if err.errno in OPERATOR_ERRNOS:
+            raise StartError(f"cannot use log file {path}: {_reason(err)}; fix that or pick another -file",
+                             EXIT_USAGE) from None
+        raise StartError(f"cannot use log file {path}: {_reason(err)}", EXIT_IO) from None
+
+
+def _reason(err: OSError) -> str:
+    """The errno's text and name, 'Input/output error (EIO)', for operators and for grep."""
+    if not err.errno:
+        return str(err)
+    return f"{err.strerror or os.strerror(err.errno)} ({errno.errorcode.get(err.errno, err.errno)})"
+
+
+def _describe(err: OSError) -> str:
+    """An OSError from outside start-up's known steps, with the file it names if any."""
+    where = f" ({err.filename})" if err.filename else ""
+    return f"{_reason(err)}{where}"
+
+
+def _addr_text(addr: tuple[str | None, int]) -> str:
+    host, port = addr
+    if host and ":" in host:
+        host = f"[{host}]"
+    return f"{host or ''}:{port}"
 
 
 def _sockname(sock) -> str:

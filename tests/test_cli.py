@@ -3,6 +3,7 @@ log file, signals and the lines it logs."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 
 import curb
+from curb import cli
+from curb.log import LogError
 
 DOCUMENTED_FLAGS = ["-cap", "-addr", "-file", "-prefetch", "-max-frame", "-heartbeat", "--version"]
 
@@ -78,6 +81,70 @@ def test_a_file_that_is_not_a_curb_log_is_refused_and_left_alone(run_curb, tmp_p
     line = one_line(run_curb("-cap", "10MiB", "-addr", "127.0.0.1:0", "-file", str(path)))
     assert "notes.txt" in line and "not a curb log" in line
     assert path.read_text() == content
+
+
+def start_with_a_failing_log(monkeypatch, capsys, path: Path, error: Exception) -> tuple[int, list[str]]:
+    """Run the command in this process with opening the log at `path` raising `error`:
+    (exit status, lines on stderr)."""
+
+    def failing_log(*args, **kwargs):
+        raise error
+
+    monkeypatch.delenv("LISTEN_FDS", raising=False)
+    monkeypatch.setattr(cli, "Log", failing_log)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["-cap", "10MiB", "-addr", "127.0.0.1:0", "-file", str(path)])
+    return exited.value.code, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.ENOSPC, errno.EDQUOT, errno.EMFILE],
+                         ids=["EIO", "ENOSPC", "EDQUOT", "EMFILE"])
+def test_io_error_on_the_log_at_start_up_exits_1_so_a_supervisor_retries(monkeypatch, capsys, tmp_path, code):
+    path = tmp_path / "curb.log"
+    status, lines = start_with_a_failing_log(monkeypatch, capsys, path, OSError(code, os.strerror(code), str(path)))
+    assert status == 1 and len(lines) == 1, (status, lines)
+    assert str(path) in lines[0] and os.strerror(code) in lines[0] and errno.errorcode[code] in lines[0]
+    assert "-addr" not in lines[0], "an error on the log file is not about the address"
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.EROFS, errno.ENOENT, errno.ENOTDIR, errno.EISDIR],
+                         ids=["EACCES", "EROFS", "ENOENT", "ENOTDIR", "EISDIR"])
+def test_log_file_the_operator_must_fix_is_a_usage_error(monkeypatch, capsys, tmp_path, code):
+    path = tmp_path / "curb.log"
+    status, lines = start_with_a_failing_log(monkeypatch, capsys, path, OSError(code, os.strerror(code), str(path)))
+    assert status == 2 and len(lines) == 1, (status, lines)
+    assert str(path) in lines[0] and os.strerror(code) in lines[0] and "-file" in lines[0]
+    assert "-addr" not in lines[0]
+
+
+def test_log_error_keeps_its_own_exit_status_if_it_has_one(monkeypatch, capsys, tmp_path):
+    """The log may mark a LogError as transient with an `exit_status` attribute."""
+
+    class TransientLogError(LogError):
+        exit_status = 1
+
+    plain, _ = start_with_a_failing_log(monkeypatch, capsys, tmp_path / "a.log", LogError("damaged beyond use"))
+    marked, lines = start_with_a_failing_log(monkeypatch, capsys, tmp_path / "b.log", TransientLogError("device gone"))
+    assert (plain, marked) == (2, 1)
+    assert lines == ["curb: device gone"]
+
+
+def test_a_log_path_that_is_a_directory_is_a_usage_error(run_curb, tmp_path):
+    line = one_line(run_curb("-cap", "10MiB", "-addr", "127.0.0.1:0", "-file", str(tmp_path)))
+    assert str(tmp_path) in line and "-file" in line and "-addr" not in line
+
+
+def test_http_port_in_use_is_a_usage_error_naming_http(run_curb, tmp_path):
+    """-http is bound once the log is recovered, so the recovery's line comes first."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_curb("-cap", "10MiB", "-addr", "127.0.0.1:0", "-http", f"127.0.0.1:{port}",
+                          "-file", str(tmp_path / "curb.log"))
+    line = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2, result.stderr
+    assert str(port) in line and "-http" in line and "-addr" not in line
 
 
 def dual_stack_port(free_port) -> int:
