@@ -205,6 +205,7 @@ async def serve(*, cap: int, addr, path: str, prefetch: int, max_frame: int, hea
             stop.set_result(None)
 
     log.on_fatal = on_fatal
+    log.on_damage = lambda text: events("damage", text)
     log.start(loop)
     try:
         if http is not None:

@@ -1,21 +1,29 @@
 """The capped log file: the one owner of the queue's bytes on disk.
 
 The file is a header (magic and two checkpoint slots) followed by a ring of records
-(see curb.record). New records go at the head; the queue is read from the tail in file
-order, so the broker keeps only a read position and its in-flight records in memory,
-never an index of every queued message. ACK flips a record's state in place.
+(curb.record). New records go at the head (curb.ring); the queue is read from the tail
+in file order by the read cursor (curb.cursor), so the broker keeps only a read position
+and its in-flight records in memory. ACK flips a record's state in place.
 
-Space comes back as the tail moves past acked records. A record still in flight at the
-tail (a slow consumer's) is copied forward to the head so that it cannot pin the ring;
-each copy is paid for by the append that needed the room.
+`LogCore` does every step without threads, timers or an event loop of its own, so the
+crash simulator in the tests drives it over a simulated disk; `Log` is the same core run
+by an asyncio loop, with fdatasync in a thread (group commit).
 
-Durability: appends and patches are written at once (so consumers see them) and made
-durable by one fdatasync per batch in a worker thread while the next batch gathers
-(group commit). A checkpoint slot, written in a later batch than the data it names,
-records the tail and head; space behind the tail is reused only once a synced checkpoint
-says so, so a crash at any point leaves a checkpoint whose region is intact. Recovery
-trusts the checkpoint, then follows records written after it by their write sequence and
-drops a torn tail.
+Invariants, each kept in one place:
+- A RECEIPT (a `done(None)`) is answered only after a sync that began after the write it
+  covers (`end_sync`).
+- Space is reused only once a synced checkpoint no longer names it (curb.checkpoints,
+  curb.ring): the head never passes the tail of the newest *durable* checkpoint.
+- A copy made by compaction has the message's id and a new write sequence; the last copy
+  in write order is the message (curb.cursor, curb.scan). ACK and requeue patch the
+  record's current copy only, so older copies stay `rdy` and dead.
+- Admission (`append`) accepts a message only if the live bytes leave room for it and
+  the headroom compaction needs (`headroom`); then it is placed after at most a few sync
+  and checkpoint cycles, with no new ACKs: compaction copies held messages that pin the
+  tail, in batches, into space the headroom keeps free, so it keeps pace with producers.
+- Recovery never trusts unsynced bytes twice: it syncs what it found before naming it in
+  a checkpoint, and moves the write sequence past every value a stale record could hold,
+  so bytes left by an earlier run can never continue the chain.
 """
 
 from __future__ import annotations
@@ -23,25 +31,30 @@ from __future__ import annotations
 import asyncio
 import collections
 import errno
-import fcntl
 import os
 import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from curb import record as fmt
-from curb.record import (PAD_SIZE, RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD,
-                         STATE_RDY, Checkpoint, FormatError)
-from curb.scan import Entry, LogError, LogReader, Scan, Summary
+from curb.checkpoints import Checkpoints, Snapshot
+from curb.cursor import Cursor, Record
+from curb.disk import Disk, FileDisk, LockedError
+from curb.reader import RecordReader
+from curb.record import PAD_SIZE, RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, FormatError
+from curb.ring import Ring
+from curb.scan import SIZE_CLASSES, Entry, LogError, LogReader, Scan, Summary, class_bound, size_class
 
-__all__ = ["Entry", "Log", "LogError", "LogReader", "QueueFull", "Record", "Summary", "TooLarge"]
+__all__ = ["Entry", "Log", "LogCore", "LogError", "LogReader", "QueueFull", "Record", "Summary", "TooLarge"]
 
-READ_CHUNK = 1 << 20
-KEEP_PAYLOAD = 64 * 1024
-FRESH_BYTES = 1 << 20
 MIN_CAP = 16 * 1024
+ALLOCATE_STEP = 1 << 20
+CHECKPOINT_EVERY = 0.05
+LAZY_SYNC = 0.01
+INLINE_SYNC_OPS = 4
 Done = Callable[[str | None], None]
 
 
@@ -53,24 +66,6 @@ class TooLarge(Exception):
     """The message can never fit under the cap: it was not stored."""
 
 
-class Record:
-    """A message handed out by the read cursor and not yet acked: the broker's only
-    per-message memory, bounded by what consumers hold in flight."""
-
-    __slots__ = ("id", "offset", "size", "deliveries", "timestamp_ms", "payload",
-                 "origin", "acked")
-
-    def __init__(self, msg_id, offset, size, deliveries, timestamp_ms, payload):
-        self.id = msg_id
-        self.offset = offset
-        self.size = size
-        self.deliveries = deliveries
-        self.timestamp_ms = timestamp_ms
-        self.payload = payload
-        self.origin = None
-        self.acked = False
-
-
 @dataclass(slots=True)
 class Recovery:
     """What start-up found in the file."""
@@ -79,7 +74,27 @@ class Recovery:
     acked: int
     live_bytes: int
     torn: str | None
+    skipped_bytes: int
     seconds: float
+
+
+@dataclass(slots=True)
+class WriteRuns:
+    """Buffers to write, grouped into runs of adjacent bytes: one pwritev per run."""
+
+    runs: list[tuple[int, list[bytes]]]
+    ends: list[int]
+
+    def add(self, off: int, size: int, bufs: tuple[bytes, ...]) -> None:
+        if not self.runs or self.ends[-1] != off:
+            self.runs.append((off, []))
+            self.ends.append(off)
+        self.runs[-1][1].extend(bufs)
+        self.ends[-1] = off + size
+
+    def write(self, disk: Disk) -> None:
+        for off, bufs in self.runs:
+            disk.pwritev(bufs, off)
 
 
 def parse_size(text: str) -> int:
@@ -93,137 +108,178 @@ def parse_size(text: str) -> int:
     return int(digits) * units[unit]
 
 
-class Log:
-    """The queue's log file, opened exclusively by one broker."""
+def max_message_for(cap: int, max_payload: int = 16 << 20) -> int:
+    """The largest stored payload (SEND headers and body) under -cap: a sixth of the
+    ring, so that one such message fits beside the headroom it needs, and -max-frame."""
+    capacity = cap - cap % 4096 - RING_START
+    return min(max_payload, capacity // 6 - PAD_SIZE)
 
-    def __init__(self, path: str | os.PathLike, cap: int, *, max_payload: int = 16 << 20,
-                 metrics=None):
-        self.path = os.fspath(path)
-        self.metrics = metrics
+
+class LogCore:
+    """The queue's log over a Disk: recovery, admission, placement, compaction, the
+    checkpoint pipeline and group-commit bookkeeping. Sans I/O of its own: the caller
+    decides when to `flush` and when to `sync`."""
+
+    def __init__(self, disk: Disk, cap: int, *, max_payload: int = 16 << 20, metrics: Any = None,
+                 clock: Callable[[], float] = time.monotonic, name: str = "log"):
         if cap < MIN_CAP:
             raise LogError(f"-cap {cap} is too small: the log needs at least {MIN_CAP // 1024}KiB")
+        self.disk = disk
+        self.name = name
+        self.metrics = metrics
+        self.clock = clock
         self.end = cap - cap % 4096
         self.capacity = self.end - RING_START
-        self.max_record = min(max_payload + PAD_SIZE, self.capacity // 32)
-        self._reserve = 2 * (self.max_record + PAD_SIZE)
+        self.max_message = max_message_for(cap, max_payload)
+        self.max_record = self.max_message + PAD_SIZE
         self.on_written: Callable[[], None] = lambda: None
         self.on_fatal: Callable[[str], None] = lambda reason: None
         self.on_answered: Callable[[], None] = lambda: None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._syncer: Syncer | None = None
+        self.on_damage: Callable[[str], None] = lambda text: None
         self._pending: collections.deque[tuple[Record, bytes, Done | None, bool]] = collections.deque()
+        self._pending_bytes = 0
         self._patches: list[tuple[int, bytes]] = []
         self._waiters: collections.deque[tuple[int, Done]] = collections.deque()
         self._untagged: list[Done] = []
-        self._flush_scheduled = False
         self._flush_no = 0
         self._written_no = 0
         self._synced_no = 0
-        self._syncing = False
-        self._snapshots: collections.deque[tuple[int, tuple]] = collections.deque()
-        self._ckpt_to_write: tuple[int, tuple] | None = None
-        self._ckpt_written: tuple[int, tuple[int, tuple]] | None = None
-        self._ckpt_due = 0.0
         self._urgent_upto = 0
         self._unsynced_ops = 0
-        self._lazy: asyncio.TimerHandle | None = None
-        self._moves: collections.deque[tuple[int, Record]] = collections.deque()
-        self._behind: collections.OrderedDict[int, Record] = collections.OrderedDict()
-        self._fresh: collections.deque[Record] = collections.deque()
-        self._fresh_bytes = 0
-        self._ahead: dict[int, Record] = {}
+        self._room_wanted = False
+        self._ckpt_due = 0.0
+        self._classes = [0] * SIZE_CLASSES
+        self._pending_classes = [0] * SIZE_CLASSES
         self._broken: str | None = None
-        self.outstanding_bytes = 0
-        self.ahead_dead_bytes = 0
-        self.fd = _open_locked(self.path)
-        try:
-            self.recovery = self._recover()
-        except BaseException:
-            os.close(self.fd)
-            raise
+        self.recovery = self._recover()
+        self.next_ready: Callable[[], Record | None] = self._cursor.next_ready
 
     # ---------------------------------------------------------------- recovery
 
     def _recover(self) -> Recovery:
         """Find the live region from the newest intact checkpoint, follow the records
-        written after it, drop a torn tail, and start reading at the tail."""
-        started = time.monotonic()
-        size = os.fstat(self.fd).st_size
+        written after it, make what was found durable, then checkpoint it with the write
+        sequence moved past anything an earlier run may have left in the file."""
+        started = self.clock()
+        disk = self.disk
+        size = disk.size()
         if size == 0:
-            os.pwrite(self.fd, fmt.initial_header(), 0)
-            os.fdatasync(self.fd)
+            disk.pwrite(fmt.initial_header(), 0)
+            disk.sync()
             size = RING_START
         try:
-            ckpt = fmt.latest_checkpoint(os.pread(self.fd, RING_START, 0))
+            ckpt = fmt.latest_checkpoint(disk.pread(RING_START, 0))
         except FormatError as err:
-            raise LogError(f"{self.path}: {err}; move it away or pick another -file") from None
-        if size > self.end:
-            raise LogError(f"{self.path} is {size} bytes, more than -cap allows ({self.end}); "
-                           f"start with -cap {_round_up_mib(size)} or larger")
-        scan = Scan(self.fd, ckpt)
+            raise LogError(f"{self.name}: {err}; move it away or pick another -file") from None
+        if size > self.end or max(ckpt.head, ckpt.tail) > self.end - PAD_SIZE:
+            need = max(size, ckpt.head + PAD_SIZE, ckpt.tail + PAD_SIZE)
+            raise LogError(f"{self.name} holds {need} bytes, more than -cap allows ({self.end}); "
+                           f"start with -cap {-(-need // (1 << 20))}MiB or larger")
+        if min(ckpt.head, ckpt.tail) < RING_START:
+            raise LogError(f"{self.name}: the log's checkpoint is not valid; move it away or pick another -file")
+        scan = Scan(disk, ckpt, self.end)
         scan.run()
-        self._gen = ckpt.gen
-        self._head = self._whead = scan.head
         self._next_id = max(ckpt.next_id, scan.max_id + 1)
-        self._next_wseq = scan.next_wseq
-        self._durable_tail = self._rpos = self._rbase = ckpt.tail
-        self._rbuf = b""
+        self._next_wseq = scan.next_wseq + self.capacity // PAD_SIZE + 1
+        self._ring = Ring(self.end, scan.head, ckpt.tail)
         self._allocated = size
-        self._dups: dict[int, bool] = dict.fromkeys(scan.copies, False)
-        self.unread = scan.messages
-        self.unread_bytes = scan.live_bytes
-        snap = self._snapshot()
-        self._last_snapshot = snap
-        if snap != (ckpt.tail, ckpt.head, ckpt.next_id, ckpt.next_wseq):
-            self._write_checkpoint(snap)
-            os.fdatasync(self.fd)
-        return Recovery(scan.messages, scan.acked, scan.live_bytes, scan.torn,
-                        time.monotonic() - started)
+        self._classes = scan.classes
+        reader = RecordReader(disk, self.capacity)
+        self._cursor = Cursor(reader, self.end, ckpt.tail, scan.head, self._next_wseq, scan.last,
+                              scan.messages, scan.live_bytes)
+        self._cursor.on_damage = self._damaged
+        durable = Snapshot(ckpt.tail, ckpt.head, ckpt.next_id, ckpt.next_wseq)
+        self._checkpoints = Checkpoints(disk, ckpt.gen, durable)
+        self._cursor.pass_dead()
+        disk.sync()
+        self._checkpoints.write(self._snapshot(), 0)
+        disk.sync()
+        self._ring.tail = self._checkpoints.synced(0).tail
+        return Recovery(scan.messages, scan.acked, scan.live_bytes, scan.torn, scan.skipped_bytes,
+                        self.clock() - started)
+
+    def _damaged(self, text: str) -> None:
+        self.on_damage(f"{self.name}: {text}")
 
     # ---------------------------------------------------------------- accounting
 
     @property
     def file_bytes(self) -> int:
-        return os.fstat(self.fd).st_size
+        return self.disk.size()
+
+    @property
+    def unread(self) -> int:
+        """Messages accepted and never handed out."""
+        return self._cursor.unread + len(self._pending)
 
     @property
     def live_bytes(self) -> int:
-        return self.unread_bytes + self.outstanding_bytes
+        """Bytes of every message not yet acked, as records."""
+        cur = self._cursor
+        return cur.unread_bytes + self._pending_bytes + cur.outstanding_bytes
 
-    def _tail(self) -> int:
-        """The oldest byte still needed: the first in-flight record behind the read
-        position, else the read position itself."""
-        for rec in self._behind.values():
-            return rec.offset
-        return self._rpos
+    @property
+    def ahead_dead_bytes(self) -> int:
+        """Bytes ahead of the read position that hold no live message (acked records,
+        dead copies, the end of a lap): not reclaimable until consumers move the cursor
+        past them, so admission counts them as used."""
+        cur = self._cursor
+        ahead_live = cur.outstanding_bytes - cur.behind_bytes
+        return max(0, self._ring.distance(cur.rpos, cur.whead) - cur.unread_bytes - ahead_live)
 
-    def _checkpoint(self) -> Checkpoint:
-        return Checkpoint(self._gen + 1, self._tail(), self._head, self._next_id, self._next_wseq)
+    def _largest(self, classes: list[int]) -> int:
+        """An upper bound (within a quarter) of the largest record counted in `classes`."""
+        if classes is self._classes:
+            cur = self._cursor
+            if cur.unread_bytes <= 0 and cur.outstanding_bytes <= 0:
+                classes[:] = [0] * SIZE_CLASSES  # nothing live: exact again after damage
+                return 0
+        for cls in range(SIZE_CLASSES - 1, 0, -1):
+            if classes[cls] > 0:
+                return min(self.max_record, class_bound(cls))
+        return 0
+
+    def headroom(self, size: int) -> int:
+        """Free bytes a record of `size` needs beside the live bytes, with L the largest
+        live or waiting record: 2(L + pad) kept free for compaction's copies (one copy
+        ending a lap may waste up to a record), and L + pad for the unusable end of the
+        lap the region spans or the new record may leave."""
+        largest = max(size, self._largest(self._classes), self._largest(self._pending_classes))
+        return 3 * (largest + PAD_SIZE) + 64
+
+    def _reserve(self) -> int:
+        """Free bytes placements of new messages leave for compaction's copies of the
+        records in the ring (messages still waiting to be placed are not in it yet)."""
+        return 2 * (self._largest(self._classes) + PAD_SIZE)
+
+    def _snapshot(self) -> Snapshot:
+        return Snapshot(self._cursor.tail(), self._ring.head, self._next_id, self._next_wseq)
 
     # ---------------------------------------------------------------- the broker's calls
 
     def append(self, payload: bytes, done: Done | None = None, urgent: bool = True) -> Record:
-        """Queue a message (its SEND headers and body as a stored payload). It is
-        written in the next batch and `done(None)` runs once it is fsynced, or
-        `done(reason)` if it could not be stored after all. With urgent=False nobody
-        waits for the sync, so it may wait up to LAZY_SYNC for company. Raises TooLarge or
-        QueueFull (nothing stored) when it cannot be accepted."""
+        """Queue a message (its SEND headers and body as a stored payload). It is written
+        in the next flush and `done(None)` runs once it is fsynced, or `done(reason)` if it
+        could not be stored after all. urgent=False: nobody waits, so it may wait for
+        company. Raises TooLarge or QueueFull (nothing stored) when it cannot be accepted."""
         size = RECORD_HEADER + len(payload) + 1
         if size > self.max_record:
-            raise TooLarge(
-                f"message of {len(payload)} bytes can never be stored: the largest is "
-                f"{self.max_record - PAD_SIZE} bytes with this -cap and -max-frame")
-        if self.live_bytes + self.ahead_dead_bytes + size > self.capacity - self._reserve:
-            raise QueueFull(
-                f"queue full: {self.live_bytes} of {self.capacity - self._reserve} bytes "
-                f"are queued; retry once consumers have caught up")
-        msg_id = self._next_id
+            raise TooLarge(f"message of {len(payload)} bytes is larger than this broker can ever store "
+                           f"(the limit is {self.max_message} bytes with this -cap and -max-frame)")
+        room = self.capacity - self.headroom(size) - self.ahead_dead_bytes
+        if self.live_bytes + size > room:
+            raise QueueFull(f"queue full now: {self.live_bytes} bytes are queued and a message of "
+                            f"{len(payload)} bytes needs {max(0, self.live_bytes + size - room)} more "
+                            f"free; retry once consumers have caught up")
+        rec = Record(self._next_id, -1, size, 0, time.time_ns() // 1_000_000, None)
         self._next_id += 1
-        ts = time.time_ns() // 1_000_000
-        rec = Record(msg_id, -1, size, 0, ts, None)
+        if self._broken:
+            if done is not None:
+                done(self._broken)
+            return rec
         self._pending.append((rec, payload, done, urgent))
-        self.unread += 1
-        self.unread_bytes += size
+        self._pending_bytes += size
+        self._pending_classes[size_class(size)] += 1
         self._schedule()
         return rec
 
@@ -232,13 +288,9 @@ class Log:
         if rec.acked:
             return
         rec.acked = True
-        self.outstanding_bytes -= rec.size
-        if self._behind.pop(rec.id, None) is None and rec.id in self._ahead:
-            self.ahead_dead_bytes += rec.size
-        patch = fmt.state_patch(STATE_ACK, rec.deliveries)
-        self._patches.append((rec.offset, patch))
-        if rec.origin is not None:
-            self._patches.append((rec.origin, patch))
+        self._cursor.settled(rec)
+        self._classes[size_class(rec.size)] -= 1
+        self._patches.append((rec.offset, fmt.state_patch(STATE_ACK, rec.deliveries)))
         self._schedule()
 
     def requeue(self, rec: Record) -> None:
@@ -249,6 +301,9 @@ class Log:
     def on_durable(self, done: Done) -> None:
         """Run done(None) once everything asked of the log so far (appends excepted,
         which have their own callback) is on disk."""
+        if self._broken:
+            done(self._broken)
+            return
         self._untagged.append(done)
         self._schedule()
 
@@ -256,285 +311,329 @@ class Log:
         """The stored SEND headers and body of a record."""
         if rec.payload is not None:
             return rec.payload
-        raw = os.pread(self.fd, rec.size, rec.offset)
-        return raw[RECORD_HEADER:-1]
-
-    def next_ready(self) -> Record | None:
-        """The next never-delivered message in queue order, now in flight; None if
-        every written record has been handed out."""
-        while self._rpos != self._whead:
-            pos = self._rpos
-            fresh = self._fresh
-            if fresh and fresh[0].offset == pos:
-                rec = fresh.popleft()
-                size = rec.size
-                self._fresh_bytes -= size
-                self._rpos = pos + size
-                self.unread -= 1
-                self.unread_bytes -= size
-                self.outstanding_bytes += size
-                self._behind[rec.id] = rec
-                return rec
-            off = pos - self._rbase
-            buf = self._rbuf
-            if off < 0 or off + RECORD_HEADER > len(buf):
-                buf, off = self._refill(pos, RECORD_HEADER), 0
-            hdr = fmt.parse_header(buf, off)
-            size = hdr.size
-            if off + size > len(buf):
-                buf, off = self._refill(pos, size), 0
-            if hdr.state == STATE_PAD:
-                self._rpos = RING_START
-                continue
-            self._rpos = pos + size
-            mid = hdr.id
-            moved = self._ahead.get(mid)
-            if moved is not None and moved.offset == pos:
-                del self._ahead[mid]
-                if moved.acked:
-                    self.ahead_dead_bytes -= size
-                else:
-                    self._behind[mid] = moved
-                continue
-            if mid in self._dups and self._skip_duplicate(mid, pos, hdr):
-                continue
-            if hdr.state == STATE_ACK:
-                continue
-            self.unread -= 1
-            self.unread_bytes -= size
-            if not fmt.check_payload(buf, off, hdr):
-                continue
-            payload = bytes(buf[off + RECORD_HEADER:off + size - 1]) if size <= KEEP_PAYLOAD else None
-            rec = Record(mid, pos, size, hdr.deliveries, hdr.timestamp_ms, payload)
-            self.outstanding_bytes += size
-            self._behind[mid] = rec
-            return rec
-        return None
-
-    def _keep_fresh(self, rec: Record, payload: bytes) -> None:
-        """Remember a record just written, so that a consumer keeping up takes it from
-        memory instead of reading and parsing it back. Bounded: past FRESH_BYTES the
-        list restarts, and the cursor reads the file until it reaches it again."""
-        if self._fresh_bytes + rec.size > FRESH_BYTES:
-            self._fresh.clear()
-            self._fresh_bytes = 0
-        if rec.size <= KEEP_PAYLOAD:
-            rec.payload = payload
-        self._fresh.append(rec)
-        self._fresh_bytes += rec.size
-
-    def _skip_duplicate(self, mid: int, pos: int, hdr: fmt.RecordHeader) -> bool:
-        """A record copied forward shortly before a crash can be in the file twice. The
-        first occurrence is the message (acked if it says so); a later one is retired."""
-        if not self._dups[mid]:
-            self._dups[mid] = True
-            return False
-        del self._dups[mid]
-        if hdr.state == STATE_RDY:
-            self.unread -= 1
-            self.unread_bytes -= hdr.size
-            self._patches.append((pos, fmt.state_patch(STATE_ACK, 0)))
-            self._schedule()
-        return True
-
-    def _refill(self, pos: int, need: int) -> bytes:
-        limit = self._whead if self._whead > pos else self.end
-        self._rbuf = os.pread(self.fd, max(need, min(READ_CHUNK, limit - pos)), pos)
-        self._rbase = pos
-        return self._rbuf
+        return self.disk.pread(rec.size, rec.offset)[RECORD_HEADER:-1]
 
     # ---------------------------------------------------------------- writing
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Begin writing: batches are flushed from this event loop."""
-        self._loop = loop
-        self._syncer = Syncer(self.fd, loop, self._synced)
-        self._schedule()
-
     def _schedule(self) -> None:
-        if not self._flush_scheduled and self._loop is not None:
-            self._flush_scheduled = True
-            self._flush_handle = self._loop.call_soon(self._flush)
+        """A hook: something waits to be flushed. The asyncio driver flushes soon."""
+
+    def _want_sync(self) -> None:
+        """A hook: something written waits for a sync. The asyncio driver syncs soon."""
 
     def flush(self) -> None:
-        """Write what is pending now rather than later in this loop pass, so that a
-        message sent can be delivered in the same pass."""
-        if self._flush_scheduled:
-            self._flush_handle.cancel()
-            self._flush()
-
-    def _flush(self) -> None:
-        """Write what is pending (appends as far as the ring has room, patches, a
-        checkpoint) and make sure a sync will cover it."""
-        self._flush_scheduled = False
+        """Write what is pending: appends as far as the ring has room (compacting to
+        make room), patches, and a checkpoint when one is due and allowed."""
         if self._broken:
             return
         self._flush_no += 1
         fno = self._flush_no
         try:
-            placed = self._write_appends(fno)
-            wrote = placed > 0 or bool(self._patches)
+            placed, wrote = self._write_appends(fno)
+            wrote = wrote or bool(self._patches)
             self._unsynced_ops += placed + len(self._patches)
             for off, patch in self._patches:
-                os.pwrite(self.fd, patch, off)
+                self.disk.pwrite(patch, off)
             self._patches.clear()
-            now = time.monotonic()
-            if self._ckpt_to_write is not None and (self._pending or now >= self._ckpt_due):
-                self._write_checkpoint(self._ckpt_to_write[1])
-                self._ckpt_written = (fno, self._ckpt_to_write)
-                self._ckpt_to_write = None
-                self._ckpt_due = now + CHECKPOINT_EVERY
-                wrote = True
+            wrote = self._checkpoint_if_due(fno, wrote) or wrote
         except OSError as err:
-            self._fail(f"cannot write {self.path}: {err.strerror}")
+            self._fail(f"cannot write {self.name}: {err.strerror or err}")
             return
         if self._untagged:
             self._urgent_upto = fno
-        for done in self._untagged:
-            self._waiters.append((fno, done))
-        self._untagged.clear()
+            self._waiters.extend((fno, done) for done in self._untagged)
+            self._untagged.clear()
+        if self._room_wanted:
+            self._urgent_upto = fno
         if wrote:
             self._written_no = fno
-            snap = self._snapshot()
-            if not self._snapshots or self._snapshots[-1][1] != snap:
-                self._snapshots.append((fno, snap))
+            self._checkpoints.taken(fno, self._snapshot())
         self._want_sync()
         if placed:
             self.on_written()
 
-    def _snapshot(self) -> tuple[int, int, int, int]:
-        """(tail, head, next id, next write sequence) as a checkpoint would name them."""
-        return (self._tail(), self._whead, self._next_id, self._next_wseq)
+    def _checkpoint_if_due(self, fno: int, wrote: bool) -> bool:
+        """Write the newest writable checkpoint when the cadence says so or an append
+        waits for room. Returns whether it wrote one."""
+        now = self.clock()
+        if not self._room_wanted and now < self._ckpt_due:
+            return False
+        written_no = fno if wrote else self._written_no
+        snap = self._checkpoints.writable(self._synced_no, written_no, self._snapshot())
+        if snap is None:
+            return False
+        self._checkpoints.write(snap, fno)
+        self._ckpt_due = now + CHECKPOINT_EVERY
+        return True
 
-    def _write_appends(self, fno: int) -> int:
+    def _write_appends(self, fno: int) -> tuple[int, bool]:
         """Place and write pending appends in order, stopping at the first that has no
-        room yet. Returns how many were written."""
-        runs: list[list] = []
-        placed = 0
+        room yet. Returns how many were placed, and whether anything was written (the
+        copies and pads compaction made count: a checkpoint must wait for their sync)."""
+        runs = WriteRuns([], [])
+        written: list[tuple[Record, bytes]] = []
+        self._room_wanted = False
         while self._pending:
             rec, payload, done, urgent = self._pending[0]
             try:
-                self._compact(rec.size, runs, fno)
-                off = self._room(rec.size, runs)
+                off = self._room_for_append(rec.size, runs, fno)
             except OSError as err:
                 if err.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
                 self._cancel_pending(f"disk full ({err.strerror}): message not stored")
                 break
             if off is None:
+                self._room_wanted = True
                 break
-            wseq = self._next_wseq
+            rec.wseq = self._next_wseq
             self._next_wseq += 1
-            header = fmt.encode_record(STATE_RDY, 0, rec.id, wseq, rec.timestamp_ms, payload)
-            _add_run(runs, off, rec.size, (header, payload, b"\n"))
+            header = fmt.encode_record(STATE_RDY, 0, rec.id, rec.wseq, rec.timestamp_ms, payload)
+            runs.add(off, rec.size, (header, payload, b"\n"))
             rec.offset = off
-            self._head = off + rec.size
+            self._ring.head = off + rec.size
             self._pending.popleft()
-            self._keep_fresh(rec, payload)
+            self._pending_bytes -= rec.size
+            cls = size_class(rec.size)
+            self._pending_classes[cls] -= 1
+            self._classes[cls] += 1
+            written.append((rec, payload))
             if done is not None:
                 self._waiters.append((fno, done))
             if urgent:
                 self._urgent_upto = fno
-            placed += 1
-        for off, _, bufs in runs:
-            _pwritev_all(self.fd, bufs, off)
-        self._whead = self._head
-        if self._pending and not self._can_progress():
+        runs.write(self.disk)
+        cursor = self._cursor
+        cursor.whead, cursor.next_wseq = self._ring.head, self._next_wseq
+        for rec, payload in written:
+            cursor.written(rec, payload)
+        if self._pending and self._room_wanted and not self._can_progress():
             self._cancel_pending("queue full: the log has no room for this message; it was not stored")
-        return placed
+        return len(written), bool(runs.runs)
 
-    def _room(self, size: int, runs) -> int | None:
-        """Where a record of `size` bytes can go now, writing a pad to wrap the ring if
-        that is what it takes; None while the space it needs is still in use or not yet
-        released by a synced checkpoint. The file grows ahead of the head, so a full
-        disk shows here, before anything is placed."""
-        head, tail = self._head, self._durable_tail
-        if head >= tail:
-            if head + size + PAD_SIZE <= self.end:
-                self._allocate(head + size + PAD_SIZE)
-                return head
-            if RING_START + size < tail:
-                wseq = self._next_wseq
-                self._next_wseq += 1
-                header = fmt.encode_record(STATE_PAD, 0, 0, wseq, 0, b"")
-                _add_run(runs, head, PAD_SIZE, (header, b"\n"))
-                self._head = RING_START
-                return RING_START
+    def _room_for_append(self, size: int, runs: WriteRuns, fno: int) -> int | None:
+        """Where a new record of `size` bytes goes now, leaving the reserve free for
+        copies; compacts first when it does not fit. None while the room is yet to come."""
+        off = self._place_new(size, runs)
+        if off is None:
+            self._compact(size, runs)
+            off = self._place_new(size, runs)
+        return off
+
+    def _place_new(self, size: int, runs: WriteRuns) -> int | None:
+        ring = self._ring
+        spot = ring.place(size)
+        if spot is None:
             return None
-        if head + size < tail:
-            return head
-        return None
+        off, wraps = spot
+        used = size + (self.end - ring.head if wraps else 0)
+        if ring.free() - used < self._reserve():
+            return None
+        return self._take(spot, size, runs)
 
-    def _free(self) -> int:
-        """Bytes the head may still write before it meets the durable tail."""
-        head, tail = self._head, self._durable_tail
-        if head >= tail:
-            return max(0, self.end - head - PAD_SIZE) + (tail - RING_START)
-        return tail - head
-
-    def _compact(self, size: int, runs, fno: int) -> None:
-        """Keep a reserve of free space by copying in-flight records that pin the tail to
-        the head, before the head runs out of room to copy them to."""
-        while self._free() < size + self._reserve and self._move_tail_record(runs, fno):
-            pass
+    def _take(self, spot: tuple[int, bool], size: int, runs: WriteRuns) -> int:
+        """Claim a spot from Ring.place: grow the file to cover it (a full disk raises
+        here, before anything is placed), and end the lap with a pad if it wraps."""
+        off, wraps = spot
+        self._allocate(off + size + PAD_SIZE)
+        if wraps:
+            ring = self._ring
+            header = fmt.encode_record(STATE_PAD, 0, 0, self._next_wseq, 0, b"")
+            self._next_wseq += 1
+            runs.add(ring.head, PAD_SIZE, (header, b"\n"))
+            ring.head = RING_START
+        return off
 
     def _allocate(self, upto: int) -> None:
-        if upto > self._allocated:
-            target = min(self.end, max(upto, self._allocated + ALLOCATE_STEP))
-            os.posix_fallocate(self.fd, self._allocated, target - self._allocated)
-            self._allocated = target
+        """Grow the file to cover `upto`: a step ahead when the disk has room, else just
+        what is needed, so a nearly full file system still takes small messages."""
+        if upto <= self._allocated:
+            return
+        want = min(self.end, max(upto, self._allocated + ALLOCATE_STEP))
+        try:
+            self.disk.allocate(want)
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT) or want == upto:
+                raise
+            want = min(self.end, -(-upto // 4096) * 4096)
+            self.disk.allocate(want)
+        self._allocated = want
 
-    def _move_tail_record(self, runs, fno: int) -> bool:
-        """Copy the in-flight record that pins the durable tail to the head, so that the
-        tail can pass it. Returns whether it moved one."""
-        if not self._behind:
-            return False
-        rec = next(iter(self._behind.values()))
-        if rec.offset != self._durable_tail:
-            return False
-        off = self._room(rec.size, runs)
-        if off is None:
-            return False
-        payload = self.payload(rec)
-        wseq = self._next_wseq
+    def _compact(self, size: int, runs: WriteRuns) -> None:
+        """Make room for `size` bytes: copy the held messages that pin the tail to the
+        head, in one batch covering a quarter of the ring (so that one sync and one
+        checkpoint release plenty of room, not one record's worth), while copies fit."""
+        ring, cursor = self._ring, self._cursor
+        cursor.pass_dead()
+        span = size + self._reserve() + self.capacity // 4
+        used = ring.distance(ring.tail, ring.head)
+        while cursor.behind:
+            rec = next(iter(cursor.behind.values()))
+            dist = ring.distance(ring.tail, rec.offset)
+            if dist >= span or dist >= used:
+                break
+            spot = ring.place(rec.size)
+            if spot is None or not self._move(rec, spot, runs):
+                break
+
+    def _move(self, rec: Record, spot: tuple[int, bool], runs: WriteRuns) -> bool:
+        """Copy a held message to the head: same id, current delivery count, new write
+        sequence. Its old copy is dead from now on; the cursor knows the new one."""
+        payload = rec.payload
+        if payload is None:
+            raw = self.disk.pread(rec.size, rec.offset)
+            try:
+                hdr = fmt.parse_header(raw, 0)
+            except FormatError:
+                hdr = None
+            if hdr is None or hdr.id != rec.id or not fmt.check_payload(raw, 0, hdr):
+                self._damaged(f"message {rec.id} at byte {rec.offset} is damaged and cannot be copied")
+                return False
+            payload = raw[RECORD_HEADER:-1]
+        off = self._take(spot, rec.size, runs)
+        rec.wseq = self._next_wseq
         self._next_wseq += 1
-        header = fmt.encode_record(STATE_RDY, rec.deliveries, rec.id, wseq, rec.timestamp_ms, payload)
-        _add_run(runs, off, rec.size, (header, payload, b"\n"))
-        del self._behind[rec.id]
-        rec.origin = rec.offset
+        header = fmt.encode_record(STATE_RDY, rec.deliveries, rec.id, rec.wseq, rec.timestamp_ms, payload,
+                                   copy=True)
+        runs.add(off, rec.size, (header, payload, b"\n"))
         rec.offset = off
-        self._head = off + rec.size
-        self._ahead[rec.id] = rec
-        self._moves.append((fno, rec))
+        self._ring.head = off + rec.size
+        self._cursor.moved(rec, self._ring.head, self._next_wseq)
         if self.metrics is not None:
             self.metrics.compactions += 1
         return True
 
     def _can_progress(self) -> bool:
-        """Whether room will come without new ACKs: a checkpoint yet to be synced will
-        release space behind the tail."""
-        return self._durable_tail != self._tail() or self._syncing or bool(self._snapshots)
+        """Whether room will come without new ACKs: a checkpoint yet to be written or
+        synced will release space behind the tail."""
+        return (self._cursor.tail() != self._ring.tail or self._checkpoints.writing is not None
+                or self._written_no > self._synced_no)
 
     def _cancel_pending(self, reason: str) -> None:
         while self._pending:
             rec, _, done, _ = self._pending.popleft()
-            self.unread -= 1
-            self.unread_bytes -= rec.size
+            self._pending_bytes -= rec.size
+            self._pending_classes[size_class(rec.size)] -= 1
+            if self.metrics is not None and reason.startswith("queue full"):
+                self.metrics.refused_full += 1
             if done is not None:
                 done(reason)
 
-    def _write_checkpoint(self, snap: tuple[int, int, int, int]) -> None:
-        self._gen += 1
-        ckpt = Checkpoint(self._gen, *snap)
-        os.pwrite(self.fd, ckpt.encode(), fmt.SLOT_OFFSETS[ckpt.gen % 2])
-
     # ---------------------------------------------------------------- syncing
 
+    def sync(self) -> None:
+        """fdatasync everything written so far, then do what follows a sync."""
+        target = self._begin_sync()
+        try:
+            self.disk.sync()
+        except OSError as err:
+            self._end_sync(target, 0.0, err)
+            return
+        self._end_sync(target, 0.0, None)
+
+    def _begin_sync(self) -> int:
+        """The flush a sync starting now covers."""
+        self._unsynced_ops = 0
+        return self._flush_no
+
+    def _end_sync(self, target: int, seconds: float, err: OSError | None) -> None:
+        """Everything written up to flush `target` is on disk: answer its waiters, let a
+        checkpoint name it, and let space a synced checkpoint released be reused."""
+        if err is not None:
+            self._fail(f"fdatasync of {self.name} failed: {err.strerror or err}")
+            return
+        if self._broken:
+            return
+        if self.metrics is not None:
+            self.metrics.observe_fsync(seconds)
+        self._synced_no = max(self._synced_no, target)
+        answered = False
+        while self._waiters and self._waiters[0][0] <= target:
+            self._waiters.popleft()[1](None)
+            answered = True
+        if answered:
+            self.on_answered()
+        durable = self._checkpoints.synced(target)
+        if durable is not None:
+            self._ring.tail = durable.tail
+        if self._pending or self._patches or self._untagged:
+            self._schedule()
+        else:
+            self._want_sync()
+
+    def _fail(self, reason: str) -> None:
+        """A write or sync failed: what it covered may not be on disk, so stop for good."""
+        self._broken = reason
+        self._cancel_pending(reason)
+        while self._waiters:
+            self._waiters.popleft()[1](reason)
+        for done in self._untagged:
+            done(reason)
+        self._untagged.clear()
+        self.on_fatal(reason)
+
+    def _busy(self) -> bool:
+        return bool(self._pending or self._patches or self._untagged
+                    or self._written_no > self._synced_no or self._checkpoints.writing is not None)
+
+    def final_checkpoint(self) -> None:
+        """Sync everything and leave a checkpoint naming the final state, so that the
+        next start-up reads no further than needed."""
+        if self._broken:
+            return
+        LogCore.flush(self)
+        self.sync()
+        if self._broken:
+            return
+        self._checkpoints.write(self._snapshot(), self._flush_no)
+        self.disk.sync()
+        self._checkpoints.synced(self._flush_no)
+
+
+class Log(LogCore):
+    """The log of a running broker: its file opened and locked by path, flushes run by
+    the event loop, fdatasync in a thread while the next batch gathers."""
+
+    def __init__(self, path: str | os.PathLike[str], cap: int, *, max_payload: int = 16 << 20,
+                 metrics: Any = None):
+        self.path = os.fspath(path)
+        disk = open_disk(self.path)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._syncer: Syncer | None = None
+        self._flush_handle: asyncio.Handle | None = None
+        self._lazy: asyncio.TimerHandle | None = None
+        self._syncing = False
+        try:
+            super().__init__(disk, cap, max_payload=max_payload, metrics=metrics, name=self.path)
+        except BaseException:
+            disk.close()
+            raise
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Begin writing: batches are flushed from this event loop."""
+        self._loop = loop
+        self._syncer = Syncer(self.disk, loop, self._synced)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if self._flush_handle is None and self._loop is not None:
+            self._flush_handle = self._loop.call_soon(self._flush_now)
+
+    def _flush_now(self) -> None:
+        self._flush_handle = None
+        LogCore.flush(self)
+
+    def flush(self) -> None:
+        """Write what is pending now rather than later in this loop pass, so that a
+        message sent can be delivered in the same pass."""
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_now()
+
     def _want_sync(self) -> None:
-        """Sync soon: one loop pass from now when a receipt waits on it (after this
-        pass's answers are sent, so the sync thread's wake-up is not in their way), or
-        within LAZY_SYNC when nobody waits, so receipt-less traffic shares fsyncs."""
-        if self._syncing or self._broken:
+        """Sync soon: one loop pass from now when a receipt (or an append waiting for
+        room) waits on it, after this pass's answers are sent; within LAZY_SYNC when
+        nobody waits, so receipt-less traffic shares fsyncs."""
+        if self._syncing or self._broken or self._loop is None:
             return
         if self._urgent_upto > self._synced_no:
             self._syncing = True
@@ -553,95 +652,58 @@ class Log:
         its receipt) is synced right here: handing it to the thread would cost two
         thread wake-ups, more than the loop loses by waiting for the disk. Big batches
         go to the thread, so the loop gathers the next batch meanwhile."""
-        if self._broken:
+        if self._broken or self._syncer is None:
+            self._syncing = False
             return
-        self._unsynced_ops = 0
+        target = self._begin_sync()
         if not inline:
-            self._syncer.request(self._flush_no)
+            self._syncer.request(target)
             return
         started = time.monotonic()
         try:
-            os.fdatasync(self.fd)
+            self.disk.sync()
         except OSError as err:
-            self._synced(self._flush_no, 0.0, err)
+            self._synced(target, 0.0, err)
             return
-        self._synced(self._flush_no, time.monotonic() - started, None)
+        self._synced(target, time.monotonic() - started, None)
 
     def _synced(self, target: int, seconds: float, err: OSError | None) -> None:
-        """Everything written up to flush `target` is on disk: answer its waiters, let a
-        checkpoint name it, and let space a synced checkpoint released be reused."""
         self._syncing = False
-        if err is not None:
-            self._fail(f"fdatasync of {self.path} failed: {err}")
-            return
-        if self.metrics is not None:
-            self.metrics.observe_fsync(seconds)
-        self._synced_no = target
-        answered = False
-        while self._waiters and self._waiters[0][0] <= target:
-            self._waiters.popleft()[1](None)
-            answered = True
-        if answered:
-            self.on_answered()
-        if self._ckpt_written is not None and self._ckpt_written[0] <= target:
-            source, snap = self._ckpt_written[1]
-            self._ckpt_written = None
-            self._durable_tail = snap[0]
-            while self._moves and self._moves[0][0] <= source:
-                self._moves.popleft()[1].origin = None
-        durable = None
-        while self._snapshots and self._snapshots[0][0] <= target:
-            durable = self._snapshots.popleft()
-        if durable is not None and durable[1] != self._last_snapshot:
-            self._ckpt_to_write = durable
-            self._last_snapshot = durable[1]
-        if self._pending or self._patches or self._untagged:
-            self._schedule()
-        else:
-            self._want_sync()
-
-    def _fail(self, reason: str) -> None:
-        """A write or sync failed: what it covered may not be on disk, so stop for good."""
-        self._broken = reason
-        self._cancel_pending(reason)
-        while self._waiters:
-            self._waiters.popleft()[1](reason)
-        for done in self._untagged:
-            done(reason)
-        self._untagged.clear()
-        self.on_fatal(reason)
+        self._end_sync(target, seconds, err)
 
     def _busy(self) -> bool:
-        return bool(self._pending or self._patches or self._untagged or self._syncing
-                    or self._flush_scheduled or self._written_no > self._synced_no)
+        return self._syncing or self._flush_handle is not None or super()._busy()
 
     async def close(self, timeout: float = 10.0) -> None:
-        """Write and sync everything pending, leave a checkpoint naming the final state
-        (so the next start-up reads no further than needed), and release the file.
-        Appends still without room after `timeout` seconds are refused."""
+        """Write and sync everything pending, leave a checkpoint naming the final state,
+        and release the file. Appends still without room after `timeout` seconds are
+        refused."""
         deadline = time.monotonic() + timeout
         while not self._broken and self._busy():
             if time.monotonic() > deadline:
                 self._cancel_pending("broker stopping: message not stored")
             self._schedule()
             await asyncio.sleep(0.002)
-        if not self._broken:
-            self._write_checkpoint(self._snapshot())
-            os.fdatasync(self.fd)
         if self._syncer is not None:
             self._syncer.stop()
-        os.close(self.fd)
+        self._loop = None
+        try:
+            self.final_checkpoint()
+        except OSError as err:
+            self._fail(f"cannot write {self.name}: {err.strerror or err}")
+        self.disk.close()
 
 
 class Syncer:
     """The thread that runs fdatasync while the event loop goes on gathering the next
     batch; one request at a time, answered on the loop with (target, seconds, error)."""
 
-    def __init__(self, fd: int, loop: asyncio.AbstractEventLoop, answer: Callable):
-        self.fd = fd
+    def __init__(self, disk: Disk, loop: asyncio.AbstractEventLoop,
+                 answer: Callable[[int, float, OSError | None], None]):
+        self.disk = disk
         self.loop = loop
         self.answer = answer
-        self.requests: queue.SimpleQueue = queue.SimpleQueue()
+        self.requests: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name="curb-sync", daemon=True)
         self.thread.start()
 
@@ -657,7 +719,7 @@ class Syncer:
             started = time.monotonic()
             err = None
             try:
-                os.fdatasync(self.fd)
+                self.disk.sync()
             except OSError as exc:
                 err = exc
             try:
@@ -666,51 +728,14 @@ class Syncer:
                 return
 
 
-ALLOCATE_STEP = 4 << 20
-CHECKPOINT_EVERY = 0.05
-LAZY_SYNC = 0.01
-INLINE_SYNC_OPS = 4
-
-
-def _add_run(runs: list, off: int, size: int, bufs) -> None:
-    """Append `size` bytes of buffers to the write run that ends at `off`, or start a new run."""
-    if not runs or runs[-1][1] != off:
-        runs.append([off, off, []])
-    run = runs[-1]
-    run[2] += bufs
-    run[1] = off + size
-
-
-def _pwritev_all(fd: int, bufs: list[bytes], off: int) -> None:
-    """Write the buffers back to back at `off`, however many calls it takes."""
-    for start in range(0, len(bufs), IOV_MAX):
-        batch = bufs[start:start + IOV_MAX]
-        want = sum(map(len, batch))
-        done = os.pwritev(fd, batch, off)
-        if done < want:
-            rest = b"".join(batch)
-            while done < want:
-                done += os.pwrite(fd, rest[done:], off + done)
-        off += want
-
-
-IOV_MAX = 1024
-
-
-def _open_locked(path: str) -> int:
+def open_disk(path: str) -> FileDisk:
     """Open (or create) the log and take its exclusive lock, or say clearly why not."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
-    except OSError as err:
-        raise LogError(f"cannot open log file {path}: {err.strerror}; pick a writable -file") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
+        return FileDisk(path)
+    except LockedError:
         raise LogError(f"log file {path} is in use by another running curb; "
                        f"stop that one or pick another -file") from None
-    return fd
-
-
-def _round_up_mib(n: int) -> str:
-    return f"{-(-n // (1 << 20))}MiB"
+    except IsADirectoryError:
+        raise LogError(f"cannot open log file {path}: it is a directory; pick a file for -file") from None
+    except PermissionError as err:
+        raise LogError(f"cannot open log file {path}: {err.strerror}; pick a writable -file") from None

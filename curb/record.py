@@ -10,7 +10,8 @@ A record is one text line of fixed-width fields, the payload, and a newline:
     body bytes...
 
 Fields: state (`rdy`, `ack` or `pad`), delivery count, message id, write sequence,
-send time (ms since the epoch), payload length, CRC-32 (all hex). State and delivery
+send time (ms since the epoch; its top bit, COPY_FLAG, marks a copy that compaction made
+of a message already in the log), payload length, CRC-32 (all hex). State and delivery
 count are patched in place, so the CRC covers everything else: id, write sequence,
 time, length and payload. The payload is the SEND's own headers, escaped as on the
 wire, one per line, a blank line, then the body byte for byte.
@@ -38,6 +39,7 @@ STATE_RDY = b"rdy"
 STATE_ACK = b"ack"
 STATE_PAD = b"pad"
 MAX_DELIVERIES = 0xFFFF
+COPY_FLAG = 1 << 47
 
 
 class FormatError(Exception):
@@ -55,6 +57,7 @@ class RecordHeader:
     timestamp_ms: int
     length: int
     crc: int
+    copy: bool = False
 
     @property
     def size(self) -> int:
@@ -62,9 +65,10 @@ class RecordHeader:
 
 
 def encode_record(state: bytes, deliveries: int, msg_id: int, wseq: int,
-                  timestamp_ms: int, payload: bytes) -> bytes:
+                  timestamp_ms: int, payload: bytes, copy: bool = False) -> bytes:
     """The header line of a record; the payload and a newline follow it in the file."""
-    mid = b"%012x %012x %012x %08x" % (msg_id, wseq, timestamp_ms, len(payload))
+    stamp = timestamp_ms | COPY_FLAG if copy else timestamp_ms
+    mid = b"%012x %012x %012x %08x" % (msg_id, wseq, stamp, len(payload))
     crc = zlib.crc32(payload, zlib.crc32(mid))
     return b"%s %04x %s %08x\n" % (state, min(deliveries, MAX_DELIVERIES), mid, crc)
 
@@ -83,14 +87,16 @@ def parse_header(buf, pos: int) -> RecordHeader:
     if state not in (STATE_RDY, STATE_ACK, STATE_PAD):
         raise FormatError("unknown record state %r" % state)
     try:
+        stamp = int(buf[pos + 35:pos + 47], 16)
         return RecordHeader(
             state,
             int(buf[pos + 4:pos + 8], 16),
             int(buf[pos + 9:pos + 21], 16),
             int(buf[pos + 22:pos + 34], 16),
-            int(buf[pos + 35:pos + 47], 16),
+            stamp & ~COPY_FLAG,
             int(buf[pos + 48:pos + 56], 16),
             int(buf[pos + 57:pos + 65], 16),
+            bool(stamp & COPY_FLAG),
         )
     except ValueError:
         raise FormatError("malformed record header") from None

@@ -1,26 +1,57 @@
 """Walking a log file's records from a checkpoint: start-up recovery and offline reads.
 
-The checkpoint names a region [tail, head) whose records were all on disk before it was
-written, so a damaged record there is corruption: it is skipped by finding the next
-intact record. Past `head`, records written after the checkpoint are accepted only while
-their write sequence continues the checkpoint's and their CRC holds; the first that does
-not ends the log, and if it looks like a record cut short it is reported as a torn tail.
+The checkpoint names a region [tail, head) whose records were all durable before it was
+written, in write-sequence order, with write sequences below the checkpoint's. A damaged
+record there is corruption: it is skipped by finding the next intact record whose write
+sequence fits (see curb.reader), and reported. Past `head`, records written after the
+checkpoint are accepted only while their write sequence continues the checkpoint's and
+they are intact; the first that is not ends the log (a torn tail if it looks like the
+record due next, cut short).
+
+A message may occur more than once: compaction copies held messages forward, marking
+each copy as one (curb.record's COPY_FLAG). The last occurrence in write order is the
+message and the earlier ones are dead. Fresh messages are written in id order, so a
+copy's original lies in the walk exactly when its id is at least the first fresh id
+walked; then the original was counted and is uncounted when the copy is met. `last` maps each copied id to the offset of its last occurrence; it holds
+only copied messages, never an entry per queued message. `classes` counts live records
+by size class (bit length), so the log knows how large its largest live record may be.
+
+Nothing in the file can make the walk fail: every length is bounded by the largest
+record before anything is read, every loop by the size of the ring.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from curb import record as fmt
+from curb.disk import Disk, FileDisk
 from curb.frame import ProtocolError, unescape
-from curb.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, FormatError
+from curb.reader import RecordReader
+from curb.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, FormatError, RecordHeader
 
-CHUNK = 1 << 20
-STARTS = (b"rdy ", b"ack ", b"pad ")
-STATES = (STATE_RDY, STATE_ACK, STATE_PAD)
 VERIFY_NEAR_HEAD = 4 << 20
+
+
+def size_class(size: int) -> int:
+    """A record size's class: its bit length and the two bits below the top one, so the
+    class's bound (`class_bound`) is at most a quarter above any size in it."""
+    bits = size.bit_length()
+    if bits < 3:
+        return bits
+    return bits << 2 | (size >> (bits - 3)) & 3
+
+
+def class_bound(cls: int) -> int:
+    """The largest size in a class."""
+    if cls < 3:
+        return (1 << cls) - 1
+    bits, sub = cls >> 2, cls & 3
+    return ((5 + sub) << (bits - 3)) - 1
+
+
+SIZE_CLASSES = 4 * 64 + 4
 
 
 class LogError(Exception):
@@ -30,71 +61,76 @@ class LogError(Exception):
 class Scan:
     """One pass over a log's records, counting what recovery needs to know."""
 
-    def __init__(self, fd: int, ckpt: fmt.Checkpoint):
-        self.fd = fd
+    def __init__(self, disk: Disk, ckpt: fmt.Checkpoint, end: int):
         self.ckpt = ckpt
-        self.file_size = os.fstat(fd).st_size
+        self.end = end
+        self.file_size = disk.size()
+        self.reader = RecordReader(disk, end - RING_START)
         self.head = ckpt.head
         self.next_wseq = ckpt.next_wseq
         self.max_id = 0
-        self.copies: list[int] = []
+        self.first_fresh: int | None = None
+        self.last: dict[int, int] = {}
         self.messages = 0
         self.acked = 0
         self.live_bytes = 0
         self.dead_bytes = 0
-        self._oldest_pos: int | None = None
+        self.classes = [0] * SIZE_CLASSES
+        self.oldest_ms: int | None = None
         self.damaged: list[str] = []
+        self.skipped_bytes = 0
         self.torn: str | None = None
-        self._buf = b""
-        self._base = 0
 
     def run(self) -> None:
         """Count the records, checking every CRC near the head and past it, where a crash
-        can tear a write; older records were synced before the checkpoint named them, and
-        their CRC is checked when they are read for delivery."""
+        can tear a write; older records were synced before the checkpoint named them, so
+        there only their headers are read (the cursor checks each CRC before delivery)."""
         for _ in self._walk(VERIFY_NEAR_HEAD):
             pass
         self._note_damage()
 
-    def records(self) -> Iterator[tuple[int, fmt.RecordHeader, bytes, int]]:
-        """Yield (offset, header, buffer, index of the record in buffer) for every
-        message record in queue order, each checked against its CRC."""
-        yield from self._walk(None)
-        self._note_damage()
+    def records(self) -> Iterator[tuple[int, RecordHeader, bytes, int]]:
+        """Yield (offset, header, buffer, index) of every message's live occurrence in
+        queue order, each checked against its CRC. Call on a Scan that has `run()`, so
+        that it knows the copies."""
+        last = dict(self.last)
+        again = Scan(self.reader.disk, self.ckpt, self.end)
+        for pos, hdr, buf, off in again._walk(None):
+            if last.get(hdr.id, pos) == pos:
+                yield pos, hdr, buf, off
 
     def _note_damage(self) -> None:
         if self.damaged:
             note = "; ".join(self.damaged)
             self.torn = note if self.torn is None else f"{note}; {self.torn}"
 
-    def _count(self, state: bytes, msg_id: int, size: int, pos: int) -> None:
-        if msg_id < self.max_id:
-            self.copies.append(msg_id)
+    def _count(self, state: bytes, msg_id: int, size: int, pos: int, copy: bool) -> None:
+        if copy:
+            if msg_id in self.last or (self.first_fresh is not None and self.first_fresh <= msg_id <= self.max_id):
+                self.messages -= 1
+                self.live_bytes -= size
+                self.classes[size_class(size)] -= 1
+            self.last[msg_id] = pos
         else:
-            self.max_id = msg_id
+            self.max_id = max(self.max_id, msg_id)
+            if self.first_fresh is None:
+                self.first_fresh = msg_id
         if state == STATE_RDY:
             self.messages += 1
             self.live_bytes += size
-            if self._oldest_pos is None:
-                self._oldest_pos = pos
+            self.classes[size_class(size)] += 1
         else:
             self.acked += 1
             self.dead_bytes += size
 
-    @property
-    def oldest_ms(self) -> int | None:
-        """Send time of the first waiting message (queue order is send order)."""
-        if self._oldest_pos is None:
-            return None
-        buf, off = self._window(self._oldest_pos, RECORD_HEADER)
-        return fmt.parse_header(buf, off).timestamp_ms
-
-    def _walk(self, trust_until: int | None):
-        """Phase 1: the checkpoint's region; phase 2: records written after it.
-        With `trust_until`, records more than that many bytes before the checkpoint's
-        head are skimmed for state, length and id only."""
-        pos, stop = self.ckpt.tail, self.ckpt.head
-        budget = self.file_size * 2 + CHUNK
+    def _walk(self, trust_until: int | None) -> Iterator[tuple[int, RecordHeader, bytes, int]]:
+        """Phase 1: the checkpoint's region; phase 2: records written after it. With
+        `trust_until`, records more than that many bytes before the checkpoint's head
+        are skimmed by their headers alone."""
+        reader = self.reader
+        pos, stop, high = self.ckpt.tail, self.ckpt.head, self.ckpt.next_wseq
+        low = -1
+        budget = 2 * (self.end - RING_START) + 1
         while pos != stop and budget > 0:
             if trust_until is not None and (pos > stop or stop - pos > trust_until):
                 start = pos
@@ -102,52 +138,73 @@ class Scan:
                 budget -= abs(pos - start)
                 if pos != start:
                     continue
-            hdr, buf, off = self._intact(pos)
-            if hdr is None:
-                nxt = self._resync(pos, stop)
-                if nxt is None:
-                    self.damaged.append(f"torn tail: bytes {pos}..{stop} dropped")
-                    self.head = pos
-                    return
-                self.damaged.append(f"damaged bytes {pos}..{nxt} skipped")
-                pos = nxt
+            limit = stop if pos < stop else self.end
+            found = reader.intact(pos, limit)
+            if found is None or not low < found[0].wseq < high:
+                budget -= 1
+                pos = self._skip(pos, limit, pos > stop, lambda h, lo=low: lo < h.wseq < high)
                 continue
-            if pos < stop < pos + hdr.size:
-                self.damaged.append(f"record at byte {pos} overruns the checkpoint; dropped from there")
-                self.head = pos
-                return
+            hdr, buf, off = found
+            low = hdr.wseq
             budget -= hdr.size
-            if hdr.state != STATE_PAD:
-                self._count(hdr.state, hdr.id, hdr.size, pos)
-                yield pos, hdr, buf, off
-            pos = RING_START if hdr.state == STATE_PAD else pos + hdr.size
-        pos, expect = self.head, self.next_wseq
-        while True:
-            hdr, buf, off = self._intact(pos)
-            if hdr is None or hdr.wseq != expect:
-                if hdr is None and self._looks_torn(pos, expect):
+            if hdr.state == STATE_PAD:
+                pos = RING_START
+                continue
+            self._first_rdy(hdr)
+            self._count(hdr.state, hdr.id, hdr.size, pos, hdr.copy)
+            yield pos, hdr, buf, off
+            pos += hdr.size
+        pos, expect = stop, self.next_wseq
+        while budget > 0:
+            found = reader.intact(pos, self.end)
+            if found is None or found[0].wseq != expect:
+                if found is None and self._looks_torn(pos, expect):
                     self.torn = f"torn tail: record at byte {pos} dropped"
                 break
-            if hdr.state != STATE_PAD:
-                self._count(hdr.state, hdr.id, hdr.size, pos)
-                yield pos, hdr, buf, off
+            hdr, buf, off = found
+            budget -= hdr.size
             expect += 1
-            pos = RING_START if hdr.state == STATE_PAD else pos + hdr.size
-            self.head = pos
+            if hdr.state == STATE_PAD:
+                pos = self.head = RING_START
+                continue
+            self._first_rdy(hdr)
+            self._count(hdr.state, hdr.id, hdr.size, pos, hdr.copy)
+            yield pos, hdr, buf, off
+            pos = self.head = pos + hdr.size
         self.next_wseq = expect
 
+    def _first_rdy(self, hdr: RecordHeader) -> None:
+        if self.oldest_ms is None and hdr.state == STATE_RDY:
+            self.oldest_ms = hdr.timestamp_ms
+
+    def _skip(self, pos: int, limit: int, wrapped: bool, accept: Callable[[RecordHeader], bool]) -> int:
+        """Past damage at pos inside the checkpoint's region: the next intact record, or
+        the end of the lap (RING_START) or of the region when there is none."""
+        nxt = self.reader.resync(pos, limit, accept)
+        if nxt is None and self.file_size < limit:
+            self.damaged.append(f"torn tail: bytes {pos}..{limit} dropped (the file ends at {self.file_size})")
+        else:
+            self.damaged.append(f"damaged bytes {pos}..{nxt or limit} skipped")
+        if nxt is None:
+            nxt = RING_START if wrapped else limit
+        self.skipped_bytes += nxt - pos if nxt >= pos else (self.end - pos) + (nxt - RING_START)
+        return nxt
+
     def _skim(self, pos: int, stop: int, trust_until: int) -> int:
-        """Count well-formed records from pos by their headers alone, while they are more
+        """Count well-formed records from pos by their headers alone while they are more
         than `trust_until` bytes before the checkpoint's head; return where it stopped
-        (there the checked path takes over). The recovery of a large log spends its time
-        here, so it is one flat loop."""
-        buf, base, count = self._buf, self._base, self._count
+        (there the checked path takes over, also at anything odd). The recovery of a
+        large log spends its time here, so it is one flat loop."""
+        reader, count, end, max_size = self.reader, self._count, self.end, self.reader.max_size
+        buf, base = reader.buf, reader.base
         rdy, ack, pad = STATE_RDY, STATE_ACK, STATE_PAD
         while pos != stop and (pos > stop or stop - pos > trust_until):
             off = pos - base
             if off < 0 or off + RECORD_HEADER > len(buf):
-                buf, off = self._window(pos, RECORD_HEADER)
-                base = self._base
+                buf, off = reader.window(pos, RECORD_HEADER, end)
+                base = reader.base
+                if off + RECORD_HEADER > len(buf):
+                    break
             if buf[off + RECORD_HEADER - 1] != 10:
                 break
             state = buf[off:off + 3]
@@ -159,59 +216,29 @@ class Scan:
             try:
                 msg_id = int(buf[off + 9:off + 21], 16)
                 size = RECORD_HEADER + 1 + int(buf[off + 48:off + 56], 16)
+                if self.oldest_ms is None and state == rdy:
+                    self.oldest_ms = int(buf[off + 35:off + 47], 16) & ~fmt.COPY_FLAG
             except ValueError:
                 break
-            count(state, msg_id, size, pos)
+            limit = stop if pos < stop else end
+            if size > max_size or pos + size > limit:
+                break
+            count(state, msg_id, size, pos, buf[off + 35] >= 56)  # top time digit 8-f: COPY_FLAG
             pos += size
         return pos
 
-    def _window(self, pos: int, n: int) -> tuple[bytes, int]:
-        off = pos - self._base
-        if off < 0 or off + n > len(self._buf):
-            self._buf = os.pread(self.fd, max(n, CHUNK), pos)
-            self._base, off = pos, 0
-        return self._buf, off
-
-    def _intact(self, pos: int):
-        """(header, buffer, index) of an intact record at pos, else (None, ...)."""
-        buf, off = self._window(pos, RECORD_HEADER)
-        try:
-            hdr = fmt.parse_header(buf, off)
-        except FormatError:
-            return None, buf, off
-        buf, off = self._window(pos, hdr.size)
-        if not fmt.check_payload(buf, off, hdr):
-            return None, buf, off
-        return hdr, buf, off
-
     def _looks_torn(self, pos: int, expect: int) -> bool:
         """Whether the bytes at pos are the start of the record due next, cut short."""
-        buf, off = self._window(pos, RECORD_HEADER)
+        if pos >= self.end:
+            return False
+        buf, off = self.reader.window(pos, RECORD_HEADER, self.end)
         start = buf[off:off + 4]
-        if not start or not any(s.startswith(start) for s in STARTS):
+        if not start or not any(s.startswith(start) for s in (b"rdy ", b"ack ", b"pad ")):
             return False
         try:
             return fmt.parse_header(buf, off).wseq == expect
         except FormatError:
             return len(buf) - off < RECORD_HEADER
-
-    def _resync(self, pos: int, stop: int) -> int | None:
-        """The offset of the next intact record after damage at pos, within the
-        checkpoint's region; RING_START when the rest of a lap is lost; None if none."""
-        limit = stop if pos < stop else self.file_size
-        at = pos + 1
-        while at < limit:
-            buf = os.pread(self.fd, min(CHUNK, limit - at) + RECORD_HEADER, at)
-            i = buf.find(b"\n")
-            while 0 <= i < len(buf) - 4:
-                cand = at + i + 1
-                if cand >= limit:
-                    break
-                if buf[i + 1:i + 5] in STARTS and self._intact(cand)[0] is not None:
-                    return cand
-                i = buf.find(b"\n", i + 1)
-            at += CHUNK
-        return RING_START if pos > stop else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,39 +274,47 @@ class LogReader:
     """A read-only view of a log file: it takes no lock, so it works on the file of a
     stopped broker and of a running one (whose newest records may show as torn)."""
 
-    def __init__(self, path: str | os.PathLike):
-        self.path = os.fspath(path)
+    def __init__(self, path: str):
+        self.path = str(path)
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            self.disk = FileDisk(self.path, readonly=True)
         except OSError as err:
             raise LogError(f"cannot read {self.path}: {err.strerror}") from None
-        self.fd = fd
         try:
-            self.ckpt = fmt.latest_checkpoint(os.pread(fd, RING_START, 0))
+            self.ckpt = fmt.latest_checkpoint(self.disk.pread(RING_START, 0))
         except FormatError as err:
-            os.close(fd)
+            self.disk.close()
             raise LogError(f"{self.path}: {err}") from None
+        self.end = max(self.disk.size(), self.ckpt.head, self.ckpt.tail, RING_START + fmt.PAD_SIZE)
 
     def close(self) -> None:
-        os.close(self.fd)
+        self.disk.close()
 
     def __enter__(self) -> LogReader:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _scan(self) -> Scan:
+        scan = Scan(self.disk, self.ckpt, self.end)
+        scan.run()
+        return scan
+
     def entries(self) -> Iterator[Entry]:
-        """Every record still in the live region, in queue order; acked ones included."""
-        for pos, hdr, buf, off in Scan(self.fd, self.ckpt).records():
+        """Every message still in the live region, in queue order, once each; acked ones
+        included."""
+        for pos, hdr, buf, off in self._scan().records():
             payload = bytes(buf[off + RECORD_HEADER:off + hdr.size - 1])
-            head, body = fmt.split_payload(payload)
+            try:
+                head, body = fmt.split_payload(payload)
+            except FormatError:
+                head, body = b"", payload
             yield Entry(hdr.id, hdr.state.decode(), hdr.deliveries, hdr.timestamp_ms, pos,
                         hdr.size, _stored_headers(head), body)
 
     def summary(self) -> Summary:
-        scan = Scan(self.fd, self.ckpt)
-        scan.run()
+        scan = self._scan()
         return Summary(self.path, scan.file_size, max(scan.file_size, scan.head), scan.messages,
                        scan.acked, scan.live_bytes, scan.dead_bytes, scan.oldest_ms, scan.torn)
 

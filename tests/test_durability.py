@@ -156,10 +156,22 @@ def test_message_larger_than_the_cap_allows_is_refused_and_nothing_is_harmed(cur
         c.send(b"keep me", receipt="k")
         c.wait_receipt("k")
     with Client("127.0.0.1", broker.port) as c:
-        with pytest.raises(StompError, match="too large"):
-            c.send(b"x" * 10000, receipt="big")
+        with pytest.raises(StompError, match="too large") as raised:
+            c.send(b"x" * 12000, receipt="big")
             c.wait_receipt("big")
+    assert "larger than this broker can ever store (the limit is " in raised.value.frame.body.decode()
     assert drain(broker.port) == [b"keep me"]
+
+
+def test_a_message_of_an_eighth_of_the_cap_is_stored(curb_broker):
+    """Under -cap 64KiB a message of 8 KiB (the cap's eighth) fits beside others."""
+    broker = curb_broker(cap="64KiB")
+    big = b"b" * (64 * 1024 // 8)
+    with Client("127.0.0.1", broker.port) as c:
+        c.send(b"small", receipt="s")
+        c.send(big, receipt="big")
+        c.wait_receipt("big")
+    assert drain(broker.port) == [b"small", big]
 
 
 def send_all(port: int, count: int) -> None:
@@ -184,5 +196,6 @@ def test_torn_or_corrupt_tail_drops_only_the_broken_record(curb_broker, damage):
             f.seek(last.offset + last.size - 4)
             f.write(b"#")
     broker.start()
-    assert "torn tail" in broker.stderr_text()
+    expected = "torn tail" if damage == "truncate" else "damaged bytes"
+    assert expected in broker.stderr_text()
     assert drain(broker.port) == [b"torn-%04d" % i for i in range(19)]

@@ -338,14 +338,14 @@ def test_reader_reports_states_and_headers(path):
 
 
 def test_writes_of_more_buffers_than_one_call_takes(tmp_path):
-    from curb.log import _pwritev_all
+    from curb.disk import FileDisk
 
     path = tmp_path / "f"
     path.write_bytes(b"")
     bufs = [b"%05d" % i for i in range(3000)]
-    fd = os.open(path, os.O_RDWR)
+    disk = FileDisk(str(path))
     try:
-        _pwritev_all(fd, list(bufs), 7)
+        disk.pwritev(list(bufs), 7)
     finally:
-        os.close(fd)
+        disk.close()
     assert path.read_bytes() == b"\0" * 7 + b"".join(bufs)

@@ -1,0 +1,82 @@
+"""The checkpoint pipeline: which snapshot of the ring may be written to a slot, and when.
+
+A checkpoint names the live region [tail, head) and the next message id and write
+sequence. Recovery trusts it, so it may only name what is already on disk:
+
+1. A snapshot is taken at the end of every flush that wrote something and becomes
+   *writable* once a sync covering that flush has completed: every record in its
+   region, every copy that let its tail pass an original, is then durable. When nothing
+   written is unsynced, the current state is writable at once.
+2. At most one checkpoint write is unsynced at a time. The two slots alternate, so the
+   slot being overwritten never holds the newest *durable* checkpoint: a crash tearing
+   the write in progress leaves the other slot intact and durable.
+3. Only a checkpoint whose write has been synced moves the ring's durable tail, so space
+   is reused only once a synced checkpoint no longer names it.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+from curb import record as fmt
+from curb.disk import Disk
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What a checkpoint records: the live region and the next id and write sequence."""
+
+    tail: int
+    head: int
+    next_id: int
+    next_wseq: int
+
+
+class Checkpoints:
+    """Snapshots waiting for their sync, the one checkpoint write in flight, and the
+    newest durable checkpoint."""
+
+    def __init__(self, disk: Disk, gen: int, durable: Snapshot):
+        self.disk = disk
+        self.gen = gen
+        self.durable = durable
+        self.writing: tuple[int, Snapshot] | None = None
+        self._taken: collections.deque[tuple[int, Snapshot]] = collections.deque()
+
+    def taken(self, flush_no: int, snap: Snapshot) -> None:
+        """The state after flush `flush_no`, which wrote something."""
+        if not self._taken or self._taken[-1][1] != snap:
+            self._taken.append((flush_no, snap))
+
+    def writable(self, synced_no: int, written_no: int, current: Snapshot) -> Snapshot | None:
+        """The newest snapshot that names only durable bytes and differs from what is
+        durable already, if a checkpoint may be written now (rule 2)."""
+        if self.writing is not None:
+            return None
+        best = None
+        if written_no <= synced_no:
+            best = current
+            self._taken.clear()
+        else:
+            while self._taken and self._taken[0][0] <= synced_no:
+                best = self._taken.popleft()[1]
+        if best is None or best == self.durable:
+            return None
+        return best
+
+    def write(self, snap: Snapshot, flush_no: int) -> None:
+        """Write `snap` to the slot that does not hold the newest checkpoint."""
+        self.gen += 1
+        ckpt = fmt.Checkpoint(self.gen, snap.tail, snap.head, snap.next_id, snap.next_wseq)
+        self.disk.pwrite(ckpt.encode(), fmt.SLOT_OFFSETS[self.gen % 2])
+        self.writing = (flush_no, snap)
+
+    def synced(self, synced_no: int) -> Snapshot | None:
+        """After a sync covering flush `synced_no`: the checkpoint that just became
+        durable, if any (its tail is where space may now be reused from)."""
+        if self.writing is None or self.writing[0] > synced_no:
+            return None
+        self.durable = self.writing[1]
+        self.writing = None
+        return self.durable

@@ -1,0 +1,199 @@
+"""The read cursor: hands out the queue's messages in file order, once each per run.
+
+The broker keeps no index of queued messages: the queue order is the ring's order, so
+the cursor is a read position plus the messages handed out and not yet acked (`behind`,
+in ring order; the first of them, or the read position, is the logical tail).
+
+Invariants:
+- Each message is handed out at most once per run. A message can be in the ring more
+  than once: compaction copies a held message forward (same id, new write sequence), and
+  a crash can leave the original behind. The *last* copy in write order is the message;
+  earlier copies are dead. In a run, a copy ahead of the cursor is known by `ahead`
+  (id -> the held Record, whose offset is the copy); copies found at start-up are known by
+  `last` (id -> offset of the last copy). Neither grows with queue depth. Fresh messages
+  are written in id order, so any other record whose id is not above every id read
+  before it is a copy nobody vouches for (left by damage recovery skipped), never a
+  message.
+- The window of bytes the cursor reads through never outlives a lap: it is dropped at
+  every pad, so bytes rewritten since a lap ago are never taken for records.
+- Records are read in strictly rising write sequence (every record, pad and copy gets a
+  new one when written), so bytes that are intact but out of place (a sector written to
+  the wrong spot, a stale record) count as damage, never as a second message.
+- A damaged record is never handed out: the cursor reads through the same RecordReader
+  as recovery, skips to the next intact record (reported through `on_damage`), and
+  counts what is left exactly: `unread` is what recovery counted plus what was written
+  since, minus what was handed out, and is reset to 0 whenever the cursor reaches the
+  head (recovery's count can be off only where it skimmed over damage).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+from curb.reader import RecordReader
+from curb.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD
+
+KEEP_PAYLOAD = 64 * 1024
+FRESH_BYTES = 1 << 20
+
+
+class Record:
+    """A message handed out by the cursor and not yet acked: the broker's only
+    per-message memory, bounded by what consumers hold in flight."""
+
+    __slots__ = ("acked", "deliveries", "id", "offset", "payload", "size", "timestamp_ms", "wseq")
+
+    def __init__(self, msg_id: int, offset: int, size: int, deliveries: int, timestamp_ms: int,
+                 payload: bytes | None, wseq: int = 0):
+        self.id = msg_id
+        self.offset = offset
+        self.size = size
+        self.deliveries = deliveries
+        self.timestamp_ms = timestamp_ms
+        self.payload = payload
+        self.wseq = wseq
+        self.acked = False
+
+
+class Cursor:
+    """The read position, the messages handed out, and the counts of what is left."""
+
+    def __init__(self, reader: RecordReader, end: int, tail: int, head: int, next_wseq: int,
+                 last: dict[int, int], unread: int, unread_bytes: int):
+        self.reader = reader
+        self.end = end
+        self.rpos = tail
+        self.whead = head
+        self.next_wseq = next_wseq
+        self.last_wseq = -1
+        self.max_id = 0
+        self.last = last
+        self.unread = unread
+        self.unread_bytes = unread_bytes
+        self.outstanding_bytes = 0
+        self.behind_bytes = 0
+        self.behind: collections.OrderedDict[int, Record] = collections.OrderedDict()
+        self.ahead: dict[int, Record] = {}
+        self.fresh: collections.deque[Record] = collections.deque()
+        self.fresh_bytes = 0
+        self.on_damage: Callable[[str], None] = lambda text: None
+
+    def tail(self) -> int:
+        """The oldest byte still needed: the first message behind the read position that
+        is not acked, else the read position itself."""
+        for rec in self.behind.values():
+            return rec.offset
+        return self.rpos
+
+    def written(self, rec: Record, payload: bytes) -> None:
+        """A new message is in the file (the caller moved `whead` past it); keep it in
+        memory (bounded) so a consumer keeping up takes it without reading it back."""
+        self.unread += 1
+        self.unread_bytes += rec.size
+        if self.fresh_bytes + rec.size > FRESH_BYTES:
+            self.fresh.clear()
+            self.fresh_bytes = 0
+        if rec.size <= KEEP_PAYLOAD:
+            rec.payload = payload
+        self.fresh.append(rec)
+        self.fresh_bytes += rec.size
+
+    def moved(self, rec: Record, head: int, next_wseq: int) -> None:
+        """A held message was copied to rec.offset, ahead of the cursor."""
+        self.whead = head
+        self.next_wseq = next_wseq
+        del self.behind[rec.id]
+        self.behind_bytes -= rec.size
+        self.ahead[rec.id] = rec
+
+    def settled(self, rec: Record) -> None:
+        """The message was acked: it no longer pins the tail."""
+        self.outstanding_bytes -= rec.size
+        if self.behind.pop(rec.id, None) is not None:
+            self.behind_bytes -= rec.size
+
+    def next_ready(self) -> Record | None:
+        """The next never-delivered message in queue order, now in flight; None when
+        every written record has been handed out."""
+        return self._advance(True)
+
+    def pass_dead(self) -> None:
+        """Move the read position past dead records (acked, dead copies, damage) up to
+        the next message to hand out, so that the tail can pass them with no consumer."""
+        self._advance(False)
+
+    def _advance(self, hand_out: bool) -> Record | None:
+        while self.rpos != self.whead:
+            pos = self.rpos
+            fresh = self.fresh
+            if fresh and fresh[0].offset == pos:
+                if not hand_out:
+                    return None
+                rec = fresh.popleft()
+                self.max_id = rec.id
+                self.fresh_bytes -= rec.size
+                self.rpos = pos + rec.size
+                self.last_wseq = rec.wseq
+                return self._hand_out(rec)
+            limit = self.whead if self.whead > pos else self.end
+            found = self.reader.intact(pos, limit)
+            if found is None or not self.last_wseq < found[0].wseq < self.next_wseq:
+                self._skip_damage(pos, limit)
+                continue
+            hdr, buf, off = found
+            prev_wseq, self.last_wseq = self.last_wseq, hdr.wseq
+            if hdr.state == STATE_PAD:
+                self.rpos = RING_START
+                self.reader.drop()
+                continue
+            size = hdr.size
+            self.rpos = pos + size
+            mid = hdr.id
+            moved = self.ahead.get(mid)
+            if moved is not None and moved.offset == pos:
+                del self.ahead[mid]
+                if not moved.acked:
+                    self.behind[mid] = moved
+                    self.behind_bytes += size
+                continue
+            live_at = self.last.get(mid) if self.last else None
+            if live_at is not None:
+                if live_at != pos:
+                    continue
+                del self.last[mid]
+            elif mid <= self.max_id:
+                continue
+            if hdr.state != STATE_ACK and not hand_out:
+                self.rpos, self.last_wseq = pos, prev_wseq
+                if live_at is not None:
+                    self.last[mid] = pos
+                return None
+            self.max_id = max(self.max_id, mid)
+            if hdr.state == STATE_ACK:
+                continue
+            payload = bytes(buf[off + RECORD_HEADER:off + size - 1]) if size <= KEEP_PAYLOAD else None
+            return self._hand_out(Record(mid, pos, size, hdr.deliveries, hdr.timestamp_ms, payload, hdr.wseq))
+        # Every written record is handed out: the counts are exact again, whatever
+        # damage made recovery's estimate of them wrong.
+        self.unread = self.unread_bytes = 0
+        return None
+
+    def _hand_out(self, rec: Record) -> Record:
+        self.unread -= 1
+        self.unread_bytes -= rec.size
+        self.outstanding_bytes += rec.size
+        self.behind_bytes += rec.size
+        self.behind[rec.id] = rec
+        return rec
+
+    def _skip_damage(self, pos: int, limit: int) -> None:
+        """Move past damaged bytes at pos to the next intact record of this lap, or to
+        the next lap when none is left before the end of the ring."""
+        low, high = self.last_wseq, self.next_wseq
+        nxt = self.reader.resync(pos, limit, lambda h: low < h.wseq < high)
+        if nxt is None:
+            nxt = RING_START if pos > self.whead else self.whead
+            self.reader.drop()
+        self.on_damage(f"damaged bytes {pos}..{nxt} skipped while reading; never delivered")
+        self.rpos = nxt

@@ -1,0 +1,92 @@
+"""Reading records back from a log file: one windowed reader for recovery, the offline
+readers and the broker's read cursor, so that all three judge damage the same way.
+
+A record is taken only when it is *intact*: its header parses, its length fits both the
+ring and the largest record this log can hold (so a corrupt length never makes us read,
+or allocate, more than that), it ends inside the readable span, and its CRC holds. After
+damage, `resync` finds the next intact record whose write sequence the caller accepts;
+records in a log are in write-sequence order, so that check keeps a record that merely
+appears inside some payload from being taken for a real one.
+
+Invariant of the window: it holds bytes as they were read, so its owner must `drop()` it
+whenever the bytes it covers may have been rewritten (the read cursor drops it at every
+lap of the ring). Reads past the end of the file come back short and count as damage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from curb import record as fmt
+from curb.disk import Disk
+from curb.record import RECORD_HEADER, FormatError, RecordHeader
+
+CHUNK = 1 << 20
+STARTS = (b"rdy ", b"ack ", b"pad ")
+
+
+class RecordReader:
+    """Intact records at given offsets of a disk, read through one window of bytes."""
+
+    def __init__(self, disk: Disk, max_size: int):
+        self.disk = disk
+        self.max_size = max_size
+        self.buf = b""
+        self.base = 0
+
+    def drop(self) -> None:
+        """Forget the window: the bytes under it may have changed."""
+        self.buf = b""
+
+    def window(self, pos: int, n: int, limit: int) -> tuple[bytes, int]:
+        """(buffer, index) with buffer[index:index + n] the bytes at pos, reading ahead up
+        to `limit` (a CHUNK at most). Short when the file ends first."""
+        off = pos - self.base
+        if off < 0 or off + n > len(self.buf):
+            self.buf = self.disk.pread(max(n, min(CHUNK, limit - pos)), pos)
+            self.base, off = pos, 0
+        return self.buf, off
+
+    def header(self, pos: int, limit: int) -> RecordHeader | None:
+        """The well-formed header of a record at pos that fits before `limit` and under the
+        size bound; None otherwise. The CRC is not checked (see `intact`)."""
+        if pos + RECORD_HEADER > limit:
+            return None
+        buf, off = self.window(pos, RECORD_HEADER, limit)
+        try:
+            hdr = fmt.parse_header(buf, off)
+        except FormatError:
+            return None
+        if hdr.size > self.max_size or pos + hdr.size > limit:
+            return None
+        return hdr
+
+    def intact(self, pos: int, limit: int) -> tuple[RecordHeader, bytes, int] | None:
+        """(header, buffer, index) of an intact record at pos ending by `limit`, else None."""
+        hdr = self.header(pos, limit)
+        if hdr is None:
+            return None
+        buf, off = self.window(pos, hdr.size, limit)
+        if not fmt.check_payload(buf, off, hdr):
+            return None
+        return hdr, buf, off
+
+    def resync(self, pos: int, limit: int, accept: Callable[[RecordHeader], bool]) -> int | None:
+        """The offset of the first intact record after pos and before `limit` that
+        `accept` takes; None if there is none. Candidates start right after a newline
+        (every record ends with one), so the search costs one find per line."""
+        at = pos + 1
+        while at < limit:
+            span = self.disk.pread(min(CHUNK, limit - at) + RECORD_HEADER, at - 1)
+            i = span.find(b"\n")
+            while 0 <= i:
+                cand = at + i
+                if cand >= limit or cand >= at + CHUNK:
+                    break
+                if span[i + 1:i + 5] in STARTS:
+                    found = self.intact(cand, limit)
+                    if found is not None and accept(found[0]):
+                        return cand
+                i = span.find(b"\n", i + 1)
+            at += CHUNK
+        return None

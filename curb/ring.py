@@ -1,0 +1,56 @@
+"""Where records go in the ring: pure arithmetic over offsets, no I/O.
+
+The ring is the file from RING_START to `end`. Records are written at `head` and the
+live region runs from `tail` (the oldest byte the last *synced* checkpoint still names)
+forward to `head`, wrapping at the end of the file. A lap ends with a pad record, so a
+record never straddles the end; the bytes after a pad are unused until the next lap.
+
+Invariants kept here:
+- head == tail means the region is empty; a placement never makes the head meet the
+  tail, so a full ring is never mistaken for an empty one.
+- head + PAD_SIZE <= end always, so there is room for the pad that ends a lap.
+- Bytes in [tail, head) are never handed out for writing: space is reused only once a
+  synced checkpoint has moved `tail` past it (the log moves `tail`, nobody else).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from curb.record import PAD_SIZE, RING_START
+
+
+@dataclass(slots=True)
+class Ring:
+    """The ring's extent and its durable region [tail, head)."""
+
+    end: int
+    head: int
+    tail: int
+
+    @property
+    def capacity(self) -> int:
+        return self.end - RING_START
+
+    def distance(self, a: int, b: int) -> int:
+        """Bytes from offset a forward to offset b, wrapping at the end."""
+        return b - a if b >= a else (self.end - a) + (b - RING_START)
+
+    def free(self) -> int:
+        """Bytes not in the durable region (some may be unusable, after a pad)."""
+        return self.capacity - self.distance(self.tail, self.head)
+
+    def place(self, size: int) -> tuple[int, bool] | None:
+        """(offset, wraps) for a record of `size` bytes at the head, or None while the
+        durable region leaves no room. `wraps` means a pad must be written at the current
+        head first and the record goes to RING_START."""
+        head, tail = self.head, self.tail
+        if head >= tail:
+            if head + size + PAD_SIZE <= self.end:
+                return head, False
+            if RING_START + size < tail:
+                return RING_START, True
+            return None
+        if head + size < tail:
+            return head, False
+        return None
