@@ -231,7 +231,7 @@ class LogCore:
         """An upper bound (within a quarter) of the largest record counted in `classes`."""
         if classes is self._classes:
             cur = self._cursor
-            if cur.unread_bytes <= 0 and cur.outstanding_bytes <= 0:
+            if not self._pending and cur.unread_bytes <= 0 and cur.outstanding_bytes <= 0:
                 classes[:] = [0] * SIZE_CLASSES  # nothing live: exact again after damage
                 return 0
         for cls in range(SIZE_CLASSES - 1, 0, -1):
@@ -243,8 +243,15 @@ class LogCore:
         """Free bytes a record of `size` needs beside the live bytes, with L the largest
         live or waiting record: 2(L + pad) kept free for compaction's copies (one copy
         ending a lap may waste up to a record), and L + pad for the unusable end of the
-        lap the region spans or the new record may leave."""
+        lap the region spans or the new record may leave. All of the ring while even one
+        copy could not be placed (see below)."""
         largest = max(size, self._largest(self._classes), self._largest(self._pending_classes))
+        ring = self._ring
+        reachable = ring.free() + ring.distance(ring.tail, self._cursor.tail())
+        if reachable < 2 * (largest + PAD_SIZE) and self._pending_bytes + size + self._reserve() > reachable:
+            # Too fragmented for compaction to copy the largest record (after a crash
+            # interrupted it): only what fits without copies, until ACKs free the tail.
+            return self.capacity
         return 3 * (largest + PAD_SIZE) + 64
 
     def _reserve(self) -> int:
@@ -461,9 +468,15 @@ class LogCore:
     def _compact(self, size: int, runs: WriteRuns) -> None:
         """Make room for `size` bytes: copy the held messages that pin the tail to the
         head, in one batch covering a quarter of the ring (so that one sync and one
-        checkpoint release plenty of room, not one record's worth), while copies fit."""
+        checkpoint release plenty of room, not one record's worth), while copies fit.
+        Only when that frees more than the next checkpoint would anyway: copying a run
+        of held messages with no dead bytes after it just moves them round the ring."""
         ring, cursor = self._ring, self._cursor
         cursor.pass_dead()
+        freed_by_checkpoint = ring.distance(ring.tail, cursor.tail())
+        freed_by_moving = ring.distance(ring.tail, cursor.rpos) - cursor.behind_bytes
+        if freed_by_moving <= freed_by_checkpoint:
+            return  # the held records are not followed by dead bytes: copying them gains nothing
         span = size + self._reserve() + self.capacity // 4
         used = ring.distance(ring.tail, ring.head)
         while cursor.behind:

@@ -15,6 +15,7 @@ lap of the ring). Reads past the end of the file come back short and count as da
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from curb import record as fmt
@@ -22,7 +23,7 @@ from curb.disk import Disk
 from curb.record import RECORD_HEADER, FormatError, RecordHeader
 
 CHUNK = 1 << 20
-STARTS = (b"rdy ", b"ack ", b"pad ")
+CANDIDATE = re.compile(rb"(?:rdy|ack|pad) [0-9a-f]{4} [0-9a-f]{12} ")
 
 
 class RecordReader:
@@ -73,20 +74,17 @@ class RecordReader:
 
     def resync(self, pos: int, limit: int, accept: Callable[[RecordHeader], bool]) -> int | None:
         """The offset of the first intact record after pos and before `limit` that
-        `accept` takes; None if there is none. Candidates start right after a newline
-        (every record ends with one), so the search costs one find per line."""
+        `accept` takes; None if there is none. Candidates are found by the shape of a
+        header's start, wherever they are: the byte before one may be damaged too."""
         at = pos + 1
         while at < limit:
-            span = self.disk.pread(min(CHUNK, limit - at) + RECORD_HEADER, at - 1)
-            i = span.find(b"\n")
-            while 0 <= i:
-                cand = at + i
+            span = self.disk.pread(min(CHUNK, limit - at) + RECORD_HEADER, at)
+            for match in CANDIDATE.finditer(span):
+                cand = at + match.start()
                 if cand >= limit or cand >= at + CHUNK:
                     break
-                if span[i + 1:i + 5] in STARTS:
-                    found = self.intact(cand, limit)
-                    if found is not None and accept(found[0]):
-                        return cand
-                i = span.find(b"\n", i + 1)
+                found = self.intact(cand, limit)
+                if found is not None and accept(found[0]):
+                    return cand
             at += CHUNK
         return None

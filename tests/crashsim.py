@@ -511,8 +511,11 @@ class Sim:
         if live + ahead + size + headroom <= capacity:
             self.note("QueueFull with room", f"live {live} + ahead-dead {ahead} + record {size} "
                       f"+ headroom {headroom} <= capacity {capacity}")
-        if exact and live + size * 5 + 400 <= capacity:
-            self.note("QueueFull far from full", f"live {live}, record {size}, "
+        largest = max([size, *(self.messages[tag].size for tag in self.live)])
+        if exact and live + ahead + size <= capacity // 4 and largest <= capacity // 16:
+            # A quarter full of small messages leaves room for any headroom the log
+            # may keep (three of its largest records): refusing here is a pinned ring.
+            self.note("QueueFull far from full", f"live {live}, record {size}, largest {largest}, "
                       f"capacity {capacity} (headroom {headroom}, ahead-dead {ahead})")
 
     def do_take(self) -> None:
