@@ -172,15 +172,22 @@ async def serve(*, cap: int, addr, path: str, prefetch: int, max_frame: int, hea
     loop = asyncio.get_running_loop()
     metrics = Metrics()
     broker: Broker | None = None
+
+    def new_session() -> Session:
+        # The servers are created before the log is recovered, but they start serving
+        # (and so call this) only after the broker below is in place.
+        assert broker is not None, "a connection was accepted before the broker existed"
+        return Session(broker)
+
     inherited = systemd.listen_sockets()
     if inherited:
-        servers = [await loop.create_server(lambda: Session(broker), sock=s, start_serving=False)
+        servers = [await loop.create_server(new_session, sock=s, start_serving=False)
                    for s in inherited]
         names = ", ".join(_sockname(s) for s in inherited)
         where = f"listening on {names} (socket passed by systemd; -addr ignored)"
     else:
         servers = [await _listen("-addr", addr, lambda: loop.create_server(
-            lambda: Session(broker), addr[0], addr[1], reuse_address=True, start_serving=False))]
+            new_session, addr[0], addr[1], reuse_address=True, start_serving=False))]
         names = ", ".join(_sockname(s) for s in servers[0].sockets)
         where = f"listening on {names}, log {path}, cap {cap} bytes"
     try:
@@ -221,8 +228,13 @@ async def serve(*, cap: int, addr, path: str, prefetch: int, max_frame: int, hea
     for server in servers:
         await server.start_serving()
     events("listening", where, addr=names, file=path, cap=cap)
+
+    def on_signal() -> None:
+        if not stop.done():
+            stop.set_result(None)
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))
+        loop.add_signal_handler(sig, on_signal)
     systemd.notify("READY=1", f"STATUS=serving {rec.messages} recovered messages")
     await stop
     systemd.notify("STOPPING=1")

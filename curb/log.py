@@ -194,7 +194,9 @@ class LogCore:
         disk.sync()
         self._checkpoints.write(self._snapshot(), 0)
         disk.sync()
-        self._ring.tail = self._checkpoints.synced(0).tail
+        written = self._checkpoints.synced(0)
+        assert written is not None, "the checkpoint just written as flush 0 is synced by the sync above"
+        self._ring.tail = written.tail
         return Recovery(scan.messages, scan.acked, scan.live_bytes, scan.torn, scan.skipped_bytes,
                         self.clock() - started)
 
@@ -248,7 +250,8 @@ class LogCore:
         largest = max(size, self._largest(self._classes), self._largest(self._pending_classes))
         ring = self._ring
         reachable = ring.free() + ring.distance(ring.tail, self._cursor.tail())
-        if reachable < 2 * (largest + PAD_SIZE) and self._pending_bytes + size + self._reserve() > reachable:
+        reserve = self._reserve()
+        if reachable < reserve and self._pending_bytes + size + reserve > reachable:
             # Too fragmented for compaction to copy the largest record (after a crash
             # interrupted it): only what fits without copies, until ACKs free the tail.
             return self.capacity
@@ -419,7 +422,11 @@ class LogCore:
 
     def _room_for_append(self, size: int, runs: WriteRuns, fno: int) -> int | None:
         """Where a new record of `size` bytes goes now, leaving the reserve free for
-        copies; compacts first when it does not fit. None while the room is yet to come."""
+        copies; None while the room is yet to come. Compaction starts early, once the
+        free bytes fall below an eighth of the ring, so that its copies have room to
+        go in large batches while producers still have room of their own."""
+        if self._cursor.behind and self._ring.free() - size < max(2 * self._reserve(), self.capacity // 8):
+            self._compact(size, runs)
         off = self._place_new(size, runs)
         if off is None:
             self._compact(size, runs)
@@ -431,7 +438,7 @@ class LogCore:
         spot = ring.place(size)
         if spot is None:
             return None
-        off, wraps = spot
+        _off, wraps = spot
         used = size + (self.end - ring.head if wraps else 0)
         if ring.free() - used < self._reserve():
             return None

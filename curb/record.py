@@ -85,7 +85,7 @@ def parse_header(buf, pos: int) -> RecordHeader:
         raise FormatError("incomplete or malformed record header")
     state = bytes(buf[pos:pos + 3])
     if state not in (STATE_RDY, STATE_ACK, STATE_PAD):
-        raise FormatError("unknown record state %r" % state)
+        raise FormatError(f"unknown record state {state!r}")
     try:
         stamp = int(buf[pos + 35:pos + 47], 16)
         return RecordHeader(
@@ -162,8 +162,8 @@ def latest_checkpoint(header: bytes) -> Checkpoint:
     """The newest intact checkpoint in a file header; FormatError if it is not a curb log."""
     if not header.startswith(MAGIC):
         raise FormatError("not a curb log (no 'curb log 1' header)")
-    found = [Checkpoint.decode(header[o:o + 128]) for o in SLOT_OFFSETS]
-    found = [c for c in found if c is not None]
+    decoded = [Checkpoint.decode(header[o:o + 128]) for o in SLOT_OFFSETS]
+    found = [c for c in decoded if c is not None]
     if not found:
         raise FormatError("the log's header is damaged (no intact checkpoint)")
     return max(found, key=lambda c: c.gen)

@@ -12,9 +12,10 @@ A message may occur more than once: compaction copies held messages forward, mar
 each copy as one (curb.record's COPY_FLAG). The last occurrence in write order is the
 message and the earlier ones are dead. Fresh messages are written in id order, so a
 copy's original lies in the walk exactly when its id is at least the first fresh id
-walked; then the original was counted and is uncounted when the copy is met. `last` maps each copied id to the offset of its last occurrence; it holds
-only copied messages, never an entry per queued message. `classes` counts live records
-by size class (bit length), so the log knows how large its largest live record may be.
+walked; then the original was counted and is uncounted when the copy is met. `last` maps
+each copied id to the offset of its last occurrence; it holds only copied messages, never
+an entry per queued message. `classes` counts live records by size class (bit length), so
+the log knows how large its largest live record may be.
 
 Nothing in the file can make the walk fail: every length is bounded by the largest
 record before anything is read, every loop by the size of the ring.
@@ -142,7 +143,10 @@ class Scan:
             found = reader.intact(pos, limit)
             if found is None or not low < found[0].wseq < high:
                 budget -= 1
-                pos = self._skip(pos, limit, pos > stop, lambda h, lo=low: lo < h.wseq < high)
+                def accept(h: RecordHeader, lo: int = low) -> bool:
+                    return lo < h.wseq < high
+
+                pos = self._skip(pos, limit, pos > stop, accept)
                 continue
             hdr, buf, off = found
             low = hdr.wseq

@@ -94,7 +94,9 @@ def start_with_a_failing_log(monkeypatch, capsys, path: Path, error: Exception) 
     monkeypatch.setattr(cli, "Log", failing_log)
     with pytest.raises(SystemExit) as exited:
         cli.main(["-cap", "10MiB", "-addr", "127.0.0.1:0", "-file", str(path)])
-    return exited.value.code, capsys.readouterr().err.strip().splitlines()
+    code = exited.value.code
+    assert isinstance(code, int), f"main exits with a numeric status, not {code!r}"
+    return code, capsys.readouterr().err.strip().splitlines()
 
 
 @pytest.mark.parametrize("code", [errno.EIO, errno.ENOSPC, errno.EDQUOT, errno.EMFILE],

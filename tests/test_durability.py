@@ -26,7 +26,7 @@ class Producer(threading.Thread):
     def run(self) -> None:
         try:
             with Client("127.0.0.1", self.port, timeout=10) as c:
-                outstanding = {}
+                outstanding: dict[str, bytes] = {}
                 while True:
                     while len(outstanding) < WINDOW:
                         body = b"msg-%07d" % self.sent
@@ -159,7 +159,9 @@ def test_message_larger_than_the_cap_allows_is_refused_and_nothing_is_harmed(cur
         with pytest.raises(StompError, match="too large") as raised:
             c.send(b"x" * 12000, receipt="big")
             c.wait_receipt("big")
-    assert "larger than this broker can ever store (the limit is " in raised.value.frame.body.decode()
+    frame = raised.value.frame
+    assert frame is not None, "the refusal is an ERROR frame, not a lost connection"
+    assert "larger than this broker can ever store (the limit is " in frame.body.decode()
     assert drain(broker.port) == [b"keep me"]
 
 

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from curb.log import Log, LogError, LogReader, QueueFull, TooLarge
+from curb.log import Log, LogError, LogReader, QueueFull, Record, TooLarge
 
 CAP = 64 * 1024
 
@@ -37,13 +37,13 @@ class Harness:
             raise AssertionError("log never settled")
         self.loop.run_until_complete(wait())
 
-    def append(self, data: bytes) -> list:
-        result = []
+    def append(self, data: bytes) -> list[str | None]:
+        result: list[str | None] = []
         self.log.append(data, result.append)
         return result
 
-    def drain(self, ack: bool = True) -> list:
-        out = []
+    def drain(self, ack: bool = True) -> list[Record]:
+        out: list[Record] = []
         while (rec := self.log.next_ready()) is not None:
             out.append(rec)
             if ack:
@@ -73,10 +73,12 @@ def filled(path, count: int) -> Harness:
     return h
 
 
-def with_stuck_record(path) -> tuple[Harness, object]:
+def with_stuck_record(path) -> tuple[Harness, Record]:
     """A log whose first message is delivered and never acked."""
     h = filled(path, 1)
-    return h, h.log.next_ready()
+    rec = h.log.next_ready()
+    assert rec is not None
+    return h, rec
 
 
 def churn(h: Harness, stuck, count: int, seen: set | None = None) -> None:
@@ -119,8 +121,9 @@ def test_acked_messages_never_come_back_and_wip_does(path):
 def test_on_durable_runs_after_the_ack_is_synced(path):
     h = filled(path, 1)
     rec = h.log.next_ready()
+    assert rec is not None
     h.log.ack(rec)
-    done = []
+    done: list[str | None] = []
     h.log.on_durable(done.append)
     assert done == []
     h.settle()
@@ -131,12 +134,15 @@ def test_on_durable_runs_after_the_ack_is_synced(path):
 def test_requeue_keeps_the_delivery_count(path):
     h = filled(path, 1)
     rec = h.log.next_ready()
+    assert rec is not None
     rec.deliveries = 3
     h.log.requeue(rec)
     h.settle()
     h.close()
     h = reopen(path)
-    assert h.log.next_ready().deliveries == 3
+    again = h.log.next_ready()
+    assert again is not None
+    assert again.deliveries == 3
     h.close()
 
 
@@ -224,7 +230,7 @@ def test_too_large_and_full_store_nothing(path):
 def test_the_ring_wraps_many_times_under_the_cap(path):
     h = Harness(path)
     sent = received = 0
-    for lap in range(12):
+    for _lap in range(12):
         try:
             while True:
                 h.log.append(payload(sent))
@@ -248,7 +254,7 @@ def test_an_unacked_record_does_not_pin_the_ring(path):
     offsets = {stuck.offset}
     churn(h, stuck, 3000, offsets)
     h.settle()
-    assert 3000 * 190 > 5 * CAP
+    assert 5 * CAP < 3000 * 190
     assert len(offsets) >= 5
     assert h.log.payload(stuck) == payload(0)
     h.close()
@@ -272,7 +278,7 @@ def test_a_crash_right_after_a_move_delivers_the_message_once(path, tmp_path):
     """Between the copy's sync and the checkpoint that retires the original, the file
     holds the message twice; recovery hands it out once."""
     h, stuck = with_stuck_record(path)
-    copies = []
+    copies: list[str] = []
     n = 1
     while len(copies) < 3 and n < 5000:
         before = stuck.offset
@@ -325,7 +331,9 @@ def test_reader_reports_states_and_headers(path):
         h.log.append(b"content-type:text/plain\nx-key:a\\cb\n\nbody%d" % i)
     h.settle()
     h.log.next_ready()
-    h.log.ack(h.log.next_ready())
+    second = h.log.next_ready()
+    assert second is not None
+    h.log.ack(second)
     h.settle()
     h.close()
     with LogReader(path) as reader:

@@ -340,7 +340,7 @@ def wrap_the_live_region(broker) -> list[bytes]:
     store_all(broker, first)
     with Client("127.0.0.1", broker.port, timeout=ANSWER_S) as consumer:
         consumer.subscribe("early", ack="client-individual", prefetch=35)
-        ids = []
+        ids: list[str] = []
         while len(ids) < 35:
             frame = consumer.receive(timeout=ANSWER_S)
             assert frame is not None, f"only {len(ids)} of 35 messages came"

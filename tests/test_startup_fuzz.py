@@ -44,7 +44,7 @@ from pathlib import Path
 import pytest
 
 import curb
-from curb.log import Log, LogError, LogReader, QueueFull
+from curb.log import Log, LogError, LogReader, QueueFull, Record
 
 KIB = 1024
 SECTOR = 512
@@ -588,7 +588,7 @@ def drain(log: Log, known: Known, acks: int) -> int:
     Then ack the first `acks` (after the drain, so that a failed one leaves no writes
     pending and closes at once)."""
     seen: set[bytes] = set()
-    first = []
+    first: list[Record] = []
     while (rec := log.next_ready()) is not None:
         body = log.payload(rec)
         if body not in known.payloads:
@@ -607,9 +607,14 @@ def send_one_more(log: Log, loop: asyncio.AbstractEventLoop) -> None:
     """A broker that recovered goes on taking messages (this one is known, so a restart
     may deliver it). Waiting for its answer, rather than letting close() poll, keeps a
     case short; if none comes within a second, close() deals with it."""
-    answer = loop.create_future()
+    answer: asyncio.Future[str | None] = loop.create_future()
+
+    def done(reason: str | None) -> None:
+        if not answer.done():
+            answer.set_result(reason)
+
     try:
-        log.append(AFTER_RECOVERY, lambda reason: answer.done() or answer.set_result(reason))
+        log.append(AFTER_RECOVERY, done)
     except QueueFull:
         return
     with contextlib.suppress(asyncio.TimeoutError):

@@ -404,18 +404,21 @@ class BrokerProcess:
 
     def kill(self) -> None:
         """SIGKILL: a crash with no chance to sync or answer."""
+        if self.proc is None:
+            return
         if self.alive():
             self.proc.kill()
-        if self.proc is not None:
-            self.proc.wait(STARTUP_S)
+        self.proc.wait(STARTUP_S)
 
     def stop(self) -> str | None:
         """SIGTERM and wait; None for a clean exit, else what happened."""
         if not self.alive():
             return None
-        self.proc.send_signal(signal.SIGTERM)
+        proc = self.proc
+        assert proc is not None, "alive() is true only with a process"
+        proc.send_signal(signal.SIGTERM)
         try:
-            status = self.proc.wait(STARTUP_S)
+            status = proc.wait(STARTUP_S)
         except subprocess.TimeoutExpired:
             self.kill()
             return f"broker ignored SIGTERM for {STARTUP_S:.0f}s"
