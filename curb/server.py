@@ -17,15 +17,13 @@ import time
 from collections.abc import Callable
 from typing import cast
 
-from curb import __version__
+from curb import __version__, payload
 from curb.frame import Frame, FrameParser, ProtocolError, encode, escape
 from curb.log import Log, QueueFull, Record, TooLarge
 from curb.metrics import Metrics
 from curb.queue import Queue, QueueError, Subscription
-from curb.record import split_payload
 
 COUNT_DESTINATION = "./count"
-NOT_STORED = frozenset(("destination", "content-length", "receipt", "transaction"))
 TRANSACTIONS = ("BEGIN", "COMMIT", "ABORT")
 WRITE_HIGH_WATER = 256 * 1024
 COUNT_COALESCE_SECONDS = 0.05
@@ -250,11 +248,9 @@ class Session(asyncio.Protocol):
 
     def on_send(self, frame: Frame) -> None:
         headers = frame.headers
-        stored = "".join(f"{escape(k)}:{escape(v)}\n" for k, v in headers.items() if k not in NOT_STORED)
-        payload = stored.encode() + b"\n" + frame.body
         broker = self.broker
         try:
-            broker.log.append(payload, self.stored(frame), urgent="receipt" in headers)
+            broker.log.append(payload.encode(headers, frame.body), self.stored(frame), urgent="receipt" in headers)
         except TooLarge as err:
             broker.metrics.refused_too_large += 1
             self.error("message too large", str(err), frame)
@@ -390,7 +386,7 @@ class Session(asyncio.Protocol):
     # ---------------------------------------------------------------- output
 
     def send_message(self, sub: Subscription[Session, Record], rec: Record) -> None:
-        stored, body = split_payload(self.broker.log.payload(rec))
+        stored, body = payload.split(self.broker.log.payload(rec))
         extra = b"redelivered:true\ncurb-deliveries:%d\n" % rec.deliveries if rec.deliveries > 1 else b""
         if rec.deliveries > 1:
             self.broker.metrics.redelivered += 1

@@ -1,0 +1,54 @@
+"""The stored payload: what the log keeps of a SEND, and how it comes back out.
+
+A payload is the SEND's kept headers as escaped `name:value` lines, each ending in LF,
+then an empty line, then the body byte for byte. The lines stay escaped on disk so that a
+MESSAGE can copy them to the wire as they are, without parsing or escaping again; only
+offline readers (inspect, the Spark reader) decode them. The headers that belong to one
+hop (destination, content-length, receipt, transaction) are not kept.
+"""
+
+from __future__ import annotations
+
+from curb.frame import ProtocolError, escape, unescape
+
+NOT_STORED = frozenset(("destination", "content-length", "receipt", "transaction"))
+
+
+class PayloadError(ValueError):
+    """Bytes that are not a stored payload (no empty line after the header lines)."""
+
+
+def encode(headers: dict[str, str], body: bytes) -> bytes:
+    """The payload the log stores for a SEND with these headers and body."""
+    lines = "".join(f"{escape(k)}:{escape(v)}\n" for k, v in headers.items() if k not in NOT_STORED)
+    return lines.encode() + b"\n" + body
+
+
+def split(payload: bytes | bytearray | memoryview) -> tuple[bytes, bytes]:
+    """(escaped header lines, each ending in LF, ready for the wire; body)."""
+    data = bytes(payload)
+    if data[:1] == b"\n":
+        return b"", data[1:]
+    end = data.find(b"\n\n")
+    if end < 0:
+        raise PayloadError("payload without the empty line that ends its headers")
+    return data[: end + 1], data[end + 2 :]
+
+
+def decode_headers(lines: bytes) -> dict[str, str]:
+    """The kept headers of split()'s first part, unescaped; the first of repeated names
+    wins. A line that does not unescape is kept as it is: readers show what is there."""
+    headers: dict[str, str] = {}
+    for line in lines.decode("utf-8", "replace").splitlines():
+        name, _, value = line.partition(":")
+        try:
+            headers.setdefault(unescape(name), unescape(value))
+        except ProtocolError:
+            headers.setdefault(name, value)
+    return headers
+
+
+def decode(payload: bytes | bytearray | memoryview) -> tuple[dict[str, str], bytes]:
+    """(kept headers, body) of a stored payload."""
+    lines, body = split(payload)
+    return decode_headers(lines), body
