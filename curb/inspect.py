@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import click
 
-from curb.log import Entry, LogError, LogReader, Summary
+from curb.scan import Entry, LogError, LogReader, Summary
 
 PREVIEW_BYTES = 64
 

@@ -1,5 +1,6 @@
-"""`python -m curb.bench` runs the benchmark command."""
+"""`python -m curb.bench` runs the benchmark command; importing this module runs nothing."""
 
 from curb.bench.cli import main
 
-main()
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""The package's shape: importing any module starts nothing, and offline readers stay offline.
+
+Each check runs in a fresh interpreter, so what it finds in sys.modules is what the imports
+named here pulled in, not what other tests loaded before."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+IMPORT_S = 30.0
+
+WALK = """
+import importlib, pkgutil, socket, sys
+
+def refuse(sock, address):
+    raise AssertionError(f"a module bound {address} while being imported")
+
+socket.socket.bind = refuse  # every listener, asyncio's included, binds through this
+import curb
+
+skipped = []
+for info in pkgutil.walk_packages(curb.__path__, "curb.", onerror=skipped.append):
+    try:
+        importlib.import_module(info.name)
+    except ModuleNotFoundError as err:  # an optional extra (Spark) that is not installed
+        if err.name is None or err.name.startswith("curb"):
+            raise
+        skipped.append(info.name)
+print(" ".join(skipped))
+"""
+
+
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=IMPORT_S,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_walking_the_package_imports_every_module_without_starting_anything():
+    """pydoc, Sphinx autodoc and pkgutil.walk_packages import every module: `curb/__main__.py`
+    must not start a broker then (it used to, and blocked on port 61613)."""
+    result = run_python(WALK)
+    assert result.returncode == 0, result.stderr
+    if importlib.util.find_spec("pyspark") is not None:
+        assert result.stdout.strip() == "", f"modules not imported: {result.stdout}"
+
+
+@pytest.mark.parametrize(("module", "absent"), [
+    ("curb.inspect", ("curb.log", "curb.server", "asyncio")),
+    ("curb.spark.logfile", ("curb.log", "curb.server")),
+])
+def test_offline_readers_import_only_the_file_format_modules(module, absent):
+    """`curb inspect` and Spark's log-file reader read files: the broker's asyncio log
+    (and its threads) has no business in their process."""
+    if module.startswith("curb.spark") and importlib.util.find_spec("pyspark") is None:
+        pytest.skip("the Spark extra is not installed")
+    result = run_python(f"import sys, {module}\nprint(' '.join(sorted(sys.modules)))")
+    assert result.returncode == 0, result.stderr
+    loaded = set(result.stdout.split())
+    assert "curb.scan" in loaded
+    assert not loaded & set(absent), f"importing {module} loaded {sorted(loaded & set(absent))}"
