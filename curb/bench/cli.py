@@ -10,12 +10,12 @@ from typing import TypedDict
 
 import click
 
+from curb.addr import parse_addr
 from curb.bench import report
 from curb.bench.bodies import VerificationError
 from curb.bench.crew import Crew, LoadError
 from curb.bench.wire import BrokerError, Target
 from curb.bench.workloads import WORKLOAD_NAMES, Bench, Settings, Side
-from curb.cli import parse_addr
 from curb.frame import ProtocolError
 from curb.log import LogError
 

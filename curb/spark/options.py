@@ -11,6 +11,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from curb.addr import parse_addr
+
 DEFAULT_BATCH_SIZE = 1000
 DEFAULT_POLL_MS = 100
 DEFAULT_WINDOW = 1000
@@ -58,16 +60,17 @@ class SinkOptions:
 
 
 def parse_endpoint(text: str) -> Endpoint:
-    """`HOST:PORT` or `[IPV6]:PORT` -> Endpoint; OptionError naming `endpoints` otherwise."""
+    """`HOST:PORT` or `[IPV6]:PORT` (as the broker's -addr reads it, but with a host and a
+    port above 0) -> Endpoint; OptionError naming `endpoints` otherwise."""
     item = text.strip()
-    host, sep, port_text = item.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise OptionError(f"curb option 'endpoints': {item!r} is ambiguous; write an IPv6 address as [ADDR]:PORT")
-    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise OptionError(f"curb option 'endpoints': {item!r} is not HOST:PORT (for example 127.0.0.1:61613)")
-    return Endpoint(host, int(port_text), item)
+    try:
+        host, port = parse_addr(item)
+    except ValueError as err:
+        raise OptionError(f"curb option 'endpoints': {item!r} is not HOST:PORT ({err})") from None
+    if host is None or port == 0:
+        raise OptionError(f"curb option 'endpoints': {item!r} is not HOST:PORT (a client needs a host and a "
+                          "port from 1 to 65535, for example 127.0.0.1:61613)")
+    return Endpoint(host, port, item)
 
 
 def parse_endpoints(options: Mapping[str, str]) -> tuple[Endpoint, ...]:

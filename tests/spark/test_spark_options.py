@@ -23,7 +23,7 @@ def test_endpoints_are_host_port_lists(text, expected):
     ({"endpoints": "h:port"}, "'h:port' is not HOST:PORT"),
     ({"endpoints": ":61613"}, "':61613' is not HOST:PORT"),
     ({"endpoints": "h:1,"}, "'' is not HOST:PORT"),
-    ({"endpoints": "::1:61613"}, "write an IPv6 address as [ADDR]:PORT"),
+    ({"endpoints": "::1:61613"}, "put an IPv6 host in brackets"),
     ({"endpoints": "h:1,h:1"}, "h:1 listed more than once"),
 ])
 def test_bad_endpoints_name_the_option(options, fragment):
