@@ -38,6 +38,16 @@ REGRESSIONS = {
     # After a bit flip in the ring, an append made after the restart (with the id of the
     # damaged record) was never written in 20 settle rounds.
     "rot_then_append_never_stored": (2331, "after bit rot: accepted SEND never stored"),
+    # An ACK's 8-byte state patch straddled a sector boundary and a power loss kept only
+    # half of it ("rdk 0001"): the record, synced long before, no longer parsed, and the
+    # records after it (past the checkpoint's head) were dropped with it.
+    "torn_state_patch_across_a_sector": (16468, "receipted SEND lost"),
+    # Held messages were copied round the ring every round, the durable tail one
+    # checkpoint behind them, so a waiting append never found room: a wedge.
+    "held_messages_chased_round_the_ring": (6138, "wedge"),
+    # A zeroed sector ended right where a record written after it began: resync only
+    # tried offsets after a newline, so it skipped that (receipted) record with the damage.
+    "rot_hides_the_next_record_from_resync": (10574, "after bit rot: receipted SEND lost"),
 }
 
 
