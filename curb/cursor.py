@@ -87,7 +87,8 @@ class Cursor:
         return self.rpos
 
     def written(self, rec: Record, payload: bytes) -> None:
-        """A new message is in the file (the caller moved `whead` past it); keep it in
+        """A new message is in the file (the caller moved `whead` past it: `whead` never
+        covers bytes not yet written, so the cursor never reads them); keep it in
         memory (bounded) so a consumer keeping up takes it without reading it back."""
         self.unread += 1
         self.unread_bytes += rec.size
@@ -99,10 +100,9 @@ class Cursor:
         self.fresh.append(rec)
         self.fresh_bytes += rec.size
 
-    def moved(self, rec: Record, head: int, next_wseq: int) -> None:
-        """A held message was copied to rec.offset, ahead of the cursor."""
-        self.whead = head
-        self.next_wseq = next_wseq
+    def moved(self, rec: Record) -> None:
+        """A held message is being copied to rec.offset, ahead of the cursor (which reads
+        it once the caller has written it and moved `whead`)."""
         del self.behind[rec.id]
         self.behind_bytes -= rec.size
         self.ahead[rec.id] = rec

@@ -517,7 +517,7 @@ class LogCore:
         runs.add(off, rec.size, (header, payload, b"\n"))
         rec.offset = off
         self._ring.head = off + rec.size
-        self._cursor.moved(rec, self._ring.head, self._next_wseq)
+        self._cursor.moved(rec)
         if self.metrics is not None:
             self.metrics.compactions += 1
         return True

@@ -23,7 +23,8 @@ from curb.disk import Disk
 from curb.record import RECORD_HEADER, FormatError, RecordHeader
 
 CHUNK = 1 << 20
-CANDIDATE = re.compile(rb"(?:rdy|ack|pad) [0-9a-f]{4} [0-9a-f]{12} ")
+_STATES = (fmt.STATE_RDY, fmt.STATE_ACK, fmt.STATE_PAD, *fmt.TORN_STATES)
+CANDIDATE = re.compile(b"(?:" + b"|".join(_STATES) + rb") [0-9a-f]{4} [0-9a-f]{12} ")
 
 
 class RecordReader:

@@ -39,6 +39,11 @@ STATE_RDY = b"rdy"
 STATE_ACK = b"ack"
 STATE_PAD = b"pad"
 MAX_DELIVERIES = 0xFFFF
+# An ACK's or requeue's patch of the state that a power loss tore at a sector boundary:
+# part `rdy`, part `ack`. Such a patch was never synced, so no RECEIPT promised it:
+# the record counts as `rdy` (delivered again, never lost).
+TORN_STATES = {STATE_RDY[:k] + STATE_ACK[k:]: STATE_RDY for k in (1, 2)} | {
+    STATE_ACK[:k] + STATE_RDY[k:]: STATE_RDY for k in (1, 2)}
 COPY_FLAG = 1 << 47
 
 
@@ -85,7 +90,9 @@ def parse_header(buf, pos: int) -> RecordHeader:
         raise FormatError("incomplete or malformed record header")
     state = bytes(buf[pos:pos + 3])
     if state not in (STATE_RDY, STATE_ACK, STATE_PAD):
-        raise FormatError(f"unknown record state {state!r}")
+        state = TORN_STATES.get(state, b"")
+        if not state:
+            raise FormatError(f"unknown record state {bytes(buf[pos:pos + 3])!r}")
     try:
         stamp = int(buf[pos + 35:pos + 47], 16)
         return RecordHeader(

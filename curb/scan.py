@@ -216,7 +216,9 @@ class Scan:
                 pos = RING_START
                 continue
             if state != rdy and state != ack:
-                break
+                state = fmt.TORN_STATES.get(bytes(state), b"")
+                if not state:
+                    break
             try:
                 msg_id = int(buf[off + 9:off + 21], 16)
                 size = RECORD_HEADER + 1 + int(buf[off + 48:off + 56], 16)

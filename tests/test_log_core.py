@@ -1,0 +1,363 @@
+"""The log core over a simulated disk, step by step: each finding of the crash-promise
+review reproduced deterministically (flush and sync are called by hand, crashes are
+taken where they hurt), plus the suspected hazards the review named, each settled.
+
+The seeded random search over the same core lives in tests/crashsim.py; these are the
+cases it and the review found, kept readable."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+from simdisk import SimDisk
+
+from curb import record as fmt
+from curb.disk import FileDisk
+from curb.log import LogCore, QueueFull, Record, TooLarge
+from curb.record import PAD_SIZE, RECORD_HEADER, RING_START
+
+CAP = 64 * 1024
+
+
+class Clock:
+    """A clock the test moves: the log's checkpoint cadence reads it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Core:
+    """A LogCore on a SimDisk with the steps the asyncio driver would take."""
+
+    def __init__(self, disk: SimDisk | None = None, cap: int = CAP):
+        self.disk = disk if disk is not None else SimDisk(random.Random(7))
+        self.cap = cap
+        self.clock = Clock()
+        self.log = LogCore(self.disk, cap, clock=self.clock)
+
+    def round(self) -> None:
+        """What one pass of the driver does: time passes, pending writes go out, sync."""
+        self.clock.now += 0.06
+        self.log.flush()
+        self.log.sync()
+
+    def settle(self, rounds: int = 8) -> None:
+        for _ in range(rounds):
+            self.round()
+
+    def send(self, body: bytes) -> list[str | None]:
+        answers: list[str | None] = []
+        self.log.append(b"\n" + body, answers.append)
+        return answers
+
+    def take(self) -> Record:
+        rec = self.log.next_ready()
+        assert rec is not None, "no message to take"
+        rec.deliveries += 1
+        return rec
+
+    def ack_durably(self, rec: Record) -> None:
+        answers: list[str | None] = []
+        self.log.ack(rec)
+        self.log.on_durable(answers.append)
+        self.settle(2)
+        assert answers == [None]
+
+    def crash(self, mode: str = "kill") -> Core:
+        return Core(self.disk.crash(mode), self.cap)
+
+    def drain(self) -> list[bytes]:
+        out = []
+        while (rec := self.log.next_ready()) is not None:
+            out.append(self.log.payload(rec)[1:])
+        return out
+
+
+def body(n: int, size: int = 100) -> bytes:
+    return (b"m%06d-" % n).ljust(size, b"x")
+
+
+def answered(answers: list[str | None]) -> Callable[[], bool]:
+    """A condition: the message behind `answers` got its RECEIPT."""
+    return lambda: answers == [None]
+
+
+def until(core: Core, done: Callable[[], bool], rounds: int = 30) -> int:
+    """Rounds until `done()`; fails past `rounds` (a wedge)."""
+    for n in range(rounds):
+        if done():
+            return n
+        core.round()
+    raise AssertionError(f"not done after {rounds} rounds")
+
+
+def wrap_with_a_held_message(core: Core, laps: int = 3, size: int = 900) -> Record:
+    """One message taken and held while others go through the ring `laps` times."""
+    core.send(body(0))
+    core.settle(1)
+    held = core.take()
+    n = 1
+    while n * size < laps * core.log.capacity:
+        answers = core.send(body(n, size))
+        until(core, answered(answers))
+        core.log.ack(core.take())
+        n += 1
+    return held
+
+
+# ---------------------------------------------------------------- finding 1: copy-forward vs crash
+
+def test_a_crash_between_a_copy_and_its_checkpoint_leaves_the_message_live_once():
+    """A held message copied forward, synced, then kill -9 before the checkpoint that
+    retires the original: the restarted log hands the message out once, an ACK with a
+    receipt sticks, and a second crash does not bring it back."""
+    core = Core()
+    held = wrap_with_a_held_message(core)
+    copies_before = held.offset
+    core.send(body(9999, 2000))
+    core.log.flush()   # compaction copies the held message to the head
+    core.log.sync()    # the copy is durable; the checkpoint retiring the original is not
+    assert held.offset != copies_before or core.log.metrics is None
+    restarted = core.crash("kill")
+    ids = []
+    found = None
+    while (rec := restarted.log.next_ready()) is not None:
+        ids.append(rec.id)
+        if restarted.log.payload(rec)[1:] == body(0):
+            found = rec
+    assert ids.count(held.id) == 1 and len(ids) == len(set(ids))
+    assert found is not None
+    restarted.ack_durably(found)
+    again = restarted.crash("power")
+    assert body(0) not in again.drain()
+
+
+def test_an_ack_after_a_copy_reaches_the_live_copy_across_crashes():
+    core = Core()
+    held = wrap_with_a_held_message(core)
+    core.ack_durably(held)
+    for mode in ("kill", "power", "kill"):
+        core = core.crash(mode)
+        assert body(0) not in core.drain()
+
+
+# ---------------------------------------------------------------- finding 2: the read cursor vs the ring wrap
+
+def test_reading_across_a_lap_end_never_uses_bytes_from_the_lap_before():
+    """-cap 64KiB, one consumer ACKing: 64 messages whose records are exactly 1 KiB,
+    then 64 one byte longer, so the second lap's pad lands where the first lap's bytes
+    sat in the cursor's window."""
+    core = Core()
+    got = []
+    for n, size in enumerate([932 - 26] * 64 + [933 - 26] * 64):
+        answers = core.send(body(n, size))
+        until(core, answered(answers))
+        rec = core.take()
+        got.append(core.log.payload(rec)[1:])
+        core.log.ack(rec)
+    assert got == [body(n, 906 if n < 64 else 907) for n in range(128)]
+
+
+# ---------------------------------------------------------------- finding 3: one held message must not pin the ring
+
+def test_one_held_message_does_not_make_the_queue_full():
+    """Nothing queued, one message held, 1,000-byte messages going through many laps:
+    every one is accepted and stored; the held one is still there, once."""
+    core = Core(cap=60 * 1024)
+    held = wrap_with_a_held_message(core, laps=6, size=1000)
+    assert core.log.live_bytes < 2 * 1100
+    core.log.requeue(held)
+    core.settle(2)
+    core = core.crash("kill")
+    assert core.drain() == [body(0)]
+
+
+# ---------------------------------------------------------------- finding 4: no hang after a restart
+
+def test_a_restart_after_acks_that_no_checkpoint_recorded_frees_their_room():
+    """Everything ACKed (durably) within the last checkpoint interval, then kill -9:
+    the restarted log frees that room without a consumer, so SENDs are answered."""
+    core = Core()
+    n = 0
+    while True:
+        try:
+            core.send(body(n, 1500))
+        except QueueFull:
+            break
+        n += 1
+    core.log.flush()
+    core.log.sync()
+    for _ in range(n):
+        core.log.ack(core.take())
+    core.log.flush()
+    core.log.sync()    # the ACKs are durable; no checkpoint has named the new tail
+    core = core.crash("kill")
+    answers = [core.send(body(10_000 + i, 1500)) for i in range(n // 2)]
+    until(core, lambda: all(a == [None] for a in answers), rounds=10)
+
+
+# ---------------------------------------------------------------- finding 7: compaction keeps pace
+
+def test_compaction_moves_held_messages_in_batches_not_one_per_checkpoint():
+    """A consumer holds 40 messages while the ring wraps: producers wait a few rounds
+    per lap at most, never a round per held message."""
+    core = Core(cap=256 * 1024)
+    for n in range(40):
+        core.send(body(n, 500))
+    core.settle(1)
+    held = [core.take() for _ in range(40)]
+    waits = placed = 0
+    n = 40
+    while placed * 600 < 5 * core.log.capacity:
+        batch = [core.send(body(n + i, 500)) for i in range(16)]
+        n += 16
+        core.round()
+        while not all(batch):
+            waits += 1
+            core.round()
+        for _ in range(16):
+            core.log.ack(core.take())
+        placed += 16
+    assert waits <= 5 * 4, f"{waits} rounds waited over 5 laps"
+    assert all(rec.offset >= RING_START for rec in held)
+
+
+# ---------------------------------------------------------------- finding 7 (issue item 7): large messages
+
+def test_a_message_of_an_eighth_of_the_cap_is_stored_and_a_too_large_one_says_the_limit():
+    core = Core()
+    big = b"b" * (CAP // 8)
+    answers = core.send(big)
+    until(core, lambda: answers == [None])
+    assert core.drain() == [big]
+    with pytest.raises(TooLarge, match=r"larger than this broker can ever store \(the limit is \d+ bytes"):
+        core.send(b"x" * (core.log.max_message + 1))
+
+
+# ---------------------------------------------------------------- the suspected hazards
+
+def test_recovery_syncs_what_it_found_before_a_checkpoint_names_it():
+    """The review suspected recovery wrote its checkpoint in the same fdatasync as the
+    records it names; the order of disk calls at start-up says otherwise."""
+    core = Core()
+    for n in range(5):
+        core.send(body(n))
+    core.log.flush()   # written, never synced: kill -9 keeps them in the page cache
+    calls: list[str] = []
+    disk = core.disk.crash("kill")
+    real_sync, real_pwrite = disk.sync, disk.pwrite
+
+    def sync() -> None:
+        calls.append("sync")
+        real_sync()
+
+    def pwrite(data: bytes, offset: int) -> None:
+        calls.append("slot" if offset in fmt.SLOT_OFFSETS else "write")
+        real_pwrite(data, offset)
+
+    disk.sync, disk.pwrite = sync, pwrite  # type: ignore[method-assign]
+    restarted = Core(disk)
+    assert calls == ["sync", "slot", "sync"]
+    assert restarted.drain() == [body(n) for n in range(5)]
+
+
+def test_a_checkpoint_never_overwrites_the_newest_durable_slot_while_another_is_unsynced():
+    """The review suspected a checkpoint write could land in the slot holding the last
+    durable checkpoint while the other slot's write was unsynced: every slot write must
+    come after a sync that followed the previous slot write."""
+    core = Core()
+    slots: list[int] = []
+    synced_since_slot = [True]
+    real_pwrite, real_sync = core.disk.pwrite, core.disk.sync
+
+    def pwrite(data: bytes, offset: int) -> None:
+        if offset in fmt.SLOT_OFFSETS:
+            assert synced_since_slot[0], "a checkpoint was written while the previous one was unsynced"
+            synced_since_slot[0] = False
+            slots.append(offset)
+        real_pwrite(data, offset)
+
+    def sync() -> None:
+        synced_since_slot[0] = True
+        real_sync()
+
+    core.disk.pwrite, core.disk.sync = pwrite, sync  # type: ignore[method-assign]
+    for n in range(300):
+        core.send(body(n))
+        core.clock.now += 0.06
+        core.log.flush()
+        if n % 3 == 0:
+            core.log.sync()
+        if n % 5 == 0:
+            core.log.ack(core.take())
+    assert len(slots) > 10 and set(slots) == set(fmt.SLOT_OFFSETS)
+
+
+def test_bytes_an_earlier_run_left_past_a_torn_record_never_continue_the_chain(tmp_path):
+    """Records A and B were written unsynced; power loss kept B but not A. Recovery stops
+    at A's place, and the next run writes C there. If C were exactly A's size and took
+    A's write sequence, B would look like C's successor after the next crash: recovery
+    moves the write sequence past anything a stale record can hold."""
+    path = tmp_path / "q.log"
+    disk = FileDisk(str(path))
+    log = LogCore(disk, CAP)
+    log.append(b"\n" + body(1))
+    log.flush()
+    log.sync()
+    a = log.append(b"\n" + body(2))
+    log.append(b"\n" + body(3))
+    log.flush()
+    disk.close()
+    raw = bytearray(path.read_bytes())
+    raw[a.offset:a.offset + a.size] = bytes(a.size)   # A lost, B kept
+    path.write_bytes(bytes(raw))
+    disk = FileDisk(str(path))
+    log = LogCore(disk, CAP)
+    assert [log.payload(r)[1:] for r in iter(log.next_ready, None)] == [body(1)]
+    c = log.append(b"\n" + body(4))    # the same size as A: ends where B starts
+    log.flush()
+    log.sync()
+    assert c.offset == a.offset and c.size == a.size
+    disk.close()
+    disk = FileDisk(str(path))
+    log = LogCore(disk, CAP)
+    payloads = [log.payload(r)[1:] for r in iter(log.next_ready, None)]
+    disk.close()
+    assert payloads == [body(1), body(4)], "the stale record B came back after C"
+
+
+def test_recovered_count_counts_each_message_once():
+    """The 'recovered N messages' line counted a copied message twice."""
+    core = Core()
+    wrap_with_a_held_message(core)
+    core.send(body(9999, 2000))
+    core.log.flush()
+    core.log.sync()
+    restarted = core.crash("kill")
+    assert restarted.log.recovery.messages == len(restarted.drain())
+
+
+def test_disk_full_refuses_with_a_clear_reason_and_recovers_once_space_is_freed():
+    """The file grows by what a record needs when the file system is nearly full."""
+    disk = SimDisk(random.Random(3), free_bytes=8192)
+    core = Core(disk, cap=1 << 20)
+    first = core.send(body(1, 1000))
+    until(core, answered(first))
+    refused = core.send(body(2, 8000))
+    until(core, lambda: bool(refused))
+    assert refused[0] is not None and refused[0].startswith("disk full")
+    disk.free_bytes = None
+    later = core.send(body(3, 8000))
+    until(core, answered(later))
+    assert core.drain() == [body(1, 1000), body(3, 8000)]
+    assert disk.size() <= 1 << 20
+
+
+def test_a_record_header_line_has_a_fixed_width():
+    line = fmt.encode_record(fmt.STATE_RDY, 0, 1, 1, 1, b"x", copy=True)
+    assert len(line) == RECORD_HEADER and PAD_SIZE == RECORD_HEADER + 1
