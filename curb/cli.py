@@ -2,7 +2,7 @@
 
 SIGINT and SIGTERM stop accepting, finish the owed syncs and receipts, and exit 0. A
 failure exits with one line on stderr, and its status says whether trying again can help,
-which is what a supervisor needs (the systemd unit restarts on 1 and not on 2):
+which is what a supervisor needs (the systemd unit restarts on 1, not on 2 or 3):
 
 - 2, a usage error: only the operator can fix it. A bad flag, an address that cannot be
   bound (in use, not local, privileged), and a log file that is locked by another curb, is
@@ -14,8 +14,12 @@ which is what a supervisor needs (the systemd unit restarts on 1 and not on 2):
   and recovered, and a write or sync of the log that fails while serving. The line names the
   file and the error.
 
-The log reports what it cannot use as `LogError` (status 2, or the error's `exit_status`
-attribute if it has one) and raises plain OSError for what the system refused.
+- 3, a damaged log: the file is a curb log but both checkpoint slots are unreadable, so
+  start-up cannot tell where the queue is. Move the file away (keep it for `curb inspect`).
+  Damage start-up can skip is skipped and reported instead, never an exit.
+
+The log reports what it cannot use as `LogError` with its `exit_status` (2, or 3 for
+LogDamaged) and raises plain OSError for what the system refused.
 """
 
 from __future__ import annotations
@@ -33,10 +37,11 @@ import click
 
 from curb import __version__, systemd
 from curb.addr import parse_addr
+from curb.broker import Broker
 from curb.inspect import inspect_command
 from curb.log import Log, LogError, parse_size
 from curb.metrics import Metrics, serve_http
-from curb.server import Broker, Session
+from curb.server import Connection
 
 DEFAULT_PORT = 61613
 DRAIN_SECONDS = 5.0
@@ -128,7 +133,7 @@ def command(ctx, cap, addr, path, prefetch, max_frame, heartbeat, http, log_form
         sys.exit(err.status)
     except LogError as err:
         click.echo(f"curb: {err}", err=True)
-        sys.exit(getattr(err, "exit_status", EXIT_USAGE))
+        sys.exit(err.exit_status)
     except OSError as err:
         click.echo(f"curb: {_describe(err)}", err=True)
         sys.exit(EXIT_IO)
@@ -160,11 +165,11 @@ async def serve(*, cap: int, addr, path: str, prefetch: int, max_frame: int, hea
     metrics = Metrics()
     broker: Broker | None = None
 
-    def new_session() -> Session:
+    def new_session() -> Connection:
         # The servers are created before the log is recovered, but they start serving
         # (and so call this) only after the broker below is in place.
         assert broker is not None, "a connection was accepted before the broker existed"
-        return Session(broker)
+        return Connection(broker)
 
     inherited = systemd.listen_sockets()
     if inherited:
@@ -228,12 +233,9 @@ async def serve(*, cap: int, addr, path: str, prefetch: int, max_frame: int, hea
     events("stopping", "stopping: draining syncs and receipts")
     for server in servers:
         server.close()
-    for session in list(broker.sessions):
-        session.transport.pause_reading()
-        broker.requeue(broker.queue.close(session))
+    broker.stop_delivering()
     await log.close()
-    for session in list(broker.sessions):
-        session.close_transport()
+    broker.close_sessions()
     deadline = loop.time() + DRAIN_SECONDS
     while broker.sessions and loop.time() < deadline:
         await asyncio.sleep(0.01)

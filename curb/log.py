@@ -46,9 +46,10 @@ from curb.disk import Disk, FileDisk, LockedError
 from curb.reader import RecordReader
 from curb.record import PAD_SIZE, RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, FormatError
 from curb.ring import Ring
-from curb.scan import SIZE_CLASSES, Entry, LogError, LogReader, Scan, Summary, class_bound, size_class
+from curb.scan import SIZE_CLASSES, Entry, LogDamaged, LogError, LogReader, Scan, Summary, class_bound, size_class
 
-__all__ = ["Entry", "Log", "LogCore", "LogError", "LogReader", "QueueFull", "Record", "Summary", "TooLarge"]
+__all__ = ["Entry", "Log", "LogCore", "LogDamaged", "LogError", "LogReader", "QueueFull", "Record", "Summary",
+           "TooLarge"]
 
 MIN_CAP = 16 * 1024
 ALLOCATE_STEP = 1 << 20
@@ -167,16 +168,21 @@ class LogCore:
             disk.pwrite(fmt.initial_header(), 0)
             disk.sync()
             size = RING_START
+        header = disk.pread(RING_START, 0)
         try:
-            ckpt = fmt.latest_checkpoint(disk.pread(RING_START, 0))
+            ckpt = fmt.latest_checkpoint(header)
         except FormatError as err:
-            raise LogError(f"{self.name}: {err}; move it away or pick another -file") from None
+            if not header.startswith(fmt.MAGIC):
+                raise LogError(f"{self.name}: {err}; move it away or pick another -file") from None
+            raise LogDamaged(f"{self.name}: {err}; keep a copy for `curb inspect`, move it away "
+                             f"and start again (its messages cannot be recovered by start-up)") from None
         if size > self.end or max(ckpt.head, ckpt.tail) > self.end - PAD_SIZE:
             need = max(size, ckpt.head + PAD_SIZE, ckpt.tail + PAD_SIZE)
             raise LogError(f"{self.name} holds {need} bytes, more than -cap allows ({self.end}); "
                            f"start with -cap {-(-need // (1 << 20))}MiB or larger")
         if min(ckpt.head, ckpt.tail) < RING_START:
-            raise LogError(f"{self.name}: the log's checkpoint is not valid; move it away or pick another -file")
+            raise LogDamaged(f"{self.name}: the log's checkpoint is not valid; keep a copy for `curb inspect`, "
+                             f"move it away and start again")
         scan = Scan(disk, ckpt, self.end)
         scan.run()
         self._next_id = max(ckpt.next_id, scan.max_id + 1)

@@ -56,7 +56,17 @@ SIZE_CLASSES = 4 * 64 + 4
 
 
 class LogError(Exception):
-    """The log file cannot be used; str() says what to fix."""
+    """The log file cannot be used; str() says what to fix. `exit_status` is the
+    broker's: 2, the operator must change a flag or the file."""
+
+    exit_status = 2
+
+
+class LogDamaged(LogError):
+    """The file is a curb log damaged past what start-up can skip (both checkpoint
+    slots unreadable): exit status 3, distinct from usage errors, and not retried."""
+
+    exit_status = 3
 
 
 class Scan:

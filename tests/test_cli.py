@@ -16,7 +16,8 @@ import pytest
 
 import curb
 from curb import cli
-from curb.log import LogError
+from curb.disk import FileDisk
+from curb.log import LogCore, LogError
 
 DOCUMENTED_FLAGS = ["-cap", "-addr", "-file", "-prefetch", "-max-frame", "-heartbeat", "--version"]
 
@@ -81,6 +82,24 @@ def test_a_file_that_is_not_a_curb_log_is_refused_and_left_alone(run_curb, tmp_p
     line = one_line(run_curb("-cap", "10MiB", "-addr", "127.0.0.1:0", "-file", str(path)))
     assert "notes.txt" in line and "not a curb log" in line
     assert path.read_text() == content
+
+
+def test_a_log_whose_checkpoints_are_both_damaged_exits_3_with_one_line(run_curb, tmp_path):
+    """Damage start-up cannot skip is its own exit status (the unit does not restart on
+    it), one line, no traceback; the file is left as it was."""
+    path = tmp_path / "curb.log"
+    disk = FileDisk(str(path))
+    LogCore(disk, 1 << 20)
+    disk.close()
+    raw = bytearray(path.read_bytes())
+    for slot in (256, 384):
+        raw[slot + 10] ^= 0x01
+    path.write_bytes(bytes(raw))
+    result = run_curb("-cap", "1MiB", "-addr", "127.0.0.1:0", "-file", str(path))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 3, result.stderr
+    assert len(lines) == 1 and "damaged" in lines[0] and "move it away" in lines[0]
+    assert path.read_bytes() == bytes(raw)
 
 
 def start_with_a_failing_log(monkeypatch, capsys, path: Path, error: Exception) -> tuple[int, list[str]]:
