@@ -6,9 +6,9 @@ Rules (pure state, no sockets, no files):
   connection are rdy again and wait in a heap, oldest id first, ahead of the source.
 - A subscription holds at most `prefetch` wip messages. ACK and NACK free credit; in
   "client" mode they are cumulative over the subscription's wip in delivery order.
-- "auto" subscriptions hold no wip: a message is done once handed to them. So that one
-  greedy consumer cannot pull the whole log into memory at once, they take at most
-  `prefetch` messages per `deliver()` call.
+- "auto" subscriptions hold wip and credit like the others: the caller ACKs a message for
+  them once it has handed it to the connection, so that a consumer that stops reading
+  holds at most `prefetch` messages, and a message it never got is rdy again when it goes.
 - UNSUBSCRIBE pauses a subscription: it gets nothing more, its wip stays and can still be
   ACKed or NACKed on its connection. Closing the connection returns all of its wip.
 - Competing subscriptions take turns, one message each, in a ring that persists across
@@ -67,7 +67,7 @@ class Subscription(Generic[C, M]):
     unacked: OrderedDict[int, M] = field(default_factory=OrderedDict, repr=False)
 
     def has_room(self) -> bool:
-        return self.ack_mode == "auto" or len(self.unacked) < self.prefetch
+        return len(self.unacked) < self.prefetch
 
 
 class Queue(Generic[C, M]):
@@ -148,18 +148,13 @@ class Queue(Generic[C, M]):
     def deliver(self) -> list[tuple[Subscription[C, M], M]]:
         """Hand out as many messages as credit allows: redeliveries (oldest first), then new ones.
 
-        Subscriptions take turns one message at a time. A message for an "auto" subscription
-        is done once returned (the caller removes it). Since an "auto" subscription takes at
-        most `prefetch` messages per call, a non-empty result may leave more deliverable:
-        call again once it is written.
+        Subscriptions take turns one message at a time, each up to its credit.
         """
         delivered: list[tuple[Subscription[C, M], M]] = []
         ring = self._ring
         if not ring:
             return delivered
         redeliver, wip, source = self._redeliver, self._wip, self._source
-        auto_taken: dict[Subscription[C, M], int] = {}
-        auto_spent: list[Subscription[C, M]] = []
         message: M | None
         while ring:
             if redeliver:
@@ -171,20 +166,10 @@ class Queue(Generic[C, M]):
             sub = ring.popitem(last=False)[0]
             message.deliveries += 1
             delivered.append((sub, message))
-            if sub.ack_mode == "auto":
-                taken = auto_taken.get(sub, 0) + 1
-                auto_taken[sub] = taken
-                if taken < sub.prefetch:
-                    ring[sub] = None
-                else:
-                    auto_spent.append(sub)
-            else:
-                sub.unacked[message.id] = message
-                wip[message.id] = sub
-                if len(sub.unacked) < sub.prefetch:
-                    ring[sub] = None
-        for sub in auto_spent:
-            ring[sub] = None
+            sub.unacked[message.id] = message
+            wip[message.id] = sub
+            if len(sub.unacked) < sub.prefetch:
+                ring[sub] = None
         return delivered
 
     def ack(self, conn: C, message_id: int) -> list[M]:

@@ -48,6 +48,10 @@ def ids(pairs) -> list[int]:
     return [message.id for _, message in pairs]
 
 
+def ids_of(messages) -> list[int]:
+    return [message.id for message in messages]
+
+
 def routes(pairs) -> list[tuple[str, int]]:
     return [(sub.id, message.id) for sub, message in pairs]
 
@@ -462,25 +466,27 @@ def test_writable_again_does_not_exceed_prefetch():
 # --- auto mode -----------------------------------------------------------------------
 
 
-def test_auto_messages_are_done_once_delivered():
+def test_auto_messages_are_wip_until_the_caller_acks_their_hand_off():
     queue, _ = make_queue(3)
     queue.subscribe("c", "0", "auto")
     pairs = queue.deliver()
     assert ids(pairs) == [1, 2, 3]
     assert [m.deliveries for _, m in pairs] == [1, 1, 1]
-    assert (queue.wip_count, queue.redeliver_count) == (0, 0)
-    with pytest.raises(QueueError):
-        queue.ack("c", 1)
-    assert queue.close("c") == []
+    assert queue.wip_count == 3
+    assert ids_of(queue.ack("c", 1)) == [1], "auto ACKs one message, not cumulatively"
+    assert ids_of(queue.ack("c", 2)) == [2]
+    assert ids_of(queue.close("c")) == [3], "a message never handed off is rdy again"
 
 
-def test_auto_takes_at_most_prefetch_messages_per_call():
+def test_auto_holds_at_most_prefetch_messages():
     queue, _ = make_queue(5)
     queue.subscribe("c", "0", "auto", prefetch=2)
     assert ids(queue.deliver()) == [1, 2]
-    assert queue.has_credit()
+    assert not queue.has_credit()
+    assert queue.deliver() == []
+    queue.ack("c", 1)
+    queue.ack("c", 2)
     assert ids(queue.deliver()) == [3, 4]
-    assert ids(queue.deliver()) == [5]
 
 
 def test_auto_consumer_shares_with_a_client_consumer():
@@ -608,17 +614,14 @@ class Model:
                 self.rdy_again.remove(message.id)
             else:
                 fresh_started = True
-            if sub.ack_mode == "auto":
-                self.done.add(message.id)
-            else:
-                self.wip[message.id] = sub
+            self.wip[message.id] = sub
         assert redelivered == sorted(redelivered)
 
     def check_finished(self, action, conn, message_id, finished) -> None:
         sub = self.wip[message_id]
         finished_ids = [m.id for m in finished]
         assert message_id in finished_ids
-        if sub.ack_mode == "client-individual":
+        if sub.ack_mode != "client":
             assert finished_ids == [message_id]
         for i in finished_ids:
             assert self.wip.pop(i) is sub
@@ -643,7 +646,7 @@ class Model:
         assert all(count <= sub.prefetch for sub, count in held.items())
         can_take = any(
             self.writable[c]
-            and (sub.ack_mode == "auto" or held.get(sub, 0) < sub.prefetch)
+            and held.get(sub, 0) < sub.prefetch
             for c, sub in self.active.items()
         )
         assert queue.has_credit() == can_take
@@ -656,6 +659,8 @@ class Model:
         self.writable["z"] = True
         while pairs := self.queue.deliver():
             self.check_delivery(pairs)
+            for _, message in pairs:
+                self.check_finished("ack", "z", message.id, self.queue.ack("z", message.id))
         assert self.done == set(range(1, self.source.next_id))
 
 

@@ -1,0 +1,241 @@
+"""The one coordinator of the queue's steps, shared by every session.
+
+Sessions say what a client did (send, subscribe, ack, nack, went away, was handed a
+message); only this module turns that into calls on the queue state machine, the log and
+the metrics, so each step is written once: an ACK is `queue.ack` then `log.ack`, and every
+message that is rdy again (NACK, a connection gone, shutdown) goes back through `_requeue`.
+
+It also gathers each connection's output of one loop pass into one write (`want_flush`,
+`flush_out`) and coalesces `./count` updates. It needs a scheduler for both and takes it
+as a parameter, so tests drive it without an event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from curb.cursor import Record
+from curb.log import QueueFull, TooLarge
+from curb.metrics import Metrics
+from curb.queue import Queue, Subscription
+
+if TYPE_CHECKING:
+    from curb.session import Session
+
+COUNT_COALESCE_SECONDS = 0.05
+Done = Callable[[str | None], None]
+Schedule = Callable[[float, Callable[[], None]], object]
+
+
+class Store(Protocol):
+    """What the broker needs of the log (curb.log.Log, or a fake in tests)."""
+
+    on_written: Callable[[], None]
+    on_answered: Callable[[], None]
+
+    @property
+    def unread(self) -> int: ...
+    @property
+    def live_bytes(self) -> int: ...
+    @property
+    def file_bytes(self) -> int: ...
+    @property
+    def end(self) -> int: ...
+
+    def append(self, payload: bytes, done: Done | None = None, urgent: bool = True) -> Record: ...
+    def ack(self, rec: Record) -> None: ...
+    def requeue(self, rec: Record) -> None: ...
+    def on_durable(self, done: Done) -> None: ...
+    def payload(self, rec: Record) -> bytes: ...
+    def next_ready(self) -> Record | None: ...
+    def flush(self) -> None: ...
+
+
+class Refused(Exception):
+    """A SEND the log would not take; nothing was stored. `message` is for the ERROR
+    frame's header, str() the detail."""
+
+    def __init__(self, message: str, detail: str):
+        super().__init__(detail)
+        self.message = message
+
+
+def _loop_schedule(delay: float, callback: Callable[[], None]) -> object:
+    loop = asyncio.get_running_loop()
+    return loop.call_soon(callback) if delay <= 0 else loop.call_later(delay, callback)
+
+
+class Broker:
+    """The one queue, its log and its metrics, and the sessions that use them."""
+
+    def __init__(self, log: Store, *, prefetch: int = 100, max_frame: int = 16 << 20,
+                 heartbeat_ms: int = 10000, metrics: Metrics | None = None,
+                 events: Callable[..., None] = lambda *a, **k: None, schedule: Schedule = _loop_schedule):
+        self.log = log
+        self.queue: Queue[Session, Record] = Queue(log, default_prefetch=prefetch)
+        self.max_frame = max_frame
+        self.heartbeat_ms = heartbeat_ms
+        self.metrics = metrics or Metrics()
+        self.events = events
+        self.schedule = schedule
+        self.sessions: set[Session] = set()
+        self._counters: set[Session] = set()
+        self._count_scheduled = False
+        self._pumping = False
+        self._pump_wanted = False
+        self._dirty: list[Session] = []
+        log.on_written = self.pump
+        log.on_answered = self.flush_out
+
+    # ---------------------------------------------------------------- a session's steps
+
+    def join(self, session: Session) -> None:
+        self.sessions.add(session)
+        self.metrics.connections_total += 1
+
+    def send(self, payload: bytes, done: Done, urgent: bool) -> None:
+        """Store a SEND's payload; `done` runs once it is durable (or was lost)."""
+        try:
+            self.log.append(payload, done, urgent=urgent)
+        except TooLarge as err:
+            self.metrics.refused_too_large += 1
+            raise Refused("message too large", str(err)) from None
+        except QueueFull as err:
+            self.metrics.refused_full += 1
+            raise Refused("queue full", str(err)) from None
+        self.metrics.sent += 1
+        if self._counters:
+            self.counts_changed()
+
+    def subscribe(self, session: Session, sub_id: str, ack_mode: str,
+                  prefetch: int | None) -> Subscription[Session, Record]:
+        return self.queue.subscribe(session, sub_id, ack_mode, prefetch)
+
+    def unsubscribe(self, session: Session, sub_id: str) -> None:
+        self.queue.unsubscribe(session, sub_id)
+
+    def ack(self, session: Session, msg_id: int) -> None:
+        """The client is done with the message (and, in client mode, the earlier ones)."""
+        for rec in self.queue.ack(session, msg_id):
+            self.log.ack(rec)
+            self.metrics.acked += 1
+
+    def nack(self, session: Session, msg_id: int) -> None:
+        records = self.queue.nack(session, msg_id)
+        self.metrics.nacked += len(records)
+        self._requeue(records)
+
+    def handed_off(self, session: Session, records: list[Record]) -> None:
+        """Messages of an auto subscription went to the connection's transport: only now
+        are they done, and their credit is free for more."""
+        for rec in records:
+            self.queue.ack(session, rec.id)
+            self.log.ack(rec)
+        self.metrics.delivered += len(records)
+        self._pump_wanted = True
+
+    def when_durable(self, done: Done) -> None:
+        """Run done(None) once every step asked of the log so far is on disk."""
+        self.log.on_durable(done)
+
+    def watch_counts(self, session: Session, watching: bool) -> None:
+        if watching:
+            self._counters.add(session)
+        else:
+            self._counters.discard(session)
+
+    def gone(self, session: Session) -> None:
+        """The connection is gone: its subscriptions vanish and its wip is rdy again."""
+        self.sessions.discard(session)
+        self._counters.discard(session)
+        self._requeue(self.queue.close(session))
+        self.pump()
+
+    def _requeue(self, records: list[Record]) -> None:
+        """The one place a message becomes rdy again in the log."""
+        for rec in records:
+            self.log.requeue(rec)
+
+    # ---------------------------------------------------------------- shutdown
+
+    def stop_delivering(self) -> None:
+        """Shutdown, first step: no session reads or gets messages any more; all wip is rdy."""
+        for session in list(self.sessions):
+            session.stop_reading()
+            self._requeue(self.queue.close(session))
+
+    def close_sessions(self) -> None:
+        """Shutdown, last step: every connection closes once its output is written."""
+        for session in list(self.sessions):
+            session.close()
+
+    # ---------------------------------------------------------------- delivery and output
+
+    def pump(self) -> None:
+        """Hand out every message that some subscription has credit for."""
+        if self._pumping:
+            return
+        self._pumping = True
+        delivered = 0
+        try:
+            while True:
+                batch = self.queue.deliver()
+                if not batch:
+                    break
+                for sub, rec in batch:
+                    sub.conn.deliver(sub, rec)
+                    if sub.ack_mode != "auto":
+                        delivered += 1
+        finally:
+            self._pumping = False
+        self.metrics.delivered += delivered
+        if self._counters:
+            self.counts_changed()
+
+    def after_frames(self) -> None:
+        """A connection's frames are handled: write them to the log, deliver what can
+        be delivered, and send the answers, all in this loop pass."""
+        self.log.flush()
+        self.pump()
+        self.flush_out()
+
+    def want_flush(self, session: Session) -> None:
+        """Gather every connection's output of this loop pass into one write each."""
+        if not self._dirty:
+            self.schedule(0, self.flush_out)
+        self._dirty.append(session)
+
+    def flush_out(self) -> None:
+        dirty, self._dirty = self._dirty, []
+        for session in dirty:
+            session.on_output()
+        if self._pump_wanted:
+            self._pump_wanted = False
+            self.pump()
+
+    # ---------------------------------------------------------------- counts
+
+    def counts(self) -> dict[str, int]:
+        return {"rdy": self.log.unread + self.queue.redeliver_count,
+                "wip": self.queue.wip_count,
+                "subscriptions": self.queue.subscription_count}
+
+    def counts_changed(self) -> None:
+        """Coalesce count updates for ./count subscribers into one MESSAGE per change."""
+        if not self._count_scheduled:
+            self._count_scheduled = True
+            self.schedule(COUNT_COALESCE_SECONDS, self._send_counts)
+
+    def _send_counts(self) -> None:
+        self._count_scheduled = False
+        counts = self.counts()
+        for session in list(self._counters):
+            session.send_counts(counts)
+
+    def gauges(self) -> dict[str, Any]:
+        counts = self.counts()
+        return {"rdy": counts["rdy"], "wip": counts["wip"], "connections": len(self.sessions),
+                "subscriptions": counts["subscriptions"], "log_bytes": self.log.file_bytes,
+                "live_bytes": self.log.live_bytes, "cap": self.log.end}

@@ -1,0 +1,443 @@
+"""One STOMP 1.2 connection's rules, sans I/O: bytes in, bytes out, events for the transport.
+
+The transport (curb.server for TCP; TLS and WebSocket next) feeds received bytes to
+`receive_data(data, now)`, is told through `on_output` that output waits, takes it with
+`data_to_send(now)`, and then reads the events: `close_wanted` (close once the output is
+written, or abort), `reading` (False: stop reading this peer) and `next_deadline` (when
+to call `tick(now)`). The session keeps no clock, no socket and no event loop.
+
+Rules:
+- Which frame is allowed when is the table `RULES`, (state, command) -> handler. A frame
+  the table does not name gets one ERROR naming the state and the command, and the
+  connection closes after it (STOMP 1.2 ERROR). Frames after DISCONNECT or an ERROR are
+  dropped unread.
+- A frame's RECEIPT leaves once its effect is durable when it changed the log (SEND, ACK,
+  NACK, DISCONNECT) and at once otherwise, but never before the receipts owed for earlier
+  frames: receipts leave in frame order.
+- Heart-beats are negotiated once at CONNECT (curb.heartbeat); their deadlines are data
+  derived from when bytes last came and went.
+- An `ack:auto` message is done only once `data_to_send` hands it to the transport; one
+  the transport never took is rdy again when the connection goes.
+- The queue, the log and the metrics are reached only through the Broker.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from curb import __version__, heartbeat, payload
+from curb.broker import Refused
+from curb.frame import Frame, FrameParser, ProtocolError, encode, escape
+from curb.queue import QueueError, Subscription
+
+if TYPE_CHECKING:
+    from curb.broker import Broker
+    from curb.cursor import Record
+
+COUNT_DESTINATION = "./count"
+SERVER = f"curb/{__version__}"
+BEAT_EARLY = 0.9  # send our heart-beat a little before it is due, so it is never late
+
+NEW, OPEN, CLOSING = "before CONNECT", "after CONNECT", "closing"
+Handler = Callable[["Session", Frame], None]
+
+
+@dataclass(slots=True)
+class Owed:
+    """A receipt in the line: its bytes once known, and what to do once it is sent."""
+
+    data: bytes | None = None
+    then: Callable[[], None] | None = None
+
+
+class Session:
+    """One STOMP connection from CONNECT to close, with no I/O of its own."""
+
+    def __init__(self, broker: Broker, now: float, peer: str = "?"):
+        self.broker = broker
+        self.peer = peer
+        self.state = NEW
+        self.parser = FrameParser(max_frame_bytes=broker.max_frame)
+        # Events for the transport.
+        self.close_wanted: str | None = None  # "close" once the output is written, or "abort"
+        self.reading = True
+        self.on_output: Callable[[], None] = lambda: None  # the transport's hook: output waits
+        self.writable = True
+        self._gone = False
+        self._out: list[bytes] = []
+        self._woken = False
+        self._handoff: list[Record] = []  # auto messages in _out, done once handed over
+        self._owed: collections.deque[Owed] = collections.deque()
+        self._count_sub: tuple[str, int] | None = None
+        self._last_counts: dict[str, int] | None = None
+        self._counts_owed = False
+        self._prefixes: dict[Subscription[Session, Record], bytes] = {}
+        self.last_recv = self.last_send = now
+        self.send_every = self.expect_every = 0.0
+        broker.join(self)
+
+    # ---------------------------------------------------------------- the transport's calls
+
+    def receive_data(self, data: bytes, now: float) -> None:
+        """Bytes from the peer: handle every frame they complete."""
+        if self.state is CLOSING or self._gone:
+            return
+        self.last_recv = now
+        try:
+            frames = self.parser.feed(data)
+        except ProtocolError as err:
+            self.error(str(err), "The bytes received are not a valid STOMP 1.2 frame.")
+            frames = []
+        for frame in frames:
+            if self.state is CLOSING:
+                break
+            self.handle(frame)
+        self.broker.after_frames()
+
+    def data_to_send(self, now: float) -> bytes:
+        """Everything to write now. Auto-acked messages in it are done from here on."""
+        self._woken = False
+        if not self._out:
+            return b""
+        data = b"".join(self._out)
+        self._out.clear()
+        self.last_send = now
+        if self._handoff:
+            handoff, self._handoff = self._handoff, []
+            self.broker.handed_off(self, handoff)
+        return data
+
+    def discard_output(self) -> None:
+        """The transport can take nothing more (it is closing)."""
+        self._woken = False
+        self._out.clear()
+        self._handoff.clear()
+
+    def set_writable(self, writable: bool) -> None:
+        """The transport's unsent output crossed its high-water mark (False) or drained
+        below its low one (True). While it is above, nothing new is made for this peer,
+        and its frames are not read, since their answers could not be written."""
+        self.writable = writable
+        self.reading = writable and self.close_wanted is None
+        queue = self.broker.queue
+        queue.set_writable(self, writable)
+        if writable:
+            if self._counts_owed:
+                self.send_counts(self.broker.counts())
+            self.broker.pump()
+
+    def tick(self, now: float) -> None:
+        """The heart-beat deadline came: drop a silent peer, or send a beat."""
+        if self._gone or self.close_wanted:
+            return
+        if self.expect_every and now - self.last_recv > heartbeat.tolerance(self.expect_every):
+            self.broker.events("heartbeat_timeout", f"no heart-beat from {self.peer}; closing", peer=self.peer)
+            self._close("abort")
+            return
+        if self.send_every and now - self.last_send >= self.send_every * BEAT_EARLY:
+            self.last_send = now
+            self.write(b"\n")
+
+    @property
+    def next_deadline(self) -> float | None:
+        """When `tick` has something to check, or None while heart-beats are off."""
+        deadline = None
+        if self.send_every:
+            deadline = self.last_send + self.send_every * BEAT_EARLY
+        if self.expect_every:
+            silent = self.last_recv + heartbeat.tolerance(self.expect_every)
+            deadline = silent if deadline is None else min(deadline, silent)
+        return deadline
+
+    def connection_lost(self) -> None:
+        if self._gone:
+            return
+        self._gone = True
+        self.state = CLOSING
+        self.discard_output()
+        self.broker.gone(self)
+
+    # ---------------------------------------------------------------- the broker's calls
+
+    def deliver(self, sub: Subscription[Session, Record], rec: Record) -> None:
+        """Write one MESSAGE: the cached prefix of its subscription, then the message."""
+        stored, body = payload.split(self.broker.log.payload(rec))
+        extra = b"redelivered:true\ncurb-deliveries:%d\n" % rec.deliveries if rec.deliveries > 1 else b""
+        if rec.deliveries > 1:
+            self.broker.metrics.redelivered += 1
+        if sub.ack_mode == "auto":
+            ack = b""
+            self._handoff.append(rec)
+        else:
+            ack = b"ack:%d\n" % rec.id
+        self.write(b"%smessage-id:%d\n%s%s%scontent-length:%d\n\n%s\0" % (
+            self._prefixes[sub], rec.id, ack, extra, stored, len(body), body))
+
+    def send_counts(self, counts: dict[str, int]) -> None:
+        """One `./count` MESSAGE if the counts changed since the last; while the peer
+        does not read, only the latest counts are kept for later."""
+        if self._count_sub is None or counts == self._last_counts:
+            return
+        if not self.writable:
+            self._counts_owed = True
+            return
+        self._counts_owed = False
+        sub_id, n = self._count_sub
+        self._count_sub = (sub_id, n + 1)
+        self._last_counts = counts
+        body = json.dumps(counts).encode()
+        self.write(encode("MESSAGE", {"subscription": sub_id, "message-id": f"count-{n + 1}",
+                                      "destination": COUNT_DESTINATION, "content-type": "application/json",
+                                      "rdy": str(counts["rdy"]), "wip": str(counts["wip"])}, body))
+
+    def stop_reading(self) -> None:
+        """Shutdown: read nothing more from this peer."""
+        self.reading = False
+        self._wake()
+
+    def close(self) -> None:
+        """Close once the output is written."""
+        self.state = CLOSING
+        self._close("close")
+
+    # ---------------------------------------------------------------- frames
+
+    def handle(self, frame: Frame) -> None:
+        handler = RULES.get((self.state, frame.command))
+        if handler is None:
+            unexpected(self, frame)
+            return
+        try:
+            handler(self, frame)
+        except QueueError as err:
+            self.error(str(err), "", frame)
+        except Refused as err:
+            self.error(err.message, str(err), frame)
+
+    def on_connect(self, frame: Frame) -> None:
+        versions = frame.headers.get("accept-version", "1.0").split(",")
+        if "1.2" not in versions:
+            self.write(encode("ERROR", {"version": "1.2", "content-type": "text/plain",
+                                        "message": "unsupported protocol version"},
+                              b"Curb speaks STOMP 1.2 only; send accept-version:1.2.\n"))
+            self._close_after_error("unsupported protocol version")
+            return
+        try:
+            theirs = heartbeat.parse(frame.headers.get("heart-beat", "0,0"))
+        except ValueError:
+            self.error("bad heart-beat header", "heart-beat must be two comma-separated integers.", frame)
+            return
+        ours = self.broker.heartbeat_ms
+        self.send_every, self.expect_every = heartbeat.negotiate((ours, ours), theirs)
+        self.state = OPEN
+        self.write(encode("CONNECTED", {"version": "1.2", "server": SERVER,
+                                        "heart-beat": f"{ours},{ours}", "session": str(id(self))}))
+
+    def on_send(self, frame: Frame) -> None:
+        headers = frame.headers
+        receipt = headers.get("receipt")
+        entry = self._owe() if receipt is not None else None
+
+        def stored(err: str | None) -> None:
+            if err is not None:
+                self.error("message not stored", err, receipt=receipt)
+            elif entry is not None and receipt is not None:
+                self._settle(entry, _receipt(receipt))
+
+        try:
+            self.broker.send(payload.encode(headers, frame.body), stored, urgent=receipt is not None)
+        except Refused:
+            if entry is not None:
+                self._owed.remove(entry)
+            raise
+
+    def on_subscribe(self, frame: Frame) -> None:
+        headers = frame.headers
+        sub_id = headers.get("id")
+        if sub_id is None:
+            raise QueueError("SUBSCRIBE needs an id header")
+        if headers.get("destination") == COUNT_DESTINATION:
+            self._count_sub = (sub_id, 0)
+            self._last_counts = None
+            self.broker.watch_counts(self, True)
+            self.send_counts(self.broker.counts())
+        else:
+            sub = self.broker.subscribe(self, sub_id, headers.get("ack", "auto"), _prefetch(headers))
+            self._prefixes[sub] = b"MESSAGE\nsubscription:%s\ndestination:%s\n" % (
+                escape(sub_id).encode(), escape(headers.get("destination", "/queue/curb")).encode())
+        self._receipt_now(frame)
+
+    def on_unsubscribe(self, frame: Frame) -> None:
+        sub_id = frame.headers.get("id")
+        if sub_id is None:
+            raise QueueError("UNSUBSCRIBE needs an id header")
+        if self._count_sub is not None and self._count_sub[0] == sub_id:
+            self._count_sub = None
+            self.broker.watch_counts(self, False)
+        else:
+            self.broker.unsubscribe(self, sub_id)
+        self._receipt_now(frame)
+
+    def on_ack(self, frame: Frame) -> None:
+        msg_id = self._ack_id(frame)
+        if msg_id is not None:
+            self.broker.ack(self, msg_id)
+        self._receipt_durable(frame)
+
+    def on_nack(self, frame: Frame) -> None:
+        msg_id = self._ack_id(frame)
+        if msg_id is not None:
+            self.broker.nack(self, msg_id)
+        self._receipt_durable(frame)
+
+    def on_disconnect(self, frame: Frame) -> None:
+        self.state = CLOSING
+        receipt = frame.headers.get("receipt")
+        if receipt is None:
+            self._close("close")
+            return
+        entry = self._owe()
+
+        def answer(err: str | None) -> None:
+            if err is None:
+                self._settle(entry, _receipt(receipt), lambda: self._close("close"))
+            else:
+                self._close("close")
+
+        self.broker.when_durable(answer)
+
+    def on_transaction(self, frame: Frame) -> None:
+        self.error("transactions are not supported",
+                   "Curb does not buffer transactions; send frames without 'transaction'.", frame)
+
+    def _ack_id(self, frame: Frame) -> int | None:
+        """The message an ACK or NACK names; None for a ./count update, which needs none."""
+        raw = frame.headers.get("id")
+        if raw is None:
+            raise QueueError(f"{frame.command} needs an id header")
+        if raw.startswith("count-") and self._count_sub is not None:
+            return None
+        try:
+            return int(raw)
+        except ValueError:
+            raise QueueError(f"unknown ack id {raw[:40]!r}") from None
+
+    # ---------------------------------------------------------------- receipts, in order
+
+    def _receipt_now(self, frame: Frame) -> None:
+        receipt = frame.headers.get("receipt")
+        if receipt is not None:
+            self._settle(self._owe(), _receipt(receipt))
+
+    def _receipt_durable(self, frame: Frame) -> None:
+        receipt = frame.headers.get("receipt")
+        if receipt is None:
+            return
+        entry = self._owe()
+
+        def answer(err: str | None) -> None:
+            if err is None:
+                self._settle(entry, _receipt(receipt))
+
+        self.broker.when_durable(answer)
+
+    def _owe(self) -> Owed:
+        """A place in this connection's line of receipts, filled in by _settle()."""
+        entry = Owed()
+        self._owed.append(entry)
+        return entry
+
+    def _settle(self, entry: Owed, data: bytes, then: Callable[[], None] | None = None) -> None:
+        """Fill in an owed receipt and send every receipt now at the front of the line."""
+        entry.data, entry.then = data, then
+        owed = self._owed
+        while owed and (ready := owed[0].data) is not None:
+            after = owed.popleft().then
+            self.write(ready)
+            if after is not None:
+                after()
+
+    # ---------------------------------------------------------------- output and errors
+
+    def write(self, data: bytes) -> None:
+        """Queue output; the transport takes it once per loop pass."""
+        if self._gone:
+            return
+        self._out.append(data)
+        self._wake()
+
+    def _wake(self) -> None:
+        if not self._woken:
+            self._woken = True
+            self.broker.want_flush(self)
+
+    def error(self, message: str, detail: str, frame: Frame | None = None, receipt: str | None = None) -> None:
+        """Send one ERROR frame and close this connection (STOMP 1.2 section ERROR)."""
+        if self._gone or self.close_wanted:
+            return
+        headers = {"message": message, "content-type": "text/plain"}
+        receipt = receipt if receipt is not None else (frame.headers.get("receipt") if frame else None)
+        if receipt is not None:
+            headers["receipt-id"] = receipt
+        self.write(encode("ERROR", headers, (detail + "\n").encode() if detail else b""))
+        self._close_after_error(message)
+
+    def _close_after_error(self, reason: str) -> None:
+        self.broker.metrics.protocol_errors += 1
+        self.broker.events("client_error", f"client error from {self.peer}: {reason}", peer=self.peer, reason=reason)
+        self.state = CLOSING
+        self._close("close")
+
+    def _close(self, how: str) -> None:
+        if self.close_wanted != "abort":
+            self.close_wanted = how
+        self.reading = False
+        self._wake()
+
+
+def unexpected(session: Session, frame: Frame) -> None:
+    """The ERROR for any frame the table does not allow in the session's state."""
+    command = frame.command
+    if command in KNOWN_COMMANDS:
+        session.error(f"{command} not allowed {session.state}",
+                      "Send CONNECT (or STOMP) once, first; then any other frame." if session.state is NEW
+                      else "CONNECT may only be sent once.", frame)
+    else:
+        session.error(f"unknown command {command[:40]!r} {session.state}", "Curb speaks STOMP 1.2.", frame)
+
+
+RULES: dict[tuple[str, str], Handler] = {
+    (NEW, "CONNECT"): Session.on_connect,
+    (NEW, "STOMP"): Session.on_connect,
+    (OPEN, "SEND"): Session.on_send,
+    (OPEN, "SUBSCRIBE"): Session.on_subscribe,
+    (OPEN, "UNSUBSCRIBE"): Session.on_unsubscribe,
+    (OPEN, "ACK"): Session.on_ack,
+    (OPEN, "NACK"): Session.on_nack,
+    (OPEN, "DISCONNECT"): Session.on_disconnect,
+    (OPEN, "BEGIN"): Session.on_transaction,
+    (OPEN, "COMMIT"): Session.on_transaction,
+    (OPEN, "ABORT"): Session.on_transaction,
+}
+KNOWN_COMMANDS = frozenset(command for _, command in RULES)
+
+
+def _receipt(receipt_id: str) -> bytes:
+    return b"RECEIPT\nreceipt-id:%s\n\n\0" % escape(receipt_id).encode()
+
+
+def _prefetch(headers: dict[str, str]) -> int | None:
+    raw = headers.get("prefetch-count", headers.get("activemq.prefetchSize"))
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise QueueError(f"bad prefetch {raw[:40]!r}: use a positive integer") from None
+    if value < 1:
+        raise QueueError(f"bad prefetch {value}: use a positive integer")
+    return value
