@@ -15,6 +15,7 @@ import time
 from collections import deque
 from typing import NoReturn, overload
 
+from curb import heartbeat
 from curb.frame import HEARTBEAT, Frame, FrameParser, ProtocolError, encode
 
 DEFAULT_DESTINATION = "/queue/curb"
@@ -253,14 +254,10 @@ class Client:
     def _negotiate_heartbeat(self, server_heartbeat: str) -> None:
         """Heart-beat periods as STOMP 1.2 negotiates them from CONNECT's and CONNECTED's headers."""
         try:
-            server_sends, server_wants = (int(part) for part in server_heartbeat.split(","))
+            theirs = heartbeat.parse(server_heartbeat)
         except ValueError:
             self._lost(f"bad heart-beat header from the server: {server_heartbeat!r}")
-        client_sends, client_wants = self.heartbeat
-        if client_sends and server_wants:
-            self._send_every = max(client_sends, server_wants) / 1000
-        if server_sends and client_wants:
-            self._expect_every = max(server_sends, client_wants) / 1000
+        self._send_every, self._expect_every = heartbeat.negotiate(self.heartbeat, theirs)
 
 
 def _with_receipt(headers: dict[str, str], receipt: str | None) -> dict[str, str]:
