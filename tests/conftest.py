@@ -14,7 +14,6 @@ every process and connection a test opens is closed when the test ends.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -29,12 +28,12 @@ import pytest
 import stomp
 
 from curb.frame import Frame, FrameParser, ProtocolError, encode
+from curb.spawn import BrokerProcess, StartError
 
 STARTUP_S = 15.0
 WAIT_S = 10.0
 QUIET_S = 0.3
 CURB = [sys.executable, "-m", "curb"]
-_LISTENING = re.compile(r"listening on \S*?:(\d+)(?=[,\s]|$)")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -88,7 +87,8 @@ class Broker:
     names that default ($STATE_DIRECTORY/curb.log or ./curb.log). An `addr` with port 0 lets
     the kernel pick the port; `.port` is read from the broker's `listening on` line and
     `restart()` reuses it. Everything the process writes to stderr, across restarts, is kept
-    in a file next to the log and returned by `stderr_text()`.
+    in a file next to the log and returned by `stderr_text()`. Started and watched by
+    `curb.spawn.BrokerProcess`, as Spark's local mode and the benchmark start theirs.
     """
 
     def __init__(self, cwd: Path, *, cap: str = "10MiB", addr: str = "127.0.0.1:0",
@@ -105,7 +105,7 @@ class Broker:
         self.file = default if file is None else self.cwd / file
         self.port = 0
         self._stderr_path = self._free_stderr_path()
-        self.proc: subprocess.Popen[bytes]  # set by start()
+        self.child = BrokerProcess(cwd=self.cwd, env=env, output=self._stderr_path, timeout=STARTUP_S)
         self.start()
 
     def _free_stderr_path(self) -> Path:
@@ -115,46 +115,40 @@ class Broker:
         path.touch()
         return path
 
+    @property
+    def proc(self) -> subprocess.Popen[str]:
+        return self.child.process
+
     def argv(self) -> list[str]:
+        return [*CURB, *self.flags()]
+
+    def flags(self) -> list[str]:
         host, _, port = self.addr.rpartition(":")
         addr = f"{host}:{self.port}" if port == "0" and self.port else self.addr
         file = ["-file", self.file_arg] if self.file_arg is not None else []
-        return [*CURB, "-cap", self.cap, "-addr", addr, *file, *self.extra_args]
+        return ["-cap", self.cap, "-addr", addr, *file, *self.extra_args]
 
     def start(self) -> None:
         """Start the process and wait for its `listening on` line (fail with its stderr)."""
-        seen = self._stderr_path.stat().st_size
-        with open(self._stderr_path, "ab") as err:
-            self.proc = subprocess.Popen(self.argv(), cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=err)
-
-        def listening() -> re.Match[str] | bool:
-            return _LISTENING.search(self.stderr_text()[seen:]) or self.proc.poll() is not None
-
-        if not wait_until(listening, STARTUP_S) or self.proc.poll() is not None:
-            self.kill()
-            pytest.fail(f"curb did not start listening: {' '.join(self.argv())}\n{self.stderr_text()[seen:]}")
-        found = _LISTENING.search(self.stderr_text()[seen:])
-        assert found is not None  # listening() held, and not because the process had exited
-        self.port = self.port or int(found.group(1))
+        try:
+            port = self.child.start(self.flags())
+        except StartError as err:
+            pytest.fail(f"curb did not start listening: {err}")
+        self.port = self.port or port
 
     def stderr_text(self) -> str:
-        return self._stderr_path.read_text(errors="replace")
+        return self.child.output()
 
     def running(self) -> bool:
-        return self.proc.poll() is None
+        return self.child.running()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = STARTUP_S) -> int:
         """Signal the process (SIGTERM: drain and exit) and return its exit code."""
-        if self.running():
-            self.proc.send_signal(sig)
-        return self.proc.wait(timeout)
+        return self.child.stop(sig, timeout)
 
     def kill(self) -> None:
         """SIGKILL: a crash, no chance to sync or say goodbye."""
-        if self.running():
-            self.proc.kill()
-        self.proc.wait(STARTUP_S)
+        self.child.kill()
 
     def restart(self) -> None:
         """Stop cleanly (if still running) and start again on the same file and port."""

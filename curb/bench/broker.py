@@ -6,14 +6,11 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
-from collections import deque
 
 from curb.bench.wire import BrokerError, Connection, Target
+from curb.spawn import BrokerProcess, StartError
 
-PROBE_INTERVAL_SECONDS = 0.005
 LOG_TAIL_LINES = 40
 
 
@@ -42,72 +39,41 @@ class CurbBroker:
         self.timeout = timeout
         self.extra_args = extra_args
         self.target = Target("127.0.0.1", free_port())
-        self._process: subprocess.Popen | None = None
-        self._log: deque[str] = deque(maxlen=LOG_TAIL_LINES)
-        self._log_reader: threading.Thread | None = None
+        self._child = BrokerProcess(timeout=timeout)
+        self._started = False
 
     @property
     def pid(self) -> int:
-        assert self._process is not None
-        return self._process.pid
+        return self._child.pid
 
     def start(self) -> float:
         """Start the broker and return the seconds from launch until a STOMP CONNECT got CONNECTED."""
         launched = time.monotonic()
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "curb", "-cap", self.cap, "-addr", f"127.0.0.1:{self.target.port}",
-             "-file", self.path, *self.extra_args],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self._log_reader = threading.Thread(target=self._keep_log, args=(self._process.stderr,), daemon=True)
-        self._log_reader.start()
-        while True:
-            if self._process.poll() is not None:
-                raise BrokerError(f"curb exited with status {self._process.returncode} while starting:\n"
-                                  f"{self.log_tail()}")
-            try:
-                conn = Connection(self.target, self.timeout)
-            except ConnectionRefusedError:
-                if time.monotonic() - launched > self.timeout:
-                    self.kill()
-                    raise BrokerError(f"curb did not accept connections within {self.timeout:g} s:\n"
-                                      f"{self.log_tail()}") from None
-                time.sleep(PROBE_INTERVAL_SECONDS)
-                continue
-            connected = time.monotonic()
-            conn.close()
-            return connected - launched
+        self._started = True
+        try:
+            self._child.start(["-cap", self.cap, "-addr", f"127.0.0.1:{self.target.port}", "-file", self.path,
+                               *self.extra_args])
+        except StartError as err:
+            raise BrokerError(str(err)) from None
+        Connection(self.target, self.timeout).close()
+        return time.monotonic() - launched
 
     def stop(self) -> None:
         """SIGTERM, and insist on a clean exit (status 0) within the timeout."""
-        process = self._process
-        if process is None:
+        if not self._started:
             return
-        process.send_signal(signal.SIGTERM)
+        self._started = False
         try:
-            status = process.wait(self.timeout)
+            status = self._child.stop(signal.SIGTERM, self.timeout)
         except subprocess.TimeoutExpired:
             self.kill()
             raise BrokerError(f"curb did not exit within {self.timeout:g} s of SIGTERM:\n{self.log_tail()}") from None
-        self._finish()
         if status != 0:
             raise BrokerError(f"curb exited with status {status} after SIGTERM:\n{self.log_tail()}")
 
     def kill(self) -> None:
         """Make sure the broker is gone (used when the benchmark itself fails)."""
-        if self._process is not None and self._process.poll() is None:
-            self._process.kill()
-            self._process.wait()
-        self._finish()
-
-    def _finish(self) -> None:
-        if self._log_reader is not None:
-            self._log_reader.join()
-        self._process = self._log_reader = None
-
-    def _keep_log(self, stream) -> None:
-        for line in stream:
-            self._log.append(line.rstrip("\n"))
-        stream.close()
+        self._child.kill()
 
     def log_tail(self) -> str:
-        return "\n".join(self._log) or "(no output)"
+        return "\n".join(self._child.output().splitlines()[-LOG_TAIL_LINES:]) or "(no output)"

@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,9 +15,9 @@ from pyspark.sql import SparkSession
 
 from curb.client import Client
 from curb.spark.datasource import CurbDataSource
+from curb.spawn import BrokerProcess
 
 STARTUP_S = 30.0
-LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
 
 
 def local_spark(app: str, cores: int = 2) -> SparkSession:
@@ -47,8 +44,12 @@ class LocalBroker:
         self.log = log
         self.cap = cap
         self.flags = list(flags)  # more command-line flags, e.g. ["-heartbeat", "500"]
-        self.process: subprocess.Popen | None = None
+        self.child = BrokerProcess(timeout=STARTUP_S)
         self.port = 0
+
+    @property
+    def process(self) -> subprocess.Popen[str]:
+        return self.child.process
 
     @property
     def endpoint(self) -> str:
@@ -56,32 +57,12 @@ class LocalBroker:
 
     def start(self) -> None:
         """Return once the broker says where it listens; its other output is kept for errors."""
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "curb", "-cap", self.cap, "-addr", "127.0.0.1:0", "-file", str(self.log),
-             *self.flags],
-            stderr=subprocess.PIPE, text=True)
-        lines: list[str] = []
-        listening = threading.Event()
-
-        def watch(stderr) -> None:
-            for line in stderr:
-                lines.append(line)
-                found = LISTENING.search(line)
-                if found:
-                    self.port = int(found.group(1))
-                    listening.set()
-
-        threading.Thread(target=watch, args=(self.process.stderr,), daemon=True).start()
-        if not listening.wait(STARTUP_S):
-            self.process.kill()
-            self.process.wait()
-            raise RuntimeError(f"curb did not start: {''.join(lines)}")
+        self.port = self.child.start(["-cap", self.cap, "-addr", "127.0.0.1:0", "-file", str(self.log), *self.flags])
 
     def stop(self) -> None:
         """SIGTERM: the broker drains its syncs and receipts and exits."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            self.process.wait(STARTUP_S)
+        if self.child.running():
+            self.child.stop()
 
     def client(self) -> Client:
         client = Client("127.0.0.1", self.port, timeout=STARTUP_S)
