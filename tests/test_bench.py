@@ -4,21 +4,27 @@ against a broker that loses a message it acknowledged."""
 from __future__ import annotations
 
 import json
+import os
 import queue
 import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
+from benchmark.bodies import SEQ_STRIDE, BodyReader, Tally, make_body
 
-from curb.bench.bodies import SEQ_STRIDE, BodyReader, Tally, make_body
 from curb.frame import FrameParser, encode
+
+TESTS = Path(__file__).resolve().parent
 
 
 def bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "curb.bench", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    """`python -m benchmark ARGS`, as bin/bench runs it: with tests/ on the path."""
+    path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "benchmark", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": path})
 
 
 def test_body_reader_returns_the_seq_of_a_good_body_and_counts_the_rest():

@@ -1,4 +1,4 @@
-"""`curb.bench`: the command line. Measures Curb brokers it starts itself (or a broker at
+"""`bin/bench`: the command line. Measures Curb brokers it starts itself (or a broker at
 --addr), optionally side by side with a reference broker (--ref-addr), and prints one table."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from typing import TypedDict
 
 import click
 
+from benchmark import report
+from benchmark.bodies import VerificationError
+from benchmark.crew import Crew, LoadError
+from benchmark.wire import BrokerError, Target
+from benchmark.workloads import WORKLOAD_NAMES, Bench, Settings, Side
 from curb.addr import parse_addr
-from curb.bench import report
-from curb.bench.bodies import VerificationError
-from curb.bench.crew import Crew, LoadError
-from curb.bench.wire import BrokerError, Target
-from curb.bench.workloads import WORKLOAD_NAMES, Bench, Settings, Side
 from curb.frame import ProtocolError
 from curb.log import LogError
 

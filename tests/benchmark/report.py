@@ -8,7 +8,7 @@ from dataclasses import asdict
 from statistics import median
 from typing import Any
 
-from curb.bench.workloads import MACHINE_ROWS, ROWS, Settings
+from benchmark.workloads import MACHINE_ROWS, ROWS, Settings
 
 FORMATS = {"msg/s": "{:,.0f}", "rec/s": "{:,.0f}", "us": "{:,.0f}", "MiB": "{:,.1f}", "s": "{:.2f}",
            "ratio": "{:.2f}"}

@@ -11,9 +11,9 @@ import time
 from array import array
 from dataclasses import dataclass
 
-from curb.bench.bodies import SEQ_STRIDE, BodyReader, make_body
-from curb.bench.crew import Worker
-from curb.bench.wire import BrokerError, Connection, Target
+from benchmark.bodies import SEQ_STRIDE, BodyReader, make_body
+from benchmark.crew import Worker
+from benchmark.wire import BrokerError, Connection, Target
 from curb.frame import Frame
 
 POLL_SECONDS = 0.05

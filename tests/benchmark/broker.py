@@ -8,7 +8,7 @@ import socket
 import subprocess
 import time
 
-from curb.bench.wire import BrokerError, Connection, Target
+from benchmark.wire import BrokerError, Connection, Target
 from curb.spawn import BrokerProcess, StartError
 
 LOG_TAIL_LINES = 40

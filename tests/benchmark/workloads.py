@@ -14,12 +14,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from curb.bench import load
-from curb.bench.bodies import Tally, VerificationError
-from curb.bench.broker import CurbBroker, rss_bytes
-from curb.bench.crew import Crew
-from curb.bench.disk import synced_appends_per_second
-from curb.bench.wire import Connection, Target
+from benchmark import load
+from benchmark.bodies import Tally, VerificationError
+from benchmark.broker import CurbBroker, rss_bytes
+from benchmark.crew import Crew
+from benchmark.disk import synced_appends_per_second
+from benchmark.wire import Connection, Target
 from curb.log import LogReader, parse_size
 
 MIB = 1024 * 1024

@@ -1,4 +1,5 @@
-"""Throughput of the Spark connector on this machine: `python -m curb.spark.bench`.
+"""Throughput of the Spark connector on this machine: `bin/bench-spark` (`python -m benchmark.spark`
+with tests/ on the path).
 
 For 1 and 2 local brokers, preloads N messages per broker and measures rows/s
 - through the source's reader alone, called as Spark calls it but without Spark (its own cost,
