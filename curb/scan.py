@@ -26,9 +26,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from curb import payload as stored
 from curb import record as fmt
 from curb.disk import Disk, FileDisk
-from curb.frame import ProtocolError, unescape
 from curb.reader import RecordReader
 from curb.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, FormatError, RecordHeader
 
@@ -323,25 +323,13 @@ class LogReader:
         for pos, hdr, buf, off in self._scan().records():
             payload = bytes(buf[off + RECORD_HEADER:off + hdr.size - 1])
             try:
-                head, body = fmt.split_payload(payload)
-            except FormatError:
+                head, body = stored.split(payload)
+            except stored.PayloadError:
                 head, body = b"", payload
             yield Entry(hdr.id, hdr.state.decode(), hdr.deliveries, hdr.timestamp_ms, pos,
-                        hdr.size, _stored_headers(head), body)
+                        hdr.size, stored.decode_headers(head), body)
 
     def summary(self) -> Summary:
         scan = self._scan()
         return Summary(self.path, scan.file_size, max(scan.file_size, scan.head), scan.messages,
                        scan.acked, scan.live_bytes, scan.dead_bytes, scan.oldest_ms, scan.torn)
-
-
-def _stored_headers(block: bytes) -> dict[str, str]:
-    """The SEND headers kept in a payload (escaped lines `name:value`)."""
-    headers: dict[str, str] = {}
-    for line in block.decode("utf-8", "replace").splitlines():
-        name, _, value = line.partition(":")
-        try:
-            headers.setdefault(unescape(name), unescape(value))
-        except ProtocolError:
-            headers.setdefault(name, value)
-    return headers
