@@ -54,6 +54,15 @@ def test_wheel_holds_the_unit_files_and_the_console_script(wheel):
     assert "curb = curb.cli:main" in scripts
 
 
+def test_wheel_holds_no_benchmark_or_test_helpers(wheel):
+    """The benchmark and the test helpers are tools for working on Curb (under tests/), not
+    part of what an operator installs."""
+    with zipfile.ZipFile(wheel) as archive:
+        modules = {name for name in archive.namelist() if name.endswith(".py")}
+    assert all(name.startswith("curb/") for name in modules), sorted(modules)
+    assert not {name for name in modules if "bench" in name or "conftest" in name}
+
+
 def test_installed_console_script_and_module_report_the_version(venv):
     assert curb.__version__ in run(venv / "bin" / "curb", "--version", cwd=venv)
     assert curb.__version__ in run(venv / "bin" / "python", "-m", "curb", "--version", cwd=venv)
