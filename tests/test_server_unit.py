@@ -5,6 +5,7 @@ import asyncio
 
 from curb.broker import Broker
 from curb.log import Log
+from curb.server import Connection
 from curb.session import Session
 
 
@@ -25,3 +26,59 @@ def test_a_disconnect_receipt_is_not_sent_when_the_sync_fails(tmp_path):
     assert sent.startswith(b"CONNECTED")
     assert b"RECEIPT" not in sent
     assert session.close_wanted == "close"
+
+
+class FakeTransport(asyncio.Transport):
+    """What Connection uses of a transport, recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent = b""
+        self.closed = False
+        self.reading = True
+
+    def write(self, data: bytes) -> None:  # type: ignore[override]
+        self.sent += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return ("127.0.0.1", 1) if name == "peername" else default
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+
+def test_the_glue_stops_reading_while_the_output_is_above_its_mark_and_closes_when_asked(tmp_path):
+    async def run() -> tuple[FakeTransport, list[bool]]:
+        log = Log(tmp_path / "q.log", 64 * 1024)
+        log.start(asyncio.get_running_loop())
+        connection = Connection(Broker(log))
+        transport = FakeTransport()
+        connection.connection_made(transport)
+        connection.data_received(b"CONNECT\naccept-version:1.2\n\n\0")
+        seen = []
+        connection.pause_writing()
+        seen.append(transport.reading)
+        connection.resume_writing()
+        seen.append(transport.reading)
+        connection.data_received(b"FROB\n\n\0")
+        await asyncio.sleep(0)
+        connection.connection_lost(None)
+        await log.close()
+        return transport, seen
+
+    transport, seen = asyncio.run(run())
+    assert seen == [False, True]
+    assert transport.sent.startswith(b"CONNECTED") and b"ERROR" in transport.sent
+    assert transport.closed
