@@ -9,7 +9,8 @@ heart-beat period is taken as lost.
 
 from __future__ import annotations
 
-import selectors
+import math
+import select
 import socket
 import time
 from collections import deque
@@ -21,6 +22,7 @@ from curb.frame import HEARTBEAT, Frame, FrameParser, ProtocolError, encode
 DEFAULT_DESTINATION = "/queue/curb"
 _FLUSH_AT = 64 * 1024
 _READ_SIZE = 64 * 1024
+_READABLE = select.POLLIN
 
 
 class StompError(Exception):
@@ -35,16 +37,20 @@ class Client:
     """Blocking STOMP 1.2 connection; `with Client(...) as c:` connects, and disconnects on exit."""
 
     def __init__(self, host: str, port: int, *, login: str | None = None, passcode: str | None = None,
-                 heartbeat: tuple[int, int] = (0, 0), timeout: float = 30.0):
+                 heartbeat: tuple[int, int] = (0, 0), timeout: float = 30.0, virtual_host: str | None = None,
+                 max_frame_bytes: int | None = None):
         self.host = host
         self.port = port
         self.login = login
         self.passcode = passcode
         self.heartbeat = heartbeat  # (ms we can send at, ms we want to hear at), as in CONNECT
         self.timeout = timeout      # seconds for connecting, for a stalled send and for receipts
+        self.virtual_host = virtual_host  # CONNECT's `host` header (RabbitMQ's vhost); default: `host`
         self._sock: socket.socket | None = None
-        self._selector: selectors.BaseSelector | None = None
+        self._poll: select.poll | None = None  # poll(2) rather than selectors: less work per wait
         self._parser = FrameParser()
+        if max_frame_bytes is not None:  # the largest frame we accept from the server
+            self._parser.max_frame_bytes = max_frame_bytes
         self._out = bytearray()
         self._inbox: deque[Frame] = deque()
         self._send_every = 0.0      # negotiated heart-beat periods in seconds, 0 for none
@@ -69,11 +75,12 @@ class Client:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setblocking(False)
         self._sock = sock
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(sock, selectors.EVENT_READ)
+        self._poll = select.poll()
+        self._poll.register(sock, _READABLE)
         self._last_sent = self._last_received = time.monotonic()
         sends, wants = self.heartbeat
-        headers = {"accept-version": "1.2", "host": self.host, "heart-beat": f"{sends},{wants}"}
+        host = self.host if self.virtual_host is None else self.virtual_host
+        headers = {"accept-version": "1.2", "host": host, "heart-beat": f"{sends},{wants}"}
         if self.login is not None:
             headers["login"] = self.login
         if self.passcode is not None:
@@ -96,6 +103,11 @@ class Client:
         if receipt is not None:
             frame_headers["receipt"] = receipt
         self._write(encode("SEND", frame_headers, body))
+
+    def write(self, frame: bytes) -> None:
+        """Queue a frame encoded by the caller (`curb.frame.encode`): a load generator encodes
+        its SENDs before the clock starts and pipelines them at no further cost."""
+        self._write(frame)
 
     def subscribe(self, sub_id: str = "0", destination: str = DEFAULT_DESTINATION, ack: str = "client-individual",
                   prefetch: int | None = None, headers: dict[str, str] | None = None) -> None:
@@ -148,9 +160,7 @@ class Client:
 
     def close(self) -> None:
         """Drop the connection without DISCONNECT (the server redelivers unacked messages)."""
-        if self._selector is not None:
-            self._selector.close()
-            self._selector = None
+        self._poll = None
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -158,20 +168,30 @@ class Client:
 
     def flush(self) -> None:
         """Send everything buffered, reading (and queueing) incoming frames meanwhile."""
-        sock, selector = self._connection()
+        sock, poll = self._connection()
         if not self._out:
             return
-        selector.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
+        # Usually the socket takes it all at once: one system call, no poll round trip.
+        try:
+            sent = sock.send(self._out)
+        except OSError:  # full, or gone: the loop below reads first, to report an ERROR frame
+            sent = 0
+        if sent:
+            del self._out[:sent]
+            self._last_sent = time.monotonic()
+        if not self._out:
+            return
+        poll.modify(sock, _READABLE | select.POLLOUT)
         try:
             stalled_at = time.monotonic() + self.timeout
             while self._out:
-                events = selector.select(stalled_at - time.monotonic())
+                events = poll.poll(_millis(stalled_at - time.monotonic()))
                 if not events:
                     self._lost(f"send stalled for {self.timeout}s")
                 for _, mask in events:
-                    if mask & selectors.EVENT_READ:
+                    if mask & ~select.POLLOUT:  # readable, closed or failed: reading tells which
                         self._read()
-                    if mask & selectors.EVENT_WRITE:
+                    if mask & ~select.POLLIN:
                         try:
                             sent = sock.send(self._out)
                         except BlockingIOError:
@@ -182,20 +202,23 @@ class Client:
                         self._last_sent = time.monotonic()
                         stalled_at = self._last_sent + self.timeout
         finally:
-            if self._selector is not None:
-                selector.modify(sock, selectors.EVENT_READ)
+            if self._poll is not None:
+                poll.modify(sock, _READABLE)
 
     def _write(self, data: bytes) -> None:
-        self._connection()
+        if self._sock is None:
+            raise StompError("not connected")
         self._out += data
         if len(self._out) >= _FLUSH_AT:
             self.flush()
 
     def _next_frame(self, deadline: float | None) -> Frame | None:
-        """Flush, then the next frame (ERROR raises), or None once the monotonic deadline passes."""
-        self.flush()
-        _, selector = self._connection()
+        """The next frame (ERROR raises), or None once the monotonic deadline passes. Buffered
+        writes go out before the client waits, not before it hands over a frame it already has:
+        a consumer's ACKs for a burst of MESSAGEs then leave in one system call."""
+        _, poll = self._connection()
         while not self._inbox:
+            self.flush()
             now = time.monotonic()
             if self._expect_every and now - self._last_received > 2 * self._expect_every:
                 self._lost(f"server silent for {now - self._last_received:.1f}s")
@@ -204,7 +227,11 @@ class Client:
                 self.flush()
             if deadline is not None and now >= deadline:
                 return None
-            if selector.select(self._until_next_duty(now, deadline)):
+            if self._send_every or self._expect_every:
+                wait = self._until_next_duty(now, deadline)
+            else:
+                wait = None if deadline is None else deadline - now
+            if poll.poll(None if wait is None else _millis(wait)):
                 self._read()
         frame = self._inbox.popleft()
         if frame.command == "ERROR":
@@ -246,10 +273,10 @@ class Client:
             raise StompError(_error_reason(error), error)
         raise StompError(reason)
 
-    def _connection(self) -> tuple[socket.socket, selectors.BaseSelector]:
-        if self._sock is None or self._selector is None:
+    def _connection(self) -> tuple[socket.socket, select.poll]:
+        if self._sock is None or self._poll is None:
             raise StompError("not connected")
-        return self._sock, self._selector
+        return self._sock, self._poll
 
     def _negotiate_heartbeat(self, server_heartbeat: str) -> None:
         """Heart-beat periods as STOMP 1.2 negotiates them from CONNECT's and CONNECTED's headers."""
@@ -258,6 +285,11 @@ class Client:
         except ValueError:
             self._lost(f"bad heart-beat header from the server: {server_heartbeat!r}")
         self._send_every, self._expect_every = heartbeat.negotiate(self.heartbeat, theirs)
+
+
+def _millis(seconds: float) -> int:
+    """A poll(2) timeout: whole milliseconds, rounded up so a wait never ends early."""
+    return max(0, math.ceil(seconds * 1000))
 
 
 def _with_receipt(headers: dict[str, str], receipt: str | None) -> dict[str, str]:

@@ -101,7 +101,7 @@ class FakeBroker:
         try:
             while not closed.is_set() and (data := sock.recv(65536)):
                 for frame in parser.feed(data):
-                    if frame.command == "CONNECT":
+                    if frame.command in ("CONNECT", "STOMP"):
                         send(encode("CONNECTED", {"version": "1.2"}))
                     elif frame.command == "SEND":
                         self.sends += 1

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import time
 
-from benchmark.wire import BrokerError, Connection, Target
+from benchmark.target import BrokerError, Target, close
 from curb.spawn import BrokerProcess, StartError
 
 LOG_TAIL_LINES = 40
@@ -55,7 +55,7 @@ class CurbBroker:
                                *self.extra_args])
         except StartError as err:
             raise BrokerError(str(err)) from None
-        Connection(self.target, self.timeout).close()
+        close(self.target.connect(self.timeout)[0])
         return time.monotonic() - launched
 
     def stop(self) -> None:

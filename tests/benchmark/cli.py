@@ -13,9 +13,10 @@ import click
 from benchmark import report
 from benchmark.bodies import VerificationError
 from benchmark.crew import Crew, LoadError
-from benchmark.wire import BrokerError, Target
+from benchmark.target import BrokerError, Target
 from benchmark.workloads import WORKLOAD_NAMES, Bench, Settings, Side
 from curb.addr import parse_addr
+from curb.client import StompError
 from curb.frame import ProtocolError
 from curb.log import LogError
 
@@ -147,7 +148,7 @@ def main(runs, size, seconds, messages, pings, queued, cap, fill_cap, broker_arg
         with tempfile.TemporaryDirectory(prefix="curb-bench-", dir=directory) as workdir:
             bench = Bench(settings, sides, crew, workdir, say)
             samples = bench.run(selected)
-    except (VerificationError, LoadError, BrokerError, ProtocolError, LogError, OSError) as err:
+    except (VerificationError, LoadError, BrokerError, StompError, ProtocolError, LogError, OSError) as err:
         click.echo(f"curb bench: FAILED: {err}", err=True)
         sys.exit(1)
     finally:

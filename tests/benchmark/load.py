@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from benchmark.bodies import SEQ_STRIDE, BodyReader, make_body
 from benchmark.crew import Worker
-from benchmark.wire import BrokerError, Connection, Target
+from benchmark.target import BrokerError, Target, ack, close, next_frame, wait_receipt
+from curb.client import StompError
 from curb.frame import Frame
 
 POLL_SECONDS = 0.05
@@ -45,7 +46,7 @@ def produce(worker: Worker, target: Target, run_id: str, producer: int, size: in
             gate: Gate | None = None) -> dict:
     """SEND with a receipt on each, at most `window` unreceipted: `count` messages, or as many
     as fit in `seconds`. Returns how many were sent (all receipted) and when it ended."""
-    conn = Connection(target, timeout, size)
+    conn, _ = target.connect(timeout, size)
     base = producer * SEQ_STRIDE
 
     def frame(index: int) -> bytes:
@@ -75,7 +76,7 @@ def produce(worker: Worker, target: Target, run_id: str, producer: int, size: in
             conn.flush()
             time.sleep(GATE_SLEEP_SECONDS)
             continue
-        receipt = conn.next_frame()
+        receipt = next_frame(conn, timeout)
         receipt_id = receipt.headers.get("receipt-id")
         if receipt.command != "RECEIPT" or receipt_id not in outstanding:
             raise BrokerError(f"producer {producer}: expected a RECEIPT for an outstanding SEND, got "
@@ -83,7 +84,7 @@ def produce(worker: Worker, target: Target, run_id: str, producer: int, size: in
         outstanding.remove(receipt_id)
         worker.done[me] += 1
     end = time.monotonic()
-    conn.close()
+    close(conn)
     return {"producer": producer, "sent": sent, "start": start, "end": end}
 
 
@@ -95,9 +96,9 @@ def consume(worker: Worker, target: Target, run_id: str, size: int, prefetch: in
     pass without a message; or, with `wanted` (seqs as array('q') bytes), until all of them
     came (then a short grace for stragglers) or `quiet` seconds pass without a message."""
     reader = BodyReader(run_id, size)
-    conn = Connection(target, timeout, size)
+    conn, _ = target.connect(timeout, size)
     if not subscribe_at_start:
-        conn.subscribe(prefetch)
+        target.subscribe(conn, prefetch)
     want = set(array("q", wanted)) if wanted is not None else None
     if want is not None and not want:
         quiet = min(quiet, GRACE_SECONDS)
@@ -107,7 +108,7 @@ def consume(worker: Worker, target: Target, run_id: str, size: int, prefetch: in
 
     def take_and_ack(message: Frame) -> None:
         take(message)
-        conn.ack(message)
+        ack(conn, message)
 
     def take(message: Frame) -> None:
         nonlocal received, quiet
@@ -124,13 +125,13 @@ def consume(worker: Worker, target: Target, run_id: str, size: int, prefetch: in
 
     start = worker.start()
     if subscribe_at_start:
-        conn.subscribe(prefetch)
+        target.subscribe(conn, prefetch)
     deadline = start + seconds if seconds is not None else None
     last = start
     while True:
         try:
-            message = conn.next_frame(None if count is not None else POLL_SECONDS)
-        except BrokerError as err:
+            message = next_frame(conn, timeout) if count is not None else conn.receive(POLL_SECONDS)
+        except (BrokerError, StompError) as err:
             raise BrokerError(f"consumer, after {received:,} messages: {err}") from None
         now = time.monotonic()
         if message is None:
@@ -146,13 +147,13 @@ def consume(worker: Worker, target: Target, run_id: str, size: int, prefetch: in
                 while not gate.may_ack(worker) and time.monotonic() < deadline:
                     time.sleep(GATE_SLEEP_SECONDS)
         if count is not None and received >= count:
-            conn.ack(message, receipt="last")
-            conn.wait_receipt("last", take_and_ack)
+            ack(conn, message, receipt="last")
+            wait_receipt(conn, "last", take_and_ack)
             last = time.monotonic()
             break
-        conn.ack(message)
+        ack(conn, message)
         worker.done[me] = received
-    conn.close(take_and_ack)
+    close(conn, take_and_ack)
     return {"seqs": seqs.tobytes(), "received": received, "before_deadline": before_deadline,
             "foreign": reader.foreign, "altered": reader.altered, "start": start, "end": last}
 
@@ -162,8 +163,8 @@ def pingpong(worker: Worker, target: Target, run_id: str, size: int, rounds: int
     """One connection, prefetch 1: SEND (no receipt), wait for its MESSAGE, ACK; the round
     trip from SEND to MESSAGE is timed. The ACK leaves with the next SEND."""
     reader = BodyReader(run_id, size)
-    conn = Connection(target, timeout, size)
-    conn.subscribe(1)
+    conn, _ = target.connect(timeout, size)
+    target.subscribe(conn, 1)
     frames = [target.send_frame(make_body(run_id, index, size)) for index in range(warmup + rounds)]
     seqs = array("q")
     latency_ns = array("q")
@@ -171,7 +172,7 @@ def pingpong(worker: Worker, target: Target, run_id: str, size: int, rounds: int
     for index, frame in enumerate(frames):
         conn.write(frame)
         sent = time.perf_counter_ns()
-        message = conn.next_frame()
+        message = next_frame(conn, timeout)
         arrived = time.perf_counter_ns()
         if message.command != "MESSAGE":
             raise BrokerError(f"ping-pong: expected MESSAGE, got {message.command}")
@@ -180,7 +181,7 @@ def pingpong(worker: Worker, target: Target, run_id: str, size: int, rounds: int
         seq = reader.seq(message.body)
         if seq is not None:
             seqs.append(seq)
-        conn.ack(message)
-    conn.close()
+        ack(conn, message)
+    close(conn)
     return {"latency_ns": latency_ns.tobytes(), "seqs": seqs.tobytes(), "received": len(frames),
             "foreign": reader.foreign, "altered": reader.altered}

@@ -19,7 +19,7 @@ from benchmark.bodies import Tally, VerificationError
 from benchmark.broker import CurbBroker, rss_bytes
 from benchmark.crew import Crew
 from benchmark.disk import synced_appends_per_second
-from benchmark.wire import Connection, Target
+from benchmark.target import Target, close
 from curb.log import LogReader, parse_size
 
 MIB = 1024 * 1024
@@ -164,10 +164,11 @@ class Bench:
 
     def clear(self, name: str, target: Target) -> None:
         """Empty an external broker's queue of leftovers before measuring it."""
-        conn = Connection(target, self.settings.timeout)
-        conn.close()
+        conn, connected = target.connect(self.settings.timeout)
+        close(conn)
+        server = connected.headers.get("server")
         [result] = self.crew.run([self.consume_task(target, "", DRAIN_PREFETCH, quiet=LEFTOVER_QUIET)])
-        self.notes[name] = (f"{name}: {conn.server or 'server unnamed'}" + (
+        self.notes[name] = (f"{name}: {server or 'server unnamed'}" + (
             f"; {result['received']:,} leftover messages drained first" if result["received"] else ""))
 
     @contextmanager
