@@ -46,7 +46,8 @@ from curb.disk import Disk, FileDisk, LockedError
 from curb.reader import RecordReader
 from curb.record import PAD_SIZE, RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, FormatError
 from curb.ring import Ring
-from curb.scan import SIZE_CLASSES, Entry, LogDamaged, LogError, LogReader, Scan, Summary, class_bound, size_class
+from curb.scan import Entry, LogDamaged, LogError, LogReader, Scan, Summary
+from curb.sizes import SizeClasses
 
 __all__ = ["Entry", "Log", "LogCore", "LogDamaged", "LogError", "LogReader", "QueueFull", "Record", "Summary",
            "TooLarge"]
@@ -149,8 +150,8 @@ class LogCore:
         self._unsynced_ops = 0
         self._room_wanted = False
         self._ckpt_due = 0.0
-        self._classes = [0] * SIZE_CLASSES
-        self._pending_classes = [0] * SIZE_CLASSES
+        self._classes = SizeClasses()
+        self._pending_classes = SizeClasses()
         self._broken: str | None = None
         self.recovery = self._recover()
         self.next_ready: Callable[[], Record | None] = self._cursor.next_ready
@@ -235,33 +236,34 @@ class LogCore:
         ahead_live = cur.outstanding_bytes - cur.behind_bytes
         return max(0, self._ring.distance(cur.rpos, cur.whead) - cur.unread_bytes - ahead_live)
 
-    def _largest(self, classes: list[int]) -> int:
+    def _largest(self, classes: SizeClasses) -> int:
         """An upper bound (within a quarter) of the largest record counted in `classes`."""
-        if classes is self._classes:
+        if classes is self._classes and classes.top:
             cur = self._cursor
             if not self._pending and cur.unread_bytes <= 0 and cur.outstanding_bytes <= 0:
-                classes[:] = [0] * SIZE_CLASSES  # nothing live: exact again after damage
-                return 0
-        for cls in range(SIZE_CLASSES - 1, 0, -1):
-            if classes[cls] > 0:
-                return min(self.max_record, class_bound(cls))
-        return 0
+                classes.clear()  # nothing live: exact again after damage
+        return min(self.max_record, classes.largest())
 
     def headroom(self, size: int) -> int:
         """Free bytes a record of `size` needs beside the live bytes, with L the largest
         live or waiting record: 2(L + pad) kept free for compaction's copies (one copy
         ending a lap may waste up to a record), and L + pad for the unusable end of the
-        lap the region spans or the new record may leave. All of the ring while even one
-        copy could not be placed (see below)."""
-        largest = max(size, self._largest(self._classes), self._largest(self._pending_classes))
-        ring = self._ring
-        reachable = ring.free() + ring.distance(ring.tail, self._cursor.tail())
+        lap the region spans or the new record may leave; and a quarter of the held
+        messages compaction must copy to pass them, so that it gets there in a few
+        batches, not one record's worth of room at a time. All of the ring while even
+        one copy could not be placed (see below)."""
         reserve = self._reserve()
-        if reachable < reserve and self._pending_bytes + size + reserve > reachable:
-            # Too fragmented for compaction to copy the largest record (after a crash
-            # interrupted it): only what fits without copies, until ACKs free the tail.
-            return self.capacity
-        return 3 * (largest + PAD_SIZE) + 64
+        ring = self._ring
+        free = ring.free()
+        if free < reserve:
+            reachable = free + ring.distance(ring.tail, self._cursor.tail())
+            if reachable < reserve and self._pending_bytes + size + reserve > reachable:
+                # Too fragmented for compaction to copy the largest record in the ring
+                # (a crash interrupted it): only what fits without copies, until ACKs
+                # free the tail.
+                return self.capacity
+        largest = max(size, reserve // 2 - PAD_SIZE, self._largest(self._pending_classes))
+        return 3 * (largest + PAD_SIZE) + 64 + self._cursor.behind_bytes // 4
 
     def _reserve(self) -> int:
         """Free bytes placements of new messages leave for compaction's copies of the
@@ -295,7 +297,7 @@ class LogCore:
             return rec
         self._pending.append((rec, payload, done, urgent))
         self._pending_bytes += size
-        self._pending_classes[size_class(size)] += 1
+        self._pending_classes.add(size)
         self._schedule()
         return rec
 
@@ -305,7 +307,7 @@ class LogCore:
             return
         rec.acked = True
         self._cursor.settled(rec)
-        self._classes[size_class(rec.size)] -= 1
+        self._classes.remove(rec.size)
         self._patches.append((rec.offset, fmt.state_patch(STATE_ACK, rec.deliveries)))
         self._schedule()
 
@@ -409,9 +411,8 @@ class LogCore:
             self._ring.head = off + rec.size
             self._pending.popleft()
             self._pending_bytes -= rec.size
-            cls = size_class(rec.size)
-            self._pending_classes[cls] -= 1
-            self._classes[cls] += 1
+            self._pending_classes.remove(rec.size)
+            self._classes.add(rec.size)
             written.append((rec, payload))
             if done is not None:
                 self._waiters.append((fno, done))
@@ -429,13 +430,15 @@ class LogCore:
     def _room_for_append(self, size: int, runs: WriteRuns, fno: int) -> int | None:
         """Where a new record of `size` bytes goes now, leaving the reserve free for
         copies; None while the room is yet to come. Compaction starts early, once the
-        free bytes fall below an eighth of the ring, so that its copies have room to
-        go in large batches while producers still have room of their own."""
-        if self._cursor.behind and self._ring.free() - size < max(2 * self._reserve(), self.capacity // 8):
-            self._compact(size, runs)
+        free bytes fall below an eighth of the ring, so that its copies go in large
+        batches while producers still have room; early copies leave this record and the
+        reserve their room, so they never take the place of the append they run for."""
+        reserve = self._reserve()
+        if self._cursor.behind and self._ring.free() - size < max(2 * reserve, self.capacity // 8):
+            self._compact(size, runs, keep=size + reserve + PAD_SIZE)
         off = self._place_new(size, runs)
         if off is None:
-            self._compact(size, runs)
+            self._compact(size, runs, keep=0)
             off = self._place_new(size, runs)
         return off
 
@@ -478,12 +481,13 @@ class LogCore:
             self.disk.allocate(want)
         self._allocated = want
 
-    def _compact(self, size: int, runs: WriteRuns) -> None:
+    def _compact(self, size: int, runs: WriteRuns, keep: int) -> None:
         """Make room for `size` bytes: copy the held messages that pin the tail to the
         head, in one batch covering a quarter of the ring (so that one sync and one
         checkpoint release plenty of room, not one record's worth), while copies fit.
         Only when that frees more than the next checkpoint would anyway: copying a run
-        of held messages with no dead bytes after it just moves them round the ring."""
+        of held messages with no dead bytes after it just moves them round the ring.
+        Copies leave `keep` bytes free."""
         ring, cursor = self._ring, self._cursor
         cursor.pass_dead()
         freed_by_checkpoint = ring.distance(ring.tail, cursor.tail())
@@ -498,7 +502,7 @@ class LogCore:
             if dist >= span or dist >= used:
                 break
             spot = ring.place(rec.size)
-            if spot is None or not self._move(rec, spot, runs):
+            if spot is None or ring.free() - rec.size - PAD_SIZE < keep or not self._move(rec, spot, runs):
                 break
 
     def _move(self, rec: Record, spot: tuple[int, bool], runs: WriteRuns) -> bool:
@@ -538,7 +542,7 @@ class LogCore:
         while self._pending:
             rec, _, done, _ = self._pending.popleft()
             self._pending_bytes -= rec.size
-            self._pending_classes[size_class(rec.size)] -= 1
+            self._pending_classes.remove(rec.size)
             if self.metrics is not None and reason.startswith("queue full"):
                 self.metrics.refused_full += 1
             if done is not None:

@@ -31,28 +31,11 @@ from curb import record as fmt
 from curb.disk import Disk, FileDisk
 from curb.reader import RecordReader
 from curb.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, FormatError, RecordHeader
+from curb.sizes import SizeClasses
 
 VERIFY_NEAR_HEAD = 4 << 20
 
 
-def size_class(size: int) -> int:
-    """A record size's class: its bit length and the two bits below the top one, so the
-    class's bound (`class_bound`) is at most a quarter above any size in it."""
-    bits = size.bit_length()
-    if bits < 3:
-        return bits
-    return bits << 2 | (size >> (bits - 3)) & 3
-
-
-def class_bound(cls: int) -> int:
-    """The largest size in a class."""
-    if cls < 3:
-        return (1 << cls) - 1
-    bits, sub = cls >> 2, cls & 3
-    return ((5 + sub) << (bits - 3)) - 1
-
-
-SIZE_CLASSES = 4 * 64 + 4
 
 
 class LogError(Exception):
@@ -86,7 +69,7 @@ class Scan:
         self.acked = 0
         self.live_bytes = 0
         self.dead_bytes = 0
-        self.classes = [0] * SIZE_CLASSES
+        self.classes = SizeClasses()
         self.oldest_ms: int | None = None
         self.damaged: list[str] = []
         self.skipped_bytes = 0
@@ -120,7 +103,7 @@ class Scan:
             if msg_id in self.last or (self.first_fresh is not None and self.first_fresh <= msg_id <= self.max_id):
                 self.messages -= 1
                 self.live_bytes -= size
-                self.classes[size_class(size)] -= 1
+                self.classes.remove(size)
             self.last[msg_id] = pos
         else:
             self.max_id = max(self.max_id, msg_id)
@@ -129,7 +112,7 @@ class Scan:
         if state == STATE_RDY:
             self.messages += 1
             self.live_bytes += size
-            self.classes[size_class(size)] += 1
+            self.classes.add(size)
         else:
             self.acked += 1
             self.dead_bytes += size

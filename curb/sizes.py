@@ -1,0 +1,62 @@
+"""How large the largest live record may be, without an index of the records.
+
+Compaction must be able to copy any record that a consumer may come to hold, so the
+log needs a bound on the largest live record at every append. Counting records by
+size class (bit length and the two bits below the top one) gives a bound at most a
+quarter above the truth in constant memory; the highest non-empty class is tracked as
+counts change, so asking costs nothing on the hot path.
+"""
+
+from __future__ import annotations
+
+CLASSES = 4 * 64 + 4
+
+
+def size_class(size: int) -> int:
+    """A record size's class; `class_bound` of it is at most a quarter above the size."""
+    bits = size.bit_length()
+    if bits < 3:
+        return bits
+    return bits << 2 | (size >> (bits - 3)) & 3
+
+
+def class_bound(cls: int) -> int:
+    """The largest size in a class."""
+    if cls < 3:
+        return (1 << cls) - 1
+    bits, sub = cls >> 2, cls & 3
+    return ((5 + sub) << (bits - 3)) - 1
+
+
+class SizeClasses:
+    """Counts of records by size class, and the highest class in use."""
+
+    __slots__ = ("counts", "top")
+
+    def __init__(self) -> None:
+        self.counts = [0] * CLASSES
+        self.top = 0
+
+    def add(self, size: int) -> None:
+        cls = size_class(size)
+        self.counts[cls] += 1
+        if cls > self.top:
+            self.top = cls
+
+    def remove(self, size: int) -> None:
+        """Forget one record of `size` (never below zero: a count that damage made
+        wrong only ever errs high)."""
+        cls = size_class(size)
+        counts = self.counts
+        if counts[cls] > 0:
+            counts[cls] -= 1
+        while self.top and counts[self.top] == 0:
+            self.top -= 1
+
+    def clear(self) -> None:
+        self.counts = [0] * CLASSES
+        self.top = 0
+
+    def largest(self) -> int:
+        """An upper bound of the largest size counted; 0 when none is."""
+        return class_bound(self.top) if self.counts[self.top] else 0
