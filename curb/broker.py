@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from curb.cursor import Record
 from curb.log import QueueFull, TooLarge
@@ -136,6 +136,14 @@ class Broker:
         self.metrics.delivered += len(records)
         self._pump_wanted = True
 
+    def set_writable(self, session: Session, writable: bool) -> None:
+        """Back-pressure: a session whose transport is full gets no more messages."""
+        self.queue.set_writable(session, writable)
+
+    def protocol_error(self, session: Session, reason: str) -> None:
+        self.metrics.protocol_errors += 1
+        self.events("client_error", f"client error from {session.peer}: {reason}", peer=session.peer, reason=reason)
+
     def when_durable(self, done: Done) -> None:
         """Run done(None) once every step asked of the log so far is on disk."""
         self.log.on_durable(done)
@@ -178,19 +186,23 @@ class Broker:
         if self._pumping:
             return
         self._pumping = True
-        delivered = 0
+        delivered = redelivered = 0
+        payload_of = self.log.payload
         try:
             while True:
                 batch = self.queue.deliver()
                 if not batch:
                     break
                 for sub, rec in batch:
-                    sub.conn.deliver(sub, rec)
+                    sub.conn.deliver(sub, rec, payload_of(rec))
                     if sub.ack_mode != "auto":
                         delivered += 1
+                    if rec.deliveries > 1:
+                        redelivered += 1
         finally:
             self._pumping = False
         self.metrics.delivered += delivered
+        self.metrics.redelivered += redelivered
         if self._counters:
             self.counts_changed()
 
@@ -234,7 +246,7 @@ class Broker:
         for session in list(self._counters):
             session.send_counts(counts)
 
-    def gauges(self) -> dict[str, Any]:
+    def gauges(self) -> dict[str, int]:
         counts = self.counts()
         return {"rdy": counts["rdy"], "wip": counts["wip"], "connections": len(self.sessions),
                 "subscriptions": counts["subscriptions"], "log_bytes": self.log.file_bytes,

@@ -123,8 +123,7 @@ class Session:
         and its frames are not read, since their answers could not be written."""
         self.writable = writable
         self.reading = writable and self.close_wanted is None
-        queue = self.broker.queue
-        queue.set_writable(self, writable)
+        self.broker.set_writable(self, writable)
         if writable:
             if self._counts_owed:
                 self.send_counts(self.broker.counts())
@@ -163,12 +162,11 @@ class Session:
 
     # ---------------------------------------------------------------- the broker's calls
 
-    def deliver(self, sub: Subscription[Session, Record], rec: Record) -> None:
-        """Write one MESSAGE: the cached prefix of its subscription, then the message."""
-        stored, body = payload.split(self.broker.log.payload(rec))
+    def deliver(self, sub: Subscription[Session, Record], rec: Record, data: bytes) -> None:
+        """Write one MESSAGE of the stored payload `data`: the cached prefix of its
+        subscription, then the message."""
+        stored, body = payload.split(data)
         extra = b"redelivered:true\ncurb-deliveries:%d\n" % rec.deliveries if rec.deliveries > 1 else b""
-        if rec.deliveries > 1:
-            self.broker.metrics.redelivered += 1
         if sub.ack_mode == "auto":
             ack = b""
             self._handoff.append(rec)
@@ -387,8 +385,7 @@ class Session:
         self._close_after_error(message)
 
     def _close_after_error(self, reason: str) -> None:
-        self.broker.metrics.protocol_errors += 1
-        self.broker.events("client_error", f"client error from {self.peer}: {reason}", peer=self.peer, reason=reason)
+        self.broker.protocol_error(self, reason)
         self.state = CLOSING
         self._close("close")
 
