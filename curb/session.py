@@ -366,7 +366,9 @@ class Session:
         if self._gone:
             return
         self._out.append(data)
-        self._wake()
+        if not self._woken:  # _wake(), inline: this runs for every message
+            self._woken = True
+            self.broker.want_flush(self)
 
     def _wake(self) -> None:
         if not self._woken:
