@@ -67,6 +67,7 @@ class Session:
         self.reading = True
         self.on_output: Callable[[], None] = lambda: None  # the transport's hook: output waits
         self.writable = True
+        self._stopped = False  # shutdown: read nothing more
         self._gone = False
         self._out: list[bytes] = []
         self._woken = False
@@ -122,7 +123,7 @@ class Session:
         below its low one (True). While it is above, nothing new is made for this peer,
         and its frames are not read, since their answers could not be written."""
         self.writable = writable
-        self.reading = writable and self.close_wanted is None
+        self.reading = writable and self.close_wanted is None and not self._stopped
         self.broker.set_writable(self, writable)
         if writable:
             if self._counts_owed:
@@ -194,6 +195,7 @@ class Session:
 
     def stop_reading(self) -> None:
         """Shutdown: read nothing more from this peer."""
+        self._stopped = True
         self.reading = False
         self._wake()
 

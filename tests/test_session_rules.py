@@ -443,3 +443,19 @@ def test_output_moves_the_send_deadline():
     world.log.sync()
     assert receipts(peer.frames(now=0.8)) == ["r"]
     assert peer.session.next_deadline == pytest.approx(0.8 + 0.9)
+
+
+def test_shutdown_stops_reading_for_good_and_returns_the_wip():
+    world = World()
+    peer = world.session()
+    peer.connect()
+    peer.send("SEND", body=b"x")
+    peer.send("SUBSCRIBE", id="s", destination="/queue/curb", ack="client-individual")
+    assert [f.body for f in peer.frames()] == [b"x"]
+    world.broker.stop_delivering()
+    assert not peer.session.reading and world.log.requeued == [1]
+    peer.session.set_writable(False)
+    peer.session.set_writable(True)
+    assert not peer.session.reading, "a drained transport does not undo the shutdown"
+    world.broker.close_sessions()
+    assert peer.raw() == b"" and peer.session.close_wanted == "close"
