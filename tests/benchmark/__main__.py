@@ -3,4 +3,4 @@
 from benchmark.cli import main
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="bin/bench")

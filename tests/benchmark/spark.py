@@ -88,7 +88,8 @@ def paths(spark: SparkSession, args: argparse.Namespace,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="bin/bench-spark", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=100_000, help="messages per broker (default 100000)")
     parser.add_argument("--size", type=int, default=100, help="body bytes (default 100)")
     parser.add_argument("--batch-size", type=int, default=10_000, help="source batchSize (default 10000)")
