@@ -47,7 +47,7 @@ from curb.reader import RecordReader
 from curb.record import PAD_SIZE, RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, FormatError
 from curb.ring import Ring
 from curb.scan import Entry, LogDamaged, LogError, LogReader, Scan, Summary
-from curb.sizes import SizeClasses
+from curb.sizes import SizeClasses, class_bound, size_class
 
 __all__ = ["Entry", "Log", "LogCore", "LogDamaged", "LogError", "LogReader", "QueueFull", "Record", "Summary",
            "TooLarge"]
@@ -151,7 +151,8 @@ class LogCore:
         self._room_wanted = False
         self._ckpt_due = 0.0
         self._classes = SizeClasses()
-        self._pending_classes = SizeClasses()
+        self._pending_largest = 0
+        self._roomy = 3 * (self.max_record + PAD_SIZE) + 64
         self._broken: str | None = None
         self.recovery = self._recover()
         self.next_ready: Callable[[], Record | None] = self._cursor.next_ready
@@ -262,7 +263,9 @@ class LogCore:
                 # (a crash interrupted it): only what fits without copies, until ACKs
                 # free the tail.
                 return self.capacity
-        largest = max(size, reserve // 2 - PAD_SIZE, self._largest(self._pending_classes))
+        # Sizes as the reserve will count them once placed: by their class's bound.
+        waiting = class_bound(size_class(max(size, self._pending_largest)))
+        largest = max(min(self.max_record, waiting), reserve // 2 - PAD_SIZE)
         return 3 * (largest + PAD_SIZE) + 64 + self._cursor.behind_bytes // 4
 
     def _reserve(self) -> int:
@@ -284,11 +287,18 @@ class LogCore:
         if size > self.max_record:
             raise TooLarge(f"message of {len(payload)} bytes is larger than this broker can ever store "
                            f"(the limit is {self.max_message} bytes with this -cap and -max-frame)")
-        room = self.capacity - self.headroom(size) - self.ahead_dead_bytes
-        if self.live_bytes + size > room:
-            raise QueueFull(f"queue full now: {self.live_bytes} bytes are queued and a message of "
-                            f"{len(payload)} bytes needs {max(0, self.live_bytes + size - room)} more "
-                            f"free; retry once consumers have caught up")
+        cur, ring = self._cursor, self._ring
+        live = cur.unread_bytes + self._pending_bytes + cur.outstanding_bytes
+        roomy = self._roomy + cur.behind_bytes // 4
+        if (live + size + roomy + ring.distance(cur.rpos, cur.whead) > self.capacity
+                or ring.free() < roomy):
+            # Not plainly roomy (the common case, which needs no exact headroom): decide
+            # by the exact rule.
+            room = self.capacity - self.headroom(size) - self.ahead_dead_bytes
+            if live + size > room:
+                raise QueueFull(f"queue full now: {live} bytes are queued and a message of "
+                                f"{len(payload)} bytes needs {max(0, live + size - room)} more "
+                                f"free; retry once consumers have caught up")
         rec = Record(self._next_id, -1, size, 0, time.time_ns() // 1_000_000, None)
         self._next_id += 1
         if self._broken:
@@ -297,7 +307,8 @@ class LogCore:
             return rec
         self._pending.append((rec, payload, done, urgent))
         self._pending_bytes += size
-        self._pending_classes.add(size)
+        if size > self._pending_largest:
+            self._pending_largest = size
         self._schedule()
         return rec
 
@@ -391,10 +402,21 @@ class LogCore:
         runs = WriteRuns([], [])
         written: list[tuple[Record, bytes]] = []
         self._room_wanted = False
-        while self._pending:
-            rec, payload, done, urgent = self._pending[0]
+        pending, ring, end = self._pending, self._ring, self.end
+        reserve = self._reserve()
+        early = max(2 * reserve, self.capacity // 8)
+        while pending:
+            rec, payload, done, urgent = pending[0]
+            size = rec.size
+            head = ring.head
             try:
-                off = self._room_for_append(rec.size, runs, fno)
+                if head >= ring.tail and head + size + PAD_SIZE <= end and ring.free() - size >= early:
+                    # The common case: room at the head, far from the tail.
+                    if head + size + PAD_SIZE > self._allocated:
+                        self._allocate(head + size + PAD_SIZE)
+                    off: int | None = head
+                else:
+                    off = self._room_for_append(size, runs, reserve)
             except OSError as err:
                 if err.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
@@ -403,21 +425,25 @@ class LogCore:
             if off is None:
                 self._room_wanted = True
                 break
-            rec.wseq = self._next_wseq
-            self._next_wseq += 1
-            header = fmt.encode_record(STATE_RDY, 0, rec.id, rec.wseq, rec.timestamp_ms, payload)
-            runs.add(off, rec.size, (header, payload, b"\n"))
+            rec.wseq = wseq = self._next_wseq
+            self._next_wseq = wseq + 1
+            header = fmt.encode_record(STATE_RDY, 0, rec.id, wseq, rec.timestamp_ms, payload)
+            runs.add(off, size, (header, payload, b"\n"))
             rec.offset = off
-            self._ring.head = off + rec.size
-            self._pending.popleft()
-            self._pending_bytes -= rec.size
-            self._pending_classes.remove(rec.size)
-            self._classes.add(rec.size)
+            ring.head = off + size
+            pending.popleft()
+            self._pending_bytes -= size
+            self._classes.add(size)
+            if 2 * (size + PAD_SIZE) > reserve:
+                reserve = self._reserve()
+                early = max(2 * reserve, self.capacity // 8)
             written.append((rec, payload))
             if done is not None:
                 self._waiters.append((fno, done))
             if urgent:
                 self._urgent_upto = fno
+        if not self._pending:
+            self._pending_largest = 0
         runs.write(self.disk)
         cursor = self._cursor
         cursor.whead, cursor.next_wseq = self._ring.head, self._next_wseq
@@ -427,29 +453,28 @@ class LogCore:
             self._cancel_pending("queue full: the log has no room for this message; it was not stored")
         return len(written), bool(runs.runs)
 
-    def _room_for_append(self, size: int, runs: WriteRuns, fno: int) -> int | None:
+    def _room_for_append(self, size: int, runs: WriteRuns, reserve: int) -> int | None:
         """Where a new record of `size` bytes goes now, leaving the reserve free for
         copies; None while the room is yet to come. Compaction starts early, once the
         free bytes fall below an eighth of the ring, so that its copies go in large
         batches while producers still have room; early copies leave this record and the
         reserve their room, so they never take the place of the append they run for."""
-        reserve = self._reserve()
         if self._cursor.behind and self._ring.free() - size < max(2 * reserve, self.capacity // 8):
             self._compact(size, runs, keep=size + reserve + PAD_SIZE)
-        off = self._place_new(size, runs)
+        off = self._place_new(size, runs, reserve)
         if off is None:
             self._compact(size, runs, keep=0)
-            off = self._place_new(size, runs)
+            off = self._place_new(size, runs, reserve)
         return off
 
-    def _place_new(self, size: int, runs: WriteRuns) -> int | None:
+    def _place_new(self, size: int, runs: WriteRuns, reserve: int) -> int | None:
         ring = self._ring
         spot = ring.place(size)
         if spot is None:
             return None
         _off, wraps = spot
         used = size + (self.end - ring.head if wraps else 0)
-        if ring.free() - used < self._reserve():
+        if ring.free() - used < reserve:
             return None
         return self._take(spot, size, runs)
 
@@ -542,11 +567,11 @@ class LogCore:
         while self._pending:
             rec, _, done, _ = self._pending.popleft()
             self._pending_bytes -= rec.size
-            self._pending_classes.remove(rec.size)
             if self.metrics is not None and reason.startswith("queue full"):
                 self.metrics.refused_full += 1
             if done is not None:
                 done(reason)
+        self._pending_largest = 0
 
     # ---------------------------------------------------------------- syncing
 
