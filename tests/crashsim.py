@@ -14,6 +14,7 @@ survives, and starts a new LogCore on it, which must recover at once.
 
 The invariants, from the crash model in the design notes:
 - a SEND whose done(None) ran is delivered after every restart, unless an ACK took it;
+  so is one a restart recovered (recovery syncs what it finds) or a full sync covered;
 - an ACK whose on_durable ran with None is never undone: the message never comes back;
 - next_ready never hands out a message twice in one run of the log;
 - every payload delivered is byte for byte one that was appended, under its own id;
@@ -125,7 +126,7 @@ class Msg:
     payload: bytes
     id: int | None = None
     receipted: bool = False
-    synced: bool = False
+    durable_by: str | None = None
     rejected: bool = False
     refused_run: int | None = None
     acked_unconfirmed: bool = False
@@ -138,7 +139,8 @@ class Msg:
 
     def must_survive(self) -> bool:
         """Known to be on disk and not taken by an ACK that may have reached the disk."""
-        return (self.receipted or self.synced) and not self.acked_durable and not self.acked_unconfirmed
+        return ((self.receipted or self.durable_by is not None)
+                and not self.acked_durable and not self.acked_unconfirmed)
 
     def promise(self, epoch: int) -> None:
         """Note the rot epoch of the latest promise made about this message (a receipt
@@ -397,11 +399,13 @@ class Sim:
         lost = [m for m in self.messages.values()
                 if m.must_survive() and m.epoch == self.rot_epoch and m.tag not in tags]
         if lost:
-            kind = "receipted SEND lost" if any(m.receipted for m in lost) else "synced SEND lost"
+            first = next((m for m in lost if m.receipted), lost[0])
+            kind = "receipted SEND lost" if first.receipted else f"SEND made durable by {first.durable_by} lost"
             self.fail(kind, f"{len(lost)} messages missing after restart, e.g. " + ", ".join(
                 f"#{m.tag} (id {m.id}, {m.size} B{', receipted' if m.receipted else ''})" for m in lost[:5]))
         for tag in tags:
             msg = self.messages[tag]
+            msg.durable_by = msg.durable_by or "recovery"
             msg.acked_unconfirmed = msg.acked_durable = False
             msg.promise(self.rot_epoch)
             self.live[tag] = msg.size
@@ -716,7 +720,7 @@ class Sim:
             self.fail("accepted SEND never stored", f"{len(missing)} messages, e.g. #{missing[0]}, "
                       f"not written after {SETTLE_ROUNDS} rounds of (clock, flush, sync)")
         for tag in self.live:
-            self.messages[tag].synced = True
+            self.messages[tag].durable_by = "a full sync"
             self.messages[tag].promise(self.rot_epoch)
         self.stats.faults += self.disk.faults - self.disk_faults
         self.stats.powers += 1
