@@ -55,6 +55,7 @@ __all__ = ["Entry", "Log", "LogCore", "LogDamaged", "LogError", "LogReader", "Qu
 MIN_CAP = 16 * 1024
 ALLOCATE_STEP = 1 << 20
 CHECKPOINT_EVERY = 0.05
+PINNED_FOR = 0.1
 LAZY_SYNC = 0.01
 INLINE_SYNC_OPS = 4
 Done = Callable[[str | None], None]
@@ -152,6 +153,7 @@ class LogCore:
         self._ckpt_due = 0.0
         self._classes = SizeClasses()
         self._pending_largest = 0
+        self._pin = (-1, 0.0)
         self._roomy = 3 * (self.max_record + PAD_SIZE) + 64
         self._broken: str | None = None
         self.recovery = self._recover()
@@ -404,7 +406,7 @@ class LogCore:
         self._room_wanted = False
         pending, ring, end = self._pending, self._ring, self.end
         reserve = self._reserve()
-        early = max(2 * reserve, self.capacity // 8)
+        early = self._early(reserve)
         while pending:
             rec, payload, done, urgent = pending[0]
             size = rec.size
@@ -436,7 +438,7 @@ class LogCore:
             self._classes.add(size)
             if 2 * (size + PAD_SIZE) > reserve:
                 reserve = self._reserve()
-                early = max(2 * reserve, self.capacity // 8)
+                early = self._early(reserve)
             written.append((rec, payload))
             if done is not None:
                 self._waiters.append((fno, done))
@@ -456,16 +458,30 @@ class LogCore:
     def _room_for_append(self, size: int, runs: WriteRuns, reserve: int) -> int | None:
         """Where a new record of `size` bytes goes now, leaving the reserve free for
         copies; None while the room is yet to come. Compaction starts early, once the
-        free bytes fall below an eighth of the ring, so that its copies go in large
-        batches while producers still have room; early copies leave this record and the
-        reserve their room, so they never take the place of the append they run for."""
-        if self._cursor.behind and self._ring.free() - size < max(2 * reserve, self.capacity // 8):
+        free bytes fall below a quarter of the ring and a held message has pinned the
+        tail for PINNED_FOR seconds, so that its copies go in large batches while
+        producers still have room (messages held only briefly are acked before they
+        would be copied, rather than copied and then dead ahead of the cursor); early
+        copies leave this record and the reserve their room."""
+        if self._cursor.behind and self._ring.free() - size < self._early(reserve) and self._pinned():
             self._compact(size, runs, keep=size + reserve + PAD_SIZE)
         off = self._place_new(size, runs, reserve)
         if off is None:
             self._compact(size, runs, keep=0)
             off = self._place_new(size, runs, reserve)
         return off
+
+    def _early(self, reserve: int) -> int:
+        """Free bytes below which compaction may start before it must."""
+        return max(2 * reserve, self.capacity // 4)
+
+    def _pinned(self) -> bool:
+        """Whether the logical tail has stayed where it is for PINNED_FOR seconds."""
+        tail, now = self._cursor.tail(), self.clock()
+        if tail != self._pin[0]:
+            self._pin = (tail, now)
+            return False
+        return now - self._pin[1] >= PINNED_FOR
 
     def _place_new(self, size: int, runs: WriteRuns, reserve: int) -> int | None:
         ring = self._ring
