@@ -16,7 +16,9 @@ count are patched in place, so the CRC covers everything else: id, write sequenc
 time, length and payload. The payload is the SEND's own headers, escaped as on the
 wire, one per line, a blank line, then the body byte for byte.
 
-A `pad` record marks the end of a lap of the ring: the next record is at RING_START.
+A `pad` record marks the end of a lap of the ring: the next record is at RING_START. It
+has id 0 and no payload, and a message has an id above 0, so a state that a torn write
+left from an earlier lap (the state is outside the CRC) is caught by its id and length.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def parse_header(buf, pos: int) -> RecordHeader:
             raise FormatError(f"unknown record state {bytes(buf[pos:pos + 3])!r}")
     try:
         stamp = int(buf[pos + 35:pos + 47], 16)
-        return RecordHeader(
+        header = RecordHeader(
             state,
             int(buf[pos + 4:pos + 8], 16),
             int(buf[pos + 9:pos + 21], 16),
@@ -107,6 +109,11 @@ def parse_header(buf, pos: int) -> RecordHeader:
         )
     except ValueError:
         raise FormatError("malformed record header") from None
+    if (state == STATE_PAD) != (header.id == 0 and header.length == 0):
+        # The state is outside the CRC: a write torn at a sector boundary can leave a
+        # lap's old `pad` on a new message, or a message's old `rdy` on a new pad.
+        raise FormatError("record state does not match its id and length")
+    return header
 
 
 def check_payload(buf, pos: int, header: RecordHeader) -> bool:

@@ -34,6 +34,8 @@ from curb.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_R
 from curb.sizes import SizeClasses
 
 VERIFY_NEAR_HEAD = 4 << 20
+PAD_ID = b"0" * 12
+PAD_LENGTH = b"0" * 8
 
 
 
@@ -206,6 +208,8 @@ class Scan:
                 break
             state = buf[off:off + 3]
             if state == pad:
+                if buf[off + 9:off + 21] != PAD_ID or buf[off + 48:off + 56] != PAD_LENGTH:
+                    break
                 pos = RING_START
                 continue
             if state != rdy and state != ack:
@@ -220,7 +224,7 @@ class Scan:
             except ValueError:
                 break
             limit = stop if pos < stop else end
-            if size > max_size or pos + size > limit:
+            if size > max_size or pos + size > limit or msg_id == 0:
                 break
             count(state, msg_id, size, pos, buf[off + 35] >= 56)  # top time digit 8-f: COPY_FLAG
             pos += size

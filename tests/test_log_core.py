@@ -361,3 +361,20 @@ def test_disk_full_refuses_with_a_clear_reason_and_recovers_once_space_is_freed(
 def test_a_record_header_line_has_a_fixed_width():
     line = fmt.encode_record(fmt.STATE_RDY, 0, 1, 1, 1, b"x", copy=True)
     assert len(line) == RECORD_HEADER and PAD_SIZE == RECORD_HEADER + 1
+
+
+def test_a_lap_old_pad_state_left_on_a_new_message_by_a_torn_write_is_not_a_pad():
+    """The state is outside the CRC. A message written where a pad lay a lap earlier, its
+    first sector lost to a power cut (crash simulator, seed 191836 of an earlier
+    generator): the old `pad ` with the new id, length and CRC must not end the lap, or
+    the records after it, synced and receipted, would be cut off at the next start."""
+    payload = b"\n" + body(1)
+    line = fmt.encode_record(fmt.STATE_RDY, 0, 37, 1239, 1, payload)
+    torn = b"pad" + line[3:] + payload + b"\n"
+    with pytest.raises(fmt.FormatError, match="does not match"):
+        fmt.parse_header(torn, 0)
+    pad = fmt.encode_record(fmt.STATE_PAD, 0, 0, 7, 0, b"") + b"\n"
+    with pytest.raises(fmt.FormatError, match="does not match"):
+        fmt.parse_header(b"rdy" + pad[3:], 0)
+    assert fmt.parse_header(pad, 0).state == fmt.STATE_PAD
+    assert fmt.parse_header(line + payload + b"\n", 0).id == 37
