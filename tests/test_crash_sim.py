@@ -59,6 +59,12 @@ REGRESSIONS = {
     # A ring nearly full of held messages: copies and checkpoints alternate, each copy
     # batch taking what the last checkpoint freed, and small appends wait past 20 rounds.
     "near_full_ring_of_held_messages": (8802, "wedge"),
+    # A 16 KiB ring with two consumers holding messages: a receipted 436-byte SEND was
+    # accepted and twelve steps later refused as "queue full", with no disk fault.
+    "accepted_append_cancelled_on_a_small_ring": (33237, "accepted SEND refused later without a disk fault"),
+    # After restarts, a 64 KiB ring holding 4 KB refused a 1247-byte SEND: the
+    # fragmentation guard made the headroom the whole ring.
+    "fragmentation_guard_refuses_a_nearly_empty_ring": (38170, "QueueFull far from full"),
 }
 
 
