@@ -241,10 +241,6 @@ class LogCore:
 
     def _largest(self, classes: SizeClasses) -> int:
         """An upper bound (within a quarter) of the largest record counted in `classes`."""
-        if classes is self._classes and classes.top:
-            cur = self._cursor
-            if not self._pending and cur.unread_bytes <= 0 and cur.outstanding_bytes <= 0:
-                classes.clear()  # nothing live: exact again after damage
         return min(self.max_record, classes.largest())
 
     def headroom(self, size: int) -> int:
@@ -253,18 +249,21 @@ class LogCore:
         ending a lap may waste up to a record), and L + pad for the unusable end of the
         lap the region spans or the new record may leave; and a quarter of the held
         messages compaction must copy to pass them, so that it gets there in a few
-        batches, not one record's worth of room at a time. All of the ring while even
-        one copy could not be placed (see below)."""
+        batches, not one record's worth of room at a time. All of the ring while the
+        message that pins the tail could not be copied (see below)."""
         reserve = self._reserve()
         ring = self._ring
         free = ring.free()
         if free < reserve:
-            reachable = free + ring.distance(ring.tail, self._cursor.tail())
+            cur = self._cursor
+            reachable = free + ring.distance(ring.tail, cur.tail())
             if reachable < reserve and self._pending_bytes + size + reserve > reachable:
-                # Too fragmented for compaction to copy the largest record in the ring
-                # (a crash interrupted it): only what fits without copies, until ACKs
-                # free the tail.
-                return self.capacity
+                pinning = next(iter(cur.behind.values()), None)
+                if pinning is not None and ring.place(pinning.size) is None:
+                    # Too fragmented for compaction to copy the message that pins the
+                    # tail (a crash interrupted it): only what fits without copies,
+                    # until ACKs free the tail.
+                    return self.capacity
         # Sizes as the reserve will count them once placed: by their class's bound.
         waiting = class_bound(size_class(max(size, self._pending_largest)))
         largest = max(min(self.max_record, waiting), reserve // 2 - PAD_SIZE)
@@ -291,6 +290,10 @@ class LogCore:
                            f"(the limit is {self.max_message} bytes with this -cap and -max-frame)")
         cur, ring = self._cursor, self._ring
         live = cur.unread_bytes + self._pending_bytes + cur.outstanding_bytes
+        if live <= 0 and self._classes.top:
+            # Nothing is live (and nothing is being placed: appends come between flushes),
+            # so the size classes are exact again, whatever damage made them err.
+            self._classes.clear()
         roomy = self._roomy + cur.behind_bytes // 4
         if (live + size + roomy + ring.distance(cur.rpos, cur.whead) > self.capacity
                 or ring.free() < roomy):
