@@ -193,10 +193,14 @@ class Scan:
         """Count well-formed records from pos by their headers alone while they are more
         than `trust_until` bytes before the checkpoint's head; return where it stopped
         (there the checked path takes over, also at anything odd). The recovery of a
-        large log spends its time here, so it is one flat loop."""
-        reader, count, end, max_size = self.reader, self._count, self.end, self.reader.max_size
+        large log spends its time here, so it is one flat loop with local counts; copies
+        (rare) go through `_count`."""
+        reader, end, max_size = self.reader, self.end, self.reader.max_size
         buf, base = reader.buf, reader.base
         rdy, ack, pad = STATE_RDY, STATE_ACK, STATE_PAD
+        rdy_sizes: dict[int, int] = {}
+        acked = dead_bytes = 0
+        max_id = self.max_id
         while pos != stop and (pos > stop or stop - pos > trust_until):
             off = pos - base
             if off < 0 or off + RECORD_HEADER > len(buf):
@@ -223,11 +227,29 @@ class Scan:
                     self.oldest_ms = int(buf[off + 35:off + 47], 16) & ~fmt.COPY_FLAG
             except ValueError:
                 break
-            limit = stop if pos < stop else end
-            if size > max_size or pos + size > limit or msg_id == 0:
+            if size > max_size or pos + size > (stop if pos < stop else end) or msg_id == 0:
                 break
-            count(state, msg_id, size, pos, buf[off + 35] >= 56)  # top time digit 8-f: COPY_FLAG
+            if buf[off + 35] >= 56:  # top time digit 8-f: COPY_FLAG, a copy
+                self.max_id = max_id
+                self._count(state, msg_id, size, pos, True)
+            else:
+                if msg_id > max_id:
+                    max_id = msg_id
+                if self.first_fresh is None:
+                    self.first_fresh = msg_id
+                if state == rdy:
+                    rdy_sizes[size] = rdy_sizes.get(size, 0) + 1
+                else:
+                    acked += 1
+                    dead_bytes += size
             pos += size
+        self.max_id = max_id
+        self.acked += acked
+        self.dead_bytes += dead_bytes
+        for size, n in rdy_sizes.items():
+            self.messages += n
+            self.live_bytes += size * n
+            self.classes.add(size, n)
         return pos
 
     def _looks_torn(self, pos: int, expect: int) -> bool:

@@ -37,9 +37,9 @@ class SizeClasses:
         self.counts = [0] * CLASSES
         self.top = 0
 
-    def add(self, size: int) -> None:
+    def add(self, size: int, n: int = 1) -> None:
         cls = size_class(size)
-        self.counts[cls] += 1
+        self.counts[cls] += n
         if cls > self.top:
             self.top = cls
 
