@@ -192,16 +192,22 @@ class Scan:
     def _skim(self, pos: int, stop: int, trust_until: int) -> int:
         """Count well-formed records from pos by their headers alone while they are more
         than `trust_until` bytes before the checkpoint's head; return where it stopped
-        (there the checked path takes over, also at anything odd). The recovery of a
-        large log spends its time here, so it is one flat loop with local counts; copies
-        (rare) go through `_count`."""
+        (there the checked path takes over, also at anything odd). A record is counted
+        only once the header after it is well formed too: when it is not, the record's
+        own length may be the damage, so the checked path starts again at that record
+        (a damaged length must not make the walk skip the records after it). The
+        recovery of a large log spends its time here, so it is one flat loop with local
+        counts; copies (rare) go through `_count`."""
         reader, end, max_size = self.reader, self.end, self.reader.max_size
         buf, base = reader.buf, reader.base
         rdy, ack, pad = STATE_RDY, STATE_ACK, STATE_PAD
         rdy_sizes: dict[int, int] = {}
         acked = dead_bytes = 0
         max_id = self.max_id
+        held: tuple[bytes, int, int, int, bool] | None = None  # counted once its successor parses
+        odd = False
         while pos != stop and (pos > stop or stop - pos > trust_until):
+            odd = True
             off = pos - base
             if off < 0 or off + RECORD_HEADER > len(buf):
                 buf, off = reader.window(pos, RECORD_HEADER, end)
@@ -211,37 +217,45 @@ class Scan:
             if buf[off + RECORD_HEADER - 1] != 10:
                 break
             state = buf[off:off + 3]
+            msg_id = size = 0
             if state == pad:
                 if buf[off + 9:off + 21] != PAD_ID or buf[off + 48:off + 56] != PAD_LENGTH:
                     break
+            else:
+                if state != rdy and state != ack:
+                    state = fmt.TORN_STATES.get(bytes(state), b"")
+                    if not state:
+                        break
+                try:
+                    msg_id = int(buf[off + 9:off + 21], 16)
+                    size = RECORD_HEADER + 1 + int(buf[off + 48:off + 56], 16)
+                    if self.oldest_ms is None and state == rdy:
+                        self.oldest_ms = int(buf[off + 35:off + 47], 16) & ~fmt.COPY_FLAG
+                except ValueError:
+                    break
+                if size > max_size or pos + size > (stop if pos < stop else end) or msg_id == 0:
+                    break
+            odd = False
+            if held is not None:
+                h_state, h_id, h_size, h_pos, h_copy = held
+                if h_copy:
+                    self.max_id = max_id
+                    self._count(h_state, h_id, h_size, h_pos, True)
+                else:
+                    if h_id > max_id:
+                        max_id = h_id
+                    if self.first_fresh is None:
+                        self.first_fresh = h_id
+                    if h_state == rdy:
+                        rdy_sizes[h_size] = rdy_sizes.get(h_size, 0) + 1
+                    else:
+                        acked += 1
+                        dead_bytes += h_size
+                held = None
+            if state == pad:
                 pos = RING_START
                 continue
-            if state != rdy and state != ack:
-                state = fmt.TORN_STATES.get(bytes(state), b"")
-                if not state:
-                    break
-            try:
-                msg_id = int(buf[off + 9:off + 21], 16)
-                size = RECORD_HEADER + 1 + int(buf[off + 48:off + 56], 16)
-                if self.oldest_ms is None and state == rdy:
-                    self.oldest_ms = int(buf[off + 35:off + 47], 16) & ~fmt.COPY_FLAG
-            except ValueError:
-                break
-            if size > max_size or pos + size > (stop if pos < stop else end) or msg_id == 0:
-                break
-            if buf[off + 35] >= 56:  # top time digit 8-f: COPY_FLAG, a copy
-                self.max_id = max_id
-                self._count(state, msg_id, size, pos, True)
-            else:
-                if msg_id > max_id:
-                    max_id = msg_id
-                if self.first_fresh is None:
-                    self.first_fresh = msg_id
-                if state == rdy:
-                    rdy_sizes[size] = rdy_sizes.get(size, 0) + 1
-                else:
-                    acked += 1
-                    dead_bytes += size
+            held = (state, msg_id, size, pos, buf[off + 35] >= 56)  # top time digit 8-f: COPY_FLAG
             pos += size
         self.max_id = max_id
         self.acked += acked
@@ -250,6 +264,10 @@ class Scan:
             self.messages += n
             self.live_bytes += size * n
             self.classes.add(size, n)
+        if held is not None:
+            if odd:
+                return held[3]  # odd bytes after it: the checked path reads it again
+            self._count(*held)  # it ends where the checked path takes over
         return pos
 
     def _looks_torn(self, pos: int, expect: int) -> bool:
