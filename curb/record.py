@@ -181,14 +181,3 @@ def latest_checkpoint(header: bytes) -> Checkpoint:
     if not found:
         raise FormatError("the log's header is damaged (no intact checkpoint)")
     return max(found, key=lambda c: c.gen)
-
-
-def split_payload(payload) -> tuple[bytes, bytes]:
-    """(escaped header lines each ending in a newline, body) of a stored payload."""
-    payload = bytes(payload)
-    if payload[:1] == b"\n":
-        return b"", payload[1:]
-    end = payload.find(b"\n\n")
-    if end < 0:
-        raise FormatError("payload without its header terminator")
-    return payload[:end + 1], payload[end + 2:]
