@@ -597,12 +597,13 @@ class LogCore:
     def sync(self) -> None:
         """fdatasync everything written so far, then do what follows a sync."""
         target = self._begin_sync()
+        started = time.monotonic()
         try:
             self.disk.sync()
         except OSError as err:
             self._end_sync(target, 0.0, err)
             return
-        self._end_sync(target, 0.0, None)
+        self._end_sync(target, time.monotonic() - started, None)
 
     def _begin_sync(self) -> int:
         """The flush a sync starting now covers."""
@@ -729,17 +730,11 @@ class Log(LogCore):
         if self._broken or self._syncer is None:
             self._syncing = False
             return
-        target = self._begin_sync()
         if not inline:
-            self._syncer.request(target)
+            self._syncer.request(self._begin_sync())
             return
-        started = time.monotonic()
-        try:
-            self.disk.sync()
-        except OSError as err:
-            self._synced(target, 0.0, err)
-            return
-        self._synced(target, time.monotonic() - started, None)
+        self._syncing = False
+        LogCore.sync(self)
 
     def _synced(self, target: int, seconds: float, err: OSError | None) -> None:
         self._syncing = False
