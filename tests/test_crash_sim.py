@@ -86,6 +86,16 @@ def test_a_seed_that_once_failed_keeps_the_invariant(seed: int, kind: str):
     assert kind not in {f.kind for f in outcome.findings}, outcome.report(STEPS)
 
 
+@pytest.mark.xfail(strict=True, reason="open: after crashes interrupted compaction, the free space is "
+                   "split so that the message a consumer then takes at the tail cannot be copied; "
+                   "admission's guard looks only at messages already held")
+def test_an_accepted_send_is_not_refused_later_after_fragmenting_crashes():
+    """Seed 533285: an accepted SEND answered with ERROR 'queue full' on a ring far
+    from full. Kept as a known failure (strict, so it is noticed once fixed)."""
+    outcome = run_seed(533285, STEPS)
+    assert "accepted SEND refused later without a disk fault" not in {f.kind for f in outcome.findings}
+
+
 def test_a_seed_replays_exactly():
     lines: list[list[str]] = [[], []]
     for run in lines:
