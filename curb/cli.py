@@ -190,8 +190,10 @@ async def serve(*, cap: int, addr, path: str, prefetch: int, max_frame: int, hea
         raise
     rec = log.recovery
     events("recovered", f"recovered {rec.messages} messages ({rec.live_bytes} bytes) from {path} "
-           f"in {rec.seconds:.3f}s" + (f"; {rec.torn}" if rec.torn else ""),
-           file=path, messages=rec.messages, bytes=rec.live_bytes, torn=rec.torn, seconds=round(rec.seconds, 3))
+           f"in {rec.seconds:.3f}s" + (f"; {rec.torn}" if rec.torn else "")
+           + (f" ({rec.skipped_bytes} bytes in all, never delivered)" if rec.skipped_bytes else ""),
+           file=path, messages=rec.messages, bytes=rec.live_bytes, torn=rec.torn,
+           skipped_bytes=rec.skipped_bytes, seconds=round(rec.seconds, 3))
     broker = Broker(log, prefetch=prefetch, max_frame=max_frame, heartbeat_ms=heartbeat,
                     metrics=metrics, events=events)
     stop = loop.create_future()

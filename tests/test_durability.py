@@ -200,4 +200,5 @@ def test_torn_or_corrupt_tail_drops_only_the_broken_record(curb_broker, damage):
     broker.start()
     expected = "torn tail" if damage == "truncate" else "damaged bytes"
     assert expected in broker.stderr_text()
+    assert "bytes in all, never delivered)" in broker.stderr_text()
     assert drain(broker.port) == [b"torn-%04d" % i for i in range(19)]
