@@ -70,9 +70,17 @@ def _loop_schedule(delay: float, callback: Callable[[], None]) -> object:
 class Broker:
     """The one queue, its log and its metrics, and the sessions that use them."""
 
-    def __init__(self, log: Store, *, prefetch: int = 100, max_frame: int = 16 << 20,
-                 heartbeat_ms: int = 10000, metrics: Metrics | None = None,
-                 events: Callable[..., None] = lambda *a, **k: None, schedule: Schedule = _loop_schedule):
+    def __init__(
+        self,
+        log: Store,
+        *,
+        prefetch: int = 100,
+        max_frame: int = 16 << 20,
+        heartbeat_ms: int = 10000,
+        metrics: Metrics | None = None,
+        events: Callable[..., None] = lambda *a, **k: None,
+        schedule: Schedule = _loop_schedule,
+    ):
         self.log = log
         self.queue: Queue[Session, Record] = Queue(log, default_prefetch=prefetch)
         self.max_frame = max_frame
@@ -109,8 +117,9 @@ class Broker:
         if self._counters:
             self.counts_changed()
 
-    def subscribe(self, session: Session, sub_id: str, ack_mode: str,
-                  prefetch: int | None) -> Subscription[Session, Record]:
+    def subscribe(
+        self, session: Session, sub_id: str, ack_mode: str, prefetch: int | None
+    ) -> Subscription[Session, Record]:
         return self.queue.subscribe(session, sub_id, ack_mode, prefetch)
 
     def unsubscribe(self, session: Session, sub_id: str) -> None:
@@ -230,9 +239,11 @@ class Broker:
     # ---------------------------------------------------------------- counts
 
     def counts(self) -> dict[str, int]:
-        return {"rdy": self.log.unread + self.queue.redeliver_count,
-                "wip": self.queue.wip_count,
-                "subscriptions": self.queue.subscription_count}
+        return {
+            "rdy": self.log.unread + self.queue.redeliver_count,
+            "wip": self.queue.wip_count,
+            "subscriptions": self.queue.subscription_count,
+        }
 
     def counts_changed(self) -> None:
         """Coalesce count updates for ./count subscribers into one MESSAGE per change."""
@@ -248,6 +259,12 @@ class Broker:
 
     def gauges(self) -> dict[str, int]:
         counts = self.counts()
-        return {"rdy": counts["rdy"], "wip": counts["wip"], "connections": len(self.sessions),
-                "subscriptions": counts["subscriptions"], "log_bytes": self.log.file_bytes,
-                "live_bytes": self.log.live_bytes, "cap": self.log.end}
+        return {
+            "rdy": counts["rdy"],
+            "wip": counts["wip"],
+            "connections": len(self.sessions),
+            "subscriptions": counts["subscriptions"],
+            "log_bytes": self.log.file_bytes,
+            "live_bytes": self.log.live_bytes,
+            "cap": self.log.end,
+        }

@@ -49,10 +49,19 @@ EXIT_IO = 1
 EXIT_USAGE = 2
 # What the system says about a log file that it will keep saying until someone changes
 # the file, its directory or the flags; any other error may pass (see the module docstring).
-OPERATOR_ERRNOS = frozenset({
-    errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR, errno.EISDIR,
-    errno.ENAMETOOLONG, errno.ELOOP, errno.EWOULDBLOCK,
-})
+OPERATOR_ERRNOS = frozenset(
+    {
+        errno.EACCES,
+        errno.EPERM,
+        errno.EROFS,
+        errno.ENOENT,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.ENAMETOOLONG,
+        errno.ELOOP,
+        errno.EWOULDBLOCK,
+    }
+)
 
 
 class StartError(Exception):
@@ -100,22 +109,68 @@ def default_file() -> str:
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-cap", "--cap", default="1GiB", show_default=True, callback=_size,
-              help="Most bytes the log file may ever take on disk (B, KiB, MiB, GiB).")
-@click.option("-addr", "--addr", default=f":{DEFAULT_PORT}", show_default=True, callback=_addr,
-              help="Where to listen, [HOST]:PORT; an empty host means every interface (IPv4 and IPv6).")
-@click.option("-file", "--file", "path", default=None,
-              help="The log file. Default: $STATE_DIRECTORY/curb.log under systemd, else ./curb.log.")
-@click.option("-prefetch", "--prefetch", default=100, show_default=True, type=click.IntRange(1, 10000),
-              help="Unacked messages a subscription may hold when SUBSCRIBE names no prefetch-count.")
-@click.option("-max-frame", "--max-frame", default="16MiB", show_default=True, callback=_size,
-              help="Largest frame a client may send; larger ones get an ERROR.")
-@click.option("-heartbeat", "--heartbeat", default=10000, show_default=True, type=click.IntRange(0),
-              help="Heart-beat interval offered to clients, in ms (0: none). Silent peers are dropped.")
-@click.option("-http", "--http", default=None, callback=_addr,
-              help="Serve GET /metrics (Prometheus) and GET /stats (JSON) on [HOST]:PORT. Off by default.")
-@click.option("-log-format", "--log-format", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="Log lines on stderr as text or as one JSON object each.")
+@click.option(
+    "-cap",
+    "--cap",
+    default="1GiB",
+    show_default=True,
+    callback=_size,
+    help="Most bytes the log file may ever take on disk (B, KiB, MiB, GiB).",
+)
+@click.option(
+    "-addr",
+    "--addr",
+    default=f":{DEFAULT_PORT}",
+    show_default=True,
+    callback=_addr,
+    help="Where to listen, [HOST]:PORT; an empty host means every interface (IPv4 and IPv6).",
+)
+@click.option(
+    "-file",
+    "--file",
+    "path",
+    default=None,
+    help="The log file. Default: $STATE_DIRECTORY/curb.log under systemd, else ./curb.log.",
+)
+@click.option(
+    "-prefetch",
+    "--prefetch",
+    default=100,
+    show_default=True,
+    type=click.IntRange(1, 10000),
+    help="Unacked messages a subscription may hold when SUBSCRIBE names no prefetch-count.",
+)
+@click.option(
+    "-max-frame",
+    "--max-frame",
+    default="16MiB",
+    show_default=True,
+    callback=_size,
+    help="Largest frame a client may send; larger ones get an ERROR.",
+)
+@click.option(
+    "-heartbeat",
+    "--heartbeat",
+    default=10000,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Heart-beat interval offered to clients, in ms (0: none). Silent peers are dropped.",
+)
+@click.option(
+    "-http",
+    "--http",
+    default=None,
+    callback=_addr,
+    help="Serve GET /metrics (Prometheus) and GET /stats (JSON) on [HOST]:PORT. Off by default.",
+)
+@click.option(
+    "-log-format",
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Log lines on stderr as text or as one JSON object each.",
+)
 @click.version_option(__version__, "-version", "--version", prog_name="curb")
 @click.pass_context
 def command(ctx, cap, addr, path, prefetch, max_frame, heartbeat, http, log_format):
@@ -126,8 +181,18 @@ def command(ctx, cap, addr, path, prefetch, max_frame, heartbeat, http, log_form
         return
     events = Events(log_format)
     try:
-        code = asyncio.run(serve(cap=cap, addr=addr, path=path or default_file(), prefetch=prefetch,
-                                 max_frame=max_frame, heartbeat=heartbeat, http=http, events=events))
+        code = asyncio.run(
+            serve(
+                cap=cap,
+                addr=addr,
+                path=path or default_file(),
+                prefetch=prefetch,
+                max_frame=max_frame,
+                heartbeat=heartbeat,
+                http=http,
+                events=events,
+            )
+        )
     except StartError as err:
         click.echo(f"curb: {err.line}", err=True)
         sys.exit(err.status)
@@ -158,8 +223,9 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(code or 0)
 
 
-async def serve(*, cap: int, addr, path: str, prefetch: int, max_frame: int, heartbeat: int,
-                http, events: Events) -> int:
+async def serve(
+    *, cap: int, addr, path: str, prefetch: int, max_frame: int, heartbeat: int, http, events: Events
+) -> int:
     """Recover the log, listen, serve until SIGINT/SIGTERM, then drain. Returns the exit code."""
     loop = asyncio.get_running_loop()
     metrics = Metrics()
@@ -173,13 +239,17 @@ async def serve(*, cap: int, addr, path: str, prefetch: int, max_frame: int, hea
 
     inherited = systemd.listen_sockets()
     if inherited:
-        servers = [await loop.create_server(new_session, sock=s, start_serving=False)
-                   for s in inherited]
+        servers = [await loop.create_server(new_session, sock=s, start_serving=False) for s in inherited]
         names = ", ".join(_sockname(s) for s in inherited)
         where = f"listening on {names} (socket passed by systemd; -addr ignored)"
     else:
-        servers = [await _listen("-addr", addr, lambda: loop.create_server(
-            new_session, addr[0], addr[1], reuse_address=True, start_serving=False))]
+        servers = [
+            await _listen(
+                "-addr",
+                addr,
+                lambda: loop.create_server(new_session, addr[0], addr[1], reuse_address=True, start_serving=False),
+            )
+        ]
         names = ", ".join(_sockname(s) for s in servers[0].sockets)
         where = f"listening on {names}, log {path}, cap {cap} bytes"
     try:
@@ -189,13 +259,20 @@ async def serve(*, cap: int, addr, path: str, prefetch: int, max_frame: int, hea
             server.close()
         raise
     rec = log.recovery
-    events("recovered", f"recovered {rec.messages} messages ({rec.live_bytes} bytes) from {path} "
-           f"in {rec.seconds:.3f}s" + (f"; {rec.torn}" if rec.torn else "")
-           + (f" ({rec.skipped_bytes} bytes in all, never delivered)" if rec.skipped_bytes else ""),
-           file=path, messages=rec.messages, bytes=rec.live_bytes, torn=rec.torn,
-           skipped_bytes=rec.skipped_bytes, seconds=round(rec.seconds, 3))
-    broker = Broker(log, prefetch=prefetch, max_frame=max_frame, heartbeat_ms=heartbeat,
-                    metrics=metrics, events=events)
+    events(
+        "recovered",
+        f"recovered {rec.messages} messages ({rec.live_bytes} bytes) from {path} "
+        f"in {rec.seconds:.3f}s"
+        + (f"; {rec.torn}" if rec.torn else "")
+        + (f" ({rec.skipped_bytes} bytes in all, never delivered)" if rec.skipped_bytes else ""),
+        file=path,
+        messages=rec.messages,
+        bytes=rec.live_bytes,
+        torn=rec.torn,
+        skipped_bytes=rec.skipped_bytes,
+        seconds=round(rec.seconds, 3),
+    )
+    broker = Broker(log, prefetch=prefetch, max_frame=max_frame, heartbeat_ms=heartbeat, metrics=metrics, events=events)
     stop = loop.create_future()
     fatal: list[str] = []
 
@@ -212,8 +289,7 @@ async def serve(*, cap: int, addr, path: str, prefetch: int, max_frame: int, hea
         if http is not None:
             web = await _listen("-http", http, lambda: serve_http(http[0] or "", http[1], metrics, broker.gauges))
             servers.append(web)
-            events("http", f"metrics on http://{_sockname(web.sockets[0])}/metrics",
-                   addr=_sockname(web.sockets[0]))
+            events("http", f"metrics on http://{_sockname(web.sockets[0])}/metrics", addr=_sockname(web.sockets[0]))
     except BaseException:
         for server in servers:
             server.close()
@@ -245,16 +321,16 @@ async def serve(*, cap: int, addr, path: str, prefetch: int, max_frame: int, hea
     return EXIT_IO if fatal else 0
 
 
-async def _listen(flag: str, addr: tuple[str | None, int],
-                  open_server: Callable[[], Awaitable[asyncio.Server]]) -> asyncio.Server:
+async def _listen(
+    flag: str, addr: tuple[str | None, int], open_server: Callable[[], Awaitable[asyncio.Server]]
+) -> asyncio.Server:
     """The server `open_server` makes; an address it cannot bind is the operator's to change."""
     try:
         return await open_server()
     except OSError as err:
         # asyncio wraps a bind error in a long text of its own; a name lookup's errno is < 0.
         reason = os.strerror(err.errno) if err.errno and err.errno > 0 else err.strerror or str(err)
-        raise StartError(f"cannot listen on {_addr_text(addr)}: {reason}; pick another {flag}",
-                         EXIT_USAGE) from None
+        raise StartError(f"cannot listen on {_addr_text(addr)}: {reason}; pick another {flag}", EXIT_USAGE) from None
 
 
 def _open_log(path: str, cap: int, max_frame: int, metrics: Metrics) -> Log:
@@ -264,8 +340,9 @@ def _open_log(path: str, cap: int, max_frame: int, metrics: Metrics) -> Log:
         return Log(path, cap, max_payload=max_frame, metrics=metrics)
     except OSError as err:
         if err.errno in OPERATOR_ERRNOS:
-            raise StartError(f"cannot use log file {path}: {_reason(err)}; fix that or pick another -file",
-                             EXIT_USAGE) from None
+            raise StartError(
+                f"cannot use log file {path}: {_reason(err)}; fix that or pick another -file", EXIT_USAGE
+            ) from None
         raise StartError(f"cannot use log file {path}: {_reason(err)}", EXIT_IO) from None
 
 

@@ -36,15 +36,24 @@ class StompError(Exception):
 class Client:
     """Blocking STOMP 1.2 connection; `with Client(...) as c:` connects, and disconnects on exit."""
 
-    def __init__(self, host: str, port: int, *, login: str | None = None, passcode: str | None = None,
-                 heartbeat: tuple[int, int] = (0, 0), timeout: float = 30.0, virtual_host: str | None = None,
-                 max_frame_bytes: int | None = None):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        login: str | None = None,
+        passcode: str | None = None,
+        heartbeat: tuple[int, int] = (0, 0),
+        timeout: float = 30.0,
+        virtual_host: str | None = None,
+        max_frame_bytes: int | None = None,
+    ):
         self.host = host
         self.port = port
         self.login = login
         self.passcode = passcode
         self.heartbeat = heartbeat  # (ms we can send at, ms we want to hear at), as in CONNECT
-        self.timeout = timeout      # seconds for connecting, for a stalled send and for receipts
+        self.timeout = timeout  # seconds for connecting, for a stalled send and for receipts
         self.virtual_host = virtual_host  # CONNECT's `host` header (RabbitMQ's vhost); default: `host`
         self._sock: socket.socket | None = None
         self._poll: select.poll | None = None  # poll(2) rather than selectors: less work per wait
@@ -53,7 +62,7 @@ class Client:
             self._parser.max_frame_bytes = max_frame_bytes
         self._out = bytearray()
         self._inbox: deque[Frame] = deque()
-        self._send_every = 0.0      # negotiated heart-beat periods in seconds, 0 for none
+        self._send_every = 0.0  # negotiated heart-beat periods in seconds, 0 for none
         self._expect_every = 0.0
         self._last_sent = 0.0
         self._last_received = 0.0
@@ -96,8 +105,13 @@ class Client:
         self._negotiate_heartbeat(frame.headers.get("heart-beat", "0,0"))
         return frame
 
-    def send(self, body: bytes, headers: dict[str, str] | None = None, receipt: str | None = None,
-             destination: str = DEFAULT_DESTINATION) -> None:
+    def send(
+        self,
+        body: bytes,
+        headers: dict[str, str] | None = None,
+        receipt: str | None = None,
+        destination: str = DEFAULT_DESTINATION,
+    ) -> None:
         """Queue a SEND (flushed before the next blocking read)."""
         frame_headers = {"destination": destination, **(headers or {})}
         if receipt is not None:
@@ -109,8 +123,14 @@ class Client:
         its SENDs before the clock starts and pipelines them at no further cost."""
         self._write(frame)
 
-    def subscribe(self, sub_id: str = "0", destination: str = DEFAULT_DESTINATION, ack: str = "client-individual",
-                  prefetch: int | None = None, headers: dict[str, str] | None = None) -> None:
+    def subscribe(
+        self,
+        sub_id: str = "0",
+        destination: str = DEFAULT_DESTINATION,
+        ack: str = "client-individual",
+        prefetch: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         """Queue a SUBSCRIBE; `prefetch` becomes the `prefetch-count` header."""
         frame_headers = {"id": sub_id, "destination": destination, "ack": ack}
         if prefetch is not None:

@@ -44,8 +44,16 @@ class Record:
 
     __slots__ = ("acked", "deliveries", "id", "offset", "payload", "size", "timestamp_ms", "wseq")
 
-    def __init__(self, msg_id: int, offset: int, size: int, deliveries: int, timestamp_ms: int,
-                 payload: bytes | None, wseq: int = 0):
+    def __init__(
+        self,
+        msg_id: int,
+        offset: int,
+        size: int,
+        deliveries: int,
+        timestamp_ms: int,
+        payload: bytes | None,
+        wseq: int = 0,
+    ):
         self.id = msg_id
         self.offset = offset
         self.size = size
@@ -59,8 +67,17 @@ class Record:
 class Cursor:
     """The read position, the messages handed out, and the counts of what is left."""
 
-    def __init__(self, reader: RecordReader, end: int, tail: int, head: int, next_wseq: int,
-                 last: dict[int, int], unread: int, unread_bytes: int):
+    def __init__(
+        self,
+        reader: RecordReader,
+        end: int,
+        tail: int,
+        head: int,
+        next_wseq: int,
+        last: dict[int, int],
+        unread: int,
+        unread_bytes: int,
+    ):
         self.reader = reader
         self.end = end
         self.rpos = tail
@@ -172,7 +189,7 @@ class Cursor:
             self.max_id = max(self.max_id, mid)
             if hdr.state == STATE_ACK:
                 continue
-            payload = bytes(buf[off + RECORD_HEADER:off + size - 1]) if size <= KEEP_PAYLOAD else None
+            payload = bytes(buf[off + RECORD_HEADER : off + size - 1]) if size <= KEEP_PAYLOAD else None
             return self._hand_out(Record(mid, pos, size, hdr.deliveries, hdr.timestamp_ms, payload, hdr.wseq))
         # Every written record is handed out: the counts are exact again, whatever
         # damage made recovery's estimate of them wrong.

@@ -75,7 +75,7 @@ class FileDisk:
     def pwritev(self, bufs: Sequence[bytes], offset: int) -> None:
         """Write the buffers back to back, in as many calls as the system needs."""
         for start in range(0, len(bufs), IOV_MAX):
-            batch = bufs[start:start + IOV_MAX]
+            batch = bufs[start : start + IOV_MAX]
             want = sum(map(len, batch))
             done = os.pwritev(self.fd, batch, offset)
             if done < want:

@@ -101,13 +101,14 @@ class FrameParser:
     so resuming never rescans: a frame trickling in byte by byte costs O(n).
     """
 
-    def __init__(self, max_frame_bytes: int = 16 * 1024 * 1024, max_headers: int = 128,
-                 max_header_line: int = 16 * 1024):
+    def __init__(
+        self, max_frame_bytes: int = 16 * 1024 * 1024, max_headers: int = 128, max_header_line: int = 16 * 1024
+    ):
         self.max_frame_bytes = max_frame_bytes
         self.max_headers = max_headers
         self.max_header_line = max_header_line
         self._pending = bytearray()  # unparsed bytes, starting at the incomplete frame
-        self._searched = 0           # bytes of the incomplete frame already searched
+        self._searched = 0  # bytes of the incomplete frame already searched
         self._head_scan = _NO_HEAD_SCAN
         # Parsed head of the incomplete frame: command, headers, body offset, content-length.
         self._head: tuple[str, dict[str, str], int, int | None] | None = None
@@ -158,7 +159,8 @@ class FrameParser:
                 resume = pos + searched - 2 if searched > 2 else pos
                 head_end = find(b"\n\n", resume)
                 has_cr = (searched > 0 and self._head_scan[2]) or find(
-                    b"\r", pos + searched, end if head_end < 0 else head_end) >= 0
+                    b"\r", pos + searched, end if head_end < 0 else head_end
+                ) >= 0
                 if has_cr:
                     lf_crlf = find(b"\n\r\n", resume, end if head_end < 0 else head_end)
                     if lf_crlf >= 0:
@@ -191,7 +193,7 @@ class FrameParser:
                 if buf[nul]:
                     raise ProtocolError("body is not followed by NUL at content-length")
             # bytes() copies a slice of the pending bytearray; a slice of bytes it returns as is
-            append(Frame(command, headers, bytes(buf[pos + body_offset:nul])))
+            append(Frame(command, headers, bytes(buf[pos + body_offset : nul])))
             searched = 0
             pos = nul + 1
             if len(frames) == limit:
@@ -215,15 +217,18 @@ class FrameParser:
             raise ProtocolError("CR not followed by LF in frame head")
         if lines - 1 > self.max_headers:
             raise ProtocolError(f"more than {self.max_headers} headers")
-        if end - unchecked > self.max_header_line and max(
-                len(line.rstrip(b"\r")) for line in buf[unchecked:end].split(b"\n")) > self.max_header_line:
+        if (
+            end - unchecked > self.max_header_line
+            and max(len(line.rstrip(b"\r")) for line in buf[unchecked:end].split(b"\n")) > self.max_header_line
+        ):
             raise ProtocolError(f"header line exceeds {self.max_header_line} bytes")
         if end - pos > self.max_frame_bytes:
             raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes")
         return end - pos
 
-    def _parse_head(self, buf: bytes | bytearray, pos: int, head_end: int,
-                    has_cr: bool) -> tuple[str, dict[str, str], int, int | None]:
+    def _parse_head(
+        self, buf: bytes | bytearray, pos: int, head_end: int, has_cr: bool
+    ) -> tuple[str, dict[str, str], int, int | None]:
         """Decode the head in buf[pos:head_end]: command, headers, body offset, content-length."""
         try:
             text = buf[pos:head_end].decode()

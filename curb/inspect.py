@@ -49,8 +49,9 @@ def _scan(reader: LogReader, list_states: set[str], limit: int) -> _Findings:
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
 @click.option("--messages", is_flag=True, help="Also list the waiting (rdy) messages, in queue order.")
 @click.option("--acked", is_flag=True, help="With --messages, list acked records not yet reclaimed too.")
-@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True,
-              help="List at most N messages (0: all).")
+@click.option(
+    "--limit", type=click.IntRange(min=0), default=20, show_default=True, help="List at most N messages (0: all)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def inspect_command(path: str, messages: bool, acked: bool, limit: int, as_json: bool) -> None:
     """Tell what is in the Curb log file PATH.
@@ -85,8 +86,10 @@ def _summary_text(summary: Summary, found: _Findings, now_ms: int) -> str:
     lines.append(f"  messages  {waiting}, {summary.acked:,} ack not yet reclaimed")
     lines.append(f"  oldest    {'-' if found.oldest is None else _describe(found.oldest, now_ms)}")
     lines.append(f"  retried   {_retried(found)}")
-    lines.append(f"  space     live {_size(summary.live_bytes)} ({_percent(summary.live_bytes, summary.cap)} of cap "
-                 f"{_size(summary.cap)}), dead {_size(summary.dead_bytes)}, file {_size(summary.file_bytes)}")
+    lines.append(
+        f"  space     live {_size(summary.live_bytes)} ({_percent(summary.live_bytes, summary.cap)} of cap "
+        f"{_size(summary.cap)}), dead {_size(summary.dead_bytes)}, file {_size(summary.file_bytes)}"
+    )
     if summary.torn is None:
         lines.append("  tail      clean")
     else:
@@ -111,8 +114,9 @@ def _messages_text(found: _Findings, now_ms: int, limit: int) -> str:
         return "\nno messages to list"
     lines = [""]
     for entry in found.listed:
-        lines.append(f"#{entry.id} {entry.state}, {_describe(entry, now_ms, with_id=False)}, "
-                     f"{_size(len(entry.body))} body")
+        lines.append(
+            f"#{entry.id} {entry.state}, {_describe(entry, now_ms, with_id=False)}, {_size(len(entry.body))} body"
+        )
         lines.extend(f"    {_escape(name)}: {_escape(value)}" for name, value in entry.headers.items())
         lines.append(f"    body: {_preview(entry.body)}")
     if found.unlisted:
@@ -136,10 +140,12 @@ def _summary_json(summary: Summary, found: _Findings, now_ms: int) -> dict:
         "live_bytes": summary.live_bytes,
         "dead_bytes": summary.dead_bytes,
         "oldest_timestamp_ms": summary.oldest_timestamp_ms,
-        "oldest_age_seconds": None if summary.oldest_timestamp_ms is None
+        "oldest_age_seconds": None
+        if summary.oldest_timestamp_ms is None
         else max(0, now_ms - summary.oldest_timestamp_ms) / 1000,
         "redelivered_messages": found.redelivered,
-        "most_delivered": None if found.most_delivered is None
+        "most_delivered": None
+        if found.most_delivered is None
         else {"id": found.most_delivered.id, "deliveries": found.most_delivered.deliveries},
         "torn": summary.torn,
     }

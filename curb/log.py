@@ -49,8 +49,18 @@ from curb.ring import Ring
 from curb.scan import Entry, LogDamaged, LogError, LogReader, Scan, Summary
 from curb.sizes import SizeClasses, class_bound, size_class
 
-__all__ = ["Entry", "Log", "LogCore", "LogDamaged", "LogError", "LogReader", "QueueFull", "Record", "Summary",
-           "TooLarge"]
+__all__ = [
+    "Entry",
+    "Log",
+    "LogCore",
+    "LogDamaged",
+    "LogError",
+    "LogReader",
+    "QueueFull",
+    "Record",
+    "Summary",
+    "TooLarge",
+]
 
 MIN_CAP = 16 * 1024
 ALLOCATE_STEP = 1 << 20
@@ -105,7 +115,7 @@ def parse_size(text: str) -> int:
     units = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
     raw = text.strip()
     digits = raw.rstrip("BbKkMmGgTtIi")
-    unit = raw[len(digits):].upper()
+    unit = raw[len(digits) :].upper()
     if not digits.isdigit() or unit not in units:
         raise ValueError(f"bad size {text!r}: use a number of bytes with B, KiB, MiB or GiB, e.g. 10MiB")
     return int(digits) * units[unit]
@@ -123,8 +133,16 @@ class LogCore:
     checkpoint pipeline and group-commit bookkeeping. Sans I/O of its own: the caller
     decides when to `flush` and when to `sync`."""
 
-    def __init__(self, disk: Disk, cap: int, *, max_payload: int = 16 << 20, metrics: Any = None,
-                 clock: Callable[[], float] = time.monotonic, name: str = "log"):
+    def __init__(
+        self,
+        disk: Disk,
+        cap: int,
+        *,
+        max_payload: int = 16 << 20,
+        metrics: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+        name: str = "log",
+    ):
         if cap < MIN_CAP:
             raise LogError(f"-cap {cap} is too small: the log needs at least {MIN_CAP // 1024}KiB")
         self.disk = disk
@@ -178,15 +196,21 @@ class LogCore:
         except FormatError as err:
             if not header.startswith(fmt.MAGIC):
                 raise LogError(f"{self.name}: {err}; move it away or pick another -file") from None
-            raise LogDamaged(f"{self.name}: {err}; keep a copy for `curb inspect`, move it away "
-                             f"and start again (its messages cannot be recovered by start-up)") from None
+            raise LogDamaged(
+                f"{self.name}: {err}; keep a copy for `curb inspect`, move it away "
+                f"and start again (its messages cannot be recovered by start-up)"
+            ) from None
         if size > self.end or max(ckpt.head, ckpt.tail) > self.end - PAD_SIZE:
             need = max(size, ckpt.head + PAD_SIZE, ckpt.tail + PAD_SIZE)
-            raise LogError(f"{self.name} holds {need} bytes, more than -cap allows ({self.end}); "
-                           f"start with -cap {-(-need // (1 << 20))}MiB or larger")
+            raise LogError(
+                f"{self.name} holds {need} bytes, more than -cap allows ({self.end}); "
+                f"start with -cap {-(-need // (1 << 20))}MiB or larger"
+            )
         if min(ckpt.head, ckpt.tail) < RING_START:
-            raise LogDamaged(f"{self.name}: the log's checkpoint is not valid; keep a copy for `curb inspect`, "
-                             f"move it away and start again")
+            raise LogDamaged(
+                f"{self.name}: the log's checkpoint is not valid; keep a copy for `curb inspect`, "
+                f"move it away and start again"
+            )
         scan = Scan(disk, ckpt, self.end)
         scan.run()
         self._next_id = max(ckpt.next_id, scan.max_id + 1)
@@ -195,8 +219,9 @@ class LogCore:
         self._allocated = size
         self._classes = scan.classes
         reader = RecordReader(disk, self.capacity)
-        self._cursor = Cursor(reader, self.end, ckpt.tail, scan.head, self._next_wseq, scan.last,
-                              scan.messages, scan.live_bytes)
+        self._cursor = Cursor(
+            reader, self.end, ckpt.tail, scan.head, self._next_wseq, scan.last, scan.messages, scan.live_bytes
+        )
         self._cursor.on_damage = self._damaged
         durable = Snapshot(ckpt.tail, ckpt.head, ckpt.next_id, ckpt.next_wseq)
         self._checkpoints = Checkpoints(disk, ckpt.gen, durable)
@@ -207,8 +232,9 @@ class LogCore:
         written = self._checkpoints.synced(0)
         assert written is not None, "the checkpoint just written as flush 0 is synced by the sync above"
         self._ring.tail = written.tail
-        return Recovery(scan.messages, scan.acked, scan.live_bytes, scan.torn, scan.skipped_bytes,
-                        self.clock() - started)
+        return Recovery(
+            scan.messages, scan.acked, scan.live_bytes, scan.torn, scan.skipped_bytes, self.clock() - started
+        )
 
     def _damaged(self, text: str) -> None:
         self.on_damage(f"{self.name}: {text}")
@@ -286,8 +312,10 @@ class LogCore:
         company. Raises TooLarge or QueueFull (nothing stored) when it cannot be accepted."""
         size = RECORD_HEADER + len(payload) + 1
         if size > self.max_record:
-            raise TooLarge(f"message of {len(payload)} bytes is larger than this broker can ever store "
-                           f"(the limit is {self.max_message} bytes with this -cap and -max-frame)")
+            raise TooLarge(
+                f"message of {len(payload)} bytes is larger than this broker can ever store "
+                f"(the limit is {self.max_message} bytes with this -cap and -max-frame)"
+            )
         cur, ring = self._cursor, self._ring
         live = cur.unread_bytes + self._pending_bytes + cur.outstanding_bytes
         if live <= 0 and self._classes.top:
@@ -295,15 +323,16 @@ class LogCore:
             # so the size classes are exact again, whatever damage made them err.
             self._classes.clear()
         roomy = self._roomy + cur.behind_bytes // 4
-        if (live + size + roomy + ring.distance(cur.rpos, cur.whead) > self.capacity
-                or ring.free() < roomy):
+        if live + size + roomy + ring.distance(cur.rpos, cur.whead) > self.capacity or ring.free() < roomy:
             # Not plainly roomy (the common case, which needs no exact headroom): decide
             # by the exact rule.
             room = self.capacity - self.headroom(size) - self.ahead_dead_bytes
             if live + size > room:
-                raise QueueFull(f"queue full now: {live} bytes are queued and a message of "
-                                f"{len(payload)} bytes needs {max(0, live + size - room)} more "
-                                f"free; retry once consumers have caught up")
+                raise QueueFull(
+                    f"queue full now: {live} bytes are queued and a message of "
+                    f"{len(payload)} bytes needs {max(0, live + size - room)} more "
+                    f"free; retry once consumers have caught up"
+                )
         rec = Record(self._next_id, -1, size, 0, time.time_ns() // 1_000_000, None)
         self._next_id += 1
         if self._broken:
@@ -566,8 +595,7 @@ class LogCore:
         off = self._take(spot, rec.size, runs)
         rec.wseq = self._next_wseq
         self._next_wseq += 1
-        header = fmt.encode_record(STATE_RDY, rec.deliveries, rec.id, rec.wseq, rec.timestamp_ms, payload,
-                                   copy=True)
+        header = fmt.encode_record(STATE_RDY, rec.deliveries, rec.id, rec.wseq, rec.timestamp_ms, payload, copy=True)
         runs.add(off, rec.size, (header, payload, b"\n"))
         rec.offset = off
         self._ring.head = off + rec.size
@@ -579,8 +607,11 @@ class LogCore:
     def _can_progress(self) -> bool:
         """Whether room will come without new ACKs: a checkpoint yet to be written or
         synced will release space behind the tail."""
-        return (self._cursor.tail() != self._ring.tail or self._checkpoints.writing is not None
-                or self._written_no > self._synced_no)
+        return (
+            self._cursor.tail() != self._ring.tail
+            or self._checkpoints.writing is not None
+            or self._written_no > self._synced_no
+        )
 
     def _cancel_pending(self, reason: str) -> None:
         while self._pending:
@@ -647,8 +678,13 @@ class LogCore:
         self.on_fatal(reason)
 
     def _busy(self) -> bool:
-        return bool(self._pending or self._patches or self._untagged
-                    or self._written_no > self._synced_no or self._checkpoints.writing is not None)
+        return bool(
+            self._pending
+            or self._patches
+            or self._untagged
+            or self._written_no > self._synced_no
+            or self._checkpoints.writing is not None
+        )
 
     def final_checkpoint(self) -> None:
         """Sync everything and leave a checkpoint naming the final state, so that the
@@ -668,8 +704,7 @@ class Log(LogCore):
     """The log of a running broker: its file opened and locked by path, flushes run by
     the event loop, fdatasync in a thread while the next batch gathers."""
 
-    def __init__(self, path: str | os.PathLike[str], cap: int, *, max_payload: int = 16 << 20,
-                 metrics: Any = None):
+    def __init__(self, path: str | os.PathLike[str], cap: int, *, max_payload: int = 16 << 20, metrics: Any = None):
         self.path = os.fspath(path)
         disk = open_disk(self.path)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -767,8 +802,9 @@ class Syncer:
     """The thread that runs fdatasync while the event loop goes on gathering the next
     batch; one request at a time, answered on the loop with (target, seconds, error)."""
 
-    def __init__(self, disk: Disk, loop: asyncio.AbstractEventLoop,
-                 answer: Callable[[int, float, OSError | None], None]):
+    def __init__(
+        self, disk: Disk, loop: asyncio.AbstractEventLoop, answer: Callable[[int, float, OSError | None], None]
+    ):
         self.disk = disk
         self.loop = loop
         self.answer = answer
@@ -802,8 +838,9 @@ def open_disk(path: str) -> FileDisk:
     try:
         return FileDisk(path)
     except LockedError:
-        raise LogError(f"log file {path} is in use by another running curb; "
-                       f"stop that one or pick another -file") from None
+        raise LogError(
+            f"log file {path} is in use by another running curb; stop that one or pick another -file"
+        ) from None
     except IsADirectoryError:
         raise LogError(f"cannot open log file {path}: it is a directory; pick a file for -file") from None
     except PermissionError as err:

@@ -20,8 +20,18 @@ log = logging.getLogger(__name__)
 
 FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 GAUGE_KEYS = ("rdy", "wip", "connections", "subscriptions", "log_bytes", "live_bytes", "cap")
-COUNTER_NAMES = ("sent", "delivered", "acked", "nacked", "redelivered", "refused_full",
-                 "refused_too_large", "connections_total", "protocol_errors", "compactions")
+COUNTER_NAMES = (
+    "sent",
+    "delivered",
+    "acked",
+    "nacked",
+    "redelivered",
+    "refused_full",
+    "refused_too_large",
+    "connections_total",
+    "protocol_errors",
+    "compactions",
+)
 
 
 class Metrics:
@@ -67,8 +77,9 @@ class Metrics:
             lines.append(f"# TYPE {family.name} {family.type}")
             for suffix, labels, number in family.samples:
                 label_text = ",".join(f'{key}="{val}"' for key, val in labels)
-                lines.append(f"{family.name}{suffix}{{{label_text}}} {number}" if labels
-                             else f"{family.name}{suffix} {number}")
+                lines.append(
+                    f"{family.name}{suffix}{{{label_text}}} {number}" if labels else f"{family.name}{suffix} {number}"
+                )
         return "\n".join(lines) + "\n"
 
     def stats(self, gauges: dict[str, int]) -> dict:
@@ -106,34 +117,56 @@ def _families(m: Metrics, g: dict[str, int]) -> list[_Family]:
         buckets.append(("_bucket", (("le", str(bound)),), cumulative))
     return [
         _counter("curb_messages_sent_total", "Messages stored from SEND frames.", m.sent),
-        _counter("curb_messages_delivered_total",
-                 "MESSAGE frames sent to consumers, redeliveries included.", m.delivered),
+        _counter(
+            "curb_messages_delivered_total", "MESSAGE frames sent to consumers, redeliveries included.", m.delivered
+        ),
         _counter("curb_messages_acked_total", "Messages removed by ACK.", m.acked),
         _counter("curb_messages_nacked_total", "Messages made ready again by NACK.", m.nacked),
-        _counter("curb_messages_redelivered_total",
-                 "Deliveries of messages that had been delivered before.", m.redelivered),
-        _Family("curb_sends_refused_total", "counter",
-                "SEND frames refused: full (no room now) or too_large (can never fit under -cap).", [
-                    ("", (("reason", "full"),), m.refused_full),
-                    ("", (("reason", "too_large"),), m.refused_too_large),
-                ]),
+        _counter(
+            "curb_messages_redelivered_total", "Deliveries of messages that had been delivered before.", m.redelivered
+        ),
+        _Family(
+            "curb_sends_refused_total",
+            "counter",
+            "SEND frames refused: full (no room now) or too_large (can never fit under -cap).",
+            [
+                ("", (("reason", "full"),), m.refused_full),
+                ("", (("reason", "too_large"),), m.refused_too_large),
+            ],
+        ),
         _counter("curb_connections_accepted_total", "Client connections accepted.", m.connections_total),
-        _counter("curb_protocol_errors_total",
-                 "Client frames answered with ERROR because they broke the protocol.", m.protocol_errors),
+        _counter(
+            "curb_protocol_errors_total",
+            "Client frames answered with ERROR because they broke the protocol.",
+            m.protocol_errors,
+        ),
         _counter("curb_compaction_moves_total", "Live records copied forward by compaction.", m.compactions),
-        _Family("curb_fsync_duration_seconds", "histogram", "Time each fsync of the log took.",
-                [*buckets, ("_sum", (), m._fsync_seconds), ("_count", (), cumulative)]),
-        _Family("curb_messages", "gauge", "Messages by state: rdy waits for a consumer, wip awaits ACK or NACK.", [
-            ("", (("state", "rdy"),), g["rdy"]),
-            ("", (("state", "wip"),), g["wip"]),
-        ]),
+        _Family(
+            "curb_fsync_duration_seconds",
+            "histogram",
+            "Time each fsync of the log took.",
+            [*buckets, ("_sum", (), m._fsync_seconds), ("_count", (), cumulative)],
+        ),
+        _Family(
+            "curb_messages",
+            "gauge",
+            "Messages by state: rdy waits for a consumer, wip awaits ACK or NACK.",
+            [
+                ("", (("state", "rdy"),), g["rdy"]),
+                ("", (("state", "wip"),), g["wip"]),
+            ],
+        ),
         _gauge("curb_connections_open", "Open client connections.", g["connections"]),
         _gauge("curb_subscriptions", "Subscriptions to the queue.", g["subscriptions"]),
         _gauge("curb_log_file_bytes", "Size of the log file on disk.", g["log_bytes"]),
         _gauge("curb_log_live_bytes", "Bytes of the log holding records not yet reclaimed.", g["live_bytes"]),
         _gauge("curb_log_cap_bytes", "The most bytes the log may occupy (-cap).", g["cap"]),
-        _Family("curb_build_info", "gauge", "Always 1; the version label says which Curb runs.",
-                [("", (("version", __version__),), 1)]),
+        _Family(
+            "curb_build_info",
+            "gauge",
+            "Always 1; the version label says which Curb runs.",
+            [("", (("version", __version__),), 1)],
+        ),
     ]
 
 
@@ -142,8 +175,7 @@ MAX_HEADERS = 100
 REQUEST_TIMEOUT_SECONDS = 10.0
 LINGER_SECONDS = 1.0
 ALLOWED_METHODS = ("GET", "HEAD")
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            500: "Internal Server Error"}
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}
 
 
 class _BadRequest(Exception):
@@ -192,8 +224,9 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str]:
     raise _BadRequest(f"more than {MAX_HEADERS} headers")
 
 
-def _answer(method: str, path: str, metrics: Metrics,
-            gauges: Callable[[], dict[str, int]]) -> tuple[int, str, bytes, dict[str, str]]:
+def _answer(
+    method: str, path: str, metrics: Metrics, gauges: Callable[[], dict[str, int]]
+) -> tuple[int, str, bytes, dict[str, str]]:
     """(status, content type, body, extra headers) for a well-formed request."""
     text = "text/plain; charset=utf-8"
     if path not in ("/metrics", "/stats"):
@@ -210,11 +243,17 @@ def _answer(method: str, path: str, metrics: Metrics,
         return 500, text, b"could not read the broker's state; see its log\n", {}
 
 
-async def _send(writer: asyncio.StreamWriter, status: int, content_type: str, body: bytes,
-                extra: dict[str, str] | None = None, *, with_body: bool = True) -> None:
+async def _send(
+    writer: asyncio.StreamWriter,
+    status: int,
+    content_type: str,
+    body: bytes,
+    extra: dict[str, str] | None = None,
+    *,
+    with_body: bool = True,
+) -> None:
     """Write one response and end our side of the connection."""
-    headers = {"Content-Type": content_type, "Content-Length": str(len(body)), "Connection": "close",
-               **(extra or {})}
+    headers = {"Content-Type": content_type, "Content-Length": str(len(body)), "Connection": "close", **(extra or {})}
     head = f"HTTP/1.1 {status} {_REASONS[status]}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     writer.write(head.encode("latin-1") + b"\r\n" + (body if with_body else b""))
     await writer.drain()

@@ -75,9 +75,7 @@ class Queue(Generic[C, M]):
 
     def __init__(self, source: Source[M], default_prefetch: int = 100, max_prefetch: int = 10000):
         if not 1 <= default_prefetch <= max_prefetch:
-            raise ValueError(
-                f"need 1 <= default_prefetch ({default_prefetch}) <= max_prefetch ({max_prefetch})"
-            )
+            raise ValueError(f"need 1 <= default_prefetch ({default_prefetch}) <= max_prefetch ({max_prefetch})")
         self._source = source
         self._default_prefetch = default_prefetch
         self._max_prefetch = max_prefetch

@@ -45,7 +45,8 @@ MAX_DELIVERIES = 0xFFFF
 # part `rdy`, part `ack`. Such a patch was never synced, so no RECEIPT promised it:
 # the record counts as `rdy` (delivered again, never lost).
 TORN_STATES = {STATE_RDY[:k] + STATE_ACK[k:]: STATE_RDY for k in (1, 2)} | {
-    STATE_ACK[:k] + STATE_RDY[k:]: STATE_RDY for k in (1, 2)}
+    STATE_ACK[:k] + STATE_RDY[k:]: STATE_RDY for k in (1, 2)
+}
 COPY_FLAG = 1 << 47
 
 
@@ -71,8 +72,9 @@ class RecordHeader:
         return RECORD_HEADER + self.length + 1
 
 
-def encode_record(state: bytes, deliveries: int, msg_id: int, wseq: int,
-                  timestamp_ms: int, payload: bytes, copy: bool = False) -> bytes:
+def encode_record(
+    state: bytes, deliveries: int, msg_id: int, wseq: int, timestamp_ms: int, payload: bytes, copy: bool = False
+) -> bytes:
     """The header line of a record; the payload and a newline follow it in the file."""
     stamp = timestamp_ms | COPY_FLAG if copy else timestamp_ms
     mid = b"%012x %012x %012x %08x" % (msg_id, wseq, stamp, len(payload))
@@ -90,21 +92,21 @@ def parse_header(buf, pos: int) -> RecordHeader:
     The payload's CRC is not checked here (see check_payload)."""
     if len(buf) < pos + RECORD_HEADER or buf[pos + RECORD_HEADER - 1] != 10:
         raise FormatError("incomplete or malformed record header")
-    state = bytes(buf[pos:pos + 3])
+    state = bytes(buf[pos : pos + 3])
     if state not in (STATE_RDY, STATE_ACK, STATE_PAD):
         state = TORN_STATES.get(state, b"")
         if not state:
-            raise FormatError(f"unknown record state {bytes(buf[pos:pos + 3])!r}")
+            raise FormatError(f"unknown record state {bytes(buf[pos : pos + 3])!r}")
     try:
-        stamp = int(buf[pos + 35:pos + 47], 16)
+        stamp = int(buf[pos + 35 : pos + 47], 16)
         header = RecordHeader(
             state,
-            int(buf[pos + 4:pos + 8], 16),
-            int(buf[pos + 9:pos + 21], 16),
-            int(buf[pos + 22:pos + 34], 16),
+            int(buf[pos + 4 : pos + 8], 16),
+            int(buf[pos + 9 : pos + 21], 16),
+            int(buf[pos + 22 : pos + 34], 16),
             stamp & ~COPY_FLAG,
-            int(buf[pos + 48:pos + 56], 16),
-            int(buf[pos + 57:pos + 65], 16),
+            int(buf[pos + 48 : pos + 56], 16),
+            int(buf[pos + 57 : pos + 65], 16),
             bool(stamp & COPY_FLAG),
         )
     except ValueError:
@@ -121,8 +123,8 @@ def check_payload(buf, pos: int, header: RecordHeader) -> bool:
     end = pos + header.size
     if len(buf) < end or buf[end - 1] != 10:
         return False
-    crc = zlib.crc32(buf[pos + 9:pos + 56])
-    return zlib.crc32(buf[pos + RECORD_HEADER:end - 1], crc) == header.crc
+    crc = zlib.crc32(buf[pos + 9 : pos + 56])
+    return zlib.crc32(buf[pos + RECORD_HEADER : end - 1], crc) == header.crc
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +141,7 @@ class Checkpoint:
     next_wseq: int
 
     def encode(self) -> bytes:
-        body = b"ckpt %016x %016x %016x %016x %016x" % (
-            self.gen, self.tail, self.head, self.next_id, self.next_wseq)
+        body = b"ckpt %016x %016x %016x %016x %016x" % (self.gen, self.tail, self.head, self.next_id, self.next_wseq)
         return body + b" %08x\n" % zlib.crc32(body)
 
     @classmethod
@@ -163,11 +164,11 @@ def initial_header() -> bytes:
     """The first RING_START bytes of a new log: magic, a note for humans, one checkpoint."""
     first = Checkpoint(1, RING_START, RING_START, 1, 1)
     head = bytearray(b" " * RING_START)
-    head[:len(HEADER_TEXT)] = HEADER_TEXT
+    head[: len(HEADER_TEXT)] = HEADER_TEXT
     for off in SLOT_OFFSETS:
-        head[off - 1:off] = b"\n"
+        head[off - 1 : off] = b"\n"
     slot = first.encode()
-    head[SLOT_OFFSETS[1]:SLOT_OFFSETS[1] + len(slot)] = slot
+    head[SLOT_OFFSETS[1] : SLOT_OFFSETS[1] + len(slot)] = slot
     head[-1:] = b"\n"
     return bytes(head)
 
@@ -176,7 +177,7 @@ def latest_checkpoint(header: bytes) -> Checkpoint:
     """The newest intact checkpoint in a file header; FormatError if it is not a curb log."""
     if not header.startswith(MAGIC):
         raise FormatError("not a curb log (no 'curb log 1' header)")
-    decoded = [Checkpoint.decode(header[o:o + 128]) for o in SLOT_OFFSETS]
+    decoded = [Checkpoint.decode(header[o : o + 128]) for o in SLOT_OFFSETS]
     found = [c for c in decoded if c is not None]
     if not found:
         raise FormatError("the log's header is damaged (no intact checkpoint)")

@@ -38,8 +38,6 @@ PAD_ID = b"0" * 12
 PAD_LENGTH = b"0" * 8
 
 
-
-
 class LogError(Exception):
     """The log file cannot be used; str() says what to fix. `exit_status` is the
     broker's: 2, the operator must change a flag or the file."""
@@ -138,6 +136,7 @@ class Scan:
             found = reader.intact(pos, limit)
             if found is None or not low < found[0].wseq < high:
                 budget -= 1
+
                 def accept(h: RecordHeader, lo: int = low) -> bool:
                     return lo < h.wseq < high
 
@@ -216,10 +215,10 @@ class Scan:
                     break
             if buf[off + RECORD_HEADER - 1] != 10:
                 break
-            state = buf[off:off + 3]
+            state = buf[off : off + 3]
             msg_id = size = 0
             if state == pad:
-                if buf[off + 9:off + 21] != PAD_ID or buf[off + 48:off + 56] != PAD_LENGTH:
+                if buf[off + 9 : off + 21] != PAD_ID or buf[off + 48 : off + 56] != PAD_LENGTH:
                     break
             else:
                 if state != rdy and state != ack:
@@ -227,10 +226,10 @@ class Scan:
                     if not state:
                         break
                 try:
-                    msg_id = int(buf[off + 9:off + 21], 16)
-                    size = RECORD_HEADER + 1 + int(buf[off + 48:off + 56], 16)
+                    msg_id = int(buf[off + 9 : off + 21], 16)
+                    size = RECORD_HEADER + 1 + int(buf[off + 48 : off + 56], 16)
                     if self.oldest_ms is None and state == rdy:
-                        self.oldest_ms = int(buf[off + 35:off + 47], 16) & ~fmt.COPY_FLAG
+                        self.oldest_ms = int(buf[off + 35 : off + 47], 16) & ~fmt.COPY_FLAG
                 except ValueError:
                     break
                 if size > max_size or pos + size > (stop if pos < stop else end) or msg_id == 0:
@@ -275,7 +274,7 @@ class Scan:
         if pos >= self.end:
             return False
         buf, off = self.reader.window(pos, RECORD_HEADER, self.end)
-        start = buf[off:off + 4]
+        start = buf[off : off + 4]
         if not start or not any(s.startswith(start) for s in (b"rdy ", b"ack ", b"pad ")):
             return False
         try:
@@ -348,15 +347,32 @@ class LogReader:
         """Every message still in the live region, in queue order, once each; acked ones
         included."""
         for pos, hdr, buf, off in self._scan().records():
-            payload = bytes(buf[off + RECORD_HEADER:off + hdr.size - 1])
+            payload = bytes(buf[off + RECORD_HEADER : off + hdr.size - 1])
             try:
                 head, body = stored.split(payload)
             except stored.PayloadError:
                 head, body = b"", payload
-            yield Entry(hdr.id, hdr.state.decode(), hdr.deliveries, hdr.timestamp_ms, pos,
-                        hdr.size, stored.decode_headers(head), body)
+            yield Entry(
+                hdr.id,
+                hdr.state.decode(),
+                hdr.deliveries,
+                hdr.timestamp_ms,
+                pos,
+                hdr.size,
+                stored.decode_headers(head),
+                body,
+            )
 
     def summary(self) -> Summary:
         scan = self._scan()
-        return Summary(self.path, scan.file_size, max(scan.file_size, scan.head), scan.messages,
-                       scan.acked, scan.live_bytes, scan.dead_bytes, scan.oldest_ms, scan.torn)
+        return Summary(
+            self.path,
+            scan.file_size,
+            max(scan.file_size, scan.head),
+            scan.messages,
+            scan.acked,
+            scan.live_bytes,
+            scan.dead_bytes,
+            scan.oldest_ms,
+            scan.torn,
+        )

@@ -173,8 +173,10 @@ class Session:
             self._handoff.append(rec)
         else:
             ack = b"ack:%d\n" % rec.id
-        self.write(b"%smessage-id:%d\n%s%s%scontent-length:%d\n\n%s\0" % (
-            self._prefixes[sub], rec.id, ack, extra, stored, len(body), body))
+        self.write(
+            b"%smessage-id:%d\n%s%s%scontent-length:%d\n\n%s\0"
+            % (self._prefixes[sub], rec.id, ack, extra, stored, len(body), body)
+        )
 
     def send_counts(self, counts: dict[str, int]) -> None:
         """One `./count` MESSAGE if the counts changed since the last; while the peer
@@ -189,9 +191,20 @@ class Session:
         self._count_sub = (sub_id, n + 1)
         self._last_counts = counts
         body = json.dumps(counts).encode()
-        self.write(encode("MESSAGE", {"subscription": sub_id, "message-id": f"count-{n + 1}",
-                                      "destination": COUNT_DESTINATION, "content-type": "application/json",
-                                      "rdy": str(counts["rdy"]), "wip": str(counts["wip"])}, body))
+        self.write(
+            encode(
+                "MESSAGE",
+                {
+                    "subscription": sub_id,
+                    "message-id": f"count-{n + 1}",
+                    "destination": COUNT_DESTINATION,
+                    "content-type": "application/json",
+                    "rdy": str(counts["rdy"]),
+                    "wip": str(counts["wip"]),
+                },
+                body,
+            )
+        )
 
     def stop_reading(self) -> None:
         """Shutdown: read nothing more from this peer."""
@@ -221,9 +234,13 @@ class Session:
     def on_connect(self, frame: Frame) -> None:
         versions = frame.headers.get("accept-version", "1.0").split(",")
         if "1.2" not in versions:
-            self.write(encode("ERROR", {"version": "1.2", "content-type": "text/plain",
-                                        "message": "unsupported protocol version"},
-                              b"Curb speaks STOMP 1.2 only; send accept-version:1.2.\n"))
+            self.write(
+                encode(
+                    "ERROR",
+                    {"version": "1.2", "content-type": "text/plain", "message": "unsupported protocol version"},
+                    b"Curb speaks STOMP 1.2 only; send accept-version:1.2.\n",
+                )
+            )
             self._close_after_error("unsupported protocol version")
             return
         try:
@@ -234,8 +251,12 @@ class Session:
         ours = self.broker.heartbeat_ms
         self.send_every, self.expect_every = heartbeat.negotiate((ours, ours), theirs)
         self.state = OPEN
-        self.write(encode("CONNECTED", {"version": "1.2", "server": SERVER,
-                                        "heart-beat": f"{ours},{ours}", "session": str(id(self))}))
+        self.write(
+            encode(
+                "CONNECTED",
+                {"version": "1.2", "server": SERVER, "heart-beat": f"{ours},{ours}", "session": str(id(self))},
+            )
+        )
 
     def on_send(self, frame: Frame) -> None:
         headers = frame.headers
@@ -268,7 +289,9 @@ class Session:
         else:
             sub = self.broker.subscribe(self, sub_id, headers.get("ack", "auto"), _prefetch(headers))
             self._prefixes[sub] = b"MESSAGE\nsubscription:%s\ndestination:%s\n" % (
-                escape(sub_id).encode(), escape(headers.get("destination", "/queue/curb")).encode())
+                escape(sub_id).encode(),
+                escape(headers.get("destination", "/queue/curb")).encode(),
+            )
         self._receipt_now(frame)
 
     def on_unsubscribe(self, frame: Frame) -> None:
@@ -311,8 +334,11 @@ class Session:
         self.broker.when_durable(answer)
 
     def on_transaction(self, frame: Frame) -> None:
-        self.error("transactions are not supported",
-                   "Curb does not buffer transactions; send frames without 'transaction'.", frame)
+        self.error(
+            "transactions are not supported",
+            "Curb does not buffer transactions; send frames without 'transaction'.",
+            frame,
+        )
 
     def _ack_id(self, frame: Frame) -> int | None:
         """The message an ACK or NACK names; None for a ./count update, which needs none."""
@@ -404,9 +430,13 @@ def unexpected(session: Session, frame: Frame) -> None:
     """The ERROR for any frame the table does not allow in the session's state."""
     command = frame.command
     if command in KNOWN_COMMANDS:
-        session.error(f"{command} not allowed {session.state}",
-                      "Send CONNECT (or STOMP) once, first; then any other frame." if session.state is NEW
-                      else "CONNECT may only be sent once.", frame)
+        session.error(
+            f"{command} not allowed {session.state}",
+            "Send CONNECT (or STOMP) once, first; then any other frame."
+            if session.state is NEW
+            else "CONNECT may only be sent once.",
+            frame,
+        )
     else:
         session.error(f"unknown command {command[:40]!r} {session.state}", "Curb speaks STOMP 1.2.", frame)
 

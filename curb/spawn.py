@@ -34,8 +34,14 @@ class BrokerProcess:
     `output` names a file that gets a copy of the broker's stderr, appended across starts.
     """
 
-    def __init__(self, *, cwd: Path | str | None = None, env: Mapping[str, str] | None = None,
-                 output: Path | None = None, timeout: float = STARTUP_S) -> None:
+    def __init__(
+        self,
+        *,
+        cwd: Path | str | None = None,
+        env: Mapping[str, str] | None = None,
+        output: Path | None = None,
+        timeout: float = STARTUP_S,
+    ) -> None:
         self.cwd = cwd
         self.env = dict(env) if env is not None else None
         self.output_file = output
@@ -60,9 +66,16 @@ class BrokerProcess:
         """Run `python -m curb FLAGS`; return its port once it says it listens. Raises
         StartError (the process killed) if it exits or stays silent for `timeout` seconds."""
         self._join_reader()
-        process = subprocess.Popen([sys.executable, "-m", "curb", *flags], cwd=self.cwd, env=self.env,
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                   text=True, errors="replace")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "curb", *flags],
+            cwd=self.cwd,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+        )
         self._process = process
         first_line = len(self._lines)
         found: list[int] = []
@@ -76,8 +89,11 @@ class BrokerProcess:
             process.wait()
             self._join_reader()
             flags_text = " ".join(flags)
-            why = f"exited with status {process.returncode}" if ready.is_set() else \
-                f"did not say it listens within {self.timeout:g} s"
+            why = (
+                f"exited with status {process.returncode}"
+                if ready.is_set()
+                else f"did not say it listens within {self.timeout:g} s"
+            )
             raise StartError(f"curb {flags_text} {why}:\n{''.join(self._lines[first_line:]) or '(no output)'}")
         self.port = found[0]
         return self.port
@@ -132,4 +148,3 @@ class BrokerProcess:
         if self._reader is not None and self._reader is not threading.current_thread():
             self._reader.join()
             self._reader = None
-

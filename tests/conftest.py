@@ -54,8 +54,9 @@ def wait_until(condition: Callable[[], object], timeout: float = WAIT_S, interva
     return True
 
 
-def run_curb(*args: str, cwd: Path, env: dict[str, str] | None = None,
-             timeout: float = STARTUP_S) -> subprocess.CompletedProcess[str]:
+def run_curb(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = STARTUP_S
+) -> subprocess.CompletedProcess[str]:
     """Run a `curb` command that is expected to exit by itself (usage errors, --help)."""
     return subprocess.run([*CURB, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -91,9 +92,16 @@ class Broker:
     `curb.spawn.BrokerProcess`, as Spark's local mode and the benchmark start theirs.
     """
 
-    def __init__(self, cwd: Path, *, cap: str = "10MiB", addr: str = "127.0.0.1:0",
-                 file: Path | str | None = None, extra_args: Sequence[str] = (),
-                 env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        cwd: Path,
+        *,
+        cap: str = "10MiB",
+        addr: str = "127.0.0.1:0",
+        file: Path | str | None = None,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ):
         self.cwd = Path(cwd)
         self.cap = cap
         self.addr = addr
@@ -166,11 +174,23 @@ def curb_broker(tmp_path: Path) -> Iterator[Callable[..., Broker]]:
     the end of the test."""
     brokers: list[Broker] = []
 
-    def start(cap: str = "10MiB", extra_args: Sequence[str] = (), file: Path | str | None = None,
-              addr: str = "127.0.0.1:0", env: dict[str, str] | None = None, cwd: Path | None = None,
-              default_file: bool = False) -> Broker:
-        broker = Broker(cwd or tmp_path, cap=cap, addr=addr, file=None if default_file else file or "curb.log",
-                        extra_args=extra_args, env=env)
+    def start(
+        cap: str = "10MiB",
+        extra_args: Sequence[str] = (),
+        file: Path | str | None = None,
+        addr: str = "127.0.0.1:0",
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        default_file: bool = False,
+    ) -> Broker:
+        broker = Broker(
+            cwd or tmp_path,
+            cap=cap,
+            addr=addr,
+            file=None if default_file else file or "curb.log",
+            extra_args=extra_args,
+            env=env,
+        )
         brokers.append(broker)
         return broker
 
@@ -222,9 +242,11 @@ class Inbox(stomp.ConnectionListener):
     def _wait(self, condition: Callable[[], bool], what: str, timeout: float) -> None:
         with self._changed:
             if not self._changed.wait_for(condition, timeout):
-                raise AssertionError(f"waited {timeout}s for {what}; got {len(self.messages)} messages, "
-                                     f"receipts {self.receipts}, errors {[e.headers for e in self.errors]}, "
-                                     f"disconnected={self.disconnected}")
+                raise AssertionError(
+                    f"waited {timeout}s for {what}; got {len(self.messages)} messages, "
+                    f"receipts {self.receipts}, errors {[e.headers for e in self.errors]}, "
+                    f"disconnected={self.disconnected}"
+                )
 
     def wait_connected(self, timeout: float = WAIT_S) -> stomp.utils.Frame:
         self._wait(lambda: self.connected is not None, "CONNECTED", timeout)
@@ -265,8 +287,9 @@ def stomp_conn() -> Iterator[Callable[..., tuple[stomp.Connection12, Inbox]]]:
     its Inbox. Pass auto_decode=False to get bodies as bytes. Closed at the end of the test."""
     conns: list[stomp.Connection12] = []
 
-    def open_conn(port: int, heartbeats: tuple[int, int] = (0, 0), connect: bool = True,
-                  host: str = "127.0.0.1", **kwargs) -> tuple[stomp.Connection12, Inbox]:
+    def open_conn(
+        port: int, heartbeats: tuple[int, int] = (0, 0), connect: bool = True, host: str = "127.0.0.1", **kwargs
+    ) -> tuple[stomp.Connection12, Inbox]:
         conn = stomp.Connection12([(host, port)], heartbeats=heartbeats, reconnect_attempts_max=1, **kwargs)
         inbox = Inbox()
         conn.set_listener("inbox", inbox)

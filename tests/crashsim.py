@@ -48,6 +48,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields
+from typing import NoReturn
 
 from simdisk import CRASH_MODES, SECTOR, Crashed, SimDisk
 
@@ -104,14 +105,33 @@ class Config:
             sync_eio = rng.choice((0.005, 0.02, 0.06))
         weights = {name: base * rng.uniform(0.3, 2.0) for name, base in BASE_WEIGHTS.items()}
         recovery_crash = rng.choice((0.0, 0.0, 0.1, 0.3))
-        return cls(cap, max_payload, rng.randint(1, 3), free_bytes, write_eio, sync_eio, weights,
-                   recovery_crash, rng.random() < 0.05)
+        return cls(
+            cap,
+            max_payload,
+            rng.randint(1, 3),
+            free_bytes,
+            write_eio,
+            sync_eio,
+            weights,
+            recovery_crash,
+            rng.random() < 0.05,
+        )
 
 
 BASE_WEIGHTS = {
-    "send_receipt": 20.0, "send_plain": 12.0, "take": 22.0, "ack": 15.0, "nack": 3.0,
-    "disconnect": 1.2, "clock": 8.0, "flush": 5.0, "sync": 4.0, "loop_pass": 8.0,
-    "settle": 0.8, "crash": 1.0, "crash_mid_op": 0.6,
+    "send_receipt": 20.0,
+    "send_plain": 12.0,
+    "take": 22.0,
+    "ack": 15.0,
+    "nack": 3.0,
+    "disconnect": 1.2,
+    "clock": 8.0,
+    "flush": 5.0,
+    "sync": 4.0,
+    "loop_pass": 8.0,
+    "settle": 0.8,
+    "crash": 1.0,
+    "crash_mid_op": 0.6,
 }
 
 
@@ -139,8 +159,7 @@ class Msg:
 
     def must_survive(self) -> bool:
         """Known to be on disk and not taken by an ACK that may have reached the disk."""
-        return ((self.receipted or self.durable_by is not None)
-                and not self.acked_durable and not self.acked_unconfirmed)
+        return (self.receipted or self.durable_by is not None) and not self.acked_durable and not self.acked_unconfirmed
 
     def promise(self, epoch: int) -> None:
         """Note the rot epoch of the latest promise made about this message (a receipt
@@ -169,11 +188,13 @@ class Stats:
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def line(self) -> str:
-        return (f"seeds {self.seeds}, steps {self.steps}, crashes {self.kills + self.powers} "
-                f"(kill {self.kills}, power {self.powers}; {self.mid_op} amid a batch or a recovery), "
-                f"restarts {self.restarts}, "
-                f"appends {self.appends} (+{self.refused} refused), acks {self.acks}, "
-                f"disk faults {self.faults}, failures {self.failures}")
+        return (
+            f"seeds {self.seeds}, steps {self.steps}, crashes {self.kills + self.powers} "
+            f"(kill {self.kills}, power {self.powers}; {self.mid_op} amid a batch or a recovery), "
+            f"restarts {self.restarts}, "
+            f"appends {self.appends} (+{self.refused} refused), acks {self.acks}, "
+            f"disk faults {self.faults}, failures {self.failures}"
+        )
 
 
 def make_payload(tag: int, size: int) -> bytes:
@@ -183,14 +204,14 @@ def make_payload(tag: int, size: int) -> bytes:
     head = PREFIX + b"#%d#" % tag
     unit = b"%d\n\x00rdy 0000 pad " % tag
     fill = unit * ((size - len(head)) // len(unit) + 1)
-    return head + fill[:max(0, size - len(head))]
+    return head + fill[: max(0, size - len(head))]
 
 
 def payload_tag(payload: bytes) -> int | None:
     if not payload.startswith(PREFIX + b"#"):
         return None
     end = payload.find(b"#", len(PREFIX) + 1)
-    digits = payload[len(PREFIX) + 1:end]
+    digits = payload[len(PREFIX) + 1 : end]
     return int(digits) if end > 0 and digits.isdigit() else None
 
 
@@ -200,8 +221,7 @@ def payload_tag(payload: bytes) -> int | None:
 class Sim:
     """One seed's run: the workload, the crashes, and the model that checks the log."""
 
-    def __init__(self, seed: int, steps: int = STEPS, verbose: bool = False,
-                 out: Callable[[str], None] = print):
+    def __init__(self, seed: int, steps: int = STEPS, verbose: bool = False, out: Callable[[str], None] = print):
         self.seed = seed
         self.steps = steps
         self.verbose = verbose
@@ -216,19 +236,25 @@ class Sim:
         self.messages: dict[int, Msg] = {}
         self.run = 0
         self.disk = SimDisk(self.rng, free_bytes=self.cfg.free_bytes)
-        self.core: LogCore | None = None
+        self._core: LogCore | None = None
         self.faults_on = True
         self.rot_epoch = 0
         self.armed_mode = "kill"
         self._actions = list(self.cfg.weights)
         self._cum_weights = list(itertools.accumulate(self.cfg.weights.values()))
 
+    @property
+    def core(self) -> LogCore:
+        """The open log; only asked for between an open and the next crash."""
+        assert self._core is not None, "the log is not open"
+        return self._core
+
     # ------------------------------------------------------------ driving
 
     def play(self) -> None:
         self.trace("config %s", self.cfg)
         self._reset_run()
-        self.core = self._open()
+        self._core = self._open()
         self._check_fresh_log()
         for step in range(self.steps):
             self.step = step
@@ -254,7 +280,7 @@ class Sim:
         if self.verbose:
             self.out(_format_trace(entry))
 
-    def fail(self, kind: str, detail: str) -> None:
+    def fail(self, kind: str, detail: str) -> NoReturn:
         raise SimFailure(self._kind(kind), detail)
 
     def _kind(self, kind: str) -> str:
@@ -310,8 +336,7 @@ class Sim:
             disk.write_eio, disk.sync_eio = self.cfg.write_eio, self.cfg.sync_eio
         core.on_fatal = self._on_fatal
         rec = core.recovery
-        self.trace("open: recovered %d messages, %d live bytes, torn %r",
-                   rec.messages, rec.live_bytes, rec.torn)
+        self.trace("open: recovered %d messages, %d live bytes, torn %r", rec.messages, rec.live_bytes, rec.torn)
         return core
 
     def _check_fresh_log(self) -> None:
@@ -327,11 +352,15 @@ class Sim:
 
     def crash(self, mode: str) -> None:
         """Drop the log without closing it; keep what the crash leaves; start again."""
-        self.trace("CRASH %s (%d appends and %d ack receipts unanswered)",
-                   mode, len(self.waiting_appends), self.waiting_durable)
+        self.trace(
+            "CRASH %s (%d appends and %d ack receipts unanswered)",
+            mode,
+            len(self.waiting_appends),
+            self.waiting_durable,
+        )
         self.stats.faults += self.disk.faults - self.disk_faults
         self._count_crash(mode)
-        self.core = None
+        self._core = None
         self.disk = self.disk.crash(mode)
         if self.cfg.rot and self.rng.random() < 0.5:
             self._rot()
@@ -368,7 +397,7 @@ class Sim:
         (kill) and leave the next run to read them lazily between new appends."""
         self._reset_run()
         self.stats.restarts += 1
-        self.core = self._open()
+        self._core = self._open()
         found = self._drain_recovered()
         self._check_recovered(found)
         if self.rng.random() < 0.5:
@@ -379,12 +408,12 @@ class Sim:
         self.trace("CRASH kill, to read the recovered messages lazily")
         self.stats.kills += 1
         self.stats.restarts += 1
-        self.core = None
+        self._core = None
         self.disk = self.disk.crash("kill")
         live, live_bytes = self.live, self.live_bytes
         self._reset_run()
         self.live, self.live_bytes = live, live_bytes
-        self.core = self._open()
+        self._core = self._open()
         self._check_counts(len(live), live_bytes)
 
     def _drain_recovered(self) -> list[tuple[Record, int]]:
@@ -396,13 +425,19 @@ class Sim:
 
     def _check_recovered(self, found: list[tuple[Record, int]]) -> None:
         tags = {tag for _, tag in found}
-        lost = [m for m in self.messages.values()
-                if m.must_survive() and m.epoch == self.rot_epoch and m.tag not in tags]
+        lost = [
+            m for m in self.messages.values() if m.must_survive() and m.epoch == self.rot_epoch and m.tag not in tags
+        ]
         if lost:
             first = next((m for m in lost if m.receipted), lost[0])
             kind = "receipted SEND lost" if first.receipted else f"SEND made durable by {first.durable_by} lost"
-            self.fail(kind, f"{len(lost)} messages missing after restart, e.g. " + ", ".join(
-                f"#{m.tag} (id {m.id}, {m.size} B{', receipted' if m.receipted else ''})" for m in lost[:5]))
+            self.fail(
+                kind,
+                f"{len(lost)} messages missing after restart, e.g. "
+                + ", ".join(
+                    f"#{m.tag} (id {m.id}, {m.size} B{', receipted' if m.receipted else ''})" for m in lost[:5]
+                ),
+            )
         for tag in tags:
             msg = self.messages[tag]
             msg.durable_by = msg.durable_by or "recovery"
@@ -417,8 +452,11 @@ class Sim:
         if self.rot_epoch:
             return
         if rec.messages != messages or rec.live_bytes != live_bytes:
-            self.fail("recovery count", f"recovery reports {rec.messages} messages, "
-                      f"{rec.live_bytes} live bytes; the file holds {messages}, {live_bytes}")
+            self.fail(
+                "recovery count",
+                f"recovery reports {rec.messages} messages, "
+                f"{rec.live_bytes} live bytes; the file holds {messages}, {live_bytes}",
+            )
 
     # ------------------------------------------------------------ actions
 
@@ -442,8 +480,9 @@ class Sim:
             self.waiting_appends.discard(tag)
             self._refused(msg, "TooLarge")
             if len(msg.payload) <= core.max_message:
-                self.note("TooLarge for a storable payload",
-                          f"#{tag}: {len(msg.payload)} B <= max_message {core.max_message}")
+                self.note(
+                    "TooLarge for a storable payload", f"#{tag}: {len(msg.payload)} B <= max_message {core.max_message}"
+                )
             return
         except QueueFull:
             self.waiting_appends.discard(tag)
@@ -472,8 +511,10 @@ class Sim:
 
     def _accepted(self, msg: Msg, rec: Record, receipt: bool) -> None:
         if len(msg.payload) > self.core.max_message:
-            self.fail("accepted a payload larger than max_message",
-                      f"#{msg.tag}: {len(msg.payload)} B > {self.core.max_message}")
+            self.fail(
+                "accepted a payload larger than max_message",
+                f"#{msg.tag}: {len(msg.payload)} B > {self.core.max_message}",
+            )
         msg.id = rec.id
         self.stats.appends += 1
         if msg.refused_run != self.run:
@@ -513,14 +554,19 @@ class Sim:
         live = self.live_bytes if exact else core.live_bytes
         ahead, headroom, capacity = core.ahead_dead_bytes, core.headroom(size), core.capacity
         if live + ahead + size + headroom <= capacity:
-            self.note("QueueFull with room", f"live {live} + ahead-dead {ahead} + record {size} "
-                      f"+ headroom {headroom} <= capacity {capacity}")
+            self.note(
+                "QueueFull with room",
+                f"live {live} + ahead-dead {ahead} + record {size} + headroom {headroom} <= capacity {capacity}",
+            )
         largest = max([size, *(self.messages[tag].size for tag in self.live)])
         if exact and live + ahead + size <= capacity // 4 and largest <= capacity // 16:
             # A quarter full of small messages leaves room for any headroom the log
             # may keep (three of its largest records): refusing here is a pinned ring.
-            self.note("QueueFull far from full", f"live {live}, record {size}, largest {largest}, "
-                      f"capacity {capacity} (headroom {headroom}, ahead-dead {ahead})")
+            self.note(
+                "QueueFull far from full",
+                f"live {live}, record {size}, largest {largest}, "
+                f"capacity {capacity} (headroom {headroom}, ahead-dead {ahead})",
+            )
 
     def do_take(self) -> None:
         """A consumer takes a message: a requeued one first, as the queue would."""
@@ -531,9 +577,10 @@ class Sim:
             self._check_payload(rec, tag)
             self.trace("consumer %d retakes #%d id %d", consumer, tag, rec.id)
         else:
-            rec = self.core.next_ready()
-            if rec is None:
+            ready = self.core.next_ready()
+            if ready is None:
                 return
+            rec = ready
             rec.deliveries += 1
             tag = self.check_delivery(rec)
             self.trace("consumer %d takes #%d id %d", consumer, tag, rec.id)
@@ -598,7 +645,7 @@ class Sim:
         self.trace("ack receipt for %d acks: %s", upto, reason or "durable")
         if reason is not None:
             return
-        for tag in self.acks[self.confirmed:upto]:
+        for tag in self.acks[self.confirmed : upto]:
             self.messages[tag].acked_durable = True
             self.messages[tag].promise(self.rot_epoch)
         self.confirmed = max(self.confirmed, upto)
@@ -643,9 +690,12 @@ class Sim:
             self.core.flush()
             self.core.sync()
         if self.waiting_appends or self.waiting_durable:
-            self.fail("wedge", f"{len(self.waiting_appends)} appends (e.g. #{min(self.waiting_appends, default=-1)}) "
-                      f"and {self.waiting_durable} ack receipts unanswered after {SETTLE_ROUNDS} rounds"
-                      f"{'' if self.fatal is None else ' and a fatal error: ' + self.fatal}")
+            self.fail(
+                "wedge",
+                f"{len(self.waiting_appends)} appends (e.g. #{min(self.waiting_appends, default=-1)}) "
+                f"and {self.waiting_durable} ack receipts unanswered after {SETTLE_ROUNDS} rounds"
+                f"{'' if self.fatal is None else ' and a fatal error: ' + self.fatal}",
+            )
 
     # ------------------------------------------------------------ checks
 
@@ -674,10 +724,12 @@ class Sim:
         payload = self.core.payload(rec)
         found = payload_tag(payload)
         msg = self.messages.get(found) if found is not None else None
-        if msg is None or payload != msg.payload or (tag is not None and found != tag):
-            self.fail("damaged record delivered",
-                      f"id {rec.id}, {len(payload)} B starting {bytes(payload[:48])!r}"
-                      + (f", expected #{tag}" if tag is not None else ""))
+        if found is None or msg is None or payload != msg.payload or (tag is not None and found != tag):
+            self.fail(
+                "damaged record delivered",
+                f"id {rec.id}, {len(payload)} B starting {bytes(payload[:48])!r}"
+                + (f", expected #{tag}" if tag is not None else ""),
+            )
         return found
 
     def check_step(self) -> None:
@@ -688,12 +740,20 @@ class Sim:
             self.exact = False
         if self.exact and not self.rot_epoch and self.fatal is None and self.core.live_bytes != self.live_bytes:
             gap = self.core.live_bytes - self.live_bytes
-            self.fail("live bytes", f"log says {self.core.live_bytes}, model says {self.live_bytes}: "
-                      + ("a message the log accepted and never refused is gone from its count"
-                         if gap < 0 else "the log counts bytes of no live message"))
+            self.fail(
+                "live bytes",
+                f"log says {self.core.live_bytes}, model says {self.live_bytes}: "
+                + (
+                    "a message the log accepted and never refused is gone from its count"
+                    if gap < 0
+                    else "the log counts bytes of no live message"
+                ),
+            )
         if self.fatal is not None and (self.waiting_appends or self.waiting_durable):
-            self.fail("fatal error left callbacks unanswered",
-                      f"{len(self.waiting_appends)} appends, {self.waiting_durable} ack receipts")
+            self.fail(
+                "fatal error left callbacks unanswered",
+                f"{len(self.waiting_appends)} appends, {self.waiting_durable} ack receipts",
+            )
 
     def finish(self) -> None:
         """Quiesce and prove it: settle, read every message, sync; then a power loss must
@@ -717,14 +777,17 @@ class Sim:
             return
         missing = [tag for tag in self.live if tag not in self.delivered]
         if missing:
-            self.fail("accepted SEND never stored", f"{len(missing)} messages, e.g. #{missing[0]}, "
-                      f"not written after {SETTLE_ROUNDS} rounds of (clock, flush, sync)")
+            self.fail(
+                "accepted SEND never stored",
+                f"{len(missing)} messages, e.g. #{missing[0]}, "
+                f"not written after {SETTLE_ROUNDS} rounds of (clock, flush, sync)",
+            )
         for tag in self.live:
             self.messages[tag].durable_by = "a full sync"
             self.messages[tag].promise(self.rot_epoch)
         self.stats.faults += self.disk.faults - self.disk_faults
         self.stats.powers += 1
-        self.core = None
+        self._core = None
         self.disk = self.disk.crash("power")
         self.restart()
 
@@ -766,8 +829,13 @@ class Outcome:
         return "\n".join(lines)
 
 
-def run_seed(seed: int, steps: int = STEPS, verbose: bool = False,
-             out: Callable[[str], None] = print, ignore: frozenset[str] = frozenset()) -> Outcome:
+def run_seed(
+    seed: int,
+    steps: int = STEPS,
+    verbose: bool = False,
+    out: Callable[[str], None] = print,
+    ignore: frozenset[str] = frozenset(),
+) -> Outcome:
     """Play one seed; a broken invariant or an exception from the log is its failure.
     Kinds in `ignore` are dropped (to hunt past a known failure that notes, not stops)."""
     sim = Sim(seed, steps, verbose, out)
@@ -814,8 +882,14 @@ def _run_block(args: tuple[int, int, int, frozenset[str]]) -> Totals:
     return run_range(*args)
 
 
-def run_many(start: int, count: int, steps: int, jobs: int, ignore: frozenset[str] = frozenset(),
-             progress: Callable[[Totals, float], None] | None = None) -> Totals:
+def run_many(
+    start: int,
+    count: int,
+    steps: int,
+    jobs: int,
+    ignore: frozenset[str] = frozenset(),
+    progress: Callable[[Totals, float], None] | None = None,
+) -> Totals:
     """Play `count` seeds over `jobs` processes, calling `progress` now and then."""
     block = max(1, min(200, count // (jobs * 4) or 1))
     blocks = [(s, min(block, start + count - s), steps, ignore) for s in range(start, start + count, block)]
@@ -850,14 +924,20 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="processes to fan out over (default 1)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print the trace of every step")
     parser.add_argument("--show", type=int, default=10, help="failures to print in full (default 10)")
-    parser.add_argument("--ignore", action="append", default=[], metavar="KIND",
-                        help="drop findings of this kind (as printed after FAILED); repeatable")
+    parser.add_argument(
+        "--ignore",
+        action="append",
+        default=[],
+        metavar="KIND",
+        help="drop findings of this kind (as printed after FAILED); repeatable",
+    )
     args = parser.parse_args(None if argv is None else list(argv))
     if args.seed is not None:
         return _replay(args.seed, args.steps, args.verbose, frozenset(args.ignore))
     began = time.monotonic()
-    totals = run_many(args.start, args.seeds, args.steps, max(1, args.jobs), frozenset(args.ignore),
-                      _progress(args.seeds))
+    totals = run_many(
+        args.start, args.seeds, args.steps, max(1, args.jobs), frozenset(args.ignore), _progress(args.seeds)
+    )
     _summarize(totals, args, time.monotonic() - began)
     return 1 if totals.failed else 0
 
@@ -876,13 +956,17 @@ def _replay(seed: int, steps: int, verbose: bool, ignore: frozenset[str]) -> int
 def _progress(total: int) -> Callable[[Totals, float], None]:
     def show(totals: Totals, seconds: float) -> None:
         done = totals.stats.seeds
-        print(f"crashsim: {done}/{total} seeds, {len(totals.failed)} failed, "
-              f"{done / seconds:.0f} seeds/s", file=sys.stderr, flush=True)
+        print(
+            f"crashsim: {done}/{total} seeds, {len(totals.failed)} failed, {done / seconds:.0f} seeds/s",
+            file=sys.stderr,
+            flush=True,
+        )
+
     return show
 
 
 def _summarize(totals: Totals, args: argparse.Namespace, seconds: float) -> None:
-    for outcome in sorted(totals.failed, key=lambda o: o.seed)[:args.show]:
+    for outcome in sorted(totals.failed, key=lambda o: o.seed)[: args.show]:
         print(outcome.report(args.steps), end="\n\n")
     kinds: dict[str, list[int]] = {}
     for outcome in totals.failed:
@@ -891,8 +975,10 @@ def _summarize(totals: Totals, args: argparse.Namespace, seconds: float) -> None
     for kind, seeds in sorted(kinds.items()):
         seeds.sort()
         print(f"FAILED {kind}: {len(seeds)} seeds, e.g. {seeds[:8]}")
-    print(f"crashsim: seeds {args.start}..{args.start + args.seeds - 1}: {totals.stats.line()}, "
-          f"{seconds:.1f} s with {max(1, args.jobs)} jobs")
+    print(
+        f"crashsim: seeds {args.start}..{args.start + args.seeds - 1}: {totals.stats.line()}, "
+        f"{seconds:.1f} s with {max(1, args.jobs)} jobs"
+    )
 
 
 if __name__ == "__main__":

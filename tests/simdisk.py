@@ -49,8 +49,15 @@ class Crashed(BaseException):
 class SimDisk:
     """The Disk protocol over memory, with crashes and faults drawn from `rng`."""
 
-    def __init__(self, rng: random.Random, *, free_bytes: int | None = None,
-                 sync_eio: float = 0.0, write_eio: float = 0.0, image: bytes = b""):
+    def __init__(
+        self,
+        rng: random.Random,
+        *,
+        free_bytes: int | None = None,
+        sync_eio: float = 0.0,
+        write_eio: float = 0.0,
+        image: bytes = b"",
+    ):
         self.rng = rng
         self.free_bytes = free_bytes
         self.sync_eio = sync_eio
@@ -70,7 +77,7 @@ class SimDisk:
     def pread(self, size: int, offset: int) -> bytes:
         self._check_open()
         _check_range(size, offset)
-        return bytes(self._visible[offset:offset + size])
+        return bytes(self._visible[offset : offset + size])
 
     def pwrite(self, data: bytes, offset: int) -> None:
         self._check_open()
@@ -83,7 +90,7 @@ class SimDisk:
             raise OSError(errno.ENOSPC, "No space left on device (simulated)")
         if self.write_eio and self.rng.random() < self.write_eio:
             self.faults += 1
-            self._apply_write(offset, data[:SECTOR * self.rng.randrange(len(data) // SECTOR + 1)])
+            self._apply_write(offset, data[: SECTOR * self.rng.randrange(len(data) // SECTOR + 1)])
             raise OSError(errno.EIO, "Input/output error (simulated write)")
         self._apply_write(offset, data)
 
@@ -145,10 +152,10 @@ class SimDisk:
             return self._successor(image, image, [], [])
         raise ValueError(f"crash mode must be one of {CRASH_MODES}, not {mode!r}")
 
-    def _successor(self, durable: bytearray, visible: bytearray,
-                   writes: list[tuple[int, bytes]], allocs: list[int]) -> SimDisk:
-        disk = SimDisk(self.rng, free_bytes=self.free_bytes, sync_eio=self.sync_eio,
-                       write_eio=self.write_eio)
+    def _successor(
+        self, durable: bytearray, visible: bytearray, writes: list[tuple[int, bytes]], allocs: list[int]
+    ) -> SimDisk:
+        disk = SimDisk(self.rng, free_bytes=self.free_bytes, sync_eio=self.sync_eio, write_eio=self.write_eio)
         disk._durable = bytearray(durable)
         disk._visible = bytearray(visible)
         disk._writes = list(writes)
@@ -223,7 +230,7 @@ def _put(image: bytearray, offset: int, data: bytes) -> None:
     """Write `data` into `image` at `offset`, growing it with zeros if it is shorter."""
     if offset > len(image):
         image.extend(bytes(offset - len(image)))
-    image[offset:offset + len(data)] = data
+    image[offset : offset + len(data)] = data
 
 
 def _sector_pieces(offset: int, data: bytes) -> list[tuple[int, bytes]]:
@@ -233,6 +240,6 @@ def _sector_pieces(offset: int, data: bytes) -> list[tuple[int, bytes]]:
     while pos < len(data):
         start = offset + pos
         take = min(len(data) - pos, SECTOR - start % SECTOR)
-        pieces.append((start, data[pos:pos + take]))
+        pieces.append((start, data[pos : pos + take]))
         pos += take
     return pieces

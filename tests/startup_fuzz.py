@@ -48,8 +48,10 @@ def run(first: int, count: int, jobs: int) -> fuzz.Tally:
             total.merge(part)
             if time.monotonic() - last > 10:
                 last = time.monotonic()
-                print(f"  {total.cases} cases, {total.failed} failed, "
-                      f"{total.cases / (last - started):.0f}/s", file=sys.stderr)
+                print(
+                    f"  {total.cases} cases, {total.failed} failed, {total.cases / (last - started):.0f}/s",
+                    file=sys.stderr,
+                )
     return total
 
 

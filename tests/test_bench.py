@@ -23,8 +23,13 @@ TESTS = Path(__file__).resolve().parent
 def bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """`python -m benchmark ARGS`, as bin/bench runs it: with tests/ on the path."""
     path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", "benchmark", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONPATH": path})
+    return subprocess.run(
+        [sys.executable, "-m", "benchmark", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": path},
+    )
 
 
 def test_body_reader_returns_the_seq_of_a_good_body_and_counts_the_rest():
@@ -132,8 +137,17 @@ def fake_broker(request):
 
 @pytest.mark.parametrize("fake_broker", [{"lose": 50}], indirect=True)
 def test_a_broker_that_loses_an_acknowledged_message_fails_the_benchmark(fake_broker, tmp_path):
-    result = bench("--addr", f"127.0.0.1:{fake_broker.port}", "--quick", "--only", "produce-w1",
-                   "--timeout", "1", "--dir", str(tmp_path))
+    result = bench(
+        "--addr",
+        f"127.0.0.1:{fake_broker.port}",
+        "--quick",
+        "--only",
+        "produce-w1",
+        "--timeout",
+        "1",
+        "--dir",
+        str(tmp_path),
+    )
     assert result.returncode == 1
     assert "FAILED: produce-w1 on curb: 1 of 100 messages lost" in result.stderr
     assert "produce, receipt each" not in result.stdout
@@ -141,8 +155,18 @@ def test_a_broker_that_loses_an_acknowledged_message_fails_the_benchmark(fake_br
 
 @pytest.mark.parametrize("fake_broker", [{"duplicate": 10}], indirect=True)
 def test_duplicates_are_reported_but_allowed(fake_broker, tmp_path):
-    result = bench("--addr", f"127.0.0.1:{fake_broker.port}", "--quick", "--only", "produce-w1",
-                   "--timeout", "1", "--dir", str(tmp_path), "--json")
+    result = bench(
+        "--addr",
+        f"127.0.0.1:{fake_broker.port}",
+        "--quick",
+        "--only",
+        "produce-w1",
+        "--timeout",
+        "1",
+        "--dir",
+        str(tmp_path),
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["duplicates"] == {"produce-w1 on curb": 1}
@@ -154,8 +178,14 @@ def test_quick_run_against_curb_prints_the_table(tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("Curb benchmark: 100-byte bodies, 1 run")
-    for label in ("produce, receipt each, 1 producer, window 1", "consume + ACK, prefetch 256",
-                  "ping-pong SEND -> MESSAGE, p99", "broker RSS, 2,000 queued", "restart with 2,000 queued",
-                  "balanced 2+2, 90% full / empty", "disk: append + fdatasync, 64 records per sync"):
+    for label in (
+        "produce, receipt each, 1 producer, window 1",
+        "consume + ACK, prefetch 256",
+        "ping-pong SEND -> MESSAGE, p99",
+        "broker RSS, 2,000 queued",
+        "restart with 2,000 queued",
+        "balanced 2+2, 90% full / empty",
+        "disk: append + fdatasync, 64 records per sync",
+    ):
         row = next(line for line in lines if line.startswith(label))
         assert row.split()[-1][0].isdigit(), row

@@ -37,11 +37,14 @@ def test_help_lists_every_flag(run_curb):
         assert re.search(rf"(^|[\s,]){re.escape(flag)}\b", result.stdout), f"--help does not mention {flag}"
 
 
-@pytest.mark.parametrize("flag, value, fix", [
-    ("-cap", "10XB", "MiB"),
-    ("-addr", "nohost", "PORT"),
-    ("-addr", ":70000", "65535"),
-])
+@pytest.mark.parametrize(
+    "flag, value, fix",
+    [
+        ("-cap", "10XB", "MiB"),
+        ("-addr", "nohost", "PORT"),
+        ("-addr", ":70000", "65535"),
+    ],
+)
 def test_bad_flag_value_is_a_one_line_usage_error(run_curb, tmp_path, flag, value, fix):
     args = {"-cap": "10MiB", "-addr": "127.0.0.1:0", "-file": str(tmp_path / "curb.log")}
     args[flag] = value
@@ -118,8 +121,9 @@ def start_with_a_failing_log(monkeypatch, capsys, path: Path, error: Exception) 
     return code, capsys.readouterr().err.strip().splitlines()
 
 
-@pytest.mark.parametrize("code", [errno.EIO, errno.ENOSPC, errno.EDQUOT, errno.EMFILE],
-                         ids=["EIO", "ENOSPC", "EDQUOT", "EMFILE"])
+@pytest.mark.parametrize(
+    "code", [errno.EIO, errno.ENOSPC, errno.EDQUOT, errno.EMFILE], ids=["EIO", "ENOSPC", "EDQUOT", "EMFILE"]
+)
 def test_io_error_on_the_log_at_start_up_exits_1_so_a_supervisor_retries(monkeypatch, capsys, tmp_path, code):
     path = tmp_path / "curb.log"
     status, lines = start_with_a_failing_log(monkeypatch, capsys, path, OSError(code, os.strerror(code), str(path)))
@@ -128,8 +132,11 @@ def test_io_error_on_the_log_at_start_up_exits_1_so_a_supervisor_retries(monkeyp
     assert "-addr" not in lines[0], "an error on the log file is not about the address"
 
 
-@pytest.mark.parametrize("code", [errno.EACCES, errno.EROFS, errno.ENOENT, errno.ENOTDIR, errno.EISDIR],
-                         ids=["EACCES", "EROFS", "ENOENT", "ENOTDIR", "EISDIR"])
+@pytest.mark.parametrize(
+    "code",
+    [errno.EACCES, errno.EROFS, errno.ENOENT, errno.ENOTDIR, errno.EISDIR],
+    ids=["EACCES", "EROFS", "ENOENT", "ENOTDIR", "EISDIR"],
+)
 def test_log_file_the_operator_must_fix_is_a_usage_error(monkeypatch, capsys, tmp_path, code):
     path = tmp_path / "curb.log"
     status, lines = start_with_a_failing_log(monkeypatch, capsys, path, OSError(code, os.strerror(code), str(path)))
@@ -161,8 +168,9 @@ def test_http_port_in_use_is_a_usage_error_naming_http(run_curb, tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = run_curb("-cap", "10MiB", "-addr", "127.0.0.1:0", "-http", f"127.0.0.1:{port}",
-                          "-file", str(tmp_path / "curb.log"))
+        result = run_curb(
+            "-cap", "10MiB", "-addr", "127.0.0.1:0", "-http", f"127.0.0.1:{port}", "-file", str(tmp_path / "curb.log")
+        )
     line = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 2, result.stderr
     assert str(port) in line and "-http" in line and "-addr" not in line

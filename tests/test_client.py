@@ -87,8 +87,9 @@ def test_connect_asks_for_stomp_1_2_and_returns_connected():
         connected = client.connect()
         client.close()
     assert connected.command == "CONNECTED" and connected.headers["version"] == "1.2"
-    assert seen[0] == Frame("STOMP", {"accept-version": "1.2", "host": host, "heart-beat": "0,0",
-                                      "login": "ann", "passcode": "p\\w:d"}, b"")
+    assert seen[0] == Frame(
+        "STOMP", {"accept-version": "1.2", "host": host, "heart-beat": "0,0", "login": "ann", "passcode": "p\\w:d"}, b""
+    )
 
 
 def test_connect_without_credentials_sends_none():
@@ -147,11 +148,23 @@ def test_frames_written_by_each_command():
         client.close()
     assert seen == [
         Frame("SEND", {"destination": "/queue/curb", "content-length": "3"}, b"a\0b"),
-        Frame("SEND", {"destination": "/queue/other", "content-type": "text/plain", "k": "v:1",
-                       "receipt": "r1", "content-length": "1"}, b"x"),
+        Frame(
+            "SEND",
+            {
+                "destination": "/queue/other",
+                "content-type": "text/plain",
+                "k": "v:1",
+                "receipt": "r1",
+                "content-length": "1",
+            },
+            b"x",
+        ),
         Frame("SUBSCRIBE", {"id": "0", "destination": "/queue/curb", "ack": "client-individual"}, b""),
-        Frame("SUBSCRIBE", {"id": "s2", "destination": "/queue/curb", "ack": "auto", "prefetch-count": "10",
-                            "x-extra": "1"}, b""),
+        Frame(
+            "SUBSCRIBE",
+            {"id": "s2", "destination": "/queue/curb", "ack": "auto", "prefetch-count": "10", "x-extra": "1"},
+            b"",
+        ),
         Frame("ACK", {"id": "7", "receipt": "r2"}, b""),
         Frame("NACK", {"id": "8"}, b""),
         Frame("UNSUBSCRIBE", {"id": "s2"}, b""),

@@ -86,9 +86,12 @@ def test_a_seed_that_once_failed_keeps_the_invariant(seed: int, kind: str):
     assert kind not in {f.kind for f in outcome.findings}, outcome.report(STEPS)
 
 
-@pytest.mark.xfail(strict=True, reason="open: after crashes interrupted compaction, the free space is "
-                   "split so that the message a consumer then takes at the tail cannot be copied; "
-                   "admission's guard looks only at messages already held")
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: after crashes interrupted compaction, the free space is "
+    "split so that the message a consumer then takes at the tail cannot be copied; "
+    "admission's guard looks only at messages already held",
+)
 def test_an_accepted_send_is_not_refused_later_after_fragmenting_crashes():
     """Seed 533285: an accepted SEND answered with ERROR 'queue full' on a ring far
     from full. Kept as a known failure (strict, so it is noticed once fixed)."""
@@ -109,4 +112,3 @@ def test_a_disk_that_lies_about_sync_is_caught(monkeypatch):
     monkeypatch.setattr(SimDisk, "sync", lambda self: None)
     kinds = {f.kind for seed in range(100) for f in run_seed(seed, STEPS).findings}
     assert kinds & {"receipted SEND lost", "receipted ACK undone", "SEND made durable by a full sync lost"}
-

@@ -71,8 +71,7 @@ def test_an_auto_ack_consumer_that_never_reads_leaves_the_rest_in_the_log(curb_b
             producer.send(b"%05d" % i + b"x" * size, receipt="last" if i == count - 1 else None)
         producer.wait_receipt("last", timeout=60)
     stalled = stalled_client(broker.port)
-    stalled.sendall(encode("SUBSCRIBE", {"id": "s", "destination": QUEUE, "ack": "auto",
-                                         "prefetch-count": "1"}))
+    stalled.sendall(encode("SUBSCRIBE", {"id": "s", "destination": QUEUE, "ack": "auto", "prefetch-count": "1"}))
     time.sleep(1.5)
     with Client("127.0.0.1", broker.port) as consumer:
         consumer.connect()

@@ -10,7 +10,7 @@ def feed_in_chunks(wire: bytes, sizes, **limits) -> list[Frame]:
     parser = FrameParser(**limits)
     frames, pos = [], 0
     for size in sizes:
-        frames += parser.feed(wire[pos:pos + size])
+        frames += parser.feed(wire[pos : pos + size])
         pos += size
     return frames + parser.feed(wire[pos:])
 
@@ -20,47 +20,69 @@ def feed_bytewise(wire: bytes, **limits) -> list[Frame]:
 
 
 PARSE_CASES = [
-    ("lf", b"SEND\ndestination:/q\nfoo:bar\n\nhello\0",
-     [Frame("SEND", {"destination": "/q", "foo": "bar"}, b"hello")]),
-    ("crlf", b"SEND\r\ndestination:/q\r\nfoo:bar\r\n\r\nhello\0",
-     [Frame("SEND", {"destination": "/q", "foo": "bar"}, b"hello")]),
+    ("lf", b"SEND\ndestination:/q\nfoo:bar\n\nhello\0", [Frame("SEND", {"destination": "/q", "foo": "bar"}, b"hello")]),
+    (
+        "crlf",
+        b"SEND\r\ndestination:/q\r\nfoo:bar\r\n\r\nhello\0",
+        [Frame("SEND", {"destination": "/q", "foo": "bar"}, b"hello")],
+    ),
     ("mixed line ends", b"SEND\r\na:1\nb:2\r\n\nx\0", [Frame("SEND", {"a": "1", "b": "2"}, b"x")]),
     ("command only", b"DISCONNECT\n\n\0", [Frame("DISCONNECT", {}, b"")]),
     ("command only crlf", b"DISCONNECT\r\n\r\n\0", [Frame("DISCONNECT", {}, b"")]),
-    ("heart-beats before and after", b"\n\r\n\n\nACK\nid:1\n\n\0\n\r\n\n",
-     [Frame("ACK", {"id": "1"}, b"")]),
+    ("heart-beats before and after", b"\n\r\n\n\nACK\nid:1\n\n\0\n\r\n\n", [Frame("ACK", {"id": "1"}, b"")]),
     ("heart-beats only", b"\n\n\r\n\n", []),
     ("raw colon kept in value", b"SEND\na:b:c\n\n\0", [Frame("SEND", {"a": "b:c"}, b"")]),
     ("nothing trimmed", b"SEND\n header : v \n\n\0", [Frame("SEND", {" header ": " v "}, b"")]),
     ("empty value", b"SEND\na:\n\n\0", [Frame("SEND", {"a": ""}, b"")]),
-    ("first repeated header wins, wire order kept", b"SEND\nb:first\na:x\nb:second\nc:y\n\n\0",
-     [Frame("SEND", {"b": "first", "a": "x", "c": "y"}, b"")]),
-    ("escapes decoded", b"SEND\nk\\cey\\\\:line\\nbreak\\r\\c\n\n\0",
-     [Frame("SEND", {"k:ey\\": "line\nbreak\r:"}, b"")]),
+    (
+        "first repeated header wins, wire order kept",
+        b"SEND\nb:first\na:x\nb:second\nc:y\n\n\0",
+        [Frame("SEND", {"b": "first", "a": "x", "c": "y"}, b"")],
+    ),
+    (
+        "escapes decoded",
+        b"SEND\nk\\cey\\\\:line\\nbreak\\r\\c\n\n\0",
+        [Frame("SEND", {"k:ey\\": "line\nbreak\r:"}, b"")],
+    ),
     ("escapes not nested", b"SEND\na:\\\\n\n\n\0", [Frame("SEND", {"a": "\\n"}, b"")]),
     ("repeated escaped header: first wins", b"SEND\na\\c:1\na\\c:2\n\n\0", [Frame("SEND", {"a:": "1"}, b"")]),
-    ("CONNECT not unescaped", b"CONNECT\npasscode:a\\b\\c\n\n\0",
-     [Frame("CONNECT", {"passcode": "a\\b\\c"}, b"")]),
+    ("CONNECT not unescaped", b"CONNECT\npasscode:a\\b\\c\n\n\0", [Frame("CONNECT", {"passcode": "a\\b\\c"}, b"")]),
     ("STOMP not unescaped", b"STOMP\nlogin:x\\y\n\n\0", [Frame("STOMP", {"login": "x\\y"}, b"")]),
-    ("CONNECTED not unescaped", b"CONNECTED\nserver:a\\tb\n\n\0",
-     [Frame("CONNECTED", {"server": "a\\tb"}, b"")]),
+    ("CONNECTED not unescaped", b"CONNECTED\nserver:a\\tb\n\n\0", [Frame("CONNECTED", {"server": "a\\tb"}, b"")]),
     ("utf-8 headers", "SEND\nnäme:wért ✓\n\n\0".encode(), [Frame("SEND", {"näme": "wért ✓"}, b"")]),
-    ("content-length body with NULs and EOLs", b"SEND\ncontent-length:7\n\n\0a\n\n\0\r\n\0",
-     [Frame("SEND", {"content-length": "7"}, b"\0a\n\n\0\r\n")]),
+    (
+        "content-length body with NULs and EOLs",
+        b"SEND\ncontent-length:7\n\n\0a\n\n\0\r\n\0",
+        [Frame("SEND", {"content-length": "7"}, b"\0a\n\n\0\r\n")],
+    ),
     ("content-length zero", b"SEND\ncontent-length:0\n\n\0", [Frame("SEND", {"content-length": "0"}, b"")]),
-    ("content-length leading zeros", b"SEND\ncontent-length:002\n\nab\0",
-     [Frame("SEND", {"content-length": "002"}, b"ab")]),
-    ("no content-length: body ends at first NUL", b"SEND\n\nab\n\ncd\0SEND\n\n\0",
-     [Frame("SEND", {}, b"ab\n\ncd"), Frame("SEND", {}, b"")]),
-    ("header names are case-sensitive", b"SEND\nContent-Length:1\n\nabc\0",
-     [Frame("SEND", {"Content-Length": "1"}, b"abc")]),
+    (
+        "content-length leading zeros",
+        b"SEND\ncontent-length:002\n\nab\0",
+        [Frame("SEND", {"content-length": "002"}, b"ab")],
+    ),
+    (
+        "no content-length: body ends at first NUL",
+        b"SEND\n\nab\n\ncd\0SEND\n\n\0",
+        [Frame("SEND", {}, b"ab\n\ncd"), Frame("SEND", {}, b"")],
+    ),
+    (
+        "header names are case-sensitive",
+        b"SEND\nContent-Length:1\n\nabc\0",
+        [Frame("SEND", {"Content-Length": "1"}, b"abc")],
+    ),
     ("body may hold what looks like a CRLF head end", b"SEND\n\nx\n\r\ny\0", [Frame("SEND", {}, b"x\n\r\ny")]),
     ("CR in the body is fine", b"SEND\na:1\n\nx\ry\0", [Frame("SEND", {"a": "1"}, b"x\ry")]),
     ("unknown command passes through", b"FROB\n\n\0", [Frame("FROB", {}, b"")]),
-    ("many frames in one read",
-     b"SEND\nn:1\n\none\0\nSEND\r\nn:2\r\n\r\ntwo\0SEND\nn:3\ncontent-length:5\n\nth\0ee\0\n\n",
-     [Frame("SEND", {"n": "1"}, b"one"), Frame("SEND", {"n": "2"}, b"two"),
-      Frame("SEND", {"n": "3", "content-length": "5"}, b"th\0ee")]),
+    (
+        "many frames in one read",
+        b"SEND\nn:1\n\none\0\nSEND\r\nn:2\r\n\r\ntwo\0SEND\nn:3\ncontent-length:5\n\nth\0ee\0\n\n",
+        [
+            Frame("SEND", {"n": "1"}, b"one"),
+            Frame("SEND", {"n": "2"}, b"two"),
+            Frame("SEND", {"n": "3", "content-length": "5"}, b"th\0ee"),
+        ],
+    ),
 ]
 
 
@@ -165,8 +187,9 @@ OVER_LIMIT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("prefix, reason", [case[1:] for case in OVER_LIMIT_CASES],
-                         ids=[c[0] for c in OVER_LIMIT_CASES])
+@pytest.mark.parametrize(
+    "prefix, reason", [case[1:] for case in OVER_LIMIT_CASES], ids=[c[0] for c in OVER_LIMIT_CASES]
+)
 def test_limits_trigger_before_the_frame_ends(prefix, reason):
     with pytest.raises(ProtocolError, match=reason):
         FrameParser(**LIMITS).feed(prefix)
@@ -214,7 +237,8 @@ def test_unescape_rejects_undefined_escapes(bad):
 
 def test_encode_exact_bytes():
     assert encode("SEND", {"destination": "/queue/curb"}, b"hi") == (
-        b"SEND\ndestination:/queue/curb\ncontent-length:2\n\nhi\0")
+        b"SEND\ndestination:/queue/curb\ncontent-length:2\n\nhi\0"
+    )
     assert encode("SUBSCRIBE", [("id", "0"), ("ack", "client")]) == b"SUBSCRIBE\nid:0\nack:client\n\n\0"
 
 

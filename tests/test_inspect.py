@@ -20,18 +20,30 @@ HOUR_MS = 3600 * 1000
 
 
 def entry(id, state="rdy", deliveries=0, age_ms=0, headers=None, body=b"x"):
-    return SimpleNamespace(id=id, state=state, deliveries=deliveries,
-                           timestamp_ms=time.time_ns() // 1_000_000 - age_ms, offset=512 + 100 * id,
-                           size=100, headers=headers or {}, body=body)
+    return SimpleNamespace(
+        id=id,
+        state=state,
+        deliveries=deliveries,
+        timestamp_ms=time.time_ns() // 1_000_000 - age_ms,
+        offset=512 + 100 * id,
+        size=100,
+        headers=headers or {},
+        body=body,
+    )
 
 
 def summary(entries, torn=None):
     waiting = [e for e in entries if e.state == "rdy"]
     return SimpleNamespace(
-        path="/srv/q/curb.log", file_bytes=64 * 1024, cap=1 << 20, messages=len(waiting),
-        acked=len(entries) - len(waiting), live_bytes=100 * len(waiting),
+        path="/srv/q/curb.log",
+        file_bytes=64 * 1024,
+        cap=1 << 20,
+        messages=len(waiting),
+        acked=len(entries) - len(waiting),
+        live_bytes=100 * len(waiting),
         dead_bytes=100 * (len(entries) - len(waiting)),
-        oldest_timestamp_ms=waiting[0].timestamp_ms if waiting else None, torn=torn,
+        oldest_timestamp_ms=waiting[0].timestamp_ms if waiting else None,
+        torn=torn,
     )
 
 
@@ -72,12 +84,14 @@ def run(*args):
 
 
 def test_summary_answers_how_many_wait_since_when_and_whether_one_keeps_coming_back(log_file):
-    path = log_file([
-        entry(1, state="ack"),
-        entry(2, deliveries=3, age_ms=3 * HOUR_MS + 5000),
-        entry(3, deliveries=17, age_ms=HOUR_MS),
-        entry(4),
-    ])
+    path = log_file(
+        [
+            entry(1, state="ack"),
+            entry(2, deliveries=3, age_ms=3 * HOUR_MS + 5000),
+            entry(3, deliveries=17, age_ms=HOUR_MS),
+            entry(4),
+        ]
+    )
     result = run(path)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
@@ -112,12 +126,16 @@ def test_a_torn_tail_is_reported_and_explained(log_file):
 
 
 def test_messages_lists_the_waiting_messages_with_headers_and_an_escaped_body(log_file):
-    path = log_file([
-        entry(1, state="ack", body=b"done"),
-        entry(2, deliveries=1, headers={"content-type": "text/plain", "trace": "a\nb"}, body=b"line1\nline2\x00\xff"),
-        entry(3, body="grüße".encode() + b"z" * 100),
-        entry(4, body=b""),
-    ])
+    path = log_file(
+        [
+            entry(1, state="ack", body=b"done"),
+            entry(
+                2, deliveries=1, headers={"content-type": "text/plain", "trace": "a\nb"}, body=b"line1\nline2\x00\xff"
+            ),
+            entry(3, body="grüße".encode() + b"z" * 100),
+            entry(4, body=b""),
+        ]
+    )
     result = run(path, "--messages")
     assert result.exit_code == 0, result.output
     listing = result.output.split("\n\n", 1)[1].splitlines()
@@ -145,8 +163,10 @@ def test_limit_bounds_the_listing_and_says_how_many_are_left(log_file):
 
 
 def test_json_carries_the_summary_and_the_messages(log_file):
-    path = log_file([entry(1, state="ack"), entry(2, deliveries=4, age_ms=HOUR_MS, headers={"k": "v"}, body=b"\x01hi")],
-                    torn="9 bytes at offset 700")
+    path = log_file(
+        [entry(1, state="ack"), entry(2, deliveries=4, age_ms=HOUR_MS, headers={"k": "v"}, body=b"\x01hi")],
+        torn="9 bytes at offset 700",
+    )
     result = run(path, "--json", "--messages")
     assert result.exit_code == 0, result.output
     document = json.loads(result.output)

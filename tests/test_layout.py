@@ -35,8 +35,9 @@ print(" ".join(skipped))
 
 
 def run_python(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=IMPORT_S,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=IMPORT_S, stdin=subprocess.DEVNULL
+    )
 
 
 def test_walking_the_package_imports_every_module_without_starting_anything():
@@ -48,10 +49,13 @@ def test_walking_the_package_imports_every_module_without_starting_anything():
         assert result.stdout.strip() == "", f"modules not imported: {result.stdout}"
 
 
-@pytest.mark.parametrize(("module", "absent"), [
-    ("curb.inspect", ("curb.log", "curb.server", "asyncio")),
-    ("curb.spark.logfile", ("curb.log", "curb.server")),
-])
+@pytest.mark.parametrize(
+    ("module", "absent"),
+    [
+        ("curb.inspect", ("curb.log", "curb.server", "asyncio")),
+        ("curb.spark.logfile", ("curb.log", "curb.server")),
+    ],
+)
 def test_offline_readers_import_only_the_file_format_modules(module, absent):
     """`curb inspect` and Spark's log-file reader read files: the broker's asyncio log
     (and its threads) has no business in their process."""

@@ -28,6 +28,7 @@ class Harness:
 
     def settle(self, seconds: float = 0.0) -> None:
         """Run the loop until every write is synced and checkpointed."""
+
         async def wait():
             await asyncio.sleep(seconds)
             for _ in range(2000):
@@ -35,6 +36,7 @@ class Harness:
                     return
                 await asyncio.sleep(0.001)
             raise AssertionError("log never settled")
+
         self.loop.run_until_complete(wait())
 
     def append(self, data: bytes) -> list[str | None]:

@@ -112,6 +112,7 @@ def wrap_with_a_held_message(core: Core, laps: int = 3, size: int = 900) -> Reco
 
 # ---------------------------------------------------------------- finding 1: copy-forward vs crash
 
+
 def test_a_crash_between_a_copy_and_its_checkpoint_leaves_the_message_live_once():
     """A held message copied forward, synced, then kill -9 before the checkpoint that
     retires the original: the restarted log hands the message out once, an ACK with a
@@ -120,8 +121,8 @@ def test_a_crash_between_a_copy_and_its_checkpoint_leaves_the_message_live_once(
     held = wrap_with_a_held_message(core)
     copies_before = held.offset
     core.send(body(9999, 2000))
-    core.log.flush()   # compaction copies the held message to the head
-    core.log.sync()    # the copy is durable; the checkpoint retiring the original is not
+    core.log.flush()  # compaction copies the held message to the head
+    core.log.sync()  # the copy is durable; the checkpoint retiring the original is not
     assert held.offset != copies_before or core.log.metrics is None
     restarted = core.crash("kill")
     ids = []
@@ -148,6 +149,7 @@ def test_an_ack_after_a_copy_reaches_the_live_copy_across_crashes():
 
 # ---------------------------------------------------------------- finding 2: the read cursor vs the ring wrap
 
+
 def test_reading_across_a_lap_end_never_uses_bytes_from_the_lap_before():
     """-cap 64KiB, one consumer ACKing: 64 messages whose records are exactly 1 KiB,
     then 64 one byte longer, so the second lap's pad lands where the first lap's bytes
@@ -165,6 +167,7 @@ def test_reading_across_a_lap_end_never_uses_bytes_from_the_lap_before():
 
 # ---------------------------------------------------------------- finding 3: one held message must not pin the ring
 
+
 def test_one_held_message_does_not_make_the_queue_full():
     """Nothing queued, one message held, 1,000-byte messages going through many laps:
     every one is accepted and stored; the held one is still there, once."""
@@ -178,6 +181,7 @@ def test_one_held_message_does_not_make_the_queue_full():
 
 
 # ---------------------------------------------------------------- finding 4: no hang after a restart
+
 
 def test_a_restart_after_acks_that_no_checkpoint_recorded_frees_their_room():
     """Everything ACKed (durably) within the last checkpoint interval, then kill -9:
@@ -195,13 +199,14 @@ def test_a_restart_after_acks_that_no_checkpoint_recorded_frees_their_room():
     for _ in range(n):
         core.log.ack(core.take())
     core.log.flush()
-    core.log.sync()    # the ACKs are durable; no checkpoint has named the new tail
+    core.log.sync()  # the ACKs are durable; no checkpoint has named the new tail
     core = core.crash("kill")
     answers = [core.send(body(10_000 + i, 1500)) for i in range(n // 2)]
     until(core, lambda: all(a == [None] for a in answers), rounds=10)
 
 
 # ---------------------------------------------------------------- finding 7: compaction keeps pace
+
 
 def test_compaction_moves_held_messages_in_batches_not_one_per_checkpoint():
     """A consumer holds 40 messages while the ring wraps: producers wait a few rounds
@@ -229,6 +234,7 @@ def test_compaction_moves_held_messages_in_batches_not_one_per_checkpoint():
 
 # ---------------------------------------------------------------- finding 7 (issue item 7): large messages
 
+
 def test_a_message_of_an_eighth_of_the_cap_is_stored_and_a_too_large_one_says_the_limit():
     core = Core()
     big = b"b" * (CAP // 8)
@@ -241,13 +247,14 @@ def test_a_message_of_an_eighth_of_the_cap_is_stored_and_a_too_large_one_says_th
 
 # ---------------------------------------------------------------- the suspected hazards
 
+
 def test_recovery_syncs_what_it_found_before_a_checkpoint_names_it():
     """The review suspected recovery wrote its checkpoint in the same fdatasync as the
     records it names; the order of disk calls at start-up says otherwise."""
     core = Core()
     for n in range(5):
         core.send(body(n))
-    core.log.flush()   # written, never synced: kill -9 keeps them in the page cache
+    core.log.flush()  # written, never synced: kill -9 keeps them in the page cache
     calls: list[str] = []
     disk = core.disk.crash("kill")
     real_sync, real_pwrite = disk.sync, disk.pwrite
@@ -314,12 +321,12 @@ def test_bytes_an_earlier_run_left_past_a_torn_record_never_continue_the_chain(t
     log.flush()
     disk.close()
     raw = bytearray(path.read_bytes())
-    raw[a.offset:a.offset + a.size] = bytes(a.size)   # A lost, B kept
+    raw[a.offset : a.offset + a.size] = bytes(a.size)  # A lost, B kept
     path.write_bytes(bytes(raw))
     disk = FileDisk(str(path))
     log = LogCore(disk, CAP)
     assert [log.payload(r)[1:] for r in iter(log.next_ready, None)] == [body(1)]
-    c = log.append(b"\n" + body(4))    # the same size as A: ends where B starts
+    c = log.append(b"\n" + body(4))  # the same size as A: ends where B starts
     log.flush()
     log.sync()
     assert c.offset == a.offset and c.size == a.size

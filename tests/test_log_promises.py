@@ -32,8 +32,8 @@ import stomp
 from curb.client import Client, StompError
 
 QUEUE = "/queue/work"
-ANSWER_S = 3.0      # a SEND's RECEIPT or ERROR; a healthy broker needs milliseconds
-STOP_S = 2.5        # SIGTERM to exit when nothing is left to drain
+ANSWER_S = 3.0  # a SEND's RECEIPT or ERROR; a healthy broker needs milliseconds
+STOP_S = 2.5  # SIGTERM to exit when nothing is left to drain
 STARTUP_S = 15.0
 SKIPPED = re.compile(r"skip|damage|torn|truncat|drop", re.IGNORECASE)
 LISTENING = re.compile(r"listening on ")
@@ -59,8 +59,10 @@ def store(producer: Client, payload: bytes, receipt: str, broker, headers: dict[
     try:
         producer.wait_receipt(receipt)
     except StompError as err:
-        pytest.fail(f"SEND {receipt} ({len(payload)} bytes) got no RECEIPT: {err}\n"
-                    f"broker stderr:\n{tail_of(broker.stderr_text())}")
+        pytest.fail(
+            f"SEND {receipt} ({len(payload)} bytes) got no RECEIPT: {err}\n"
+            f"broker stderr:\n{tail_of(broker.stderr_text())}"
+        )
 
 
 def store_all(broker, bodies: Sequence[bytes], headers: dict[str, str] | None = None) -> None:
@@ -80,32 +82,43 @@ class Acker(stomp.ConnectionListener):
         self.conn.ack(frame.headers["ack"])
 
 
-def subscribe(stomp_conn, port: int, prefetch: int, *, sub_id: str = "worker", acking: bool = True,
-              stderr: Callable[[], str] = lambda: ""):
+def subscribe(
+    stomp_conn,
+    port: int,
+    prefetch: int,
+    *,
+    sub_id: str = "worker",
+    acking: bool = True,
+    stderr: Callable[[], str] = lambda: "",
+):
     """A consumer whose SUBSCRIBE the broker has taken (its RECEIPT came): (conn, inbox).
     Fails at once, with the broker's `stderr()`, if the broker drops the connection instead."""
     conn, inbox = stomp_conn(port, auto_decode=False)
     if acking:
         conn.set_listener("acker", Acker(conn))
     receipt = f"sub-{sub_id}"
-    conn.subscribe(QUEUE, id=sub_id, ack="client-individual",
-                   headers={"prefetch-count": str(prefetch), "receipt": receipt})
+    conn.subscribe(
+        QUEUE, id=sub_id, ack="client-individual", headers={"prefetch-count": str(prefetch), "receipt": receipt}
+    )
     inbox.wait_for(lambda box: receipt in box.receipts or box.disconnected or bool(box.errors), receipt)
     if receipt not in inbox.receipts:
-        pytest.fail(f"SUBSCRIBE got no RECEIPT (errors {[e.headers for e in inbox.errors]}, "
-                    f"disconnected={inbox.disconnected})\nbroker stderr:\n{tail_of(stderr())}")
+        pytest.fail(
+            f"SUBSCRIBE got no RECEIPT (errors {[e.headers for e in inbox.errors]}, "
+            f"disconnected={inbox.disconnected})\nbroker stderr:\n{tail_of(stderr())}"
+        )
     return conn, inbox
 
 
 def received(inbox, count: int, stderr: Callable[[], str]) -> list:
     """The first `count` MESSAGEs; fails at once, with the broker's `stderr()`, if the
     connection ends or gets an ERROR first."""
-    inbox.wait_for(lambda box: len(box.messages) >= count or box.disconnected or bool(box.errors),
-                   f"{count} messages")
+    inbox.wait_for(lambda box: len(box.messages) >= count or box.disconnected or bool(box.errors), f"{count} messages")
     if len(inbox.messages) < count:
-        pytest.fail(f"{len(inbox.messages)} of {count} messages came, then errors "
-                    f"{[e.headers for e in inbox.errors]}, disconnected={inbox.disconnected}\n"
-                    f"broker stderr:\n{tail_of(stderr())}")
+        pytest.fail(
+            f"{len(inbox.messages)} of {count} messages came, then errors "
+            f"{[e.headers for e in inbox.errors]}, disconnected={inbox.disconnected}\n"
+            f"broker stderr:\n{tail_of(stderr())}"
+        )
     return inbox.messages[:count]
 
 
@@ -115,8 +128,9 @@ LAP_END = [932] * 64 + [933] * 64
 MIXED = random.Random(1).choices(range(100, 30000), k=300)
 
 
-@pytest.mark.parametrize("cap, sizes", [("64KiB", LAP_END), ("1MiB", MIXED)],
-                         ids=["64KiB-932-then-933", "1MiB-mixed-sizes-several-laps"])
+@pytest.mark.parametrize(
+    "cap, sizes", [("64KiB", LAP_END), ("1MiB", MIXED)], ids=["64KiB-932-then-933", "1MiB-mixed-sizes-several-laps"]
+)
 def test_a_the_end_of_a_ring_lap_does_not_wedge_the_broker(curb_broker, stomp_conn, raw, cap, sizes):
     """With content-type:text/plain a 932-byte body makes a record of exactly 1 KiB, so the
     933-byte ones end the next lap a little further on: the lap's end is read where the last
@@ -132,15 +146,16 @@ def test_a_the_end_of_a_ring_lap_does_not_wedge_the_broker(curb_broker, stomp_co
 
 # ---------------------------------------------------------------- b: a held message
 
-HELD_ROUNDS = 400   # 400 records of 1068 bytes: more than six laps of a 64KiB ring
+HELD_ROUNDS = 400  # 400 records of 1068 bytes: more than six laps of a 64KiB ring
 
 
 def test_b_one_held_message_does_not_pin_the_ring(curb_broker, stomp_conn):
     """Lock-step: each SEND is received and its ACK receipted before the next, so at most the
     held message and one other are live (about 2 KB): "queue full" can only be the log's fault."""
     broker = curb_broker(cap="64KiB")
-    holder, held = subscribe(stomp_conn, broker.port, prefetch=1, sub_id="holder", acking=False,
-                             stderr=broker.stderr_text)
+    holder, held = subscribe(
+        stomp_conn, broker.port, prefetch=1, sub_id="holder", acking=False, stderr=broker.stderr_text
+    )
     kept = b"held: delivered once, never acked"
     with Client("127.0.0.1", broker.port, timeout=ANSWER_S) as producer:
         store(producer, kept, "held", broker)
@@ -154,13 +169,14 @@ def test_b_one_held_message_does_not_pin_the_ring(curb_broker, stomp_conn):
             worker.ack(message.headers["ack"], receipt=f"a{i}")
             inbox.wait_receipt(f"a{i}")
     assert len(held.messages) == 1, "the holder's prefetch of 1 was exceeded"
-    holder.send_frame("DISCONNECT", {"receipt": "bye"})     # its wip goes back to rdy
+    holder.send_frame("DISCONNECT", {"receipt": "bye"})  # its wip goes back to rdy
     held.wait_receipt("bye")
     assert received(inbox, HELD_ROUNDS + 1, broker.stderr_text)[-1].body == kept, "the held message was lost"
     assert_no_crash(broker.stderr_text())
 
 
 # ---------------------------------------------------------------- c: restart after unrecorded ACKs
+
 
 def fill_then_ack_everything(client: Client) -> None:
     """Fill the 64KiB ring to the last live byte it allows, ACK the first two messages each
@@ -174,7 +190,7 @@ def fill_then_ack_everything(client: Client) -> None:
         acks.extend(f.headers["ack"] for f in frames if f.command == "MESSAGE")
 
     client.subscribe("fill", ack="client-individual", prefetch=1000)
-    fill = [body(i, 1000) for i in range(56)] + [body(56, 950)]   # 56 x 1068 + 1018 record bytes
+    fill = [body(i, 1000) for i in range(56)] + [body(56, 950)]  # 56 x 1068 + 1018 record bytes
     for i, payload in enumerate(fill):
         client.send(payload, receipt=f"f{i}")
     collect(client.wait_receipt(f"f{len(fill) - 1}"))
@@ -214,7 +230,7 @@ def test_c_restart_after_acks_no_checkpoint_names_answers_sends_and_stops(curb_b
     try:
         fill_then_ack_everything(client)
     except StompError as err:
-        if err.frame is None:       # no answer at all, not a refusal: that is the failure itself
+        if err.frame is None:  # no answer at all, not a refusal: that is the failure itself
             raise
     finally:
         broker.kill()
@@ -227,15 +243,16 @@ def test_c_restart_after_acks_no_checkpoint_names_answers_sends_and_stops(curb_b
         consumer.connect()
         consumer.subscribe("after", ack="client-individual", prefetch=1, headers={"receipt": "sub"})
         consumer.wait_receipt("sub")
-        answers = [answer(broker.port, body(200, 1964), "big", opened),
-                   answer(broker.port, b"tiny", "tiny", opened)]
+        answers = [answer(broker.port, body(200, 1964), "big", opened), answer(broker.port, b"tiny", "tiny", opened)]
         stopped = stop_within(broker.proc, STOP_S)
     finally:
         for c in opened:
             c.close()
     answered = all(a.startswith(("RECEIPT", "ERROR")) for a in answers)
-    assert answered and stopped, (f"SENDs after the restart got {answers}; SIGTERM: {stopped or 'no exit'}\n"
-                                  f"broker stderr:\n{tail_of(broker.stderr_text())}")
+    assert answered and stopped, (
+        f"SENDs after the restart got {answers}; SIGTERM: {stopped or 'no exit'}\n"
+        f"broker stderr:\n{tail_of(broker.stderr_text())}"
+    )
     assert_no_crash(broker.stderr_text())
 
 
@@ -253,6 +270,7 @@ def stop_within(proc: subprocess.Popen, seconds: float) -> str:
 
 # ---------------------------------------------------------------- d, e: damage in the file
 
+
 def header_fields(data: bytes | bytearray, marker: bytes) -> list[tuple[int, int]]:
     """(start, end) in the file of each field of the header line of the record whose body
     starts with `marker`."""
@@ -260,8 +278,9 @@ def header_fields(data: bytes | bytearray, marker: bytes) -> list[tuple[int, int
     assert newline > 0, f"no record with body {marker!r} in the file"
     start = data.rfind(b"\n", 0, newline) + 1
     fields = [(start + m.start(), start + m.end()) for m in re.finditer(rb"\S+", data[start:newline])]
-    assert len(fields) == 7 and data[start:start + 3] in (b"rdy", b"ack"), (
-        f"not a record header line: {bytes(data[start:newline])!r}; the log format changed, update this test")
+    assert len(fields) == 7 and data[start : start + 3] in (b"rdy", b"ack"), (
+        f"not a record header line: {bytes(data[start:newline])!r}; the log format changed, update this test"
+    )
     return fields
 
 
@@ -280,10 +299,10 @@ def test_d_damage_skipped_at_start_up_leaves_every_intact_message_deliverable(cu
     assert broker.stop() == 0
     data = bytearray(broker.file.read_bytes())
     marker = [b[:9] for b in bodies]
-    flip(data, data.find(b"\n\n" + marker[5]) + 2 + 40)              # a payload byte
-    flip(data, header_fields(data, marker[12])[LENGTH][1] - 1)         # the length's last digit
-    flip(data, header_fields(data, marker[20])[ID][1] - 1)             # the id's last digit
-    flip(data, header_fields(data, marker[27])[CRC][0])                # the CRC's first digit
+    flip(data, data.find(b"\n\n" + marker[5]) + 2 + 40)  # a payload byte
+    flip(data, header_fields(data, marker[12])[LENGTH][1] - 1)  # the length's last digit
+    flip(data, header_fields(data, marker[20])[ID][1] - 1)  # the id's last digit
+    flip(data, header_fields(data, marker[27])[CRC][0])  # the CRC's first digit
     broker.file.write_bytes(data)
     seen = len(broker.stderr_text())
     broker.start()
@@ -303,8 +322,7 @@ class Started:
     def __init__(self, argv: list[str], cwd: Path, stderr_path: Path):
         self.stderr_path = stderr_path
         with open(stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=err)
+            self.proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
 
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace")
@@ -362,9 +380,9 @@ def test_e_start_up_on_a_damaged_file_never_prints_a_traceback(curb_broker, stom
     assert broker.stop() == 0
     data = bytearray(broker.file.read_bytes())
     if damage == "length-digit":
-        flip(data, header_fields(data, body(36, 1000, b"a")[:9])[LENGTH][0])   # 0 -> 1: +256 MiB
+        flip(data, header_fields(data, body(36, 1000, b"a")[:9])[LENGTH][0])  # 0 -> 1: +256 MiB
     else:
-        del data[data.find(body(37, 1000, b"a")[:9]) + 500:]
+        del data[data.find(body(37, 1000, b"a")[:9]) + 500 :]
     broker.file.write_bytes(data)
     run = start_on(broker, damage)
     if run.proc.poll() is not None:
@@ -401,12 +419,15 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
         pytest.skip("mounting a small tmpfs needs root on Linux")
     where = tmp_path / "small"
     where.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FS_SIZE}", "tmpfs", str(where)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={FS_SIZE}", "tmpfs", str(where)], capture_output=True, text=True
+    )
     if done.returncode != 0:
-        pytest.fail(f"cannot mount a {FS_SIZE} tmpfs at {where} as root ({done.stderr.strip() or done.returncode}): "
-                    f"this test needs a small file system; run it where root may mount (e.g. not in a "
-                    f"container without CAP_SYS_ADMIN)")
+        pytest.fail(
+            f"cannot mount a {FS_SIZE} tmpfs at {where} as root ({done.stderr.strip() or done.returncode}): "
+            f"this test needs a small file system; run it where root may mount (e.g. not in a "
+            f"container without CAP_SYS_ADMIN)"
+        )
     try:
         yield where
     finally:
@@ -456,7 +477,7 @@ def test_f_a_full_disk_refuses_sends_clearly_and_room_lets_them_in_again(small_f
     filler.write_bytes(b"\0" * FILLER)
     broker = curb_broker(cap="4MiB", file=small_fs / "curb.log")
     with Client("127.0.0.1", broker.port, timeout=ANSWER_S) as producer:
-        for i in range(20):                  # 160 KB, a tenth of the free space
+        for i in range(20):  # 160 KB, a tenth of the free space
             store(producer, body(i, BIG), f"s{i}", broker)
     stored, refusal = send_until_refused(broker, 20, 400)
     assert refusal is not None, f"{len(stored) + 20} SENDs of {BIG} bytes fit in a {FS_SIZE} file system"
@@ -464,7 +485,8 @@ def test_f_a_full_disk_refuses_sends_clearly_and_room_lets_them_in_again(small_f
     filler.unlink()
     again = body(999, BIG)
     assert wait_until(lambda: store_one(broker.port, again), timeout=5), (
-        f"no SEND stored after freeing {FILLER} bytes\n{tail_of(broker.stderr_text())}")
+        f"no SEND stored after freeing {FILLER} bytes\n{tail_of(broker.stderr_text())}"
+    )
     assert broker.running()
     assert drain(broker.port) == [body(i, BIG) for i in range(20)] + stored + [again]
     assert_no_crash(broker.stderr_text())

@@ -23,8 +23,15 @@ parser = pytest.importorskip(
     "prometheus_client.parser", reason="prometheus_client (test extra) parses the exposition format"
 )
 
-GAUGES = {"rdy": 12, "wip": 3, "connections": 4, "subscriptions": 2,
-          "log_bytes": 4096, "live_bytes": 1500, "cap": 1 << 20}
+GAUGES = {
+    "rdy": 12,
+    "wip": 3,
+    "connections": 4,
+    "subscriptions": 2,
+    "log_bytes": 4096,
+    "live_bytes": 1500,
+    "cap": 1 << 20,
+}
 
 
 def parse(text: str) -> dict[str, Metric]:
@@ -49,9 +56,14 @@ def test_counters_and_gauges_render_as_typed_prometheus_families():
     families = parse(metrics.prometheus(GAUGES))
 
     counters = {
-        "curb_messages_sent": 10, "curb_messages_delivered": 8, "curb_messages_acked": 6,
-        "curb_messages_nacked": 1, "curb_messages_redelivered": 2,
-        "curb_connections_accepted": 5, "curb_protocol_errors": 6, "curb_compaction_moves": 7,
+        "curb_messages_sent": 10,
+        "curb_messages_delivered": 8,
+        "curb_messages_acked": 6,
+        "curb_messages_nacked": 1,
+        "curb_messages_redelivered": 2,
+        "curb_connections_accepted": 5,
+        "curb_protocol_errors": 6,
+        "curb_compaction_moves": 7,
     }
     for name, expected in counters.items():
         assert families[name].type == "counter"
@@ -61,8 +73,13 @@ def test_counters_and_gauges_render_as_typed_prometheus_families():
 
     assert value(families, "curb_messages", "curb_messages", state="rdy") == 12
     assert value(families, "curb_messages", "curb_messages", state="wip") == 3
-    gauges = {"curb_connections_open": 4, "curb_subscriptions": 2, "curb_log_file_bytes": 4096,
-              "curb_log_live_bytes": 1500, "curb_log_cap_bytes": 1 << 20}
+    gauges = {
+        "curb_connections_open": 4,
+        "curb_subscriptions": 2,
+        "curb_log_file_bytes": 4096,
+        "curb_log_live_bytes": 1500,
+        "curb_log_cap_bytes": 1 << 20,
+    }
     for name, expected in gauges.items():
         assert families[name].type == "gauge"
         assert value(families, name, name) == expected
@@ -98,10 +115,20 @@ def test_stats_is_one_flat_json_object_of_gauges_and_counters():
     metrics.observe_fsync(0.5)
     stats = json.loads(json.dumps(metrics.stats(GAUGES)))
     assert stats == {
-        "version": __version__, **GAUGES,
-        "sent": 9, "delivered": 0, "acked": 0, "nacked": 0, "redelivered": 0,
-        "refused_full": 0, "refused_too_large": 0, "connections_total": 0,
-        "protocol_errors": 0, "compactions": 0, "fsyncs": 1, "fsync_seconds_sum": 0.5,
+        "version": __version__,
+        **GAUGES,
+        "sent": 9,
+        "delivered": 0,
+        "acked": 0,
+        "nacked": 0,
+        "redelivered": 0,
+        "refused_full": 0,
+        "refused_too_large": 0,
+        "connections_total": 0,
+        "protocol_errors": 0,
+        "compactions": 0,
+        "fsyncs": 1,
+        "fsync_seconds_sum": 0.5,
     }
 
 
@@ -118,9 +145,9 @@ def endpoint():
             raise RuntimeError("snapshot failed")
         return dict(gauges)
 
-    server = asyncio.run_coroutine_threadsafe(
-        serve_http("127.0.0.1", 0, metrics, current_gauges), loop
-    ).result(timeout=10)
+    server = asyncio.run_coroutine_threadsafe(serve_http("127.0.0.1", 0, metrics, current_gauges), loop).result(
+        timeout=10
+    )
     yield server.sockets[0].getsockname()[1], metrics, gauges
 
     async def shut_down():
@@ -185,12 +212,15 @@ def test_head_answers_headers_without_a_body(endpoint):
     assert body == b""
 
 
-@pytest.mark.parametrize("method, path, status", [
-    ("GET", "/", 404),
-    ("GET", "/metricsx", 404),
-    ("POST", "/metrics", 405),
-    ("DELETE", "/stats", 405),
-])
+@pytest.mark.parametrize(
+    "method, path, status",
+    [
+        ("GET", "/", 404),
+        ("GET", "/metricsx", 404),
+        ("POST", "/metrics", 405),
+        ("DELETE", "/stats", 405),
+    ],
+)
 def test_other_paths_and_methods_are_refused(endpoint, method, path, status):
     port, _, _ = endpoint
     response, _ = request(port, method, path)
@@ -199,12 +229,15 @@ def test_other_paths_and_methods_are_refused(endpoint, method, path, status):
         assert response.getheader("Allow") == "GET, HEAD"
 
 
-@pytest.mark.parametrize("data", [
-    b"HELLO\r\n\r\n",
-    b"GET /metrics SPDY/3\r\n\r\n",
-    b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\n\r\n",
-    b"GET /metrics HTTP/1.1\r\n" + b"X-Many: yes\r\n" * 200 + b"\r\n",
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"HELLO\r\n\r\n",
+        b"GET /metrics SPDY/3\r\n\r\n",
+        b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\n\r\n",
+        b"GET /metrics HTTP/1.1\r\n" + b"X-Many: yes\r\n" * 200 + b"\r\n",
+    ],
+)
 def test_malformed_requests_get_400_and_the_endpoint_keeps_serving(endpoint, data):
     port, _, _ = endpoint
     assert raw_exchange(port, data).startswith(b"HTTP/1.1 400 ")
@@ -261,11 +294,18 @@ def test_counters_and_gauges_move_as_messages_flow_through_a_real_broker(curb_br
         for i in range(3):
             client.send(b"m%d" % i, receipt=f"r{i}")
         client.wait_receipt("r2")
-        scraped_until(http_port, dict([
-            counter("curb_messages_sent", 3), messages("rdy", 3), messages("wip", 0),
-            (("curb_connections_open", "curb_connections_open", ()), 1),
-            counter("curb_connections_accepted", 1),
-        ]))
+        scraped_until(
+            http_port,
+            dict(
+                [
+                    counter("curb_messages_sent", 3),
+                    messages("rdy", 3),
+                    messages("wip", 0),
+                    (("curb_connections_open", "curb_connections_open", ()), 1),
+                    counter("curb_connections_accepted", 1),
+                ]
+            ),
+        )
         families = scrape(http_port)
         assert value(families, "curb_fsync_duration_seconds", "curb_fsync_duration_seconds_count") >= 1
         assert value(families, "curb_log_live_bytes", "curb_log_live_bytes") > 0
@@ -274,10 +314,17 @@ def test_counters_and_gauges_move_as_messages_flow_through_a_real_broker(curb_br
         client.subscribe(prefetch=3)
         first, second, third = (client.receive(timeout=10) for _ in range(3))
         assert first is not None and second is not None and third is not None
-        scraped_until(http_port, dict([
-            counter("curb_messages_delivered", 3), messages("rdy", 0), messages("wip", 3),
-            (("curb_subscriptions", "curb_subscriptions", ()), 1),
-        ]))
+        scraped_until(
+            http_port,
+            dict(
+                [
+                    counter("curb_messages_delivered", 3),
+                    messages("rdy", 0),
+                    messages("wip", 3),
+                    (("curb_subscriptions", "curb_subscriptions", ()), 1),
+                ]
+            ),
+        )
         client.ack(first.headers["ack"])
         client.ack(second.headers["ack"])
         client.nack(third.headers["ack"], receipt="nacked")
@@ -287,11 +334,20 @@ def test_counters_and_gauges_move_as_messages_flow_through_a_real_broker(curb_br
         client.ack(again.headers["ack"], receipt="done")
         client.wait_receipt("done")
 
-    scraped_until(http_port, dict([
-        counter("curb_messages_sent", 3), counter("curb_messages_delivered", 4),
-        counter("curb_messages_acked", 3), counter("curb_messages_nacked", 1),
-        counter("curb_messages_redelivered", 1), messages("rdy", 0), messages("wip", 0),
-        (("curb_connections_open", "curb_connections_open", ()), 0),
-    ]))
+    scraped_until(
+        http_port,
+        dict(
+            [
+                counter("curb_messages_sent", 3),
+                counter("curb_messages_delivered", 4),
+                counter("curb_messages_acked", 3),
+                counter("curb_messages_nacked", 1),
+                counter("curb_messages_redelivered", 1),
+                messages("rdy", 0),
+                messages("wip", 0),
+                (("curb_connections_open", "curb_connections_open", ()), 0),
+            ]
+        ),
+    )
     stats = json.loads(request(http_port, "GET", "/stats")[1])
     assert (stats["sent"], stats["acked"], stats["rdy"]) == (3, 3, 0)

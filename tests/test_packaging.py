@@ -40,8 +40,18 @@ def venv(wheel, tmp_path_factory) -> Path:
     """A fresh virtual environment with only the wheel and its dependencies installed."""
     where = tmp_path_factory.mktemp("venv")
     run(sys.executable, "-m", "venv", "--without-pip", where, cwd=where)
-    run(sys.executable, "-m", "pip", "--python", where / "bin" / "python", "install", "--quiet",
-        "--disable-pip-version-check", wheel, cwd=where)
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        where / "bin" / "python",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        wheel,
+        cwd=where,
+    )
     return where
 
 
@@ -69,8 +79,12 @@ def test_installed_console_script_and_module_report_the_version(venv):
 
 
 def test_installed_package_carries_the_unit_files(venv):
-    where = run(venv / "bin" / "python", "-c",
-                "import curb, pathlib; print(pathlib.Path(curb.__file__).parent / 'units')", cwd=venv).strip()
+    where = run(
+        venv / "bin" / "python",
+        "-c",
+        "import curb, pathlib; print(pathlib.Path(curb.__file__).parent / 'units')",
+        cwd=venv,
+    ).strip()
     units = Path(where)
     assert units.is_relative_to(venv)
     for unit in UNIT_FILES:

@@ -19,8 +19,9 @@ def test_encode_then_decode_round_trips(name):
 
 
 def test_hop_headers_are_not_stored():
-    stored = payload.encode({"destination": "/q", "content-length": "1", "receipt": "r",
-                             "transaction": "t", "kept": "yes"}, b"b")
+    stored = payload.encode(
+        {"destination": "/q", "content-length": "1", "receipt": "r", "transaction": "t", "kept": "yes"}, b"b"
+    )
     assert payload.decode(stored) == ({"kept": "yes"}, b"b")
 
 

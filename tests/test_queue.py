@@ -260,9 +260,7 @@ def test_client_individual_nack_returns_only_that_message():
         ("other", 3),  # wip on c, asked by another connection
     ],
 )
-def test_ack_or_nack_of_a_message_not_wip_on_the_connection_is_an_error(
-    operation, conn, message_id
-):
+def test_ack_or_nack_of_a_message_not_wip_on_the_connection_is_an_error(operation, conn, message_id):
     queue, _ = make_queue(4)
     queue.subscribe("c", "0", "client-individual", prefetch=1)
     queue.subscribe("other", "0", "client-individual", prefetch=1)
@@ -644,11 +642,7 @@ class Model:
         for sub in self.wip.values():
             held[sub] = held.get(sub, 0) + 1
         assert all(count <= sub.prefetch for sub, count in held.items())
-        can_take = any(
-            self.writable[c]
-            and held.get(sub, 0) < sub.prefetch
-            for c, sub in self.active.items()
-        )
+        can_take = any(self.writable[c] and held.get(sub, 0) < sub.prefetch for c, sub in self.active.items())
         assert queue.has_credit() == can_take
 
     def drain(self) -> None:

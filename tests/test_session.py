@@ -22,8 +22,7 @@ def produce(stomp_conn, port: int, bodies, headers: dict[str, str] | None = None
     inbox.wait_receipt("produced")
 
 
-def consume(stomp_conn, port: int, ack: str = "client-individual", prefetch: int | None = None,
-            **conn_kwargs):
+def consume(stomp_conn, port: int, ack: str = "client-individual", prefetch: int | None = None, **conn_kwargs):
     """A subscribed consumer: (connection, inbox)."""
     conn, inbox = stomp_conn(port, **conn_kwargs)
     headers = {} if prefetch is None else {"prefetch-count": str(prefetch)}
@@ -102,8 +101,12 @@ def test_nack_redelivers_ahead_of_newer_messages(broker, stomp_conn):
 
 
 def test_content_type_and_user_headers_come_back(broker, stomp_conn):
-    produce(stomp_conn, broker.port, ['{"n": 1}'], headers={
-        "content-type": "application/json", "x-trace": "t-42", "x-odd": "a:b\\c\nd"})
+    produce(
+        stomp_conn,
+        broker.port,
+        ['{"n": 1}'],
+        headers={"content-type": "application/json", "x-trace": "t-42", "x-odd": "a:b\\c\nd"},
+    )
     _, inbox = consume(stomp_conn, broker.port)
     [message] = inbox.wait_messages(1)
     assert message.headers["content-type"] == "application/json"
@@ -151,8 +154,7 @@ def test_disconnect_gets_receipt_and_wip_goes_to_another_consumer(broker, stomp_
     produce(stomp_conn, broker.port, ["one", "two", "three"])
     client = raw(broker.port)
     client.connect()
-    client.send_frame("SUBSCRIBE", {"id": "s", "destination": QUEUE, "ack": "client-individual",
-                                    "prefetch-count": "2"})
+    client.send_frame("SUBSCRIBE", {"id": "s", "destination": QUEUE, "ack": "client-individual", "prefetch-count": "2"})
     assert [client.read_frame().body for _ in range(2)] == [b"one", b"two"]
     client.send_frame("DISCONNECT", {"receipt": "bye"})
     receipt = client.read_frame()
@@ -198,8 +200,9 @@ def test_a_consumer_that_stops_reading_gets_no_more_and_others_are_served(curb_b
     broker = curb_broker(cap="64MiB")
     stalled = raw(broker.port)
     stalled.connect()
-    stalled.send_frame("SUBSCRIBE", {"id": "s", "destination": QUEUE, "ack": "client-individual",
-                                     "prefetch-count": "10000"})
+    stalled.send_frame(
+        "SUBSCRIBE", {"id": "s", "destination": QUEUE, "ack": "client-individual", "prefetch-count": "10000"}
+    )
     count = 300
     produce(stomp_conn, broker.port, [f"{i:04d}-" + "x" * 65536 for i in range(count)])
     _, inbox = consume(stomp_conn, broker.port, prefetch=10000, auto_decode=False)
@@ -288,8 +291,9 @@ def test_count_subscription_reports_counts_at_once_and_on_change(broker, stomp_c
     counts.wait_for(lambda box: latest(box).get("rdy") == 2, "a count with rdy 2")
     conn, inbox = consume(stomp_conn, broker.port)
     held = inbox.wait_messages(2)
-    counts.wait_for(lambda box: latest(box) == {"rdy": 0, "wip": 2, "subscriptions": 1},
-                    "a count with 2 wip on 1 subscription")
+    counts.wait_for(
+        lambda box: latest(box) == {"rdy": 0, "wip": 2, "subscriptions": 1}, "a count with 2 wip on 1 subscription"
+    )
     assert (counts.messages[-1].headers["rdy"], counts.messages[-1].headers["wip"]) == ("0", "2")
     for message in held:
         conn.ack(message.headers["ack"])
@@ -297,8 +301,12 @@ def test_count_subscription_reports_counts_at_once_and_on_change(broker, stomp_c
 
 
 def test_messages_and_headers_survive_a_clean_restart(broker, stomp_conn):
-    produce(stomp_conn, broker.port, ["keep-1", "keep-2", "keep-3"], headers={
-        "content-type": "text/plain", "x-origin": "restart-test"})
+    produce(
+        stomp_conn,
+        broker.port,
+        ["keep-1", "keep-2", "keep-3"],
+        headers={"content-type": "text/plain", "x-origin": "restart-test"},
+    )
     conn, inbox = consume(stomp_conn, broker.port, prefetch=1)
     [done] = inbox.wait_messages(1)
     conn.ack(done.headers["ack"], receipt="acked")
@@ -339,8 +347,11 @@ BAD_INPUT = {
     "BEGIN": (True, b"BEGIN\ntransaction:t1\nreceipt:r-begin\n\n\0", "r-begin"),
     "COMMIT": (True, b"COMMIT\ntransaction:t1\nreceipt:r-commit\n\n\0", "r-commit"),
     "ABORT": (True, b"ABORT\ntransaction:t1\nreceipt:r-abort\n\n\0", "r-abort"),
-    "second SUBSCRIBE": (True, b"SUBSCRIBE\nid:a\ndestination:/queue/curb\n\n\0"
-                               b"SUBSCRIBE\nid:b\ndestination:/queue/curb\nreceipt:r-sub2\n\n\0", "r-sub2"),
+    "second SUBSCRIBE": (
+        True,
+        b"SUBSCRIBE\nid:a\ndestination:/queue/curb\n\n\0SUBSCRIBE\nid:b\ndestination:/queue/curb\nreceipt:r-sub2\n\n\0",
+        "r-sub2",
+    ),
     "SUBSCRIBE without id": (True, b"SUBSCRIBE\ndestination:/queue/curb\nreceipt:r-noid\n\n\0", "r-noid"),
     "ACK of an unknown id": (True, b"ACK\nid:424242\nreceipt:r-ack\n\n\0", "r-ack"),
     "NACK of an unknown id": (True, b"NACK\nid:424242\nreceipt:r-nack\n\n\0", "r-nack"),
@@ -479,8 +490,10 @@ def test_client_that_keeps_beating_stays(curb_broker, stomp_conn, raw):
 
 def test_frames_trickling_in_byte_by_byte_work(broker, stomp_conn, raw):
     client = raw(broker.port)
-    data = (b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\0"
-            b"SEND\ndestination:/queue/curb\nreceipt:slow\ncontent-length:6\n\ntrick\0\0")
+    data = (
+        b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\0"
+        b"SEND\ndestination:/queue/curb\nreceipt:slow\ncontent-length:6\n\ntrick\0\0"
+    )
     for byte in data:
         client.send(bytes([byte]))
         time.sleep(0.001)
@@ -510,10 +523,12 @@ def test_many_frames_in_one_write_work(broker, raw):
 def test_pipelined_receipts_come_in_frame_order(broker, raw):
     client = raw(broker.port)
     client.connect()
-    client.send(b"SEND\ndestination:/queue/curb\nreceipt:send-1\n\none\0"
-                b"SUBSCRIBE\nid:s\ndestination:/queue/curb\nack:client-individual\nreceipt:subscribe\n\n\0"
-                b"SEND\ndestination:/queue/curb\nreceipt:send-2\n\ntwo\0"
-                b"DISCONNECT\nreceipt:disconnect\n\n\0")
+    client.send(
+        b"SEND\ndestination:/queue/curb\nreceipt:send-1\n\none\0"
+        b"SUBSCRIBE\nid:s\ndestination:/queue/curb\nack:client-individual\nreceipt:subscribe\n\n\0"
+        b"SEND\ndestination:/queue/curb\nreceipt:send-2\n\ntwo\0"
+        b"DISCONNECT\nreceipt:disconnect\n\n\0"
+    )
     assert client.closed()
     receipts = [f.headers["receipt-id"] for f in client.frames if f.command == "RECEIPT"]
     assert receipts == ["send-1", "subscribe", "send-2", "disconnect"]

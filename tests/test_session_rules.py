@@ -81,8 +81,12 @@ class World:
     def __init__(self, heartbeat_ms: int = 0, prefetch: int = 100) -> None:
         self.log = FakeLog()
         self.later: list[Callable[[], None]] = []
-        self.broker = Broker(self.log, prefetch=prefetch, heartbeat_ms=heartbeat_ms,
-                             schedule=lambda delay, callback: self.later.append(callback))
+        self.broker = Broker(
+            self.log,
+            prefetch=prefetch,
+            heartbeat_ms=heartbeat_ms,
+            schedule=lambda delay, callback: self.later.append(callback),
+        )
 
     def run_scheduled(self) -> None:
         while self.later:
@@ -131,16 +135,35 @@ def receipts(frames: list[Frame]) -> list[str]:
 
 # ---------------------------------------------------------------- every command in every state
 
-ALL_COMMANDS = ["CONNECT", "STOMP", "SEND", "SUBSCRIBE", "UNSUBSCRIBE", "ACK", "NACK", "DISCONNECT",
-                "BEGIN", "COMMIT", "ABORT", "FROB"]
+ALL_COMMANDS = [
+    "CONNECT",
+    "STOMP",
+    "SEND",
+    "SUBSCRIBE",
+    "UNSUBSCRIBE",
+    "ACK",
+    "NACK",
+    "DISCONNECT",
+    "BEGIN",
+    "COMMIT",
+    "ABORT",
+    "FROB",
+]
 # Headers that make each command valid in the connected state set up below (a ./count
 # subscription "c" exists, so "count-1" is an id an ACK or NACK may name).
 VALID_HEADERS = {
-    "CONNECT": {"accept-version": "1.2"}, "STOMP": {"accept-version": "1.2"},
-    "SEND": {"destination": "/queue/curb"}, "SUBSCRIBE": {"id": "s", "destination": "/queue/curb"},
-    "UNSUBSCRIBE": {"id": "c"}, "ACK": {"id": "count-1"}, "NACK": {"id": "count-1"},
-    "DISCONNECT": {}, "BEGIN": {"transaction": "t"}, "COMMIT": {"transaction": "t"},
-    "ABORT": {"transaction": "t"}, "FROB": {},
+    "CONNECT": {"accept-version": "1.2"},
+    "STOMP": {"accept-version": "1.2"},
+    "SEND": {"destination": "/queue/curb"},
+    "SUBSCRIBE": {"id": "s", "destination": "/queue/curb"},
+    "UNSUBSCRIBE": {"id": "c"},
+    "ACK": {"id": "count-1"},
+    "NACK": {"id": "count-1"},
+    "DISCONNECT": {},
+    "BEGIN": {"transaction": "t"},
+    "COMMIT": {"transaction": "t"},
+    "ABORT": {"transaction": "t"},
+    "FROB": {},
 }
 
 
@@ -160,15 +183,23 @@ def in_state(state: str) -> Peer:
 # state -> command -> what the peer gets: a frame command, "ERROR <words in its message>", or None
 EXPECTED: dict[str, dict[str, str | None]] = {
     "new": {
-        "CONNECT": "CONNECTED", "STOMP": "CONNECTED",
+        "CONNECT": "CONNECTED",
+        "STOMP": "CONNECTED",
         **{c: f"ERROR {c} not allowed before CONNECT" for c in ALL_COMMANDS[2:-1]},
         "FROB": "ERROR unknown command 'FROB' before CONNECT",
     },
     "open": {
-        "CONNECT": "ERROR CONNECT not allowed after CONNECT", "STOMP": "ERROR STOMP not allowed after CONNECT",
-        "SEND": "RECEIPT", "SUBSCRIBE": "RECEIPT", "UNSUBSCRIBE": "RECEIPT", "ACK": "RECEIPT",
-        "NACK": "RECEIPT", "DISCONNECT": "RECEIPT", "BEGIN": "ERROR transactions are not supported",
-        "COMMIT": "ERROR transactions are not supported", "ABORT": "ERROR transactions are not supported",
+        "CONNECT": "ERROR CONNECT not allowed after CONNECT",
+        "STOMP": "ERROR STOMP not allowed after CONNECT",
+        "SEND": "RECEIPT",
+        "SUBSCRIBE": "RECEIPT",
+        "UNSUBSCRIBE": "RECEIPT",
+        "ACK": "RECEIPT",
+        "NACK": "RECEIPT",
+        "DISCONNECT": "RECEIPT",
+        "BEGIN": "ERROR transactions are not supported",
+        "COMMIT": "ERROR transactions are not supported",
+        "ABORT": "ERROR transactions are not supported",
         "FROB": "ERROR unknown command 'FROB' after CONNECT",
     },
     "closing": dict.fromkeys(ALL_COMMANDS),
@@ -190,7 +221,7 @@ def test_every_command_in_every_state(state, command):
     [frame] = got
     if expected.startswith("ERROR"):
         assert frame.command == "ERROR"
-        assert frame.headers["message"] == expected[len("ERROR "):]
+        assert frame.headers["message"] == expected[len("ERROR ") :]
         assert frame.headers["receipt-id"] == "r"
         assert peer.session.close_wanted == "close"
         assert not peer.session.reading
@@ -209,10 +240,16 @@ def test_frames_after_an_error_in_the_same_bytes_are_not_handled():
     assert world.log.unread == 0
 
 
-@pytest.mark.parametrize("data", [
-    b"SEND\nno-colon\n\nx\0", b"SEND\nx:a\\tb\n\nx\0", b"SEND\ncontent-length:1\n\nhello\0",
-    b"SEND\ncontent-length:-1\n\nx\0",
-], ids=["no colon", "undefined escape", "no NUL at content-length", "negative length"])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"SEND\nno-colon\n\nx\0",
+        b"SEND\nx:a\\tb\n\nx\0",
+        b"SEND\ncontent-length:1\n\nhello\0",
+        b"SEND\ncontent-length:-1\n\nx\0",
+    ],
+    ids=["no colon", "undefined escape", "no NUL at content-length", "negative length"],
+)
 def test_bad_bytes_get_one_error_and_a_close(data):
     world = World()
     peer = world.session()
@@ -385,14 +422,17 @@ def test_count_updates_wait_while_the_peer_does_not_read_and_only_the_latest_is_
 # ---------------------------------------------------------------- heart-beats on a fake clock
 
 
-@pytest.mark.parametrize(("ours", "theirs", "expected"), [
-    ((0, 0), (1000, 1000), (0.0, 0.0)),
-    ((200, 200), (0, 0), (0.0, 0.0)),
-    ((200, 200), (1000, 500), (0.5, 1.0)),
-    ((200, 200), (100, 100), (0.2, 0.2)),
-    ((0, 200), (100, 100), (0.0, 0.2)),
-    ((200, 0), (100, 100), (0.2, 0.0)),
-])
+@pytest.mark.parametrize(
+    ("ours", "theirs", "expected"),
+    [
+        ((0, 0), (1000, 1000), (0.0, 0.0)),
+        ((200, 200), (0, 0), (0.0, 0.0)),
+        ((200, 200), (1000, 500), (0.5, 1.0)),
+        ((200, 200), (100, 100), (0.2, 0.2)),
+        ((0, 200), (100, 100), (0.0, 0.2)),
+        ((200, 0), (100, 100), (0.2, 0.0)),
+    ],
+)
 def test_heart_beat_negotiation(ours, theirs, expected):
     assert heartbeat.negotiate(ours, theirs) == expected
 

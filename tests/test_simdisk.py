@@ -111,7 +111,7 @@ def test_power_loss_tears_writes_only_at_sector_boundaries():
         d.sync()
         d.pwrite(b"b" * (4 * SECTOR), 0)
         image = d.crash("power").pread(4 * SECTOR, 0)
-        sectors = [image[i:i + SECTOR] for i in range(0, len(image), SECTOR)]
+        sectors = [image[i : i + SECTOR] for i in range(0, len(image), SECTOR)]
         assert all(s in (b"a" * SECTOR, b"b" * SECTOR) for s in sectors)
         seen.add(tuple(s[0] for s in sectors))
     assert len(seen) == 16

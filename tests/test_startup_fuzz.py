@@ -57,6 +57,7 @@ CURB_DIR = Path(curb.__file__).resolve().parent
 
 # ---------------------------------------------------------------- known payloads
 
+
 def message(n: int, longest: int) -> bytes:
     """Payload n: SEND headers and a body of n-dependent length and content. Some bodies
     are binary and some hold lines that look like record headers, so that a recovery
@@ -95,6 +96,7 @@ class Known:
 
 
 # ---------------------------------------------------------------- writing the base files
+
 
 @contextlib.contextmanager
 def frozen_clock() -> Iterator[None]:
@@ -210,7 +212,7 @@ class Workload:
     def send(self, count: int) -> list:
         batch = [message(len(self.sent) + i, self.scenario.longest) for i in range(count)]
         recs = self.writer.send(batch)
-        self.sent += batch[:len(recs)]
+        self.sent += batch[: len(recs)]
         if recs:
             self.last_offset = recs[-1].offset
         return recs
@@ -291,6 +293,7 @@ def churn(w: Workload, stuck) -> tuple[bytes, frozenset[bytes]] | None:
 
 # ---------------------------------------------------------------- layout: aiming mutations
 
+
 @dataclass(frozen=True)
 class Span:
     """Bytes [start, end) of a base file."""
@@ -316,23 +319,34 @@ class Layout:
     def of(cls, data: bytes, path: str) -> Layout:
         with LogReader(path) as reader:
             entries = list(reader.entries())
-        slots = sorted((i for i in range(RING_START) if data.startswith(b"ckpt ", i)),
-                       key=lambda i: -int(data[i:i + 22].split()[1], 16))
-        spans: dict[str, list[Span]] = {"slot": [Span(i, data.index(b"\n", i)) for i in slots],
-                                        "header": [], "length": [], "payload": []}
+        slots = sorted(
+            (i for i in range(RING_START) if data.startswith(b"ckpt ", i)),
+            key=lambda i: -int(data[i : i + 22].split()[1], 16),
+        )
+        spans: dict[str, list[Span]] = {
+            "slot": [Span(i, data.index(b"\n", i)) for i in slots],
+            "header": [],
+            "length": [],
+            "payload": [],
+        }
         for e in entries:
             end = data.index(b"\n", e.offset) + 1
             spans["header"].append(Span(e.offset, end))
             spans["payload"].append(Span(end, e.offset + e.size))
-            fields = data[e.offset:end].split(b" ")
+            fields = data[e.offset : end].split(b" ")
             if len(fields) == 7:
                 at = e.offset + sum(len(f) + 1 for f in fields[:5])
                 spans["length"].append(Span(at, at + len(fields[5])))
             else:
                 spans["length"].append(Span(end, end))
         drops = [k for k in range(1, len(entries)) if entries[k].offset < entries[k - 1].offset]
-        return cls(len(data), {k: tuple(v) for k, v in spans.items()}, tuple(e.id for e in entries),
-                   tuple(e.state for e in entries), drops[0] if drops else 0)
+        return cls(
+            len(data),
+            {k: tuple(v) for k, v in spans.items()},
+            tuple(e.id for e in entries),
+            tuple(e.state for e in entries),
+            drops[0] if drops else 0,
+        )
 
     def describe(self, offset: int) -> str:
         """What the byte at `offset` of the undamaged file is, as `kind[k]+d`."""
@@ -355,6 +369,7 @@ class Layout:
 
 # ---------------------------------------------------------------- mutations
 
+
 def apply(buf: bytearray, command: str, layout: Layout) -> None:
     """Apply one mutation command (the words before any ' (' comment)."""
     words = command.split(" (")[0].split()
@@ -366,23 +381,23 @@ def apply(buf: bytearray, command: str, layout: Layout) -> None:
             buf[at] ^= 1 << int(bit)
     elif op == "zero":
         at, n = layout.resolve(args[0]), int(args[1])
-        buf[at:at + n] = bytes(len(buf[at:at + n]))
+        buf[at : at + n] = bytes(len(buf[at : at + n]))
     elif op == "cut":
-        del buf[layout.resolve(args[0]):]
+        del buf[layout.resolve(args[0]) :]
     elif op == "grow":
         buf += garbage(buf, args[0], int(args[1]), int(args[2]))
     elif op == "copy":
         src, dst, n = layout.resolve(args[0]), layout.resolve(args[1]), int(args[2])
-        chunk = bytes(buf[src:src + n])
-        buf[dst:dst + len(chunk)] = chunk[:max(0, len(buf) - dst)]
+        chunk = bytes(buf[src : src + n])
+        buf[dst : dst + len(chunk)] = chunk[: max(0, len(buf) - dst)]
     elif op == "swap":
         a, b, n = layout.resolve(args[0]), layout.resolve(args[1]), int(args[2])
-        first, second = bytes(buf[a:a + n]), bytes(buf[b:b + n])
+        first, second = bytes(buf[a : a + n]), bytes(buf[b : b + n])
         if len(first) == len(second) == n:
-            buf[a:a + n], buf[b:b + n] = second, first
+            buf[a : a + n], buf[b : b + n] = second, first
     elif op == "set":
         at, text = layout.resolve(args[0]), args[1].encode()
-        buf[at:at + len(text)] = text[:max(0, len(buf) - at)]
+        buf[at : at + len(text)] = text[: max(0, len(buf) - at)]
     else:
         raise ValueError(f"unknown mutation {command!r}")
 
@@ -394,7 +409,7 @@ def garbage(buf: bytearray, kind: str, n: int, seed: int) -> bytes:
     if kind == "zeros":
         return bytes(n)
     start = seed % max(1, len(buf) - RING_START) + RING_START
-    return bytes(buf[start:start + n])
+    return bytes(buf[start : start + n])
 
 
 def pick_offset(rng: random.Random, layout: Layout, size: int) -> int:
@@ -465,8 +480,13 @@ def mutate_length(rng: random.Random, layout: Layout, size: int) -> list[str]:
 
 
 MUTATORS: tuple[tuple[Callable[[random.Random, Layout, int], list[str]], int], ...] = (
-    (mutate_flip, 6), (mutate_zero, 2), (mutate_cut, 2), (mutate_grow, 1),
-    (mutate_sectors, 2), (mutate_shuffle, 1), (mutate_length, 1),
+    (mutate_flip, 6),
+    (mutate_zero, 2),
+    (mutate_cut, 2),
+    (mutate_grow, 1),
+    (mutate_sectors, 2),
+    (mutate_shuffle, 1),
+    (mutate_length, 1),
 )
 
 
@@ -507,6 +527,7 @@ def mutated(base: Base, commands: Iterable[str]) -> bytearray:
 
 # ---------------------------------------------------------------- one start-up, judged
 
+
 class Hung(BaseException):
     """A case ran past CASE_SECONDS: start-up, delivery or the reader does not end.
     (Not an Exception, so that no `except Exception` on the way swallows it.)"""
@@ -516,8 +537,10 @@ class Hung(BaseException):
 def deadline(seconds: float) -> Iterator[None]:
     """Raise Hung in the main thread if the body runs too long (a loop that never ends
     is a failure too, and must not stall the suite)."""
+
     def alarm(signum, frame):
         raise Hung(f"still running after {seconds}s")
+
     old = signal.signal(signal.SIGALRM, alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
@@ -546,8 +569,11 @@ class Broken(Exception):
 def where(exc: BaseException) -> str:
     """The two innermost curb functions on the exception's traceback ('caller > callee'):
     with the exception's type, the failure's class, stable across line-number changes."""
-    inside = [f"{Path(f.filename).stem}.{f.name}" for f in traceback.extract_tb(exc.__traceback__)
-              if Path(f.filename).resolve().parent == CURB_DIR]
+    inside = [
+        f"{Path(f.filename).stem}.{f.name}"
+        for f in traceback.extract_tb(exc.__traceback__)
+        if Path(f.filename).resolve().parent == CURB_DIR
+    ]
     return " > ".join(inside[-2:]) or "the test"
 
 
@@ -621,8 +647,7 @@ def send_one_more(log: Log, loop: asyncio.AbstractEventLoop) -> None:
         loop.run_until_complete(asyncio.wait_for(answer, 1.0))
 
 
-def start_up(path: str, cap: int, known: Known, loop: asyncio.AbstractEventLoop,
-             acks: int, phase: str) -> Outcome:
+def start_up(path: str, cap: int, known: Known, loop: asyncio.AbstractEventLoop, acks: int, phase: str) -> Outcome:
     """Open the log, drain it, ack the first `acks` (a few: close() waits for their
     sync) and send one more message, and close it."""
     try:
@@ -729,8 +754,9 @@ class Tally:
 
     def report(self, shown: int = 3) -> str:
         """Counts, then each failure class with its simplest cases, one per kind of damage."""
-        lines = [f"{self.cases} cases: {self.recovered} recovered, {self.refused} refused cleanly, "
-                 f"{self.failed} failed"]
+        lines = [
+            f"{self.cases} cases: {self.recovered} recovered, {self.refused} refused cleanly, {self.failed} failed"
+        ]
         for cls, cases in sorted(self.failures.items(), key=lambda kv: -len(kv[1])):
             lines.append(f"  {len(cases)} x {cls}")
             lines += [f"      {case}" for case in examples(cases, shown)]
@@ -776,6 +802,7 @@ def run_seeds(seeds: Iterable[int], bases: dict[str, Base], workdir: str) -> Tal
 
 
 # ---------------------------------------------------------------- the tests
+
 
 @pytest.fixture(scope="module")
 def bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Base]:
@@ -844,6 +871,7 @@ def test_fuzzed_startup_recovers_or_refuses(bases: dict[str, Base], runner: Runn
 
 # ---------------------------------------------------------------- fixed failure classes
 
+
 @dataclass(frozen=True)
 class Fixed:
     """A failure class the fuzzing found, spelled out: the damage (aimed by `kind[k]+d`,
@@ -861,26 +889,51 @@ FIXED = (
     # The wrapped part of the region, [tail, end of ring), is skimmed by record headers
     # alone; a length one flipped bit makes 32 MiB longer sends the skim past the end of
     # the file, where it indexes an empty read: IndexError in Scan._skim.
-    Fixed("flipped-length-digit-sends-the-skim-past-the-end", 1433, "flip 55750.1 (length[9]+1)",
-          "ring64-moved", ("flip length[9]+1.1",)),
+    Fixed(
+        "flipped-length-digit-sends-the-skim-past-the-end",
+        1433,
+        "flip 55750.1 (length[9]+1)",
+        "ring64-moved",
+        ("flip length[9]+1.1",),
+    ),
     # A file cut short inside the wrapped part of the region: the same skim reads past
     # the new end of the file.
-    Fixed("truncation-inside-the-wrapped-region", 68, "cut 59854 (payload[86]+168)",
-          "ring64-closed", ("cut payload[86]+168",)),
+    Fixed(
+        "truncation-inside-the-wrapped-region",
+        68,
+        "cut 59854 (payload[86]+168)",
+        "ring64-closed",
+        ("cut payload[86]+168",),
+    ),
     # Start-up skips a zeroed sector (it finds the next intact record), but the read
     # cursor parses the same bytes again with no damage handling: FormatError from
     # next_ready, on the first delivery that reaches it.
-    Fixed("zeroed-sector-skipped-at-start-up-kills-delivery", 665, "zero 33280 512 (payload[105]+2)",
-          "ring64-moved", ("zero payload[105]+2 512",)),
+    Fixed(
+        "zeroed-sector-skipped-at-start-up-kills-delivery",
+        665,
+        "zero 33280 512 (payload[105]+2)",
+        "ring64-moved",
+        ("zero payload[105]+2 512",),
+    ),
     # The same with a flipped length digit where start-up checks every CRC: start-up
     # skips the record, the cursor follows the length (2 MiB too long) off the file.
-    Fixed("flipped-length-digit-skipped-at-start-up-kills-delivery", 157, "flip 21490.1 (length[81]+2)",
-          "ring64-moved", ("flip length[81]+2.1",)),
+    Fixed(
+        "flipped-length-digit-skipped-at-start-up-kills-delivery",
+        157,
+        "flip 21490.1 (length[81]+2)",
+        "ring64-moved",
+        ("flip length[81]+2.1",),
+    ),
     # A flipped timestamp digit in the oldest waiting record, in the skimmed part: the
     # skim never parses the timestamp, then LogReader.summary() does (for the oldest
     # message's age) and raises FormatError; delivery fails on it too.
-    Fixed("flipped-time-digit-of-the-oldest-message", 15872, "flip 22633.5 (header[0]+46)",
-          "ring64-closed", ("flip header[0]+46.5",)),
+    Fixed(
+        "flipped-time-digit-of-the-oldest-message",
+        15872,
+        "flip 22633.5 (header[0]+46)",
+        "ring64-closed",
+        ("flip header[0]+46.5",),
+    ),
 )
 
 
@@ -891,8 +944,9 @@ def test_fixed_damage(bases: dict[str, Base], runner: Runner, fixed: Fixed):
     case = Case(fixed.seed, fixed.base, base.cap, fixed.commands)
     outcome = runner.run(case)
     if outcome.failures:
-        pytest.fail("\n".join([f"{case}  (found as {fixed.found})", *outcome.failures, outcome.traces[-1]]),
-                    pytrace=False)
+        pytest.fail(
+            "\n".join([f"{case}  (found as {fixed.found})", *outcome.failures, outcome.traces[-1]]), pytrace=False
+        )
 
 
 # ---------------------------------------------------------------- memory
@@ -935,10 +989,17 @@ def in_a_small_address_space(what: str, data: bytes, cap: int, workdir: Path) ->
     the allocation here; under a limit, as in a container, it is a MemoryError."""
     path = workdir / "huge.log"
     path.write_bytes(data)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(CURB_DIR.parent),
-                                                                    os.environ.get("PYTHONPATH")])))
-    return subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(path), str(cap), str(MEMORY_LIMIT), what],
-                          cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(CURB_DIR.parent), os.environ.get("PYTHONPATH")]))
+    )
+    return subprocess.run(
+        [sys.executable, "-c", MEMORY_CHILD, str(path), str(cap), str(MEMORY_LIMIT), what],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("what", ["reader", "start-up"])

@@ -139,9 +139,16 @@ def test_unit_files_pass_systemd_analyze_verify(tmp_path):
     _verifiable_copy("curb@.service", tmp_path)
     _verifiable_copy("curb@.socket", tmp_path)
     result = subprocess.run(
-        ["systemd-analyze", "verify", "--man=no",
-         str(tmp_path / "curb@orders.service"), str(tmp_path / "curb@orders.socket")],
-        capture_output=True, text=True, timeout=60,
+        [
+            "systemd-analyze",
+            "verify",
+            "--man=no",
+            str(tmp_path / "curb@orders.service"),
+            str(tmp_path / "curb@orders.socket"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={**os.environ, "SYSTEMD_UNIT_PATH": f"{tmp_path}:"},
     )
     assert result.returncode == 0, result.stderr
@@ -162,8 +169,9 @@ def env_without_notify_socket() -> dict[str, str]:
 
 def start_curb(argv: list[str], stderr: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     with open(stderr, "wb") as err:
-        return subprocess.Popen(argv, cwd=stderr.parent, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=err)
+        return subprocess.Popen(
+            argv, cwd=stderr.parent, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err
+        )
 
 
 def test_ready_comes_after_recovery_and_stopping_on_sigterm(curb_broker, notify_socket, tmp_path):
@@ -200,9 +208,22 @@ def test_ready_comes_after_recovery_and_stopping_on_sigterm(curb_broker, notify_
 )
 def test_socket_activation_serves_a_stomp_client_on_the_passed_socket(tmp_path, stomp_conn):
     port, ignored, stderr = free_port(), free_port(), tmp_path / "activated.stderr"
-    proc = start_curb(["systemd-socket-activate", "-l", f"127.0.0.1:{port}",
-                       *CURB, "-cap", "1MiB", "-addr", f"127.0.0.1:{ignored}", "-file", str(tmp_path / "q.log")],
-                      stderr, env=env_without_notify_socket())
+    proc = start_curb(
+        [
+            "systemd-socket-activate",
+            "-l",
+            f"127.0.0.1:{port}",
+            *CURB,
+            "-cap",
+            "1MiB",
+            "-addr",
+            f"127.0.0.1:{ignored}",
+            "-file",
+            str(tmp_path / "q.log"),
+        ],
+        stderr,
+        env=env_without_notify_socket(),
+    )
     try:
         assert wait_until(lambda: f"Listening on 127.0.0.1:{port}" in stderr.read_text(), STARTUP_S)
         conn, inbox = stomp_conn(port)

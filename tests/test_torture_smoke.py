@@ -18,9 +18,26 @@ TORTURE = Path(__file__).with_name("torture.py")
 @pytest.mark.slow
 def test_three_kill_cycles_at_256kib_keep_every_promise(tmp_path: Path, free_port: Callable[[], int]) -> None:
     result = subprocess.run(
-        [sys.executable, str(TORTURE), "--cycles", "3", "--cap", "256KiB", "--seed", "7",
-         "--port", str(free_port()), "--dir", str(tmp_path), "--json", "--quiet"],
-        capture_output=True, text=True, timeout=90)
+        [
+            sys.executable,
+            str(TORTURE),
+            "--cycles",
+            "3",
+            "--cap",
+            "256KiB",
+            "--seed",
+            "7",
+            "--port",
+            str(free_port()),
+            "--dir",
+            str(tmp_path),
+            "--json",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert result.stdout.strip(), result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     shown = json.dumps(summary, indent=1)

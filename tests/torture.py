@@ -50,24 +50,24 @@ from curb.client import Client, StompError
 HOST = "127.0.0.1"
 PRODUCERS = 2
 CONSUMERS = 2
-WINDOW = 32                      # SENDs awaiting their RECEIPT per producer
-PREFETCHES = (4, 32, 128)        # a consumer picks one per connection
+WINDOW = 32  # SENDs awaiting their RECEIPT per producer
+PREFETCHES = (4, 32, 128)  # a consumer picks one per connection
 NACK_SHARE = 0.03
 HOLD_SHARE = 0.05
 HOLD_S = (0.2, 2.5)
 KILL_AFTER_S = (0.3, 3.0)
-REFUSED_PAUSE_S = (0.05, 0.3)    # a producer's pause after "queue full"
+REFUSED_PAUSE_S = (0.05, 0.3)  # a producer's pause after "queue full"
 RECONNECT_PAUSE_S = 0.1
 CLIENT_TIMEOUT_S = 5.0
 STARTUP_S = 15.0
 JOIN_S = 15.0
-RUN_LIMIT_S = 30.0               # a worker stops by itself this long after its run began
+RUN_LIMIT_S = 30.0  # a worker stops by itself this long after its run began
 WATCH_EVERY_S = 0.05
 DRAIN_PREFETCH = 500
 DRAIN_S = 300.0
 QUIET_S = 1.0
 EXAMPLES = 5
-HISTORY = 6                      # deliveries remembered per message, for the examples
+HISTORY = 6  # deliveries remembered per message, for the examples
 ID_HEADER = "torture-id"
 LOG_NAME = "curb.log"
 STDERR_NAME = "curb.stderr"
@@ -90,7 +90,7 @@ def body_for(msg_id: str) -> bytes:
     """A body that names its message and has a length of its own (0-399 bytes of filler),
     so that a delivery proves which SEND it is and that it came back intact."""
     filler = (msg_id.encode() + b".") * 400
-    return msg_id.encode() + b"|" + filler[:zlib.crc32(msg_id.encode()) % 400]
+    return msg_id.encode() + b"|" + filler[: zlib.crc32(msg_id.encode()) % 400]
 
 
 def id_of(body: bytes, header: str | None) -> str | None:
@@ -119,12 +119,13 @@ class Ledger:
         self.receipted: set[str] = set()
         self.refused: set[str] = set()
         self.acks_sent: set[str] = set()
-        self.ack_receipts: dict[str, str] = {}     # message id -> connection that got the RECEIPT
-        self.holders: dict[str, str] = {}          # message id -> connection holding it unNACKed
-        self.history: dict[str, list[str]] = {}    # message id -> its first deliveries
+        self.ack_receipts: dict[str, str] = {}  # message id -> connection that got the RECEIPT
+        self.holders: dict[str, str] = {}  # message id -> connection holding it unNACKed
+        self.history: dict[str, list[str]] = {}  # message id -> its first deliveries
         self.counts = dict.fromkeys(("delivered", "redelivered", "acked", "nacked"), 0)
-        self.problems: dict[str, list[str]] = {name: [] for name in (
-            "resurrections", "duplicates", "corrupt", "stored_refused", "unexpected_errors")}
+        self.problems: dict[str, list[str]] = {
+            name: [] for name in ("resurrections", "duplicates", "corrupt", "stored_refused", "unexpected_errors")
+        }
         self.problem_counts = dict.fromkeys(self.problems, 0)
         self.resurrected: set[str] = set()
         self.resets = 0
@@ -162,25 +163,34 @@ class Ledger:
         returns the key its ACK is tracked by."""
         msg_id = id_of(body, headers.get(ID_HEADER))
         note = f"run {conn.split('/')[0]} to {conn} as message-id {headers.get('message-id')}" + (
-            f" (redelivered, curb-deliveries {headers.get('curb-deliveries')})" if "redelivered" in headers else "")
+            f" (redelivered, curb-deliveries {headers.get('curb-deliveries')})" if "redelivered" in headers else ""
+        )
         with self.lock:
             self.counts["delivered"] += 1
             self.counts["redelivered"] += "redelivered" in headers
             if msg_id is None or msg_id not in self.sent:
                 key = f"?{headers.get('message-id')}"
-                self.problem("corrupt", f"{conn} got message-id {headers.get('message-id')} "
-                                        f"{ID_HEADER} {headers.get(ID_HEADER)!r}, body {body[:60]!r}")
+                self.problem(
+                    "corrupt",
+                    f"{conn} got message-id {headers.get('message-id')} "
+                    f"{ID_HEADER} {headers.get(ID_HEADER)!r}, body {body[:60]!r}",
+                )
                 return key
             seen = self.history.setdefault(msg_id, [])
             if msg_id in self.refused:
                 self.problem("stored_refused", f"{msg_id}: refused as queue full, delivered {note}")
             if msg_id in self.ack_receipts:
                 self.resurrected.add(msg_id)
-                self.problem("resurrections", f"{msg_id}: ACK receipted on {self.ack_receipts[msg_id]}, "
-                                              f"delivered again {note}; before: {'; '.join(seen)}")
+                self.problem(
+                    "resurrections",
+                    f"{msg_id}: ACK receipted on {self.ack_receipts[msg_id]}, "
+                    f"delivered again {note}; before: {'; '.join(seen)}",
+                )
             elif self.holders.get(msg_id, "").split("/")[0] == conn.split("/")[0]:
-                self.problem("duplicates", f"{msg_id}: held by {self.holders[msg_id]} (not NACKed, "
-                                           f"connection up), delivered again {note}")
+                self.problem(
+                    "duplicates",
+                    f"{msg_id}: held by {self.holders[msg_id]} (not NACKed, connection up), delivered again {note}",
+                )
             self.holders[msg_id] = conn
             if len(seen) < HISTORY:
                 seen.append(note)
@@ -224,7 +234,8 @@ class Ledger:
     def lost_example(self, msg_id: str) -> str:
         deliveries = self.history.get(msg_id)
         return f"{msg_id}: SEND receipted; " + (
-            f"delivered {'; '.join(deliveries)}, never ACKed" if deliveries else "never delivered")
+            f"delivered {'; '.join(deliveries)}, never ACKed" if deliveries else "never delivered"
+        )
 
 
 class Run:
@@ -300,7 +311,7 @@ class Producer(Worker):
                 self.ledger.unexpected(conn, f"RECEIPT for {msg_id!r}, which was not awaited")
 
     def refused(self, err: Exception) -> bool:
-        """"queue full" is the cap working: note which SEND it was, pause, send again.
+        """ "queue full" is the cap working: note which SEND it was, pause, send again.
         It comes at once ("queue full"), or once the log finds no room while writing
         ("message not stored", with "queue full" in the body), or is lost to a reset
         (see the module docstring)."""
@@ -310,7 +321,8 @@ class Producer(Worker):
         elif frame is None:
             return False
         elif frame.headers.get("message") == "queue full" or (
-                frame.headers.get("message") == "message not stored" and frame.body.startswith(b"queue full")):
+            frame.headers.get("message") == "message not stored" and frame.body.startswith(b"queue full")
+        ):
             self.ledger.send_refused(frame.headers.get("receipt-id", "?"))
         else:
             return False
@@ -322,8 +334,8 @@ class Consumer(Worker):
     """ACKs with a receipt each; holds some messages a while first and NACKs a few."""
 
     def session(self, client: Client, conn: str) -> None:
-        self.held: list[tuple[float, int, str, str]] = []   # (due, tiebreak, ack id, message id)
-        self.pending: dict[str, tuple[str, str]] = {}       # receipt id -> (ACK or NACK, message id)
+        self.held: list[tuple[float, int, str, str]] = []  # (due, tiebreak, ack id, message id)
+        self.pending: dict[str, tuple[str, str]] = {}  # receipt id -> (ACK or NACK, message id)
         self.n = 0
         client.subscribe("q", ack="client-individual", prefetch=self.rng.choice(PREFETCHES))
         while not self.life.over():
@@ -344,7 +356,7 @@ class Consumer(Worker):
     def on_message(self, client: Client, headers: dict[str, str], body: bytes, conn: str) -> None:
         msg_id = self.ledger.delivered(conn, headers, body)
         if self.life.killed.is_set():
-            return   # an ACK written now cannot arrive, yet would count as sent
+            return  # an ACK written now cannot arrive, yet would count as sent
         ack_id = headers.get("ack", "")
         roll = self.rng.random()
         if roll < NACK_SHARE:
@@ -384,11 +396,11 @@ class BrokerProcess:
     def start(self) -> str | None:
         """Start and wait for `listening on`; None when ready, else why not (with stderr)."""
         seen = self.stderr_path.stat().st_size if self.stderr_path.exists() else 0
-        argv = [sys.executable, "-m", "curb", "-cap", self.cap, "-addr", f"{HOST}:{self.port}",
-                "-file", str(self.file)]
+        argv = [sys.executable, "-m", "curb", "-cap", self.cap, "-addr", f"{HOST}:{self.port}", "-file", str(self.file)]
         with open(self.stderr_path, "ab") as err:
-            self.proc = subprocess.Popen(argv, cwd=self.workdir, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=err)
+            self.proc = subprocess.Popen(
+                argv, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err
+            )
         deadline = time.monotonic() + STARTUP_S
         while time.monotonic() < deadline and self.proc.poll() is None:
             if _LISTENING.search(self.stderr_text()[seen:]):
@@ -515,7 +527,7 @@ def stderr_report(text: str) -> dict[str, object]:
     lines = text.splitlines()
     run, odd = 0, 0
     torn: list[str] = []
-    groups: dict[str, list[int]] = {}   # line -> [count, first run]
+    groups: dict[str, list[int]] = {}  # line -> [count, first run]
     for line in lines:
         run += line.startswith("curb: listening on ")
         if line.startswith("curb: recovered ") and "; " in line:
@@ -526,9 +538,14 @@ def stderr_report(text: str) -> dict[str, object]:
         if not line[:1].isspace() and not line.startswith(_STACK_LINES):
             groups.setdefault(_VARYING.sub("...", line), [0, max(run, 1)])[0] += 1
     top = sorted(groups.items(), key=lambda item: -item[1][0])[:EXAMPLES]
-    return {"lines": len(lines), "refusals": sum(line.endswith(refusals) for line in lines),
-            "torn_recoveries": len(torn), "torn_examples": torn[:EXAMPLES], "odd_lines": odd,
-            "odd_examples": [f"{count}x {line} (first in run {first})" for line, (count, first) in top]}
+    return {
+        "lines": len(lines),
+        "refusals": sum(line.endswith(refusals) for line in lines),
+        "torn_recoveries": len(torn),
+        "torn_examples": torn[:EXAMPLES],
+        "odd_lines": odd,
+        "odd_examples": [f"{count}x {line} (first in run {first})" for line, (count, first) in top],
+    }
 
 
 def torture(cycles: int, cap: str, seed: str, port: int, workdir: Path, progress: bool) -> dict[str, object]:
@@ -546,8 +563,11 @@ def torture(cycles: int, cap: str, seed: str, port: int, workdir: Path, progress
         failure = one_cycle(number, broker, ledger, seed, rng)
         done = number if failure is None else number - 1
         if progress and (number % 10 == 0 or number == cycles):
-            print(f"torture: cycle {number}/{cycles}, {len(ledger.receipted)} SENDs receipted, "
-                  f"{ledger.counts['delivered']} delivered, {time.monotonic() - began:.0f}s", file=sys.stderr)
+            print(
+                f"torture: cycle {number}/{cycles}, {len(ledger.receipted)} SENDs receipted, "
+                f"{ledger.counts['delivered']} delivered, {time.monotonic() - began:.0f}s",
+                file=sys.stderr,
+            )
     if failure is None:
         failure = drain(broker.port, ledger, cycles + 1)
     if failure is None:
@@ -559,12 +579,24 @@ def torture(cycles: int, cap: str, seed: str, port: int, workdir: Path, progress
     failures += [stopped] if (stopped := broker.stop()) else []
     broker.kill()
     ledger.saw_file(broker.file)
-    return summarize(ledger, failures, drained, cycles, done, cap, seed, port, workdir, broker,
-                     time.monotonic() - began)
+    return summarize(
+        ledger, failures, drained, cycles, done, cap, seed, port, workdir, broker, time.monotonic() - began
+    )
 
 
-def summarize(ledger: Ledger, failures: list[str], drained: bool, cycles: int, done: int, cap: str, seed: str,
-              port: int, workdir: Path, broker: BrokerProcess, seconds: float) -> dict[str, object]:
+def summarize(
+    ledger: Ledger,
+    failures: list[str],
+    drained: bool,
+    cycles: int,
+    done: int,
+    cap: str,
+    seed: str,
+    port: int,
+    workdir: Path,
+    broker: BrokerProcess,
+    seconds: float,
+) -> dict[str, object]:
     """Figures and verdict in one dict (one JSON line with --json); `lost` needs a
     completed drain, since until then a message may still be waiting."""
     cap_bytes = parse_size(cap)
@@ -577,17 +609,32 @@ def summarize(ledger: Ledger, failures: list[str], drained: bool, cycles: int, d
     broken = len(lost) + sum(ledger.problem_counts.values())
     return {
         "ok": not failures and not broken,
-        "cycles": cycles, "cycles_done": done, "seed": seed, "cap": cap, "cap_bytes": cap_bytes, "port": port,
-        "sent": len(ledger.sent), "receipted": len(ledger.receipted), "refused_full": len(ledger.refused),
-        "delivered": ledger.counts["delivered"], "redelivered": ledger.counts["redelivered"],
-        "acked": ledger.counts["acked"], "ack_receipted": len(ledger.ack_receipts),
+        "cycles": cycles,
+        "cycles_done": done,
+        "seed": seed,
+        "cap": cap,
+        "cap_bytes": cap_bytes,
+        "port": port,
+        "sent": len(ledger.sent),
+        "receipted": len(ledger.receipted),
+        "refused_full": len(ledger.refused),
+        "delivered": ledger.counts["delivered"],
+        "redelivered": ledger.counts["redelivered"],
+        "acked": ledger.counts["acked"],
+        "ack_receipted": len(ledger.ack_receipts),
         "nacked": ledger.counts["nacked"],
-        "lost": len(lost), **ledger.problem_counts, "resurrected_messages": len(ledger.resurrected),
-        "acked_unconfirmed": len(ledger.acks_sent - ledger.ack_receipts.keys()), "resets": ledger.resets,
-        "max_file_bytes": ledger.max_size, "max_disk_bytes": ledger.max_blocks,
-        "seconds": round(seconds, 1), "dir": str(workdir),
+        "lost": len(lost),
+        **ledger.problem_counts,
+        "resurrected_messages": len(ledger.resurrected),
+        "acked_unconfirmed": len(ledger.acks_sent - ledger.ack_receipts.keys()),
+        "resets": ledger.resets,
+        "max_file_bytes": ledger.max_size,
+        "max_disk_bytes": ledger.max_blocks,
+        "seconds": round(seconds, 1),
+        "dir": str(workdir),
         "broker_stderr": stderr_report(broker.stderr_text()),
-        "failures": failures, "examples": examples,
+        "failures": failures,
+        "examples": examples,
     }
 
 
@@ -625,8 +672,12 @@ def parse_args(argv: Iterable[str]) -> argparse.Namespace:
     parser.add_argument("--cap", default="256KiB", help="the broker's -cap (default 256KiB)")
     parser.add_argument("--seed", default=None, help="seed for the random choices (default: a fresh one)")
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
-    parser.add_argument("--dir", type=Path, default=None,
-                        help="make the working directory (log file, broker stderr) in here and keep it")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="make the working directory (log file, broker stderr) in here and keep it",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(list(argv))

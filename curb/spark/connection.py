@@ -25,8 +25,14 @@ def reporting(endpoint: Endpoint, doing: str) -> Iterator[None]:
 def open_client(endpoint: Endpoint, connection: Connection) -> Client:
     """A connected client. Heart-beats are asked of the broker only: between Spark's calls the
     connector is silent for as long as a batch runs, so it promises none itself."""
-    client = Client(endpoint.host, endpoint.port, login=connection.login, passcode=connection.passcode,
-                    heartbeat=(0, connection.heartbeat_ms), timeout=connection.timeout_s)
+    client = Client(
+        endpoint.host,
+        endpoint.port,
+        login=connection.login,
+        passcode=connection.passcode,
+        heartbeat=(0, connection.heartbeat_ms),
+        timeout=connection.timeout_s,
+    )
     with reporting(endpoint, "connecting (option 'endpoints')"):
         client.connect()
     return client

@@ -52,5 +52,7 @@ def _reads_files(options: Mapping[str, str]) -> bool:
 
 def _refuse_overwrite(overwrite: bool) -> None:
     if overwrite:
-        raise ValueError("curb sink: a queue can only be appended to; use mode('append') "
-                         "(or outputMode('append') / 'update' in a streaming query)")
+        raise ValueError(
+            "curb sink: a queue can only be appended to; use mode('append') "
+            "(or outputMode('append') / 'update' in a streaming query)"
+        )

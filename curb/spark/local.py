@@ -25,13 +25,16 @@ def local_spark(app: str, cores: int = 2) -> SparkSession:
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    spark = (SparkSession.builder.master(f"local[{cores}]").appName(app)
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", str(cores))
-             .getOrCreate())
+    spark = (
+        SparkSession.builder.master(f"local[{cores}]")
+        .appName(app)
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(cores))
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(CurbDataSource)
     return spark

@@ -29,9 +29,20 @@ class LogFileReader(DataSourceReader):
         columns: list[list] = [[] for _ in LOG_SCHEMA.fields]
         with LogReader(path) as log:
             for entry in log.entries():
-                for column, value in zip(columns, (path, entry.id, entry.state, entry.deliveries,
-                                                   entry.timestamp_ms * 1000, entry.offset, entry.headers,
-                                                   entry.body), strict=True):
+                for column, value in zip(
+                    columns,
+                    (
+                        path,
+                        entry.id,
+                        entry.state,
+                        entry.deliveries,
+                        entry.timestamp_ms * 1000,
+                        entry.offset,
+                        entry.headers,
+                        entry.body,
+                    ),
+                    strict=True,
+                ):
                     column.append(value)
                 if len(columns[0]) == ROWS_PER_BATCH:
                     yield record_batch(LOG_SCHEMA, columns)

@@ -68,16 +68,20 @@ def parse_endpoint(text: str) -> Endpoint:
     except ValueError as err:
         raise OptionError(f"curb option 'endpoints': {item!r} is not HOST:PORT ({err})") from None
     if host is None or port == 0:
-        raise OptionError(f"curb option 'endpoints': {item!r} is not HOST:PORT (a client needs a host and a "
-                          "port from 1 to 65535, for example 127.0.0.1:61613)")
+        raise OptionError(
+            f"curb option 'endpoints': {item!r} is not HOST:PORT (a client needs a host and a "
+            "port from 1 to 65535, for example 127.0.0.1:61613)"
+        )
     return Endpoint(host, port, item)
 
 
 def parse_endpoints(options: Mapping[str, str]) -> tuple[Endpoint, ...]:
     text = _lowered(options).get("endpoints", "")
     if not text.strip():
-        raise OptionError("curb option 'endpoints' is required: a comma-separated list of HOST:PORT, "
-                          "for example .option('endpoints', 'host1:61613,host2:61613')")
+        raise OptionError(
+            "curb option 'endpoints' is required: a comma-separated list of HOST:PORT, "
+            "for example .option('endpoints', 'host1:61613,host2:61613')"
+        )
     endpoints = tuple(parse_endpoint(item) for item in text.split(","))
     labels = [endpoint.label for endpoint in endpoints]
     repeated = sorted({label for label in labels if labels.count(label) > 1})
@@ -91,17 +95,25 @@ def parse_source(options: Mapping[str, str]) -> SourceOptions:
     batch_size = _positive_int(lowered, "batchSize", DEFAULT_BATCH_SIZE)
     prefetch = _positive_int(lowered, "prefetch", 2 * batch_size)
     if prefetch < 2 * batch_size:
-        raise OptionError(f"curb option 'prefetch' ({prefetch}) must be at least twice 'batchSize' ({batch_size}): "
-                          "the broker must be able to deliver the next batch while the current one awaits its commit")
-    return SourceOptions(parse_endpoints(options), _connection(lowered), batch_size, prefetch,
-                         _positive_int(lowered, "pollMs", DEFAULT_POLL_MS))
+        raise OptionError(
+            f"curb option 'prefetch' ({prefetch}) must be at least twice 'batchSize' ({batch_size}): "
+            "the broker must be able to deliver the next batch while the current one awaits its commit"
+        )
+    return SourceOptions(
+        parse_endpoints(options),
+        _connection(lowered),
+        batch_size,
+        prefetch,
+        _positive_int(lowered, "pollMs", DEFAULT_POLL_MS),
+    )
 
 
 def parse_sink(options: Mapping[str, str]) -> SinkOptions:
     lowered = _lowered(options)
     key = lowered.get("key") or None
-    return SinkOptions(parse_endpoints(options), _connection(lowered),
-                       _positive_int(lowered, "window", DEFAULT_WINDOW), key)
+    return SinkOptions(
+        parse_endpoints(options), _connection(lowered), _positive_int(lowered, "window", DEFAULT_WINDOW), key
+    )
 
 
 def parse_paths(options: Mapping[str, str]) -> list[str]:
@@ -114,8 +126,10 @@ def parse_paths(options: Mapping[str, str]) -> list[str]:
     else:
         paths = []
     if not paths:
-        raise OptionError("curb: a batch read needs log files: spark.read.format('curb').load('path/to/curb.log'); "
-                          "to consume a live queue use spark.readStream with option 'endpoints'")
+        raise OptionError(
+            "curb: a batch read needs log files: spark.read.format('curb').load('path/to/curb.log'); "
+            "to consume a live queue use spark.readStream with option 'endpoints'"
+        )
     return paths
 
 

@@ -24,25 +24,29 @@ from pyspark.sql.types import (
 
 HEADERS = MapType(StringType(), StringType())
 
-MESSAGE_SCHEMA = StructType([
-    StructField("endpoint", StringType(), False),
-    StructField("seq", LongType(), False),
-    StructField("message_id", StringType(), False),
-    StructField("redelivered", BooleanType(), False),
-    StructField("headers", HEADERS, False),
-    StructField("body", BinaryType(), False),
-])
+MESSAGE_SCHEMA = StructType(
+    [
+        StructField("endpoint", StringType(), False),
+        StructField("seq", LongType(), False),
+        StructField("message_id", StringType(), False),
+        StructField("redelivered", BooleanType(), False),
+        StructField("headers", HEADERS, False),
+        StructField("body", BinaryType(), False),
+    ]
+)
 
-LOG_SCHEMA = StructType([
-    StructField("file", StringType(), False),
-    StructField("id", LongType(), False),
-    StructField("state", StringType(), False),
-    StructField("deliveries", IntegerType(), False),
-    StructField("timestamp", TimestampType(), False),
-    StructField("offset", LongType(), False),
-    StructField("headers", HEADERS, False),
-    StructField("body", BinaryType(), False),
-])
+LOG_SCHEMA = StructType(
+    [
+        StructField("file", StringType(), False),
+        StructField("id", LongType(), False),
+        StructField("state", StringType(), False),
+        StructField("deliveries", IntegerType(), False),
+        StructField("timestamp", TimestampType(), False),
+        StructField("offset", LongType(), False),
+        StructField("headers", HEADERS, False),
+        StructField("body", BinaryType(), False),
+    ]
+)
 
 
 def record_batch(schema: StructType, columns: Sequence[list]) -> pa.RecordBatch:
@@ -50,4 +54,5 @@ def record_batch(schema: StructType, columns: Sequence[list]) -> pa.RecordBatch:
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
     return pa.RecordBatch.from_arrays(
         [pa.array(values, type=field.type) for values, field in zip(columns, arrow_schema, strict=True)],
-        schema=arrow_schema)
+        schema=arrow_schema,
+    )

@@ -40,20 +40,28 @@ def row_layout(schema: StructType, key: str | None) -> RowLayout:
     if "body" not in names:
         raise ValueError(f"curb sink: the DataFrame needs a 'body' column (binary or string); it has {names}")
     if not isinstance(schema["body"].dataType, (BinaryType, StringType)):
-        raise ValueError("curb sink: column 'body' must be binary or string, "
-                         f"not {schema['body'].dataType.simpleString()}")
+        raise ValueError(
+            f"curb sink: column 'body' must be binary or string, not {schema['body'].dataType.simpleString()}"
+        )
     if "headers" in names and not _is_string_map(schema["headers"].dataType):
-        raise ValueError("curb sink: column 'headers' must be map<string,string>, "
-                         f"not {schema['headers'].dataType.simpleString()}")
+        raise ValueError(
+            f"curb sink: column 'headers' must be map<string,string>, not {schema['headers'].dataType.simpleString()}"
+        )
     if key is not None and key not in names:
         raise ValueError(f"curb option 'key': the DataFrame has no column {key!r}; it has {names}")
-    return RowLayout(names.index("body"), names.index("headers") if "headers" in names else None,
-                     names.index(key) if key is not None else None)
+    return RowLayout(
+        names.index("body"),
+        names.index("headers") if "headers" in names else None,
+        names.index(key) if key is not None else None,
+    )
 
 
 def _is_string_map(data_type: DataType) -> bool:
-    return (isinstance(data_type, MapType) and isinstance(data_type.keyType, StringType)
-            and isinstance(data_type.valueType, StringType))
+    return (
+        isinstance(data_type, MapType)
+        and isinstance(data_type.keyType, StringType)
+        and isinstance(data_type.valueType, StringType)
+    )
 
 
 def endpoint_of_key(key: object, count: int) -> int:
@@ -119,8 +127,9 @@ def send_rows(options: SinkOptions, layout: RowLayout, batches: Iterable[pa.Reco
             link.client.close()
 
 
-def _messages(batch: pa.RecordBatch, layout: RowLayout, fixed: int,
-              count: int) -> Iterator[tuple[bytes, dict[str, str] | None, int]]:
+def _messages(
+    batch: pa.RecordBatch, layout: RowLayout, fixed: int, count: int
+) -> Iterator[tuple[bytes, dict[str, str] | None, int]]:
     bodies = batch.column(layout.body).to_pylist()
     headers: Iterable = repeat(None)
     if layout.headers is not None:

@@ -32,8 +32,9 @@ from curb.spark.schema import MESSAGE_SCHEMA, record_batch
 QUEUE_SUBSCRIPTION = "queue"
 COUNT_SUBSCRIPTION = "count"
 # Headers the broker adds to a MESSAGE; the rest are the producer's and go to the `headers` column.
-BROKER_HEADERS = frozenset({"subscription", "message-id", "ack", "destination", "content-length",
-                            "redelivered", "curb-deliveries"})
+BROKER_HEADERS = frozenset(
+    {"subscription", "message-id", "ack", "destination", "content-length", "redelivered", "curb-deliveries"}
+)
 # How long one wait on one endpoint may block while others may have messages.
 WAIT_SLICE_S = 0.01
 # A pause this long ends a burst of frames: what came so far makes the batch.
@@ -97,8 +98,9 @@ class _Consumer:
             while self.ready is None:
                 frame = self.client.receive(self.client.timeout)
                 if frame is None:
-                    raise EndpointError(f"curb endpoint {self.endpoint.label}: no reply on ./count "
-                                        f"within {self.client.timeout:.0f}s")
+                    raise EndpointError(
+                        f"curb endpoint {self.endpoint.label}: no reply on ./count within {self.client.timeout:.0f}s"
+                    )
                 self._take(frame)
         return self.ready + len(self.received)
 
@@ -115,9 +117,14 @@ class _Consumer:
             frame = self.received.popleft()
             headers = frame.headers
             ids.append(headers["ack"])
-            row = (self.endpoint.label, int(headers["message-id"]), headers["message-id"],
-                   headers.get("redelivered") == "true",
-                   {name: value for name, value in headers.items() if name not in BROKER_HEADERS}, frame.body)
+            row = (
+                self.endpoint.label,
+                int(headers["message-id"]),
+                headers["message-id"],
+                headers.get("redelivered") == "true",
+                {name: value for name, value in headers.items() if name not in BROKER_HEADERS},
+                frame.body,
+            )
             for column, value in zip(columns, row, strict=True):
                 column.append(value)
         self.unacked.append((offset + taken, ids))
@@ -169,8 +176,10 @@ class CurbStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow
 
     def _connected(self) -> list[_Consumer]:
         if self._consumers is None:
-            self._consumers = [_Consumer(endpoint, open_client(endpoint, self.options.connection),
-                                         self.options.prefetch) for endpoint in self.options.endpoints]
+            self._consumers = [
+                _Consumer(endpoint, open_client(endpoint, self.options.connection), self.options.prefetch)
+                for endpoint in self.options.endpoints
+            ]
         return self._consumers
 
     def _limit(self, consumer: _Consumer) -> int:

@@ -30,15 +30,15 @@ class BodyReader:
         self.run_id = run_id
         self.size = size
         self._prefix = f"{run_id}:".encode()
-        self.foreign = 0   # bodies of another run (or not from this benchmark at all)
-        self.altered = 0   # bodies of this run whose content is not what was sent
+        self.foreign = 0  # bodies of another run (or not from this benchmark at all)
+        self.altered = 0  # bodies of this run whose content is not what was sent
 
     def seq(self, body: bytes) -> int | None:
         """The seq of a good body of this run, else None (and the body is counted)."""
         if not body.startswith(self._prefix):
             self.foreign += 1
             return None
-        digits = body[len(self._prefix):body.find(b":", len(self._prefix))]
+        digits = body[len(self._prefix) : body.find(b":", len(self._prefix))]
         seq = int(digits) if digits.isdigit() else -1
         if seq < 0 or body != make_body(self.run_id, seq, self.size):
             self.altered += 1
@@ -49,6 +49,7 @@ class BodyReader:
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """What one workload got back, against what its producers had sent."""
+
     expected: int
     unique: int
     duplicates: int
@@ -58,12 +59,16 @@ class Verdict:
     altered: int
 
     def problems(self) -> list[str]:
-        return [f"{count:,} {what}" for count, what in (
-            (self.missing, f"of {self.expected:,} messages lost"),
-            (self.unexpected, "messages of this run that were never sent"),
-            (self.altered, "messages with altered bodies"),
-            (self.foreign, "foreign messages (not sent by this run)"),
-        ) if count]
+        return [
+            f"{count:,} {what}"
+            for count, what in (
+                (self.missing, f"of {self.expected:,} messages lost"),
+                (self.unexpected, "messages of this run that were never sent"),
+                (self.altered, "messages with altered bodies"),
+                (self.foreign, "foreign messages (not sent by this run)"),
+            )
+            if count
+        ]
 
 
 class Tally:
@@ -104,5 +109,12 @@ class Tally:
         return out
 
     def verdict(self) -> Verdict:
-        return Verdict(self.expected, self.unique, self.duplicates, self.expected - self.unique,
-                       self.unexpected, self.foreign, self.altered)
+        return Verdict(
+            self.expected,
+            self.unique,
+            self.duplicates,
+            self.expected - self.unique,
+            self.unexpected,
+            self.foreign,
+            self.altered,
+        )

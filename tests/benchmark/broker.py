@@ -51,8 +51,9 @@ class CurbBroker:
         launched = time.monotonic()
         self._started = True
         try:
-            self._child.start(["-cap", self.cap, "-addr", f"127.0.0.1:{self.target.port}", "-file", self.path,
-                               *self.extra_args])
+            self._child.start(
+                ["-cap", self.cap, "-addr", f"127.0.0.1:{self.target.port}", "-file", self.path, *self.extra_args]
+            )
         except StartError as err:
             raise BrokerError(str(err)) from None
         close(self.target.connect(self.timeout)[0])

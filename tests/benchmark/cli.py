@@ -25,6 +25,7 @@ CREW_SIZE = 8  # the most load processes one workload uses (4 producers + 4 cons
 
 class Preset(TypedDict, total=False):
     """Settings that --quick and --full change."""
+
     runs: int
     seconds: float
     messages: int
@@ -35,8 +36,9 @@ class Preset(TypedDict, total=False):
     disk_seconds: float
 
 
-QUICK: Preset = dict(runs=1, seconds=0.5, messages=400, pings=200, warmup=20, queued=2_000, fill_cap="2MiB",
-                     disk_seconds=0.2)
+QUICK: Preset = dict(
+    runs=1, seconds=0.5, messages=400, pings=200, warmup=20, queued=2_000, fill_cap="2MiB", disk_seconds=0.2
+)
 FULL: Preset = dict(queued=1_000_000)
 
 
@@ -62,26 +64,39 @@ def parse_headers(pairs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 def broker_options(prefix: str, whose: str):
     """The options that describe one broker, under --PREFIXname."""
     options = [
-        click.option(f"--{prefix}addr", help=f"HOST:PORT of {whose} that is already running"
-                     + (" (default: start Curb brokers in a temporary directory)" if not prefix else "")),
+        click.option(
+            f"--{prefix}addr",
+            help=f"HOST:PORT of {whose} that is already running"
+            + (" (default: start Curb brokers in a temporary directory)" if not prefix else ""),
+        ),
         click.option(f"--{prefix}dest", default="/queue/bench", show_default=True, help="destination to use"),
-        click.option(f"--{prefix}send-header", multiple=True, metavar="K:V",
-                     help="extra header on every SEND (repeatable)"),
-        click.option(f"--{prefix}sub-header", multiple=True, metavar="K:V",
-                     help="extra header on every SUBSCRIBE (repeatable)"),
-        click.option(f"--{prefix}prefetch-header", default="prefetch-count", show_default=True,
-                     help="SUBSCRIBE header that bounds unacknowledged messages"),
+        click.option(
+            f"--{prefix}send-header", multiple=True, metavar="K:V", help="extra header on every SEND (repeatable)"
+        ),
+        click.option(
+            f"--{prefix}sub-header", multiple=True, metavar="K:V", help="extra header on every SUBSCRIBE (repeatable)"
+        ),
+        click.option(
+            f"--{prefix}prefetch-header",
+            default="prefetch-count",
+            show_default=True,
+            help="SUBSCRIBE header that bounds unacknowledged messages",
+        ),
         click.option(f"--{prefix}login", help="CONNECT login"),
         click.option(f"--{prefix}passcode", help="CONNECT passcode"),
         click.option(f"--{prefix}pid", type=int, help=f"process id of {whose}, for the RSS rows"),
-        click.option(f"--{prefix}fill-count", type=click.IntRange(1),
-                     help="messages that stand for a 90%-full store (default: as many as filled Curb's log)"),
+        click.option(
+            f"--{prefix}fill-count",
+            type=click.IntRange(1),
+            help="messages that stand for a 90%-full store (default: as many as filled Curb's log)",
+        ),
     ]
 
     def apply(command):
         for option in reversed(options):
             command = option(command)
         return command
+
     return apply
 
 
@@ -92,8 +107,16 @@ def make_side(name: str, options: dict, prefix: str) -> Side | None:
     if get("addr") is None:
         return Side(name) if not prefix else None
     host, port = parse_target_addr(get("addr"))
-    target = Target(host, port, get("dest"), parse_headers(get("send-header")), parse_headers(get("sub-header")),
-                    get("prefetch-header"), get("login"), get("passcode"))
+    target = Target(
+        host,
+        port,
+        get("dest"),
+        parse_headers(get("send-header")),
+        parse_headers(get("sub-header")),
+        get("prefetch-header"),
+        get("login"),
+        get("passcode"),
+    )
     return Side(name, target, get("pid"), get("fill-count"))
 
 
@@ -101,27 +124,59 @@ def make_side(name: str, options: dict, prefix: str) -> Side | None:
 @click.option("--runs", type=click.IntRange(1), help="runs of every workload  [default: 3; --quick: 1]")
 @click.option("--bytes", "size", type=click.IntRange(1), default=100, show_default=True, help="message body size")
 @click.option("--seconds", type=click.FloatRange(0.1), help="length of the timed workloads  [default: 10]")
-@click.option("--messages", type=click.IntRange(4), help="messages per produce and consume measurement "
-              "(a tenth for the window-1 produce)  [default: 20000]")
+@click.option(
+    "--messages",
+    type=click.IntRange(4),
+    help="messages per produce and consume measurement (a tenth for the window-1 produce)  [default: 20000]",
+)
 @click.option("--pings", type=click.IntRange(1), help="timed ping-pong round trips  [default: 5000]")
-@click.option("--queued", type=click.IntRange(1), help="messages queued for the RSS and restart rows  "
-              "[default: 100000; --full: 1000000]")
+@click.option(
+    "--queued",
+    type=click.IntRange(1),
+    help="messages queued for the RSS and restart rows  [default: 100000; --full: 1000000]",
+)
 @click.option("--cap", default="1GiB", show_default=True, help="-cap of the Curb brokers started")
 @click.option("--fill-cap", help="-cap of the log that the 90%-full workload fills  [default: 16MiB]")
-@click.option("--broker-arg", multiple=True, metavar="ARG",
-              help="extra argument for the Curb brokers started (repeatable)")
-@click.option("--timeout", type=click.FloatRange(0.1), default=60.0, show_default=True,
-              help="seconds to wait for any one frame before failing")
-@click.option("--dir", "directory", type=click.Path(file_okay=False, exists=True),
-              help="where the temporary directory for logs and the disk probe goes  [default: system temp]")
+@click.option(
+    "--broker-arg", multiple=True, metavar="ARG", help="extra argument for the Curb brokers started (repeatable)"
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(0.1),
+    default=60.0,
+    show_default=True,
+    help="seconds to wait for any one frame before failing",
+)
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, exists=True),
+    help="where the temporary directory for logs and the disk probe goes  [default: system temp]",
+)
 @click.option("--only", help=f"comma-separated workloads, of: {', '.join(WORKLOAD_NAMES)}")
 @click.option("--quick", is_flag=True, help="small counts and one run: a smoke test in seconds")
 @click.option("--full", is_flag=True, help="1,000,000 queued messages for the RSS and restart rows")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of the table")
 @broker_options("", "the broker to measure")
 @broker_options("ref-", "a reference broker to compare with")
-def main(runs, size, seconds, messages, pings, queued, cap, fill_cap, broker_arg, timeout, directory, only,
-         quick, full, as_json, **brokers):
+def main(
+    runs,
+    size,
+    seconds,
+    messages,
+    pings,
+    queued,
+    cap,
+    fill_cap,
+    broker_arg,
+    timeout,
+    directory,
+    only,
+    quick,
+    full,
+    as_json,
+    **brokers,
+):
     """Measure Curb: throughput, latency, memory, restart time and the disk's own limits,
     checking every message. Starts its own brokers on 127.0.0.1 unless given --addr."""
     selected = set(WORKLOAD_NAMES)
@@ -129,10 +184,11 @@ def main(runs, size, seconds, messages, pings, queued, cap, fill_cap, broker_arg
         selected = {name.strip() for name in only.split(",") if name.strip()}
         unknown = selected - set(WORKLOAD_NAMES)
         if unknown:
-            raise click.BadParameter(f"unknown workload(s) {', '.join(sorted(unknown))}; "
-                                     f"choose from {', '.join(WORKLOAD_NAMES)}", param_hint="--only")
-    settings = Settings(size=size, cap=cap, timeout=timeout, quiet=min(Settings.quiet, timeout),
-                        broker_args=broker_arg)
+            raise click.BadParameter(
+                f"unknown workload(s) {', '.join(sorted(unknown))}; choose from {', '.join(WORKLOAD_NAMES)}",
+                param_hint="--only",
+            )
+    settings = Settings(size=size, cap=cap, timeout=timeout, quiet=min(Settings.quiet, timeout), broker_args=broker_arg)
     for preset, chosen in ((QUICK, quick), (FULL, full)):  # --full's queued wins over --quick's
         if chosen:
             settings = replace(settings, **preset)
@@ -155,7 +211,13 @@ def main(runs, size, seconds, messages, pings, queued, cap, fill_cap, broker_arg
         crew.close()
     names = [side.name for side in sides]
     rows = report.tabulate(samples, names, settings)
-    notes = [*bench.notes.values(), *report.disk_shares(samples, names),
-             *(f"duplicates (allowed: at least once): {count:,} in {what}" for what, count in bench.duplicates.items())]
-    click.echo(report.as_json(rows, settings, notes, dict(bench.duplicates)) if as_json
-               else report.table(rows, names, settings, notes))
+    notes = [
+        *bench.notes.values(),
+        *report.disk_shares(samples, names),
+        *(f"duplicates (allowed: at least once): {count:,} in {what}" for what, count in bench.duplicates.items()),
+    ]
+    click.echo(
+        report.as_json(rows, settings, notes, dict(bench.duplicates))
+        if as_json
+        else report.table(rows, names, settings, notes)
+    )

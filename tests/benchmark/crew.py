@@ -59,9 +59,14 @@ class Crew:
         self._results = context.Queue()
         self._inboxes = [context.SimpleQueue() for _ in range(size)]
         self._processes = [
-            context.Process(target=_serve, name=f"curb-bench-load-{index}", daemon=True,
-                            args=(index, inbox, self._results, self._go, self._start_time, self._sent, self._done))
-            for index, inbox in enumerate(self._inboxes)]
+            context.Process(
+                target=_serve,
+                name=f"curb-bench-load-{index}",
+                daemon=True,
+                args=(index, inbox, self._results, self._go, self._start_time, self._sent, self._done),
+            )
+            for index, inbox in enumerate(self._inboxes)
+        ]
         for process in self._processes:
             process.start()
 

@@ -28,22 +28,30 @@ class Gate:
     deadline), so a queue holds its depth: producers wait while they are ahead by `slack`
     sends, consumers while they have acknowledged `slack` more than was receipted. Both
     can never wait at once as long as 2 * slack exceeds the producers' combined window."""
+
     producers: tuple[int, ...]
     consumers: tuple[int, ...]
     slack: int
 
     def may_send(self, worker: Worker) -> bool:
-        return (sum(worker.sent[i] for i in self.producers)
-                - sum(worker.done[i] for i in self.consumers)) < self.slack
+        return (sum(worker.sent[i] for i in self.producers) - sum(worker.done[i] for i in self.consumers)) < self.slack
 
     def may_ack(self, worker: Worker) -> bool:
-        return (sum(worker.done[i] for i in self.consumers)
-                - sum(worker.done[i] for i in self.producers)) < self.slack
+        return (sum(worker.done[i] for i in self.consumers) - sum(worker.done[i] for i in self.producers)) < self.slack
 
 
-def produce(worker: Worker, target: Target, run_id: str, producer: int, size: int, window: int,
-            timeout: float, count: int | None = None, seconds: float | None = None,
-            gate: Gate | None = None) -> dict:
+def produce(
+    worker: Worker,
+    target: Target,
+    run_id: str,
+    producer: int,
+    size: int,
+    window: int,
+    timeout: float,
+    count: int | None = None,
+    seconds: float | None = None,
+    gate: Gate | None = None,
+) -> dict:
     """SEND with a receipt on each, at most `window` unreceipted: `count` messages, or as many
     as fit in `seconds`. Returns how many were sent (all receipted) and when it ended."""
     conn, _ = target.connect(timeout, size)
@@ -79,8 +87,9 @@ def produce(worker: Worker, target: Target, run_id: str, producer: int, size: in
         receipt = next_frame(conn, timeout)
         receipt_id = receipt.headers.get("receipt-id")
         if receipt.command != "RECEIPT" or receipt_id not in outstanding:
-            raise BrokerError(f"producer {producer}: expected a RECEIPT for an outstanding SEND, got "
-                              f"{receipt.command} {receipt_id!r}")
+            raise BrokerError(
+                f"producer {producer}: expected a RECEIPT for an outstanding SEND, got {receipt.command} {receipt_id!r}"
+            )
         outstanding.remove(receipt_id)
         worker.done[me] += 1
     end = time.monotonic()
@@ -88,9 +97,20 @@ def produce(worker: Worker, target: Target, run_id: str, producer: int, size: in
     return {"producer": producer, "sent": sent, "start": start, "end": end}
 
 
-def consume(worker: Worker, target: Target, run_id: str, size: int, prefetch: int | None, timeout: float,
-            count: int | None = None, seconds: float | None = None, wanted: bytes | None = None,
-            quiet: float = 0.5, gate: Gate | None = None, subscribe_at_start: bool = False) -> dict:
+def consume(
+    worker: Worker,
+    target: Target,
+    run_id: str,
+    size: int,
+    prefetch: int | None,
+    timeout: float,
+    count: int | None = None,
+    seconds: float | None = None,
+    wanted: bytes | None = None,
+    quiet: float = 0.5,
+    gate: Gate | None = None,
+    subscribe_at_start: bool = False,
+) -> dict:
     """Receive and ACK (client-individual, no receipts): exactly `count` messages, the last
     ACK receipted; or, with `seconds`, until the deadline and then until `quiet` seconds
     pass without a message; or, with `wanted` (seqs as array('q') bytes), until all of them
@@ -154,12 +174,18 @@ def consume(worker: Worker, target: Target, run_id: str, size: int, prefetch: in
         ack(conn, message)
         worker.done[me] = received
     close(conn, take_and_ack)
-    return {"seqs": seqs.tobytes(), "received": received, "before_deadline": before_deadline,
-            "foreign": reader.foreign, "altered": reader.altered, "start": start, "end": last}
+    return {
+        "seqs": seqs.tobytes(),
+        "received": received,
+        "before_deadline": before_deadline,
+        "foreign": reader.foreign,
+        "altered": reader.altered,
+        "start": start,
+        "end": last,
+    }
 
 
-def pingpong(worker: Worker, target: Target, run_id: str, size: int, rounds: int, warmup: int,
-             timeout: float) -> dict:
+def pingpong(worker: Worker, target: Target, run_id: str, size: int, rounds: int, warmup: int, timeout: float) -> dict:
     """One connection, prefetch 1: SEND (no receipt), wait for its MESSAGE, ACK; the round
     trip from SEND to MESSAGE is timed. The ACK leaves with the next SEND."""
     reader = BodyReader(run_id, size)
@@ -183,5 +209,10 @@ def pingpong(worker: Worker, target: Target, run_id: str, size: int, rounds: int
             seqs.append(seq)
         ack(conn, message)
     close(conn)
-    return {"latency_ns": latency_ns.tobytes(), "seqs": seqs.tobytes(), "received": len(frames),
-            "foreign": reader.foreign, "altered": reader.altered}
+    return {
+        "latency_ns": latency_ns.tobytes(),
+        "seqs": seqs.tobytes(),
+        "received": len(frames),
+        "foreign": reader.foreign,
+        "altered": reader.altered,
+    }

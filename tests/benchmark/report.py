@@ -10,11 +10,12 @@ from typing import Any
 
 from benchmark.workloads import MACHINE_ROWS, ROWS, Settings
 
-FORMATS = {"msg/s": "{:,.0f}", "rec/s": "{:,.0f}", "us": "{:,.0f}", "MiB": "{:,.1f}", "s": "{:.2f}",
-           "ratio": "{:.2f}"}
+FORMATS = {"msg/s": "{:,.0f}", "rec/s": "{:,.0f}", "us": "{:,.0f}", "MiB": "{:,.1f}", "s": "{:.2f}", "ratio": "{:.2f}"}
 # Rows whose rate is set against what the disk allows: (row, disk row, how the disk is used).
-DISK_SHARES = (("produce-w1", "disk-1", "one fdatasync per record"),
-               ("produce-4x256", "disk-64", "64 records per fdatasync"))
+DISK_SHARES = (
+    ("produce-w1", "disk-1", "one fdatasync per record"),
+    ("produce-4x256", "disk-64", "64 records per fdatasync"),
+)
 
 
 def spread(values: list[float]) -> dict:
@@ -71,17 +72,27 @@ def table(rows: list[dict], side_names: list[str], settings: Settings, notes: li
     headers = ["workload", "unit", *side_names] + (["ratio"] if len(side_names) == 2 else [])
     if len(side_names) == 2:
         headers[-1] = f"{side_names[0]}/{side_names[1]}"
-    lines = [[row["workload"], row["unit"], *(cell(row, name, row["unit"]) for name in side_names)]
-             + ([cell(row, "ratio", "ratio")] if len(side_names) == 2 else []) for row in rows]
+    lines = [
+        [row["workload"], row["unit"], *(cell(row, name, row["unit"]) for name in side_names)]
+        + ([cell(row, "ratio", "ratio")] if len(side_names) == 2 else [])
+        for row in rows
+    ]
     widths = [max(len(line[column]) for line in [headers, *lines]) for column in range(len(headers))]
 
     def aligned(line: list[str]) -> str:
-        return "  ".join(text.ljust(width) if column < 2 else text.rjust(width)
-                         for column, (text, width) in enumerate(zip(line, widths, strict=True))).rstrip()
+        return "  ".join(
+            text.ljust(width) if column < 2 else text.rjust(width)
+            for column, (text, width) in enumerate(zip(line, widths, strict=True))
+        ).rstrip()
 
     runs = f"{settings.runs} runs, median (min-max)" if settings.runs > 1 else "1 run"
-    out = [f"Curb benchmark: {settings.size}-byte bodies, {runs}", "",
-           aligned(headers), aligned(["-" * width for width in widths]), *map(aligned, lines)]
+    out = [
+        f"Curb benchmark: {settings.size}-byte bodies, {runs}",
+        "",
+        aligned(headers),
+        aligned(["-" * width for width in widths]),
+        *map(aligned, lines),
+    ]
     if notes:
         out += ["", *notes]
     return "\n".join(out)

@@ -51,13 +51,14 @@ def source_query(spark: SparkSession, endpoints: str, batch_size: int, sink: str
 
 
 def sink_write(spark: SparkSession, endpoints: str, rows: int, size: int) -> None:
-    spark.range(rows, numPartitions=2 * len(endpoints.split(","))) \
-        .select(lpad(format_string("%d", col("id")), size, "x").alias("body")) \
-        .write.format("curb").option("endpoints", endpoints).mode("append").save()
+    spark.range(rows, numPartitions=2 * len(endpoints.split(","))).select(
+        lpad(format_string("%d", col("id")), size, "x").alias("body")
+    ).write.format("curb").option("endpoints", endpoints).mode("append").save()
 
 
-def measure(work: Path, brokers: int, preload: int, size: int,
-            run: Callable[[str, Path], float | None]) -> tuple[float, float | None]:
+def measure(
+    work: Path, brokers: int, preload: int, size: int, run: Callable[[str, Path], float | None]
+) -> tuple[float, float | None]:
     """Seconds `run(endpoints, work)` takes against fresh brokers, each preloaded with `preload` messages,
     and what `run` returns (the seconds spent in micro-batches, for queries)."""
     started = [LocalBroker(work / f"{index}.curb", cap="1GiB") for index in range(brokers)]
@@ -75,8 +76,9 @@ def measure(work: Path, brokers: int, preload: int, size: int,
             broker.stop()
 
 
-def paths(spark: SparkSession, args: argparse.Namespace,
-          total: int) -> dict[str, tuple[int, Callable[[str, Path], float | None]]]:
+def paths(
+    spark: SparkSession, args: argparse.Namespace, total: int
+) -> dict[str, tuple[int, Callable[[str, Path], float | None]]]:
     """What is measured, by name: (messages preloaded per broker, run(endpoints, work)), `total`
     messages in all."""
     return {
@@ -88,8 +90,9 @@ def paths(spark: SparkSession, args: argparse.Namespace,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="bin/bench-spark", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="bin/bench-spark", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--messages", type=int, default=100_000, help="messages per broker (default 100000)")
     parser.add_argument("--size", type=int, default=100, help="body bytes (default 100)")
     parser.add_argument("--batch-size", type=int, default=10_000, help="source batchSize (default 10000)")
@@ -97,8 +100,10 @@ def main() -> None:
     spark = local_spark("curb-bench")
     with tempfile.TemporaryDirectory() as temp:  # the first query pays for warming up the JVM: not measured
         measure(Path(temp), 1, 1000, args.size, lambda e, w: source_query(spark, e, args.batch_size, "noop", w))
-    print(f"{args.messages} messages of {args.size} bytes per broker, batchSize {args.batch_size}; rows/s from "
-          "start to end (query start-up included), per broker, and within micro-batches (start-up excluded)")
+    print(
+        f"{args.messages} messages of {args.size} bytes per broker, batchSize {args.batch_size}; rows/s from "
+        "start to end (query start-up included), per broker, and within micro-batches (start-up excluded)"
+    )
     print(f"{'path':<22}{'brokers':>8}{'rows':>8}{'seconds':>9}{'rows/s':>8}{'/broker':>8}{'in batches':>11}")
     for brokers in (1, 2):
         total = brokers * args.messages
@@ -106,8 +111,11 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as temp:
                 seconds, in_batches = measure(Path(temp), brokers, preload, args.size, run)
             batch_rate = f"{total / in_batches:>11.0f}" if in_batches else f"{'':>11}"
-            print(f"{name:<22}{brokers:>8}{total:>8}{seconds:>9.2f}{total / seconds:>8.0f}"
-                  f"{total / seconds / brokers:>8.0f}{batch_rate}", flush=True)
+            print(
+                f"{name:<22}{brokers:>8}{total:>8}{seconds:>9.2f}{total / seconds:>8.0f}"
+                f"{total / seconds / brokers:>8.0f}{batch_rate}",
+                flush=True,
+            )
     spark.stop()
 
 

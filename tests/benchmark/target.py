@@ -22,6 +22,7 @@ class BrokerError(Exception):
 @dataclass(frozen=True)
 class Target:
     """Where a broker listens and what its STOMP dialect needs (headers, credentials)."""
+
     host: str
     port: int
     dest: str = "/queue/bench"
@@ -39,12 +40,20 @@ class Target:
 
     def connect(self, timeout: float, max_body: int = 0) -> tuple[Client, Frame]:
         """A connected client (no heart-beats, virtual host "/") and the CONNECTED frame."""
-        client = Client(self.host, self.port, login=self.login, passcode=self.passcode, timeout=timeout,
-                        virtual_host="/", max_frame_bytes=max(DEFAULT_MAX_FRAME, 2 * max_body))
+        client = Client(
+            self.host,
+            self.port,
+            login=self.login,
+            passcode=self.passcode,
+            timeout=timeout,
+            virtual_host="/",
+            max_frame_bytes=max(DEFAULT_MAX_FRAME, 2 * max_body),
+        )
         return client, client.connect()
 
-    def subscribe(self, client: Client, prefetch: int | None, sub_id: str = "0",
-                  ack: str = "client-individual") -> None:
+    def subscribe(
+        self, client: Client, prefetch: int | None, sub_id: str = "0", ack: str = "client-individual"
+    ) -> None:
         """SUBSCRIBE to the target's destination, its prefetch bound in its own header."""
         headers = {self.prefetch_header: str(prefetch)} if prefetch is not None else {}
         headers.update(self.sub_headers)

@@ -27,12 +27,12 @@ PIPELINE_WINDOW = 256
 MIXED_WINDOW = 64
 MIXED_PREFETCH = 256
 DRAIN_PREFETCH = 256
-PREFILL_PRODUCER = 100          # prefills number their messages apart from the timed producers
-AFTER_DEADLINE_QUIET = 0.3      # a timed consumer stops once the queue was silent this long
-LEFTOVER_QUIET = 1.0            # and so does the drain of an external broker's leftovers
+PREFILL_PRODUCER = 100  # prefills number their messages apart from the timed producers
+AFTER_DEADLINE_QUIET = 0.3  # a timed consumer stops once the queue was silent this long
+LEFTOVER_QUIET = 1.0  # and so does the drain of an external broker's leftovers
 FILL_FRACTION = 0.9
-CALIBRATION_MESSAGES = 1000     # sent first to learn how many bytes a message takes in the log
-DISK_RECORD_OVERHEAD = 64       # bytes a log record adds to a body, roughly, for the disk probe
+CALIBRATION_MESSAGES = 1000  # sent first to learn how many bytes a message takes in the log
+DISK_RECORD_OVERHEAD = 64  # bytes a log record adds to a body, roughly, for the disk probe
 RSS_SAMPLE_SECONDS = 0.01
 
 ROWS: dict[str, tuple[str, str]] = {
@@ -60,16 +60,16 @@ MACHINE_ROWS = frozenset({"disk-1", "disk-64"})  # figures of the machine, not o
 @dataclass(frozen=True)
 class Settings:
     runs: int = 3
-    size: int = 100             # body bytes
-    seconds: float = 10.0       # length of the timed mixed and balanced workloads
-    messages: int = 20_000      # per produce/consume measurement (a tenth for window 1)
+    size: int = 100  # body bytes
+    seconds: float = 10.0  # length of the timed mixed and balanced workloads
+    messages: int = 20_000  # per produce/consume measurement (a tenth for window 1)
     pings: int = 5_000
     warmup: int = 200
-    queued: int = 100_000       # for the RSS and restart rows
+    queued: int = 100_000  # for the RSS and restart rows
     cap: str = "1GiB"
-    fill_cap: str = "16MiB"     # the log that the 90%-full workload fills
-    timeout: float = 60.0       # longest wait for any one frame
-    quiet: float = 5.0          # how long a final drain waits for messages still missing
+    fill_cap: str = "16MiB"  # the log that the 90%-full workload fills
+    timeout: float = 60.0  # longest wait for any one frame
+    quiet: float = 5.0  # how long a final drain waits for messages still missing
     disk_seconds: float = 2.0
     broker_args: tuple[str, ...] = ()
 
@@ -79,6 +79,7 @@ class Side:
     """One broker under test: a Curb the benchmark starts itself (no target), or a broker
     already running at an address (`pid` for its memory, `fill_count` for how many
     messages stand for a 90% full store)."""
+
     name: str
     target: Target | None = None
     pid: int | None = None
@@ -93,6 +94,7 @@ class Side:
 class Group:
     """Workloads measured together (`names` are what --only selects); `per_side` False for
     figures that belong to the machine, not to a broker."""
+
     names: frozenset[str]
     measure: Callable[[Bench, Side, set[str]], dict[str, float]]
     per_side: bool = True
@@ -127,8 +129,7 @@ def percentile(ordered: list[int], fraction: float) -> int:
 class Bench:
     """Runs the selected workloads on every side, `runs` times, and keeps every sample."""
 
-    def __init__(self, settings: Settings, sides: list[Side], crew: Crew, workdir: str,
-                 say: Callable[[str], None]):
+    def __init__(self, settings: Settings, sides: list[Side], crew: Crew, workdir: str, say: Callable[[str], None]):
         self.settings = settings
         self.sides = sides
         self.crew = crew
@@ -168,8 +169,9 @@ class Bench:
         close(conn)
         server = connected.headers.get("server")
         [result] = self.crew.run([self.consume_task(target, "", DRAIN_PREFETCH, quiet=LEFTOVER_QUIET)])
-        self.notes[name] = (f"{name}: {server or 'server unnamed'}" + (
-            f"; {result['received']:,} leftover messages drained first" if result["received"] else ""))
+        self.notes[name] = f"{name}: {server or 'server unnamed'}" + (
+            f"; {result['received']:,} leftover messages drained first" if result["received"] else ""
+        )
 
     @contextmanager
     def broker(self, side: Side, label: str, cap: str | None = None) -> Iterator[tuple[Target, CurbBroker | None]]:
@@ -188,47 +190,82 @@ class Bench:
         broker.stop()
 
     def produce_task(self, target: Target, run_id: str, producer: int, window: int, **kwargs):
-        return load.produce, dict(target=target, run_id=run_id, producer=producer, size=self.settings.size,
-                                  window=window, timeout=self.settings.timeout, **kwargs)
+        return load.produce, dict(
+            target=target,
+            run_id=run_id,
+            producer=producer,
+            size=self.settings.size,
+            window=window,
+            timeout=self.settings.timeout,
+            **kwargs,
+        )
 
     def consume_task(self, target: Target, run_id: str, prefetch: int, **kwargs):
-        return load.consume, dict(target=target, run_id=run_id, size=self.settings.size, prefetch=prefetch,
-                                  timeout=self.settings.timeout, **kwargs)
+        return load.consume, dict(
+            target=target,
+            run_id=run_id,
+            size=self.settings.size,
+            prefetch=prefetch,
+            timeout=self.settings.timeout,
+            **kwargs,
+        )
 
-    def prefill(self, target: Target, run_id: str, count: int,
-                first_producer: int = PREFILL_PRODUCER) -> dict[int, int]:
+    def prefill(
+        self, target: Target, run_id: str, count: int, first_producer: int = PREFILL_PRODUCER
+    ) -> dict[int, int]:
         """Queue `count` messages (untimed, two pipelined producers); returns what each sent."""
         shares = [share for share in (count - count // 2, count // 2) if share]
-        results = self.crew.run([self.produce_task(target, run_id, first_producer + index, PIPELINE_WINDOW, count=share)
-                                 for index, share in enumerate(shares)])
+        results = self.crew.run(
+            [
+                self.produce_task(target, run_id, first_producer + index, PIPELINE_WINDOW, count=share)
+                for index, share in enumerate(shares)
+            ]
+        )
         return {result["producer"]: result["sent"] for result in results}
 
-    def mixed(self, target: Target, run_id: str, producers: int, consumers: int,
-              balanced: bool = False) -> tuple[float, dict[int, int], list[dict]]:
+    def mixed(
+        self, target: Target, run_id: str, producers: int, consumers: int, balanced: bool = False
+    ) -> tuple[float, dict[int, int], list[dict]]:
         """Producers (window 64) and consumers (prefetch 256) for `seconds`, then the consumers
         empty the queue. Returns messages consumed per second before the deadline, what each
         producer sent and what the consumers received. `balanced` keeps the queue's depth."""
         seconds = self.settings.seconds
-        gate = load.Gate(tuple(range(producers)), tuple(range(producers, producers + consumers)),
-                         producers * MIXED_WINDOW) if balanced else None
+        gate = (
+            load.Gate(tuple(range(producers)), tuple(range(producers, producers + consumers)), producers * MIXED_WINDOW)
+            if balanced
+            else None
+        )
         results = self.crew.run(
-            [self.produce_task(target, run_id, index, MIXED_WINDOW, seconds=seconds, gate=gate)
-             for index in range(producers)]
-            + [self.consume_task(target, run_id, MIXED_PREFETCH, seconds=seconds, quiet=AFTER_DEADLINE_QUIET, gate=gate)
-               for _ in range(consumers)])
+            [
+                self.produce_task(target, run_id, index, MIXED_WINDOW, seconds=seconds, gate=gate)
+                for index in range(producers)
+            ]
+            + [
+                self.consume_task(
+                    target, run_id, MIXED_PREFETCH, seconds=seconds, quiet=AFTER_DEADLINE_QUIET, gate=gate
+                )
+                for _ in range(consumers)
+            ]
+        )
         consumed = results[producers:]
         rate = sum(result["before_deadline"] for result in consumed) / seconds
         return rate, {result["producer"]: result["sent"] for result in results[:producers]}, consumed
 
-    def check(self, what: str, side: Side, target: Target, run_id: str, sent: dict[int, int],
-              received: list[dict]) -> None:
+    def check(
+        self, what: str, side: Side, target: Target, run_id: str, sent: dict[int, int], received: list[dict]
+    ) -> None:
         """Drain the queue and verify: every sent message came back intact, nothing else came."""
         tally = Tally(sent)
         for result in received:
             tally.add(array("q", result["seqs"]))
             tally.add_rejects(result["foreign"], result["altered"])
-        [drained] = self.crew.run([self.consume_task(target, run_id, DRAIN_PREFETCH, wanted=tally.missing().tobytes(),
-                                                     quiet=self.settings.quiet)])
+        [drained] = self.crew.run(
+            [
+                self.consume_task(
+                    target, run_id, DRAIN_PREFETCH, wanted=tally.missing().tobytes(), quiet=self.settings.quiet
+                )
+            ]
+        )
         tally.add(array("q", drained["seqs"]))
         tally.add_rejects(drained["foreign"], drained["altered"])
         verdict = tally.verdict()
@@ -247,8 +284,10 @@ class Bench:
         sent |= self.prefill(target, run_id, total - summary.messages, PREFILL_PRODUCER + 2)
         with LogReader(broker.path) as reader:
             summary = reader.summary()
-        self.notes["fill90"] = (f"90% full: {summary.messages:,} messages in {summary.live_bytes:,} live bytes "
-                                f"of a {cap:,}-byte cap ({summary.live_bytes / cap:.0%})")
+        self.notes["fill90"] = (
+            f"90% full: {summary.messages:,} messages in {summary.live_bytes:,} live bytes "
+            f"of a {cap:,}-byte cap ({summary.live_bytes / cap:.0%})"
+        )
         self.curb_fill_count = total
         return sent
 
@@ -266,8 +305,9 @@ def produce_pipelined(bench: Bench, side: Side, wanted: set[str]) -> dict[str, f
     share = max(1, bench.settings.messages // 4)
     with bench.broker(side, "produce-4x256") as (target, _):
         run_id = bench.new_run_id()
-        results = bench.crew.run([bench.produce_task(target, run_id, producer, PIPELINE_WINDOW, count=share)
-                                  for producer in range(4)])
+        results = bench.crew.run(
+            [bench.produce_task(target, run_id, producer, PIPELINE_WINDOW, count=share) for producer in range(4)]
+        )
         bench.check("produce-4x256", side, target, run_id, {r["producer"]: r["sent"] for r in results}, [])
     return {"produce-4x256": 4 * share / (max(r["end"] for r in results) - results[0]["start"])}
 
@@ -283,7 +323,8 @@ def consume_prefilled(bench: Bench, side: Side, wanted: set[str]) -> dict[str, f
             run_id = bench.new_run_id()
             sent = bench.prefill(target, run_id, count)
             [result] = bench.crew.run(
-                [bench.consume_task(target, run_id, prefetch, count=count, subscribe_at_start=True)])
+                [bench.consume_task(target, run_id, prefetch, count=count, subscribe_at_start=True)]
+            )
             bench.check(key, side, target, run_id, sent, [result])
         figures[key] = count / (result["end"] - result["start"])
     return figures
@@ -301,9 +342,21 @@ def pingpong(bench: Bench, side: Side, wanted: set[str]) -> dict[str, float]:
     settings = bench.settings
     with bench.broker(side, "pingpong") as (target, _):
         run_id = bench.new_run_id()
-        [result] = bench.crew.run([(load.pingpong, dict(target=target, run_id=run_id, size=settings.size,
-                                                        rounds=settings.pings, warmup=settings.warmup,
-                                                        timeout=settings.timeout))])
+        [result] = bench.crew.run(
+            [
+                (
+                    load.pingpong,
+                    dict(
+                        target=target,
+                        run_id=run_id,
+                        size=settings.size,
+                        rounds=settings.pings,
+                        warmup=settings.warmup,
+                        timeout=settings.timeout,
+                    ),
+                )
+            ]
+        )
         bench.check("pingpong", side, target, run_id, {0: settings.warmup + settings.pings}, [result])
     latencies = sorted(array("q", result["latency_ns"]))
     return {"pingpong-p50": percentile(latencies, 0.50) / 1000, "pingpong-p99": percentile(latencies, 0.99) / 1000}
@@ -341,8 +394,9 @@ def fill90(bench: Bench, side: Side, wanted: set[str]) -> dict[str, float]:
     """Balanced producers and consumers with the log empty, then with it 90% full."""
     count = side.fill_count or bench.curb_fill_count
     if not side.managed and count is None:
-        bench.notes[f"fill90 {side.name}"] = (f"fill90 skipped on {side.name}: no fill count given "
-                                              "and no Curb log filled in the same run")
+        bench.notes[f"fill90 {side.name}"] = (
+            f"fill90 skipped on {side.name}: no fill count given and no Curb log filled in the same run"
+        )
         return {}
     with bench.broker(side, "fill90", bench.settings.fill_cap) as (target, broker):
         run_id = bench.new_run_id()

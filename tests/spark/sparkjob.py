@@ -21,8 +21,17 @@ class InjectedFailure(RuntimeError):
     """Raised by the job in the batch a test chose to fail."""
 
 
-def start_job(spark: SparkSession, endpoints: str, checkpoint: Path, sink: Path, *, batch_size: int,
-              available_now: bool = False, fail_batch: int | None = None, delay_s: float = 0.0) -> StreamingQuery:
+def start_job(
+    spark: SparkSession,
+    endpoints: str,
+    checkpoint: Path,
+    sink: Path,
+    *,
+    batch_size: int,
+    available_now: bool = False,
+    fail_batch: int | None = None,
+    delay_s: float = 0.0,
+) -> StreamingQuery:
     """Consume `endpoints` into parquet files under `sink`, each row tagged with its batch id.
 
     `fail_batch`: the first attempt of that batch raises before writing anything.
@@ -36,8 +45,14 @@ def start_job(spark: SparkSession, endpoints: str, checkpoint: Path, sink: Path,
         time.sleep(delay_s)
         batch.withColumn("batch", lit(batch_id)).write.mode("append").parquet(str(sink))
 
-    writer = (spark.readStream.format("curb").option("endpoints", endpoints).option("batchSize", batch_size)
-              .load().writeStream.foreachBatch(write).option("checkpointLocation", str(checkpoint)))
+    writer = (
+        spark.readStream.format("curb")
+        .option("endpoints", endpoints)
+        .option("batchSize", batch_size)
+        .load()
+        .writeStream.foreachBatch(write)
+        .option("checkpointLocation", str(checkpoint))
+    )
     if available_now:
         writer = writer.trigger(availableNow=True)
     return writer.start()
@@ -45,6 +60,12 @@ def start_job(spark: SparkSession, endpoints: str, checkpoint: Path, sink: Path,
 
 if __name__ == "__main__":
     endpoints, checkpoint, sink, batch_size, delay_s = sys.argv[1:]
-    query = start_job(local_spark("curb-killed-job"), endpoints, Path(checkpoint), Path(sink),
-                      batch_size=int(batch_size), delay_s=float(delay_s))
+    query = start_job(
+        local_spark("curb-killed-job"),
+        endpoints,
+        Path(checkpoint),
+        Path(sink),
+        batch_size=int(batch_size),
+        delay_s=float(delay_s),
+    )
     query.awaitTermination()

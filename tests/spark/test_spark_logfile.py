@@ -33,8 +33,9 @@ def test_log_files_read_as_rows_while_running_and_after_stop(spark, brokers):
     b.stop()
     rows = spark.read.format("curb").load([str(a.log), str(b.log)]).collect()
     check([row for row in rows if row.file == str(a.log)])
-    assert [(row.body, row.state, row.deliveries) for row in rows if row.file == str(b.log)] == \
-        [(b"other\x00bytes", "rdy", 0)]
+    assert [(row.body, row.state, row.deliveries) for row in rows if row.file == str(b.log)] == [
+        (b"other\x00bytes", "rdy", 0)
+    ]
 
 
 def test_a_file_that_is_not_a_log_fails_with_its_name(spark, tmp_path):

@@ -42,10 +42,16 @@ def test_a_stream_drains_two_brokers_into_parquet(spark, brokers, tmp_path):
     headers = {"content-type": "text/plain", "trace": "t-1"}
     a.send(bodies("a", 150), headers)
     b.send(bodies("b", 120), headers)
-    query = (spark.readStream.format("curb").option("endpoints", f"{a.endpoint},{b.endpoint}")
-             .option("batchSize", 40).load()
-             .writeStream.format("parquet").option("path", str(tmp_path / "sink"))
-             .option("checkpointLocation", str(tmp_path / "checkpoint")).start())
+    query = (
+        spark.readStream.format("curb")
+        .option("endpoints", f"{a.endpoint},{b.endpoint}")
+        .option("batchSize", 40)
+        .load()
+        .writeStream.format("parquet")
+        .option("path", str(tmp_path / "sink"))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
     try:
         wait_until(lambda: a.is_empty() and b.is_empty(), "both queues drained and acknowledged")
     finally:
@@ -74,7 +80,8 @@ def check_recovered(spark, sink: Path, proxies: list[AckProxy], sent: dict[str, 
             holding = batches[(proxy.endpoint, ack.message_id)]
             assert holding & ack.committed, (
                 f"message {ack.message_id} of {proxy.endpoint} was ACKed while its batches {sorted(holding)} "
-                f"were not committed (committed: {sorted(ack.committed)})")
+                f"were not committed (committed: {sorted(ack.committed)})"
+            )
 
 
 @pytest.fixture
@@ -112,9 +119,14 @@ def test_a_killed_driver_and_jvm_are_recovered_from_the_checkpoint(spark, broker
     sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
     job = Path(__file__).with_name("sparkjob.py")
     with open(tmp_path / "job.out", "w") as out:
-        child = subprocess.Popen([sys.executable, str(job), endpoints, str(checkpoint), str(sink), "20", "1.0"],
-                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        child = subprocess.Popen(
+            [sys.executable, str(job), endpoints, str(checkpoint), str(sink), "20", "1.0"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
+
         def batch_in_flight() -> bool:
             assert child.poll() is None, (tmp_path / "job.out").read_text()
             commits = [p for p in (checkpoint / "commits").glob("[0-9]*")]
@@ -137,10 +149,17 @@ def test_a_second_available_now_run_reads_nothing(spark, brokers, tmp_path):
     b.send(bodies("b", 60))
 
     def run():
-        query = (spark.readStream.format("curb").option("endpoints", f"{a.endpoint},{b.endpoint}")
-                 .option("batchSize", 25).load()
-                 .writeStream.format("parquet").option("path", str(tmp_path / "sink"))
-                 .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start())
+        query = (
+            spark.readStream.format("curb")
+            .option("endpoints", f"{a.endpoint},{b.endpoint}")
+            .option("batchSize", 25)
+            .load()
+            .writeStream.format("parquet")
+            .option("path", str(tmp_path / "sink"))
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
         assert query.awaitTermination(DEADLINE_S), "an availableNow run must end once the queues are drained"
         return sum(progress["numInputRows"] for progress in query.recentProgress)
 
@@ -155,9 +174,15 @@ def test_a_second_available_now_run_reads_nothing(spark, brokers, tmp_path):
 def test_a_lost_connection_fails_the_query_naming_the_endpoint(spark, brokers, tmp_path):
     a = brokers[0]
     a.send(bodies("a", 10))
-    query = (spark.readStream.format("curb").option("endpoints", a.endpoint).load()
-             .writeStream.format("parquet").option("path", str(tmp_path / "sink"))
-             .option("checkpointLocation", str(tmp_path / "checkpoint")).start())
+    query = (
+        spark.readStream.format("curb")
+        .option("endpoints", a.endpoint)
+        .load()
+        .writeStream.format("parquet")
+        .option("path", str(tmp_path / "sink"))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
     try:
         wait_until(lambda: a.is_empty(), "the query to consume the queue")
         a.stop()
@@ -172,8 +197,15 @@ def test_with_heartbeat_a_frozen_broker_fails_the_query(spark, tmp_path):
     frozen.start()
     process = frozen.process
     assert process is not None
-    query = (spark.readStream.format("curb").option("endpoints", frozen.endpoint).option("heartbeat", 200).load()
-             .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "checkpoint")).start())
+    query = (
+        spark.readStream.format("curb")
+        .option("endpoints", frozen.endpoint)
+        .option("heartbeat", 200)
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
     try:
         wait_until(lambda: query.lastProgress is not None, "the query to run a first batch")
         process.send_signal(signal.SIGSTOP)
@@ -185,16 +217,25 @@ def test_with_heartbeat_a_frozen_broker_fails_the_query(spark, tmp_path):
         frozen.stop()
 
 
-@pytest.mark.parametrize("options, fragment", [
-    ({}, "option 'endpoints' is required"),
-    ({"endpoints": "localhost"}, "'localhost' is not HOST:PORT"),
-    ({"endpoints": "127.0.0.1:1", "batchSize": "lots"}, "option 'batchSize' must be an integer"),
-    ({"endpoints": "127.0.0.1:1"}, "curb endpoint 127.0.0.1:1: connecting (option 'endpoints') failed"),
-])
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        ({}, "option 'endpoints' is required"),
+        ({"endpoints": "localhost"}, "'localhost' is not HOST:PORT"),
+        ({"endpoints": "127.0.0.1:1", "batchSize": "lots"}, "option 'batchSize' must be an integer"),
+        ({"endpoints": "127.0.0.1:1"}, "curb endpoint 127.0.0.1:1: connecting (option 'endpoints') failed"),
+    ],
+)
 def test_bad_options_fail_the_query_at_start(spark, tmp_path, options, fragment):
     with pytest.raises(Exception) as raised:
-        query = (spark.readStream.format("curb").options(**options).load()
-                 .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "checkpoint")).start())
+        query = (
+            spark.readStream.format("curb")
+            .options(**options)
+            .load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .start()
+        )
         try:
             query.awaitTermination(DEADLINE_S)
         finally:
