@@ -15,6 +15,11 @@ sequence. Recovery trusts it, so it may only name what is already on disk:
 4. The ack-up-to watermark names no bytes: every checkpoint written carries the newest
    one, whichever snapshot it writes, so an ACK up to an id is durable (and its RECEIPT
    may leave) once the checkpoint after it is synced. It never goes down.
+5. Message ids are never reused, also after a crash lost messages written (or only
+   accepted) after the last checkpoint: a checkpoint's next id is a *reservation*, the
+   snapshot's next id plus `reserve`, and the log assigns no id at or above the
+   reservation of the newest durable checkpoint (`id_limit`). Only the final checkpoint
+   of a clean stop reserves nothing, so ids go on without a gap after it.
 """
 
 from __future__ import annotations
@@ -46,7 +51,9 @@ class Checkpoints:
         self.disk = disk
         self.gen = gen
         self.durable = durable
+        self.id_limit = durable.next_id  # ids below it may be assigned (rule 5)
         self.writing: tuple[int, Snapshot] | None = None
+        self._writing_limit = 0
         self._taken: collections.deque[tuple[int, Snapshot]] = collections.deque()
 
     def taken(self, flush_no: int, snap: Snapshot) -> None:
@@ -74,10 +81,12 @@ class Checkpoints:
             return None
         return best
 
-    def write(self, snap: Snapshot, flush_no: int) -> None:
-        """Write `snap` to the slot that does not hold the newest checkpoint."""
+    def write(self, snap: Snapshot, flush_no: int, reserve: int) -> None:
+        """Write `snap`, reserving the next `reserve` ids, to the slot that does not hold
+        the newest checkpoint."""
         self.gen += 1
-        ckpt = fmt.Checkpoint(self.gen, snap.tail, snap.head, snap.next_id, snap.next_wseq, snap.acked_upto)
+        self._writing_limit = snap.next_id + reserve
+        ckpt = fmt.Checkpoint(self.gen, snap.tail, snap.head, self._writing_limit, snap.next_wseq, snap.acked_upto)
         self.disk.pwrite(ckpt.encode(), fmt.SLOT_OFFSETS[self.gen % 2])
         self.writing = (flush_no, snap)
 
@@ -87,5 +96,6 @@ class Checkpoints:
         if self.writing is None or self.writing[0] > synced_no:
             return None
         self.durable = self.writing[1]
+        self.id_limit = self._writing_limit
         self.writing = None
         return self.durable

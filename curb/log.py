@@ -28,6 +28,8 @@ Invariants, each kept in one place:
   the checkpoint's next id, every id it finds and the watermark.
 - Browses (curb.browse) read the ring beside the cursor; the log tells each of the
   copies compaction makes (`moved`) and of space it may reuse (`freed`).
+- Ids are never reused: they stay below the reservation of the newest durable
+  checkpoint (curb.checkpoints, rule 5), and recovery resumes at that reservation.
 - Recovery never trusts unsynced bytes twice: it syncs what it found before naming it in
   a checkpoint, and moves the write sequence past every value a stale record could hold,
   so bytes left by an earlier run can never continue the chain.
@@ -76,6 +78,7 @@ CHECKPOINT_EVERY = 0.05
 PINNED_FOR = 0.1
 LAZY_SYNC = 0.01
 INLINE_SYNC_OPS = 4
+ID_RESERVE = 1 << 16  # ids a checkpoint reserves: at most this gap in ids after a crash
 Done = Callable[[str | None], None]
 
 
@@ -183,6 +186,7 @@ class LogCore:
         self._roomy = 3 * (self.max_record + PAD_SIZE) + 64
         self._broken: str | None = None
         self._upto_waiters: collections.deque[tuple[int, Done]] = collections.deque()
+        self._ids_wanted = False
         self._browses: set[Browse] = set()
         self.recovery = self._recover()
         self.next_ready: Callable[[], Record | None] = self._cursor.next_ready
@@ -239,7 +243,7 @@ class LogCore:
         self._checkpoints = Checkpoints(disk, ckpt.gen, durable)
         self._cursor.pass_dead()
         disk.sync()
-        self._checkpoints.write(self._snapshot(), 0)
+        self._checkpoints.write(self._snapshot(), 0, ID_RESERVE)
         disk.sync()
         written = self._checkpoints.synced(0)
         assert written is not None, "the checkpoint just written as flush 0 is synced by the sync above"
@@ -366,6 +370,12 @@ class LogCore:
                     f"{len(payload)} bytes needs {max(0, live + size - room)} more "
                     f"free; retry once consumers have caught up"
                 )
+        if self._next_id >= self._checkpoints.id_limit:
+            # Ids reserved by the durable checkpoint are used up (checkpoints come every
+            # CHECKPOINT_EVERY, so only at more than ID_RESERVE messages in that time).
+            self._ids_wanted = True
+            self._schedule()
+            raise QueueFull("queue full now: message ids are being reserved; retry at once")
         rec = Record(self._next_id, -1, size, 0, time.time_ns() // 1_000_000, None)
         self._next_id += 1
         if self._broken:
@@ -480,7 +490,7 @@ class LogCore:
             self._urgent_upto = fno
             self._waiters.extend((fno, done) for done in self._untagged)
             self._untagged.clear()
-        if self._room_wanted or self._upto_waiters:
+        if self._room_wanted or self._upto_waiters or self._ids_wanted:
             self._urgent_upto = fno
         if wrote:
             self._written_no = fno
@@ -493,13 +503,14 @@ class LogCore:
         """Write the newest writable checkpoint when the cadence says so or an append
         waits for room. Returns whether it wrote one."""
         now = self.clock()
-        if not self._room_wanted and not self._upto_waiters and now < self._ckpt_due:
+        if not self._room_wanted and not self._upto_waiters and not self._ids_wanted and now < self._ckpt_due:
             return False
         written_no = fno if wrote else self._written_no
         snap = self._checkpoints.writable(self._synced_no, written_no, self._snapshot())
         if snap is None:
             return False
-        self._checkpoints.write(snap, fno)
+        self._checkpoints.write(snap, fno, ID_RESERVE)
+        self._ids_wanted = False
         self._ckpt_due = now + CHECKPOINT_EVERY
         return True
 
@@ -790,7 +801,7 @@ class LogCore:
         self.sync()
         if self._broken:
             return
-        self._checkpoints.write(self._snapshot(), self._flush_no)
+        self._checkpoints.write(self._snapshot(), self._flush_no, 0)
         self.disk.sync()
         self._checkpoints.synced(self._flush_no)
 
