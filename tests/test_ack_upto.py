@@ -183,7 +183,8 @@ def test_ids_are_never_reused_after_a_crash_lost_them(mode: str, seed: int) -> N
     """Messages written (or only accepted) after the last checkpoint, some of them
     delivered and so seen by a client, then a crash: the ids after restart are above
     every id assigned before, even when the crash lost those messages."""
-    log = LogCore(SimDisk(random.Random(seed)), 64 * 1024, clock=lambda: 0.0)
+    disk = SimDisk(random.Random(seed))
+    log = LogCore(disk, 64 * 1024, clock=lambda: 0.0)
     for _ in range(5):
         log.append(b"\nkept")
     log.flush()
@@ -194,16 +195,17 @@ def test_ids_are_never_reused_after_a_crash_lost_them(mode: str, seed: int) -> N
     assert log.next_ready() is not None  # a client saw id 1 at least
     log.append(b"\naccepted, not written")
     seen = log.last_id
-    after = LogCore(log.disk.crash(mode), 64 * 1024, clock=lambda: 0.0)
+    after = LogCore(disk.crash(mode), 64 * 1024, clock=lambda: 0.0)
     assert after.append(b"\nnew").id > seen
 
 
 def test_ids_go_on_without_a_gap_after_a_clean_stop() -> None:
-    log = LogCore(SimDisk(random.Random(1)), 64 * 1024)
+    disk = SimDisk(random.Random(1))
+    log = LogCore(disk, 64 * 1024)
     for _ in range(3):
         log.append(b"\nm")
     log.final_checkpoint()
-    after = LogCore(log.disk.crash("power"), 64 * 1024)
+    after = LogCore(disk.crash("power"), 64 * 1024)
     assert after.append(b"\nnext").id == 4
 
 
