@@ -122,40 +122,25 @@ class Browse:
 
     def _held_ahead(self) -> list[tuple[int, bytes]]:
         """The live messages in range whose live occurrence is still ahead, once no
-        original in range is: held messages, and copies recovery found, in write order."""
+        original in range is: held messages, and copies recovery found, in write order.
+        Each is read back and judged by `Cursor.is_live` like any other record."""
         cur, low, high = self.cursor, self.from_id, self.to_id
-        found: list[tuple[int, int, int]] = []  # (wseq, id, offset)
-        for held in (cur.behind, cur.ahead):
-            for rec in held.values():
-                if (
-                    low <= rec.id <= high
-                    and not rec.acked
-                    and rec.id > cur.upto
-                    and rec.wseq > self.last_wseq
-                    and rec.id not in self.skip
-                ):
-                    found.append((rec.wseq, rec.id, rec.offset))
-        out: list[tuple[int, int, bytes]] = []
-        for wseq, mid, offset in found:
-            got = self._read(offset, mid)
-            if got is not None:
-                out.append((wseq, mid, got[1]))
-        for mid, offset in cur.last.items():
-            if low <= mid <= high and mid > cur.upto:
-                got = self._read(offset, mid)
-                if got is not None and got[0] > self.last_wseq:
-                    out.append((got[0], mid, got[1]))
-        out.sort()
-        return [(mid, payload) for _, mid, payload in out]
-
-    def _read(self, offset: int, msg_id: int) -> tuple[int, bytes] | None:
-        """(write sequence, payload) of the intact record of `msg_id` at `offset`."""
-        self.reader.drop()
-        found = self.reader.intact(offset, self.end)
-        if found is None or found[0].id != msg_id:
-            return None
-        hdr, buf, off = found
-        return hdr.wseq, bytes(buf[off + RECORD_HEADER : off + hdr.size - 1])
+        places = [rec.offset for held in (cur.behind, cur.ahead) for rec in held.values() if low <= rec.id <= high]
+        places += [at for mid, at in cur.last.items() if low <= mid <= high and at >= 0]
+        places.sort()  # one read window serves neighbours
+        found: list[tuple[int, int, bytes]] = []  # (wseq, id, payload)
+        reader = self.reader
+        reader.drop()
+        for at in places:
+            got = reader.intact(at, self.end)
+            if got is None:
+                continue
+            hdr, buf, off = got
+            if hdr.wseq > self.last_wseq and hdr.id not in self.skip and cur.is_live(at, hdr):
+                found.append((hdr.wseq, hdr.id, bytes(buf[off + RECORD_HEADER : off + hdr.size - 1])))
+        reader.drop()
+        found.sort()
+        return [(mid, payload) for _, mid, payload in found]
 
     def _skip_damage(self, pos: int, limit: int) -> None:
         """Past damaged bytes, as the cursor does (it reports them; a browse does not)."""

@@ -151,6 +151,19 @@ class Cursor:
         live_at = self.last.get(mid)
         return live_at is None or live_at == pos
 
+    def ack_upto(self, upto: int) -> None:
+        """Raise the watermark: uncount the unread messages it makes dead, those the
+        cursor reaches by passing dead records now and the copies recovery found further
+        on (their `last` entry then names no offset, so neither occurrence counts again)."""
+        self.upto = upto
+        for mid, at in list(self.last.items()):
+            if mid <= upto and at >= 0:
+                found = self.reader.intact(at, self.end)
+                if found is not None and found[0].id == mid and found[0].state != STATE_ACK:
+                    self._uncount(found[0].size)
+                self.last[mid] = -1
+        self.pass_dead()
+
     def next_ready(self) -> Record | None:
         """The next never-delivered message in queue order, now in flight; None when
         every written record has been handed out."""

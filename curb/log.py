@@ -264,13 +264,13 @@ class LogCore:
     @property
     def unread(self) -> int:
         """Messages accepted and never handed out."""
-        return self._cursor.unread + len(self._pending) - self._pending_dead()[0]
+        return self._cursor.unread + len(self._pending)
 
     @property
     def live_bytes(self) -> int:
         """Bytes of every message not yet acked, as records."""
         cur = self._cursor
-        return cur.unread_bytes + self._pending_bytes - self._pending_dead()[1] + cur.outstanding_bytes
+        return cur.unread_bytes + self._pending_bytes + cur.outstanding_bytes
 
     @property
     def last_id(self) -> int:
@@ -281,17 +281,6 @@ class LogCore:
     def acked_upto(self) -> int:
         """The ack-up-to watermark: every message with an id up to it is acked."""
         return self._acked_upto
-
-    def _pending_dead(self) -> tuple[int, int]:
-        """(messages, bytes) waiting to be written that the watermark already made dead:
-        the first ones, since they wait in id order."""
-        n = size = 0
-        for rec, _, _, _ in self._pending:
-            if rec.id > self._acked_upto:
-                break
-            n += 1
-            size += rec.size
-        return n, size
 
     @property
     def ahead_dead_bytes(self) -> int:
@@ -402,18 +391,26 @@ class LogCore:
     def ack_upto(self, upto: int, done: Done | None = None) -> None:
         """Every message with an id up to `upto` is done for good, wherever it is (never
         delivered, rdy again, or held by any consumer): raise the watermark, forget the
-        held ones, and pass the dead ones ahead. `done(None)` runs once a synced
-        checkpoint carries the watermark. The caller checks `upto <= last_id`."""
+        held ones, pass the dead ones ahead, and never write those not yet written (their
+        SEND's `done` then waits for the watermark instead). `done(None)` runs once a
+        synced checkpoint carries the watermark. The caller checks `upto <= last_id`."""
         if upto > self._acked_upto:
             self._acked_upto = upto
+            pending = self._pending
+            while pending and pending[0][0].id <= upto:
+                rec, _, sent, _ = pending.popleft()
+                self._pending_bytes -= rec.size
+                if sent is not None:
+                    self._upto_waiters.append((upto, sent))
+            if not pending:
+                self._pending_largest = 0
             cur = self._cursor
-            cur.upto = upto
             for held in (cur.behind, cur.ahead):
                 for rec in [r for r in held.values() if r.id <= upto and not r.acked]:
                     rec.acked = True
                     cur.settled(rec)
                     self._classes.remove(rec.size)
-            cur.pass_dead()
+            cur.ack_upto(upto)
         if done is None:
             pass
         elif upto <= self._checkpoints.durable.acked_upto:
