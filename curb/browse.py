@@ -26,12 +26,13 @@ Invariants:
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from curb.cursor import Cursor
 from curb.reader import RecordReader
-from curb.record import RECORD_HEADER, RING_START, STATE_PAD
+from curb.record import COPY_FLAG, RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, RecordHeader
 
 
 @dataclass(slots=True)
@@ -87,38 +88,74 @@ class Browse:
         out: list[tuple[int, bytes]] = []
         if self.done:
             return Step(out, done=True)
-        cur, reader = self.cursor, self.reader
+        cur, reader, skip = self.cursor, self.reader, self.skip
         low, high = self.from_id, self.to_id
         used = 0
         while used < budget:
             pos = self.pos
-            if pos == cur.whead:
+            whead = cur.whead
+            if pos == whead:
                 self.done = not self.waits_for(high)
                 return Step(out, done=self.done, waiting=not self.done)
-            limit = cur.whead if cur.whead > pos else self.end
-            found = reader.intact(pos, limit)
+            limit = whead if whead > pos else self.end
+            found = self._plain(pos, limit) or reader.intact(pos, limit)
             if found is None or not self.last_wseq < found[0].wseq < cur.next_wseq:
                 self._skip_damage(pos, limit)
                 continue
             hdr, buf, off = found
-            self.last_wseq = hdr.wseq
-            if hdr.state == STATE_PAD:
+            mid, wseq, state, size = hdr.id, hdr.wseq, hdr.state, hdr.size
+            self.last_wseq = wseq
+            if state == STATE_PAD:
                 self.pos = RING_START
                 reader.drop()
                 continue
-            self.pos = pos + hdr.size
-            mid = hdr.id
-            if self.skip.get(mid) == hdr.wseq:
-                del self.skip[mid]
+            self.pos = pos + size
+            if skip and skip.get(mid) == wseq:
+                del skip[mid]
                 continue
             if not hdr.copy and mid > high:
                 out.extend(self._held_ahead())
                 self.done = True
                 return Step(out, done=True)
-            if low <= mid <= high and cur.is_live(pos, hdr):
-                out.append((mid, bytes(buf[off + RECORD_HEADER : off + hdr.size - 1])))
-                used += hdr.size
+            if low <= mid <= high and cur.is_live(pos, mid, wseq, state):
+                out.append((mid, buf[off + RECORD_HEADER : off + size - 1]))
+                used += size
         return Step(out)
+
+    def _plain(self, pos: int, limit: int) -> tuple[RecordHeader, bytes, int] | None:
+        """The record at pos when it is a plain intact `rdy` or `ack` record inside the
+        current window (the common case, parsed here without the general checks);
+        None sends the caller to RecordReader.intact, which decides every other case."""
+        reader = self.reader
+        buf = reader.buf
+        off = pos - reader.base
+        if off < 0 or off + RECORD_HEADER > len(buf) or buf[off + RECORD_HEADER - 1] != 10:
+            return None
+        state = buf[off : off + 3]
+        if state != STATE_RDY and state != STATE_ACK:
+            return None
+        try:
+            length = int(buf[off + 48 : off + 56], 16)
+            mid = int(buf[off + 9 : off + 21], 16)
+            stamp = int(buf[off + 35 : off + 47], 16)
+            hdr = RecordHeader(
+                state,
+                0,
+                mid,
+                int(buf[off + 22 : off + 34], 16),
+                stamp & ~COPY_FLAG,
+                length,
+                int(buf[off + 57 : off + 65], 16),
+                bool(stamp & COPY_FLAG),
+            )
+        except ValueError:
+            return None
+        end = off + RECORD_HEADER + length + 1
+        if mid == 0 or pos + RECORD_HEADER + length + 1 > limit or end > len(buf) or buf[end - 1] != 10:
+            return None
+        if zlib.crc32(buf[off + RECORD_HEADER : end - 1], zlib.crc32(buf[off + 9 : off + 56])) != hdr.crc:
+            return None
+        return hdr, buf, off
 
     def _held_ahead(self) -> list[tuple[int, bytes]]:
         """The live messages in range whose live occurrence is still ahead, once no
@@ -136,7 +173,7 @@ class Browse:
             if got is None:
                 continue
             hdr, buf, off = got
-            if hdr.wseq > self.last_wseq and hdr.id not in self.skip and cur.is_live(at, hdr):
+            if hdr.wseq > self.last_wseq and hdr.id not in self.skip and cur.is_live(at, hdr.id, hdr.wseq, hdr.state):
                 found.append((hdr.wseq, hdr.id, bytes(buf[off + RECORD_HEADER : off + hdr.size - 1])))
         reader.drop()
         found.sort()

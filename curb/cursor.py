@@ -38,7 +38,7 @@ import collections
 from collections.abc import Callable
 
 from curb.reader import RecordReader
-from curb.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, RecordHeader
+from curb.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD
 
 KEEP_PAYLOAD = 64 * 1024
 FRESH_BYTES = 1 << 20
@@ -137,16 +137,16 @@ class Cursor:
         if self.behind.pop(rec.id, None) is not None:
             self.behind_bytes -= rec.size
 
-    def is_live(self, pos: int, hdr: RecordHeader) -> bool:
-        """Whether the intact record `hdr` at `pos` is the live occurrence of a message
-        not yet acked, as of now (see the module's invariants)."""
-        mid = hdr.id
-        if mid <= self.upto or hdr.state == STATE_PAD:
+    def is_live(self, pos: int, mid: int, wseq: int, state: bytes) -> bool:
+        """Whether the intact record at `pos` (message `mid`, write sequence `wseq`, in
+        `state`) is the live occurrence of a message not yet acked, as of now (see the
+        module's invariants)."""
+        if mid <= self.upto or state == STATE_PAD:
             return False
         held = self.behind.get(mid) or self.ahead.get(mid)
         if held is not None:
             return held.offset == pos and not held.acked
-        if hdr.wseq <= self.last_wseq or hdr.state == STATE_ACK:
+        if wseq <= self.last_wseq or state == STATE_ACK:
             return False  # read by the cursor and no longer held, or acked in an earlier run
         live_at = self.last.get(mid)
         return live_at is None or live_at == pos

@@ -1,0 +1,100 @@
+"""Browse throughput: how fast one client reads a full queue with a browse
+(SUBSCRIBE browser:true), and the broker's memory meanwhile.
+
+    bin/bench-browse [--messages 1000000] [--body 100] [--cap 512MiB]
+
+It starts a broker on a new log in a temporary directory, fills it with pipelined SENDs
+(receipts every 1000), then browses everything once (the queue is left as it was),
+reading the bytes with a plain socket so that the client is not what is measured, and
+prints: messages, seconds, messages/s, MB/s of frames, and the broker's RSS before the
+browse and its peak during it (sampled every 10 ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import tempfile
+import time
+
+from benchmark.broker import rss_bytes
+from benchmark.workloads import PeakRss
+
+from curb.client import Client
+from curb.frame import encode
+from curb.spawn import BrokerProcess
+
+RECEIPT_EVERY = 1000
+READ_SIZE = 1 << 20
+
+
+def fill(port: int, messages: int, body: bytes) -> float:
+    """SEND `messages` copies of `body`; returns the seconds it took, all stored."""
+    started = time.monotonic()
+    frame = encode("SEND", {"destination": "/queue/curb"}, body)
+    with Client("127.0.0.1", port, timeout=120) as c:
+        for n in range(messages):
+            if n % RECEIPT_EVERY == RECEIPT_EVERY - 1 or n == messages - 1:
+                c.send(body, receipt=f"r{n}")
+                if n >= 10 * RECEIPT_EVERY:
+                    c.wait_receipt(f"r{n - 10 * RECEIPT_EVERY}")  # a window of receipts
+            else:
+                c.write(frame)
+        c.wait_receipt(f"r{messages - 1}")
+    return time.monotonic() - started
+
+
+def browse_all(port: int) -> tuple[int, int, float]:
+    """(MESSAGE frames before the end marker, bytes read, seconds) of one full browse."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(encode("CONNECT", {"accept-version": "1.2"}))
+        connected = b""
+        while b"\0" not in connected:
+            connected += sock.recv(4096)
+        started = time.monotonic()
+        sock.sendall(encode("SUBSCRIBE", {"id": "b", "destination": "/queue/curb", "browser": "true"}))
+        frames = total = 0
+        tail = b""
+        while True:
+            data = sock.recv(READ_SIZE)
+            if not data:
+                raise RuntimeError("the broker closed the connection during the browse")
+            total += len(data)
+            seen = tail + data
+            frames += seen.count(b"\0MESSAGE\n") + (1 if frames == 0 and seen.startswith(b"MESSAGE\n") else 0)
+            if b"\nbrowser:end\n" in seen:
+                break
+            tail = seen[-16:]
+        seconds = time.monotonic() - started
+        sock.sendall(encode("DISCONNECT", {}))
+    return frames - 1, total, seconds  # the end marker is a MESSAGE too
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="bin/bench-browse", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=1_000_000, help="messages queued (default 1000000)")
+    parser.add_argument("--body", type=int, default=100, help="body bytes (default 100)")
+    parser.add_argument("--cap", default="512MiB", help="the broker's -cap (default 512MiB)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="curb-bench-browse-") as workdir:
+        broker = BrokerProcess(cwd=workdir)
+        port = broker.start(["-cap", args.cap, "-addr", "127.0.0.1:0", "-file", "curb.log"])
+        try:
+            fill_seconds = fill(port, args.messages, b"x" * args.body)
+            print(f"filled {args.messages} messages of {args.body} B in {fill_seconds:.1f} s")
+            before = rss_bytes(broker.pid)
+            with PeakRss(broker.pid) as rss:
+                frames, total, seconds = browse_all(port)
+            if frames != args.messages:
+                raise SystemExit(f"browse returned {frames} messages, expected {args.messages}")
+            print(
+                f"browse: {frames} messages in {seconds:.2f} s = {frames / seconds:,.0f} messages/s, "
+                f"{total / seconds / 1e6:.1f} MB/s of frames; broker RSS {before / 2**20:.1f} MiB before, "
+                f"peak {rss.peak / 2**20:.1f} MiB during"
+            )
+        finally:
+            broker.stop()
+
+
+if __name__ == "__main__":
+    main()
