@@ -19,7 +19,6 @@ import time
 
 from benchmark.broker import rss_bytes
 from benchmark.workloads import PeakRss
-
 from curb.client import Client
 from curb.frame import encode
 from curb.spawn import BrokerProcess
