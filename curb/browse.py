@@ -16,6 +16,11 @@ Invariants:
 - The position never lies in space the log may reuse: when the durable tail passes it,
   the log calls `freed` and the browse moves to the new tail (everything in between
   was dead when that checkpoint was taken). Its window is dropped then and at every pad.
+- A browse may start at a later record than the logical tail (`start_at`, the log's
+  choice: an original of this run whose id is at most from_id). Nothing in range lies
+  before it: every original before it has a lower id, and so has every copy before it
+  (a copy follows its original, and copies recovery found are of messages older than
+  any written in this run).
 - Originals (records that are not copies) are written in id order, so once the browse
   reads an original above to_id, the only live messages left in range are held ones
   (in memory: the cursor's `behind` and `ahead`) and copies recovery found (`last`):
@@ -67,6 +72,11 @@ class Browse:
         self.last_wseq = -1
         self.skip: dict[int, int] = {}  # id -> write sequence of a copy already returned
         self.done = from_id > to_id
+
+    def start_at(self, pos: int, wseq: int) -> None:
+        """Start at the record at `pos` (write sequence `wseq`) instead of the tail: no
+        original before it has an id in range."""
+        self.pos, self.last_wseq = pos, wseq - 1
 
     # ---------------------------------------------------------------- the log's notices
 

@@ -27,7 +27,10 @@ Invariants, each kept in one place:
   counts such records as acked. Message ids are never reused: recovery resumes above
   the checkpoint's next id, every id it finds and the watermark.
 - Browses (curb.browse) read the ring beside the cursor; the log tells each of the
-  copies compaction makes (`moved`) and of space it may reuse (`freed`).
+  copies compaction makes (`moved`) and of space it may reuse (`freed`). A browse starts
+  at the logical tail, or at a *mark* (every MARK_EVERY'th message written, a bounded
+  list of (id, offset, write sequence)) with an id at most its from-id, when that mark
+  still lies in the live region and its record is still there.
 - Ids are never reused: they stay below the reservation of the newest durable
   checkpoint (curb.checkpoints, rule 5), and recovery resumes at that reservation.
 - Recovery never trusts unsynced bytes twice: it syncs what it found before naming it in
@@ -38,6 +41,7 @@ Invariants, each kept in one place:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import errno
 import os
@@ -78,6 +82,8 @@ CHECKPOINT_EVERY = 0.05
 PINNED_FOR = 0.1
 LAZY_SYNC = 0.01
 INLINE_SYNC_OPS = 4
+MARK_EVERY = 1024  # a browse may start at every this many'th message written
+MARKS_KEPT = 4096
 ID_RESERVE = 1 << 16  # ids a checkpoint reserves: at most this gap in ids after a crash
 Done = Callable[[str | None], None]
 
@@ -188,6 +194,9 @@ class LogCore:
         self._upto_waiters: collections.deque[tuple[int, Done]] = collections.deque()
         self._ids_wanted = False
         self._browses: set[Browse] = set()
+        self._marks: list[tuple[int, int, int]] = []  # (id, offset, wseq), ids rising
+        self._unmarked = 0
+        self.mark_every = MARK_EVERY
         self.recovery = self._recover()
         self.next_ready: Callable[[], Record | None] = self._cursor.next_ready
 
@@ -426,9 +435,32 @@ class LogCore:
     def browse(self, from_id: int, to_id: int) -> Browse:
         """A read of the live messages with ids in [from_id, to_id] (curb.browse); the
         caller steps it and ends it with `end_browse`."""
-        browse = Browse(self._cursor, RecordReader(self.disk, self.capacity), self.end, from_id, to_id, self._waits_for)
+        cur = self._cursor
+        browse = Browse(cur, RecordReader(self.disk, self.capacity), self.end, from_id, to_id, self._waits_for)
+        mark = self._mark_before(from_id)
+        if mark is not None:
+            browse.start_at(mark[1], mark[2])
         self._browses.add(browse)
         return browse
+
+    def _mark_before(self, msg_id: int) -> tuple[int, int, int] | None:
+        """The last mark with an id at most `msg_id` that lies in the live region (from the
+        logical tail to the head) with its record still there, if it is worth starting at."""
+        marks = self._marks
+        i = bisect.bisect_right(marks, msg_id, key=lambda mark: mark[0])
+        if i == 0:
+            return None
+        mark = marks[i - 1]
+        cur, ring = self._cursor, self._ring
+        tail = cur.tail()
+        if not 0 < ring.distance(tail, mark[1]) < ring.distance(tail, cur.whead):
+            return None
+        raw = self.disk.pread(RECORD_HEADER, mark[1])
+        try:
+            hdr = fmt.parse_header(raw, 0)
+        except FormatError:
+            return None
+        return mark if (hdr.id, hdr.wseq) == (mark[0], mark[2]) else None
 
     def end_browse(self, browse: Browse) -> None:
         self._browses.discard(browse)
@@ -563,8 +595,16 @@ class LogCore:
         runs.write(self.disk)
         cursor = self._cursor
         cursor.whead, cursor.next_wseq = self._ring.head, self._next_wseq
+        unmarked, every = self._unmarked, self.mark_every
         for rec, payload in written:
             cursor.written(rec, payload)
+            unmarked += 1
+            if unmarked >= every:
+                unmarked = 0
+                self._marks.append((rec.id, rec.offset, rec.wseq))
+        self._unmarked = unmarked
+        if len(self._marks) > 2 * MARKS_KEPT:
+            del self._marks[:MARKS_KEPT]
         if self._pending and self._room_wanted and not self._can_progress():
             self._cancel_pending("queue full: the log has no room for this message; it was not stored")
         return len(written), bool(runs.runs)

@@ -380,6 +380,8 @@ class Sim:
         if self.faults_on:
             disk.write_eio, disk.sync_eio = self.cfg.write_eio, self.cfg.sync_eio
         core.on_fatal = self._on_fatal
+        if self.replay_steps:
+            core.mark_every = self.xrng.choice((1, 3, 1 << 20))  # browses start at marks, or at the tail
         rec = core.recovery
         self.trace("open: recovered %d messages, %d live bytes, torn %r", rec.messages, rec.live_bytes, rec.torn)
         return core
