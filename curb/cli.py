@@ -276,6 +276,14 @@ async def serve(
     stop = loop.create_future()
     fatal: list[str] = []
 
+    def on_signal() -> None:
+        if not stop.done():
+            stop.set_result(None)
+
+    # Before the `listening` line: whoever starts curb may signal it as soon as it reads it.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+
     def on_fatal(reason: str) -> None:
         fatal.append(reason)
         events("fatal", f"stopping: {reason}", reason=reason)
@@ -298,13 +306,6 @@ async def serve(
     for server in servers:
         await server.start_serving()
     events("listening", where, addr=names, file=path, cap=cap)
-
-    def on_signal() -> None:
-        if not stop.done():
-            stop.set_result(None)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
     systemd.notify("READY=1", f"STATUS=serving {rec.messages} recovered messages")
     await stop
     systemd.notify("STOPPING=1")
