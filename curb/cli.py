@@ -424,8 +424,9 @@ async def serve(
         raise
     for server in servers:
         await server.start_serving()
-    events("listening", where, addr=names, file=path, cap=cap)
+    # Before the `listening` line, which tells the tests and Spark the broker is ready.
     _say_who_may_connect(events, servers, user_table, users_path, max_connections, fd_limit)
+    events("listening", where, addr=names, file=path, cap=cap)
 
     def on_signal() -> None:
         if not stop.done():

@@ -31,27 +31,34 @@ class TlsFiles:
 
 def load(files: TlsFiles) -> ssl.SSLContext:
     """A server context from the PEM files; TlsError names the file that failed."""
+    for path in (files.cert, files.key, files.ca):
+        if path is not None:
+            _check_readable(path)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
         context.load_cert_chain(files.cert, files.key)
-    except FileNotFoundError as err:
-        raise TlsError(f"cannot read {err.filename}: no such file") from None
-    except OSError as err:
-        raise TlsError(f"cannot read {err.filename or files.cert}: {err.strerror or err}") from None
-    except ssl.SSLError as err:
-        raise TlsError(f"{files.cert} and {files.key} are not a PEM certificate and its key ({err.reason})") from None
+    except (ssl.SSLError, OSError) as err:
+        raise TlsError(f"{files.cert} and {files.key} are not a PEM certificate and its key ({_why(err)})") from None
     if files.ca is not None:
         try:
             context.load_verify_locations(cafile=files.ca)
-        except FileNotFoundError:
-            raise TlsError(f"cannot read {files.ca}: no such file") from None
-        except OSError as err:
-            raise TlsError(f"cannot read {files.ca}: {err.strerror or err}") from None
-        except ssl.SSLError as err:
-            raise TlsError(f"{files.ca} holds no PEM CA certificate ({err.reason})") from None
+        except (ssl.SSLError, OSError) as err:
+            raise TlsError(f"{files.ca} holds no PEM CA certificate ({_why(err)})") from None
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+def _check_readable(path: str) -> None:
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as err:
+        raise TlsError(f"cannot read {path}: {err.strerror or err}") from None
+
+
+def _why(err: Exception) -> str:
+    return getattr(err, "reason", None) or getattr(err, "strerror", None) or str(err)
 
 
 class Listener:
