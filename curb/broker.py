@@ -20,6 +20,7 @@ from curb.cursor import Record
 from curb.log import QueueFull, TooLarge
 from curb.metrics import Metrics
 from curb.queue import Queue, Subscription
+from curb.ratelimit import LineLimit
 from curb.users import User
 
 if TYPE_CHECKING:
@@ -99,8 +100,7 @@ class Broker:
         self.connect_timeout = connect_timeout  # 0: no limit
         self.refuse_delay = refuse_delay
         self.max_connections = max_connections  # None: no limit
-        self._limit_logged_at: float | None = None
-        self._refused_since_log = 0
+        self._limit_lines = LineLimit(LIMIT_LOG_SECONDS)
         self.metrics = metrics or Metrics()
         self.events = events
         self.schedule = schedule
@@ -122,17 +122,15 @@ class Broker:
         if limit is None or len(self.sessions) < limit:
             return True
         self.metrics.connections_refused += 1
-        self._refused_since_log += 1
-        if self._limit_logged_at is None or now - self._limit_logged_at >= LIMIT_LOG_SECONDS:
+        refused = self._limit_lines.hit(now)
+        if refused:
             self.events(
                 "connection_limit",
-                f"{limit} connections open (-max-connections): closed {self._refused_since_log} new ones "
+                f"{limit} connections open (-max-connections): closed {refused} new ones "
                 f"at once, more are closed without a line for {LIMIT_LOG_SECONDS:g} s",
                 limit=limit,
-                refused=self._refused_since_log,
+                refused=refused,
             )
-            self._limit_logged_at = now
-            self._refused_since_log = 0
         return False
 
     def join(self, session: Session) -> None:

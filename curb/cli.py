@@ -45,15 +45,20 @@ from curb.inspect import inspect_command
 from curb.log import Log, LogError, parse_size
 from curb.metrics import Metrics, serve_http
 from curb.passwd import passwd_command
+from curb.ratelimit import LineLimit
 from curb.server import Connection
 
 DEFAULT_PORT = 61613
 DRAIN_SECONDS = 5.0
 EXIT_IO = 1
 EXIT_USAGE = 2
-# File descriptors -max-connections leaves for the log, the listeners, the event loop,
-# -http's connections and a margin.
-FD_HEADROOM = 64
+# Connections the kernel may queue on a listener, which asyncio then accepts in one go:
+# they hold file descriptors before the connection limit can close them.
+BACKLOG = 128
+# File descriptors -max-connections leaves for one backlog's burst, the log, the
+# listeners, the event loop, -http's connections and a margin.
+FD_HEADROOM = BACKLOG + 64
+ACCEPT_FAILED_LOG_SECONDS = 10.0
 # What the system says about a log file that it will keep saying until someone changes
 # the file, its directory or the flags; any other error may pass (see the module docstring).
 OPERATOR_ERRNOS = frozenset(
@@ -319,6 +324,7 @@ async def serve(
     user_table = _load_users(users_path) if users_path is not None else None
     tls_listener = _load_tls(tls_files) if tls_files is not None else None
     fd_limit = _raise_fd_limit()
+    loop.set_exception_handler(_accept_failures_as_lines(events))
     if max_connections is None:
         max_connections = max(1, fd_limit - FD_HEADROOM)
 
@@ -339,7 +345,9 @@ async def serve(
             await _listen(
                 "-addr",
                 addr,
-                lambda: loop.create_server(new_session, addr[0], addr[1], reuse_address=True, start_serving=False),
+                lambda: loop.create_server(
+                    new_session, addr[0], addr[1], reuse_address=True, backlog=BACKLOG, start_serving=False
+                ),
             )
         ]
         names = ", ".join(_sockname(s) for s in servers[0].sockets)
@@ -358,6 +366,7 @@ async def serve(
                 tls_addr[1],
                 ssl=tls_listener.context,
                 reuse_address=True,
+                backlog=BACKLOG,
                 start_serving=False,
             ),
         )
@@ -494,6 +503,29 @@ def _raise_fd_limit() -> int:
         except (OSError, ValueError):
             pass
     return soft
+
+
+def _accept_failures_as_lines(events: Callable[..., None]):
+    """The loop's exception handler: accept() failing at the fd limit (asyncio retries it a
+    second later) is one line per ACCEPT_FAILED_LOG_SECONDS, not a traceback per try."""
+    lines = LineLimit(ACCEPT_FAILED_LOG_SECONDS)
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        err = context.get("exception")
+        if context.get("message") != "socket.accept() out of system resource" or not isinstance(err, OSError):
+            loop.default_exception_handler(context)
+            return
+        failures = lines.hit(loop.time())
+        if failures:
+            events(
+                "accept_failed",
+                f"cannot accept connections: {_reason(err)}, {failures} times; retrying each second "
+                f"(raise the fd limit, LimitNOFILE=, or lower -max-connections)",
+                reason=_reason(err),
+                failures=failures,
+            )
+
+    return handle
 
 
 def _say_who_may_connect(events: Events, servers, table, users_path, max_connections: int, fd_limit: int) -> None:
