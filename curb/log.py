@@ -389,6 +389,11 @@ class LogCore:
         self._schedule()
         return rec
 
+    def delivered(self, rec: Record) -> None:
+        """The queue handed the message to a consumer: count it (the MESSAGE says how
+        often it came before, and the record's next state write keeps the count)."""
+        rec.deliveries += 1
+
     def ack(self, rec: Record) -> None:
         """The message is done: flip its state on disk; it is never delivered again."""
         if rec.acked:
