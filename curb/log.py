@@ -310,21 +310,21 @@ class LogCore:
         ending a lap may waste up to a record), and L + pad for the unusable end of the
         lap the region spans or the new record may leave; and a quarter of the held
         messages compaction must copy to pass them, so that it gets there in a few
-        batches, not one record's worth of room at a time. All of the ring while the
-        message that pins the tail could not be copied (see below)."""
+        batches, not one record's worth of room at a time. All of the ring while free
+        bytes are short of the reserve and copying the held messages could not free
+        enough (a crash left the free bytes in pieces too small for their copies)."""
         reserve = self._reserve()
         ring = self._ring
         free = ring.free()
         if free < reserve:
             cur = self._cursor
             reachable = free + ring.distance(ring.tail, cur.tail())
-            if reachable < reserve and self._pending_bytes + size + reserve > reachable:
-                pinning = next(iter(cur.behind.values()), None)
-                if pinning is not None and ring.place(pinning.size) is None:
-                    # Too fragmented for compaction to copy the message that pins the
-                    # tail (a crash interrupted it): only what fits without copies,
-                    # until ACKs free the tail.
-                    return self.capacity
+            want = self._pending_bytes + size + reserve
+            if reachable < want and not ring.clears(((r.offset, r.size) for r in cur.behind.values()), cur.rpos, want):
+                # Too fragmented for compaction to copy the held messages that pin the
+                # tail (a crash interrupted it): nothing that needs copies, until ACKs
+                # free the tail.
+                return self.capacity
         # Sizes as the reserve will count them once placed: by their class's bound.
         waiting = class_bound(size_class(max(size, self._pending_largest)))
         largest = max(min(self.max_record, waiting), reserve // 2 - PAD_SIZE)
@@ -386,6 +386,11 @@ class LogCore:
             self._pending_largest = size
         self._schedule()
         return rec
+
+    def delivered(self, rec: Record) -> None:
+        """The queue handed the message to a consumer: count it (the MESSAGE says how
+        often it came before, and the record's next state write keeps the count)."""
+        rec.deliveries += 1
 
     def ack(self, rec: Record) -> None:
         """The message is done: flip its state on disk; it is never delivered again."""

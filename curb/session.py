@@ -24,6 +24,13 @@ Rules:
 - ACK with curb-upto:<n> acknowledges every message up to n on every connection; its
   RECEIPT waits until that is durable, like an ACK's.
 - The queue, the log and the metrics are reached only through the Broker.
+- Access: with a users file (Broker.users), CONNECT must name a user and its password, or
+  come over a connection whose client certificate's CN names a user (`identity`). A failed
+  CONNECT is answered "access refused" only at a deadline a fixed delay after it came, the
+  same for every failure. Each frame needs at most one permission, named by `PERMISSION`
+  (and `./count` frames need `count`); without a users file everything is allowed.
+- A connection that has not sent CONNECT by `broker.connect_timeout` seconds after it
+  opened is answered with an ERROR and closed (a deadline too).
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from curb import __version__, heartbeat, payload
+from curb import __version__, heartbeat, payload, users
 from curb.broker import Refused
 from curb.frame import Frame, FrameParser, ProtocolError, encode, escape
 from curb.queue import QueueError, Subscription
@@ -64,10 +71,15 @@ class Owed:
 class Session:
     """One STOMP connection from CONNECT to close, with no I/O of its own."""
 
-    def __init__(self, broker: Broker, now: float, peer: str = "?"):
+    def __init__(self, broker: Broker, now: float, peer: str = "?", identity: str | None = None):
         self.broker = broker
         self.peer = peer
+        self.identity = identity  # the CN of a verified client certificate
+        self.user: str | None = None
+        self.permissions: frozenset[str] | None = None  # None: everything is allowed
         self.state = NEW
+        self.opened_at = now
+        self._refuse_at: float | None = None
         self.parser = FrameParser(max_frame_bytes=broker.max_frame)
         # Events for the transport.
         self.close_wanted: str | None = None  # "close" once the output is written, or "abort"
@@ -139,8 +151,17 @@ class Session:
             self.broker.pump()
 
     def tick(self, now: float) -> None:
-        """The heart-beat deadline came: drop a silent peer, or send a beat."""
+        """A deadline came: refuse a failed CONNECT, drop a peer that never sent CONNECT or
+        fell silent, or send a beat."""
         if self._gone or self.close_wanted:
+            return
+        if self._refuse_at is not None:
+            if now >= self._refuse_at:
+                self._refuse()
+            return
+        if self.state is NEW:
+            if self.broker.connect_timeout and now >= self.opened_at + self.broker.connect_timeout:
+                self.error("CONNECT timeout", f"Send CONNECT within {self.broker.connect_timeout:g} s of connecting.")
             return
         if self.expect_every and now - self.last_recv > heartbeat.tolerance(self.expect_every):
             self.broker.events("heartbeat_timeout", f"no heart-beat from {self.peer}; closing", peer=self.peer)
@@ -152,7 +173,12 @@ class Session:
 
     @property
     def next_deadline(self) -> float | None:
-        """When `tick` has something to check, or None while heart-beats are off."""
+        """When `tick` has something to check, or None while there is nothing to time."""
+        if self._refuse_at is not None:
+            return self._refuse_at
+        if self.state is NEW:
+            timeout = self.broker.connect_timeout
+            return self.opened_at + timeout if timeout else None
         deadline = None
         if self.send_every:
             deadline = self.last_send + self.send_every * BEAT_EARLY
@@ -265,6 +291,16 @@ class Session:
         if handler is None:
             unexpected(self, frame)
             return
+        if self.permissions is not None:
+            needed = permission_needed(frame)
+            if needed is not None and needed not in self.permissions:
+                self.error(
+                    f"{needed} permission needed",
+                    f"User {self.user!r} may not {frame.command} here without the {needed!r} permission; "
+                    f"the operator grants it with `curb passwd USERS-FILE {self.user} --perm {needed} ...`.",
+                    frame,
+                )
+                return
         try:
             handler(self, frame)
         except QueueError as err:
@@ -289,6 +325,8 @@ class Session:
         except ValueError:
             self.error("bad heart-beat header", "heart-beat must be two comma-separated integers.", frame)
             return
+        if self.broker.users is not None and not self._log_in(frame.headers):
+            return
         ours = self.broker.heartbeat_ms
         self.send_every, self.expect_every = heartbeat.negotiate((ours, ours), theirs)
         self.state = OPEN
@@ -298,6 +336,38 @@ class Session:
                 {"version": "1.2", "server": SERVER, "heart-beat": f"{ours},{ours}", "session": str(id(self))},
             )
         )
+
+    def _log_in(self, headers: dict[str, str]) -> bool:
+        """Check CONNECT's credentials against the users file. True: logged in. False: the
+        refusal waits for its deadline, so every failure takes as long."""
+        users_by_name = self.broker.users
+        assert users_by_name is not None
+        login = headers.get("login")
+        if login is not None:
+            user = users.authenticate(users_by_name, login, headers.get("passcode", ""))
+        elif self.identity is not None:
+            user = users_by_name.get(self.identity)
+        else:
+            user = None
+        if user is None:
+            who = login if login is not None else self.identity
+            self.broker.access_refused(self, who)
+            self.state = CLOSING
+            self._refuse_at = self.last_recv + self.broker.refuse_delay
+            return False
+        self.user, self.permissions = user.name, user.permissions
+        return True
+
+    def _refuse(self) -> None:
+        self._refuse_at = None
+        self.write(
+            encode(
+                "ERROR",
+                {"version": "1.2", "content-type": "text/plain", "message": "access refused"},
+                b"Send the login and passcode of a user in the broker's users file.\n",
+            )
+        )
+        self._close("close")
 
     def on_send(self, frame: Frame) -> None:
         headers = frame.headers
@@ -511,6 +581,21 @@ def unexpected(session: Session, frame: Frame) -> None:
         )
     else:
         session.error(f"unknown command {command[:40]!r} {session.state}", "Curb speaks STOMP 1.2.", frame)
+
+
+# The permission each command needs when Curb has a users file; `./count` frames need
+# `count` instead (permission_needed).
+PERMISSION = {"SEND": "send", "SUBSCRIBE": "consume", "ACK": "consume", "NACK": "consume"}
+
+
+def permission_needed(frame: Frame) -> str | None:
+    """The permission a frame needs, or None for a frame anyone logged in may send."""
+    command, headers = frame.command, frame.headers
+    if command == "SUBSCRIBE" and headers.get("destination") == COUNT_DESTINATION:
+        return "count"
+    if command in ("ACK", "NACK") and headers.get("id", "").startswith("count-"):
+        return "count"
+    return PERMISSION.get(command)
 
 
 RULES: dict[tuple[str, str], Handler] = {

@@ -636,7 +636,7 @@ class Sim:
         consumer = self.rng.randrange(len(self.held))
         if self.redeliver:
             rec, tag = self.redeliver.popleft()
-            rec.deliveries += 1
+            self.core.delivered(rec)
             self._check_payload(rec, tag)
             self.trace("consumer %d retakes #%d id %d", consumer, tag, rec.id)
         else:
@@ -644,7 +644,7 @@ class Sim:
             if ready is None:
                 return
             rec = ready
-            rec.deliveries += 1
+            self.core.delivered(rec)
             tag = self.check_delivery(rec)
             self.trace("consumer %d takes #%d id %d", consumer, tag, rec.id)
         self.held[consumer].append((rec, tag))
