@@ -12,7 +12,7 @@ from memworld import MemPeer, MemWorld
 from curb.browse import Browse
 from curb.frame import Frame
 from curb.log import QueueFull, Record
-from curb.session import BROWSE_END
+from curb.session import BROWSE_END, permission_needed
 
 
 def browse(peer: MemPeer, **headers: str) -> list[Frame]:
@@ -301,3 +301,15 @@ def run_churn(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(60))
 def test_browse_exactly_once_under_churn(seed: int) -> None:
     run_churn(seed)
+
+
+@pytest.mark.parametrize(
+    ("command", "headers"),
+    [
+        ("SUBSCRIBE", {"id": "b", "destination": "/queue/curb", "browser": "true", "curb-from-id": "5"}),
+        ("ACK", {"curb-upto": "5"}),
+        ("ACK", {"curb-upto": "5", "receipt": "r"}),
+    ],
+)
+def test_browse_and_ack_upto_need_the_consume_permission(command: str, headers: dict[str, str]) -> None:
+    assert permission_needed(Frame(command, headers, b"")) == "consume"
