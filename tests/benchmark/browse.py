@@ -26,6 +26,8 @@ from curb.spawn import BrokerProcess
 
 RECEIPT_EVERY = 1000
 READ_SIZE = 1 << 20
+MARKER = b"\0MESSAGE\n"  # the end of a frame and the start of the next MESSAGE
+END = b"\nbrowser:end\n"
 
 
 def fill(port: int, messages: int, body: bytes) -> float:
@@ -55,17 +57,19 @@ def browse_all(port: int, headers: dict[str, str] | None = None) -> tuple[int, i
         subscribe = {"id": "b", "destination": "/queue/curb", "browser": "true", **(headers or {})}
         sock.sendall(encode("SUBSCRIBE", subscribe))
         frames = total = 0
-        tail = b""
+        prev = b""
         while True:
             data = sock.recv(READ_SIZE)
             if not data:
                 raise RuntimeError("the broker closed the connection during the browse")
             total += len(data)
-            seen = tail + data
-            frames += seen.count(b"\0MESSAGE\n") + (1 if frames == 0 and seen.startswith(b"MESSAGE\n") else 0)
-            if b"\nbrowser:end\n" in seen:
+            # a marker cut by the last read is completed by this one; a whole one in the
+            # kept bytes was counted already, so keep fewer bytes than a marker
+            frames += (prev[-(len(MARKER) - 1) :] + data).count(MARKER)
+            frames += 1 if total == len(data) and data.startswith(MARKER[1:]) else 0
+            if END in prev[-(len(END) - 1) :] + data:
                 break
-            tail = seen[-16:]
+            prev = data
         seconds = time.monotonic() - started
         sock.sendall(encode("DISCONNECT", {}))
     return frames - 1, total, seconds  # the end marker is a MESSAGE too
