@@ -191,9 +191,5 @@ class Browse:
 
     def _skip_damage(self, pos: int, limit: int) -> None:
         """Past damaged bytes, as the cursor does (it reports them; a browse does not)."""
-        low, high = self.last_wseq, self.cursor.next_wseq
-        nxt = self.reader.resync(pos, limit, lambda h: low < h.wseq < high)
-        if nxt is None:
-            nxt = RING_START if pos > self.cursor.whead else self.cursor.whead
-            self.reader.drop()
-        self.pos = nxt
+        cur = self.cursor
+        self.pos = self.reader.past_damage(pos, limit, self.last_wseq, cur.next_wseq, cur.whead)

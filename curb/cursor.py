@@ -255,10 +255,6 @@ class Cursor:
     def _skip_damage(self, pos: int, limit: int) -> None:
         """Move past damaged bytes at pos to the next intact record of this lap, or to
         the next lap when none is left before the end of the ring."""
-        low, high = self.last_wseq, self.next_wseq
-        nxt = self.reader.resync(pos, limit, lambda h: low < h.wseq < high)
-        if nxt is None:
-            nxt = RING_START if pos > self.whead else self.whead
-            self.reader.drop()
+        nxt = self.reader.past_damage(pos, limit, self.last_wseq, self.next_wseq, self.whead)
         self.on_damage(f"damaged bytes {pos}..{nxt} skipped while reading; never delivered")
         self.rpos = nxt
