@@ -156,9 +156,12 @@ class Cursor:
         cursor reaches by passing dead records now and the copies recovery found further
         on (their `last` entry then names no offset, so neither occurrence counts again)."""
         self.upto = upto
+        # A reader of its own: the cursor's window must never hold bytes ahead of the
+        # head, which a later write would make stale.
+        reader = RecordReader(self.reader.disk, self.reader.max_size)
         for mid, at in list(self.last.items()):
             if mid <= upto and at >= 0:
-                found = self.reader.intact(at, self.end)
+                found = reader.intact(at, self.end)
                 if found is not None and found[0].id == mid and found[0].state != STATE_ACK:
                     self._uncount(found[0].size)
                 self.last[mid] = -1
