@@ -29,9 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from curb import __version__, heartbeat, payload
+from curb import __version__, heartbeat, message_limits, payload
 from curb.broker import Refused
-from curb.frame import Frame, FrameParser, ProtocolError, encode, escape
+from curb.frame import FRAME_END, Frame, FrameParser, ProtocolError, decimal, encode, escape
 from curb.queue import QueueError, Subscription
 
 if TYPE_CHECKING:
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 COUNT_DESTINATION = "./count"
 SERVER = f"curb/{__version__}"
+MAX_PREFETCH = 1_000_000  # unacked messages one subscription may hold
 BEAT_EARLY = 0.9  # send our heart-beat a little before it is due, so it is never late
 
 NEW, OPEN, CLOSING = "before CONNECT", "after CONNECT", "closing"
@@ -61,7 +62,10 @@ class Session:
         self.broker = broker
         self.peer = peer
         self.state = NEW
-        self.parser = FrameParser(max_frame_bytes=broker.max_frame)
+        self.parser = FrameParser(
+            max_frame_bytes=broker.max_frame,
+            max_body_bytes=max(0, min(broker.max_message, broker.max_frame - message_limits.RESERVE)),
+        )
         # Events for the transport.
         self.close_wanted: str | None = None  # "close" once the output is written, or "abort"
         self.reading = True
@@ -88,15 +92,17 @@ class Session:
         if self.state is CLOSING or self._gone:
             return
         self.last_recv = now
+        bad: ProtocolError | None = None
         try:
             frames = self.parser.feed(data)
         except ProtocolError as err:
-            self.error(str(err), "The bytes received are not a valid STOMP 1.2 frame.")
-            frames = []
+            bad, frames = err, err.frames
         for frame in frames:
             if self.state is CLOSING:
                 break
             self.handle(frame)
+        if bad is not None:
+            self.error(str(bad), "The bytes received are not a valid STOMP 1.2 frame.")
         self.broker.after_frames()
 
     def data_to_send(self, now: float) -> bytes:
@@ -174,8 +180,8 @@ class Session:
         else:
             ack = b"ack:%d\n" % rec.id
         self.write(
-            b"%smessage-id:%d\n%s%s%scontent-length:%d\n\n%s\0"
-            % (self._prefixes[sub], rec.id, ack, extra, stored, len(body), body)
+            b"%smessage-id:%d\n%s%s%scontent-length:%d\n\n%s%s"
+            % (self._prefixes[sub], rec.id, ack, extra, stored, len(body), body, FRAME_END)
         )
 
     def send_counts(self, counts: dict[str, int]) -> None:
@@ -245,8 +251,8 @@ class Session:
             return
         try:
             theirs = heartbeat.parse(frame.headers.get("heart-beat", "0,0"))
-        except ValueError:
-            self.error("bad heart-beat header", "heart-beat must be two comma-separated integers.", frame)
+        except ValueError as err:
+            self.error("bad heart-beat header", f"{err}.", frame)
             return
         ours = self.broker.heartbeat_ms
         self.send_every, self.expect_every = heartbeat.negotiate((ours, ours), theirs)
@@ -260,6 +266,10 @@ class Session:
 
     def on_send(self, frame: Frame) -> None:
         headers = frame.headers
+        data = payload.encode(headers, frame.body)
+        problem = message_limits.send_problem(data[: len(data) - len(frame.body) - 1], len(data), self.broker.max_frame)
+        if problem is not None:
+            raise Refused(*problem)
         receipt = headers.get("receipt")
         entry = self._owe() if receipt is not None else None
 
@@ -270,7 +280,7 @@ class Session:
                 self._settle(entry, _receipt(receipt))
 
         try:
-            self.broker.send(payload.encode(headers, frame.body), stored, urgent=receipt is not None)
+            self.broker.send(data, stored, urgent=receipt is not None)
         except Refused:
             if entry is not None:
                 self._owed.remove(entry)
@@ -287,11 +297,14 @@ class Session:
             self.broker.watch_counts(self, True)
             self.send_counts(self.broker.counts())
         else:
+            lines = [b"subscription:" + escape(sub_id).encode()]
+            lines.append(b"destination:" + escape(headers.get("destination", "/queue/curb")).encode())
+            for line in lines:
+                problem = message_limits.line_problem(line, message_limits.MAX_SUBSCRIPTION_LINE)
+                if problem is not None:
+                    raise QueueError(f"SUBSCRIBE {problem}")
             sub = self.broker.subscribe(self, sub_id, headers.get("ack", "auto"), _prefetch(headers))
-            self._prefixes[sub] = b"MESSAGE\nsubscription:%s\ndestination:%s\n" % (
-                escape(sub_id).encode(),
-                escape(headers.get("destination", "/queue/curb")).encode(),
-            )
+            self._prefixes[sub] = b"MESSAGE\n%s\n%s\n" % tuple(lines)
         self._receipt_now(frame)
 
     def on_unsubscribe(self, frame: Frame) -> None:
@@ -458,7 +471,7 @@ KNOWN_COMMANDS = frozenset(command for _, command in RULES)
 
 
 def _receipt(receipt_id: str) -> bytes:
-    return b"RECEIPT\nreceipt-id:%s\n\n\0" % escape(receipt_id).encode()
+    return b"RECEIPT\nreceipt-id:%s\n\n%s" % (escape(receipt_id).encode(), FRAME_END)
 
 
 def _prefetch(headers: dict[str, str]) -> int | None:
@@ -466,9 +479,9 @@ def _prefetch(headers: dict[str, str]) -> int | None:
     if raw is None:
         return None
     try:
-        value = int(raw)
-    except ValueError:
-        raise QueueError(f"bad prefetch {raw[:40]!r}: use a positive integer") from None
+        value = decimal(raw, "prefetch", MAX_PREFETCH)
+    except ValueError as err:
+        raise QueueError(f"bad prefetch: {err}") from None
     if value < 1:
-        raise QueueError(f"bad prefetch {value}: use a positive integer")
+        raise QueueError(f"bad prefetch {value}: use a positive integer up to {MAX_PREFETCH}")
     return value
