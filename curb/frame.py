@@ -143,6 +143,11 @@ class FrameParser:
         # Parsed head of the incomplete frame: command, headers, body offset, content-length.
         self._head: tuple[str, dict[str, str], int, int | None] | None = None
 
+    @property
+    def buffered(self) -> int:
+        """Bytes held for the incomplete frame: at most max_frame_bytes + 1 (its NUL)."""
+        return len(self._pending)
+
     def feed(self, data: bytes) -> list[Frame]:
         """Add received bytes; return every frame now complete, in order (possibly []).
         EOLs between frames (heart-beats) are consumed silently. Raises ProtocolError on bad input or a
@@ -238,10 +243,13 @@ class FrameParser:
         return pos
 
     def _check_unsized(self, size: int, body_offset: int) -> None:
-        """Fail once a frame without content-length holds more bytes than the limits allow."""
-        if size > self.max_frame_bytes:
-            raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes")
-        if size - body_offset > self.max_body_bytes:
+        """Fail once a frame without content-length holds more bytes than the limits allow,
+        naming the limit that the shorter prefix proves exceeded."""
+        frame_at = self.max_frame_bytes + 1
+        body_at = body_offset + self.max_body_bytes + 1
+        if size >= min(frame_at, body_at):
+            if frame_at <= body_at:
+                raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes")
             raise ProtocolError(f"body exceeds {self.max_body_bytes} bytes")
 
     def _check_incomplete_head(self, buf: bytes | bytearray, pos: int, searched: int, has_cr: bool) -> int:
@@ -255,23 +263,59 @@ class FrameParser:
         if last_lf >= 0:
             line_start = last_lf + 1 - pos
         self._head_scan = (lines, line_start, has_cr)
-        if has_cr and _LONE_CR.search(buf, max(pos, pos + searched - 1), end):
-            raise ProtocolError("CR not followed by LF in frame head")
-        if lines - 1 > self.max_headers:
-            raise ProtocolError(f"more than {self.max_headers} headers")
         if (
-            end - unchecked > self.max_header_line
-            and max(len(line.rstrip(b"\r")) for line in buf[unchecked:end].split(b"\n")) > self.max_header_line
+            (has_cr and _LONE_CR.search(buf, max(pos, pos + searched - 1), end))
+            or lines - 1 > self.max_headers
+            or (
+                end - unchecked > self.max_header_line
+                and max(len(line.rstrip(b"\r")) for line in buf[unchecked:end].split(b"\n")) > self.max_header_line
+            )
+            or end - pos > self.max_frame_bytes
         ):
-            raise ProtocolError(f"header line exceeds {self.max_header_line} bytes")
-        if end - pos > self.max_frame_bytes:
-            raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes")
+            raise ProtocolError(self._first_head_error(buf, pos, end))
         return end - pos
+
+    def _first_head_error(self, buf: bytes | bytearray, pos: int, stop: int) -> str:
+        """The head error in buf[pos:stop] that the shortest prefix proves, so that the
+        reason never depends on how the bytes were split (ties: in the order below)."""
+        found: list[tuple[int, int, str]] = []  # (prefix length that proves it, order, reason)
+        cr = _LONE_CR.search(buf, pos, stop)
+        if cr:
+            found.append((cr.start() + 2, 0, "CR not followed by LF in frame head"))
+        lf = pos - 1
+        for _ in range(self.max_headers + 2):
+            lf = buf.find(b"\n", lf + 1, stop)
+            if lf < 0:
+                break
+        else:
+            found.append((lf + 1, 1, f"more than {self.max_headers} headers"))
+        start = pos
+        for line in bytes(buf[pos:stop]).split(b"\n"):
+            if len(line.rstrip(b"\r")) > self.max_header_line:
+                at = start + self.max_header_line + 1 + (line[self.max_header_line] == 13)
+                found.append((at, 2, f"header line exceeds {self.max_header_line} bytes"))
+                break
+            start += len(line) + 1
+        if stop - pos > self.max_frame_bytes:
+            found.append((pos + self.max_frame_bytes + 1, 3, f"frame exceeds {self.max_frame_bytes} bytes"))
+        return min(found)[2]
 
     def _parse_head(
         self, buf: bytes | bytearray, pos: int, head_end: int, has_cr: bool
     ) -> tuple[str, dict[str, str], int, int | None]:
-        """Decode the head in buf[pos:head_end]: command, headers, body offset, content-length."""
+        """Decode the head in buf[pos:head_end]: command, headers, body offset, content-length.
+        Limits and bad CRs are checked first, as the incomplete head's checks would find them."""
+        body_offset = head_end - pos + (3 if buf[head_end + 1] == 13 else 2)
+        if (
+            (has_cr and _LONE_CR.search(buf, pos, head_end))
+            or buf.count(b"\n", pos, head_end) > self.max_headers
+            or (
+                head_end - pos > self.max_header_line
+                and max(len(line.rstrip(b"\r")) for line in buf[pos:head_end].split(b"\n")) > self.max_header_line
+            )
+            or body_offset > self.max_frame_bytes
+        ):
+            raise ProtocolError(self._first_head_error(buf, pos, pos + body_offset))
         try:
             text = buf[pos:head_end].decode()
         except UnicodeDecodeError:
@@ -279,12 +323,6 @@ class FrameParser:
         lines = text.split("\n")
         if has_cr:
             lines = [line[:-1] if line.endswith("\r") else line for line in lines]
-            if any("\r" in line for line in lines):
-                raise ProtocolError("CR not followed by LF in frame head")
-        if len(lines) > self.max_headers + 1:
-            raise ProtocolError(f"more than {self.max_headers} headers")
-        if head_end - pos > self.max_header_line and max(len(line.encode()) for line in lines) > self.max_header_line:
-            raise ProtocolError(f"header line exceeds {self.max_header_line} bytes")
         command = lines[0]
         del lines[0]
         try:
@@ -296,7 +334,6 @@ class FrameParser:
             headers = _first_headers(lines, escaped)
         if "" in headers:
             raise ProtocolError("header with an empty name")
-        body_offset = head_end - pos + (3 if buf[head_end + 1] == 13 else 2)
         size = body_offset
         length = None
         raw_length = headers.get("content-length")
