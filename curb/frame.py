@@ -43,11 +43,13 @@ MAX_HEADER_LINE = 16 * 1024
 
 class ProtocolError(Exception):
     """The peer sent bad STOMP. str(err) is a short reason fit for an ERROR frame's `message`
-    header; `frames` holds the good frames that came before the bad one in the same feed."""
+    header; `frames` holds the good frames that came before the bad one in the same feed;
+    `receipt` the bad frame's receipt header, when its head could be read."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, receipt: str | None = None):
         super().__init__(reason)
         self.frames: list[Frame] = []
+        self.receipt = receipt
 
 
 def decimal(text: str, name: str, maximum: int) -> int:
@@ -221,17 +223,17 @@ class FrameParser:
                 nul = find(b"\0", pos + searched)
                 if nul < 0:
                     searched = end - pos
-                    self._check_unsized(searched, body_offset)
+                    self._check_unsized(searched, body_offset, headers)
                     head = (command, headers, body_offset, length)
                     break
-                self._check_unsized(nul - pos, body_offset)
+                self._check_unsized(nul - pos, body_offset, headers)
             else:
                 nul = pos + body_offset + length
                 if nul >= end:
                     head = (command, headers, body_offset, length)
                     break
                 if buf[nul]:
-                    raise ProtocolError("body is not followed by NUL at content-length")
+                    raise ProtocolError("body is not followed by NUL at content-length", headers.get("receipt"))
             # bytes() copies a slice of the pending bytearray; a slice of bytes it returns as is
             append(Frame(command, headers, bytes(buf[pos + body_offset : nul])))
             searched = 0
@@ -242,15 +244,15 @@ class FrameParser:
         self._searched = searched
         return pos
 
-    def _check_unsized(self, size: int, body_offset: int) -> None:
+    def _check_unsized(self, size: int, body_offset: int, headers: dict[str, str]) -> None:
         """Fail once a frame without content-length holds more bytes than the limits allow,
         naming the limit that the shorter prefix proves exceeded."""
         frame_at = self.max_frame_bytes + 1
         body_at = body_offset + self.max_body_bytes + 1
         if size >= min(frame_at, body_at):
             if frame_at <= body_at:
-                raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes")
-            raise ProtocolError(f"body exceeds {self.max_body_bytes} bytes")
+                raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes", headers.get("receipt"))
+            raise ProtocolError(f"body exceeds {self.max_body_bytes} bytes", headers.get("receipt"))
 
     def _check_incomplete_head(self, buf: bytes | bytearray, pos: int, searched: int, has_cr: bool) -> int:
         """Save how far the incomplete head at pos was scanned, fail early on a limit or a bad CR,
@@ -342,11 +344,13 @@ class FrameParser:
                 length = decimal(raw_length, "content-length", self.max_body_bytes)
             except ValueError as err:
                 if raw_length.strip("0123456789") or not raw_length:
-                    raise ProtocolError("content-length is not a non-negative decimal integer") from None
-                raise ProtocolError(f"body too large: {err} bytes") from None
+                    raise ProtocolError(
+                        "content-length is not a non-negative decimal integer", headers.get("receipt")
+                    ) from None
+                raise ProtocolError(f"body too large: {err} bytes", headers.get("receipt")) from None
             size += length
         if size > self.max_frame_bytes:
-            raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes")
+            raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes", headers.get("receipt"))
         return command, headers, body_offset, length
 
 

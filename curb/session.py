@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 COUNT_DESTINATION = "./count"
 SERVER = f"curb/{__version__}"
 MAX_PREFETCH = 1_000_000  # unacked messages one subscription may hold
+MAX_MESSAGE_ID = (1 << 48) - 1  # a record holds its id in 12 hex digits
 BEAT_EARLY = 0.9  # send our heart-beat a little before it is due, so it is never late
 
 NEW, OPEN, CLOSING = "before CONNECT", "after CONNECT", "closing"
@@ -102,7 +103,9 @@ class Session:
                 break
             self.handle(frame)
         if bad is not None:
-            self.error(str(bad), "The bytes received are not a valid STOMP 1.2 frame.")
+            self.error(
+                str(bad), "The frame is not valid STOMP 1.2 or breaks a limit (README: Limits).", receipt=bad.receipt
+            )
         self.broker.after_frames()
 
     def data_to_send(self, now: float) -> bytes:
@@ -361,7 +364,7 @@ class Session:
         if raw.startswith("count-") and self._count_sub is not None:
             return None
         try:
-            return int(raw)
+            return decimal(raw, "ack id", MAX_MESSAGE_ID)
         except ValueError:
             raise QueueError(f"unknown ack id {raw[:40]!r}") from None
 

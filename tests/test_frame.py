@@ -330,3 +330,24 @@ def test_heartbeat_is_a_bare_eol():
     parser = FrameParser()
     assert parser.feed(HEARTBEAT * 3) == []
     assert parser.feed(b"ACK\nid:1\n\n\0") == [Frame("ACK", {"id": "1"}, b"")]
+
+
+RECEIPTED_ERRORS = {
+    "content-length over the body limit": b"SEND\nreceipt:r\ncontent-length:101\n\n",
+    "content-length not a number": b"SEND\nreceipt:r\ncontent-length:x\n\n",
+    "unsized body over the body limit": b"SEND\nreceipt:r\n\n" + b"x" * 101,
+    "no NUL at content-length": b"SEND\nreceipt:r\ncontent-length:1\n\nxy",
+}
+
+
+@pytest.mark.parametrize("wire", RECEIPTED_ERRORS.values(), ids=RECEIPTED_ERRORS)
+def test_an_error_after_the_head_carries_the_frames_receipt(wire):
+    with pytest.raises(ProtocolError) as caught:
+        feed_bytewise(wire, max_body_bytes=100)
+    assert caught.value.receipt == "r"
+
+
+def test_an_error_in_the_head_has_no_receipt():
+    with pytest.raises(ProtocolError) as caught:
+        FrameParser().feed(b"SEND\nreceipt:r\nno colon\n\n\0")
+    assert caught.value.receipt is None

@@ -131,8 +131,10 @@ def test_every_frame_a_client_can_get_parses_with_the_frame_ends(broker, raw):
     client.connect()
     client.send_frame("SUBSCRIBE", {"id": "0", "destination": QUEUE, "receipt": "sub"})
     client.send_frame("SEND", {"destination": QUEUE}, b"x")
-    client.send_frame("FROB")
     wire = b""
+    while wire.count(b"\0") < 2 and (chunk := client.read_bytes()):
+        wire += chunk
+    client.send_frame("FROB")  # after the MESSAGE, so that the ERROR comes last
     while chunk := client.read_bytes():
         wire += chunk
     assert wire.count(b"\0\n") == 3, wire  # RECEIPT, MESSAGE, ERROR
