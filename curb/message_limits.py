@@ -37,15 +37,15 @@ def send_problem(stored_lines: bytes, payload_size: int, max_frame: int) -> tupl
     """(ERROR message, detail) when a SEND whose stored payload is `payload_size` bytes and
     whose kept header lines are `stored_lines` (each ending in LF) would make a MESSAGE
     beyond the limits; None when every reader can take it."""
-    lines = stored_lines.split(b"\n")[:-1]
-    if len(lines) > MAX_HEADERS - ADDED_HEADERS:
+    count = stored_lines.count(b"\n")
+    if count > MAX_HEADERS - ADDED_HEADERS:
         return (
             "too many headers",
-            f"The SEND keeps {len(lines)} headers; its MESSAGE adds up to {ADDED_HEADERS} and may carry "
+            f"The SEND keeps {count} headers; its MESSAGE adds up to {ADDED_HEADERS} and may carry "
             f"{MAX_HEADERS}, so a SEND may carry at most {MAX_HEADERS - ADDED_HEADERS} besides "
             "destination, content-length, receipt and transaction.",
         )
-    for line in lines:
+    for line in stored_lines.split(b"\n") if len(stored_lines) > MAX_HEADER_LINE else ():
         problem = line_problem(line)
         if problem is not None:
             return "header too long", f"A SEND {problem} (a colon, CR, LF or backslash takes two bytes escaped)."
