@@ -107,6 +107,8 @@ class Broker:
         self.log = log
         self.queue: Queue[Session, Record] = Queue(log, default_prefetch=prefetch)
         self.max_frame = max_frame
+        # The largest stored payload the log takes (a sixth of its ring), known at a SEND's head.
+        self.max_message: int = min(max_frame, getattr(log, "max_message", max_frame))
         self.heartbeat_ms = heartbeat_ms
         self.users = users  # None: no users file, every client may do everything
         self.connect_timeout = connect_timeout  # 0: no limit

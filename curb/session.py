@@ -41,9 +41,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from curb import __version__, heartbeat, payload, users
+from curb import __version__, heartbeat, message_limits, payload, users
 from curb.broker import Refused
-from curb.frame import Frame, FrameParser, ProtocolError, encode, escape
+from curb.frame import FRAME_END, Frame, FrameParser, ProtocolError, decimal, encode, escape
 from curb.queue import QueueError, Subscription
 
 if TYPE_CHECKING:
@@ -54,6 +54,8 @@ if TYPE_CHECKING:
 COUNT_DESTINATION = "./count"
 BROWSE_END = "browse-end"  # the message-id of a browse's end marker
 SERVER = f"curb/{__version__}"
+MAX_PREFETCH = 1_000_000  # unacked messages one subscription may hold
+MAX_MESSAGE_ID = (1 << 48) - 1  # a record holds its id in 12 hex digits
 BEAT_EARLY = 0.9  # send our heart-beat a little before it is due, so it is never late
 
 NEW, OPEN, CLOSING = "before CONNECT", "after CONNECT", "closing"
@@ -80,7 +82,10 @@ class Session:
         self.state = NEW
         self.opened_at = now
         self._refuse_at: float | None = None
-        self.parser = FrameParser(max_frame_bytes=broker.max_frame)
+        self.parser = FrameParser(
+            max_frame_bytes=broker.max_frame,
+            max_body_bytes=max(0, min(broker.max_message, broker.max_frame - message_limits.RESERVE)),
+        )
         # Events for the transport.
         self.close_wanted: str | None = None  # "close" once the output is written, or "abort"
         self.reading = True
@@ -108,15 +113,19 @@ class Session:
         if self.state is CLOSING or self._gone:
             return
         self.last_recv = now
+        bad: ProtocolError | None = None
         try:
             frames = self.parser.feed(data)
         except ProtocolError as err:
-            self.error(str(err), "The bytes received are not a valid STOMP 1.2 frame.")
-            frames = []
+            bad, frames = err, err.frames
         for frame in frames:
             if self.state is CLOSING:
                 break
             self.handle(frame)
+        if bad is not None:
+            self.error(
+                str(bad), "The frame is not valid STOMP 1.2 or breaks a limit (README: Limits).", receipt=bad.receipt
+            )
         self.broker.after_frames()
 
     def data_to_send(self, now: float) -> bytes:
@@ -211,8 +220,8 @@ class Session:
         else:
             ack = b"ack:%d\n" % rec.id
         self.write(
-            b"%smessage-id:%d\n%s%s%scontent-length:%d\n\n%s\0"
-            % (self._prefixes[sub], rec.id, ack, extra, stored, len(body), body)
+            b"%smessage-id:%d\n%s%s%scontent-length:%d\n\n%s%s"
+            % (self._prefixes[sub], rec.id, ack, extra, stored, len(body), body, FRAME_END)
         )
 
     @property
@@ -233,11 +242,14 @@ class Session:
             step = browse.step(budget)
             for msg_id, data in step.messages:
                 stored, body = payload.split(data)
-                self.write(b"%smessage-id:%d\n%scontent-length:%d\n\n%s\0" % (prefix, msg_id, stored, len(body), body))
+                self.write(
+                    b"%smessage-id:%d\n%scontent-length:%d\n\n%s%s"
+                    % (prefix, msg_id, stored, len(body), body, FRAME_END)
+                )
             if step.done:
                 self.write(
-                    b"%smessage-id:%s\nbrowser:end\ncurb-last-id:%d\ncontent-length:0\n\n\0"
-                    % (prefix, BROWSE_END.encode(), browse.to_id)
+                    b"%smessage-id:%s\nbrowser:end\ncurb-last-id:%d\ncontent-length:0\n\n%s"
+                    % (prefix, BROWSE_END.encode(), browse.to_id, FRAME_END)
                 )
                 del self._browses[sub_id]
                 self.broker.end_browse(browse)
@@ -322,8 +334,8 @@ class Session:
             return
         try:
             theirs = heartbeat.parse(frame.headers.get("heart-beat", "0,0"))
-        except ValueError:
-            self.error("bad heart-beat header", "heart-beat must be two comma-separated integers.", frame)
+        except ValueError as err:
+            self.error("bad heart-beat header", f"{err}.", frame)
             return
         if self.broker.users is not None and not self._log_in(frame.headers):
             return
@@ -371,6 +383,10 @@ class Session:
 
     def on_send(self, frame: Frame) -> None:
         headers = frame.headers
+        data = payload.encode(headers, frame.body)
+        problem = message_limits.send_problem(data[: len(data) - len(frame.body) - 1], len(data), self.broker.max_frame)
+        if problem is not None:
+            raise Refused(*problem)
         receipt = headers.get("receipt")
         entry = self._owe() if receipt is not None else None
 
@@ -381,7 +397,7 @@ class Session:
                 self._settle(entry, _receipt(receipt))
 
         try:
-            self.broker.send(payload.encode(headers, frame.body), stored, urgent=receipt is not None)
+            self.broker.send(data, stored, urgent=receipt is not None)
         except Refused:
             if entry is not None:
                 self._owed.remove(entry)
@@ -392,10 +408,15 @@ class Session:
         sub_id = headers.get("id")
         if sub_id is None:
             raise QueueError("SUBSCRIBE needs an id header")
-        prefix = b"MESSAGE\nsubscription:%s\ndestination:%s\n" % (
-            escape(sub_id).encode(),
-            escape(headers.get("destination", "/queue/curb")).encode(),
-        )
+        lines = [
+            b"subscription:" + escape(sub_id).encode(),
+            b"destination:" + escape(headers.get("destination", "/queue/curb")).encode(),
+        ]
+        for line in lines:
+            problem = message_limits.line_problem(line, message_limits.MAX_SUBSCRIPTION_LINE)
+            if problem is not None:
+                raise QueueError(f"SUBSCRIBE {problem}")
+        prefix = b"MESSAGE\n%s\n%s\n" % tuple(lines)
         if headers.get("browser") == "true":
             if sub_id in self._browses:
                 raise QueueError(f"browse {sub_id!r} is still running; UNSUBSCRIBE it or wait for its end")
@@ -490,7 +511,7 @@ class Session:
         if raw.startswith("count-") and self._count_sub is not None:
             return None
         try:
-            return int(raw)
+            return decimal(raw, "ack id", MAX_MESSAGE_ID)
         except ValueError:
             raise QueueError(f"unknown ack id {raw[:40]!r}") from None
 
@@ -615,7 +636,7 @@ KNOWN_COMMANDS = frozenset(command for _, command in RULES)
 
 
 def _receipt(receipt_id: str) -> bytes:
-    return b"RECEIPT\nreceipt-id:%s\n\n\0" % escape(receipt_id).encode()
+    return b"RECEIPT\nreceipt-id:%s\n\n%s" % (escape(receipt_id).encode(), FRAME_END)
 
 
 def _message_id(headers: dict[str, str], name: str) -> int | None:
@@ -633,9 +654,9 @@ def _prefetch(headers: dict[str, str]) -> int | None:
     if raw is None:
         return None
     try:
-        value = int(raw)
-    except ValueError:
-        raise QueueError(f"bad prefetch {raw[:40]!r}: use a positive integer") from None
+        value = decimal(raw, "prefetch", MAX_PREFETCH)
+    except ValueError as err:
+        raise QueueError(f"bad prefetch: {err}") from None
     if value < 1:
-        raise QueueError(f"bad prefetch {value}: use a positive integer")
+        raise QueueError(f"bad prefetch {value}: use a positive integer up to {MAX_PREFETCH}")
     return value
