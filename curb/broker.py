@@ -58,6 +58,8 @@ class Store(Protocol):
     def end(self) -> int: ...
     @property
     def last_id(self) -> int: ...
+    @property
+    def durable_id(self) -> int: ...
 
     def append(self, payload: bytes, done: Done | None = None, urgent: bool = True) -> Record: ...
     def delivered(self, rec: Record) -> None: ...
@@ -197,9 +199,10 @@ class Broker:
             self.counts_changed()
 
     def browse(self, session: Session, from_id: int, to_id: int | None) -> Browse:
-        """A browse of ids [from_id, to_id] (to_id None: the highest id so far) for the
-        session, stepped from the next loop pass on."""
-        browse = self.log.browse(from_id, self.log.last_id if to_id is None else to_id)
+        """A browse of ids [from_id, to_id] for the session, stepped from the next loop
+        pass on. to_id None: the highest id on disk, so that a range a reader plans from
+        the end marker's `curb-last-id` holds nothing a power loss could take back."""
+        browse = self.log.browse(from_id, self.log.durable_id if to_id is None else to_id)
         self._browsing.add(session)
         self._want_browse()
         return browse

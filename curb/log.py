@@ -180,6 +180,8 @@ class LogCore:
         self._waiters: collections.deque[tuple[int, Done]] = collections.deque()
         self._untagged: list[Done] = []
         self._flush_no = 0
+        self._written_ids: collections.deque[tuple[int, int]] = collections.deque()  # (flush, its last id)
+        self._durable_id = 0
         self._written_no = 0
         self._synced_no = 0
         self._urgent_upto = 0
@@ -257,6 +259,8 @@ class LogCore:
         written = self._checkpoints.synced(0)
         assert written is not None, "the checkpoint just written as flush 0 is synced by the sync above"
         self._ring.tail = written.tail
+        # Every id below the next is on disk now, or will never be assigned.
+        self._durable_id = self._next_id - 1
         return Recovery(
             scan.messages, scan.acked, scan.live_bytes, scan.torn, scan.skipped_bytes, self.clock() - started
         )
@@ -285,6 +289,13 @@ class LogCore:
     def last_id(self) -> int:
         """The highest message id assigned so far (0 before the first)."""
         return self._next_id - 1
+
+    @property
+    def durable_id(self) -> int:
+        """The highest id up to which every message is fsynced or never will exist: a
+        range ending there reads the same after a power loss (appends are written in id
+        order, and a sync covers every write before it)."""
+        return self._durable_id
 
     @property
     def acked_upto(self) -> int:
@@ -608,6 +619,8 @@ class LogCore:
                 unmarked = 0
                 self._marks.append((rec.id, rec.offset, rec.wseq))
         self._unmarked = unmarked
+        if written:
+            self._written_ids.append((fno, written[-1][0].id))
         if len(self._marks) > 2 * MARKS_KEPT:
             del self._marks[:MARKS_KEPT]
         if self._pending and self._room_wanted and not self._can_progress():
@@ -782,6 +795,9 @@ class LogCore:
         if self.metrics is not None:
             self.metrics.observe_fsync(seconds)
         self._synced_no = max(self._synced_no, target)
+        written_ids = self._written_ids
+        while written_ids and written_ids[0][0] <= target:
+            self._durable_id = written_ids.popleft()[1]
         answered = False
         while self._waiters and self._waiters[0][0] <= target:
             self._waiters.popleft()[1](None)

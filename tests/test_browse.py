@@ -171,6 +171,21 @@ def test_browse_waits_for_accepted_messages_not_yet_written(world: MemWorld) -> 
     assert ([m for m, _ in step.messages], step.done) == ([2], True)
 
 
+def test_the_default_range_ends_at_the_last_message_on_disk(world: MemWorld) -> None:
+    """A range planned from `curb-last-id` holds only fsynced messages, so a power loss
+    cannot take back a message a reader has seen in it."""
+    peer = world.peer()
+    peer.produce([b"a", b"b"])
+    peer.send("SEND", b"c", destination="/queue/curb")
+    world.log.flush()  # id 3 is written, not yet synced
+    frames = browse(peer)
+    assert ids(frames) == ["1", "2", BROWSE_END]
+    assert frames[-1].headers["curb-last-id"] == "2"
+    world.log.sync()
+    peer.send("SUBSCRIBE", b"", id="b2", destination="/queue/curb", browser="true", curb_from_id="3")
+    assert [f.headers["message-id"] for f in peer.frames()] == ["3", BROWSE_END]
+
+
 def test_messages_after_an_error_stop_the_browse(world: MemWorld) -> None:
     peer = world.peer()
     peer.produce([b"a"])

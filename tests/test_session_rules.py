@@ -60,6 +60,10 @@ class FakeLog:
     def last_id(self) -> int:
         return self.next_id - 1
 
+    @property
+    def durable_id(self) -> int:
+        return self.next_id - 1
+
     def ack_upto(self, upto: int, done: Done | None = None) -> None:
         raise AssertionError("ACK curb-upto is tested over a real LogCore (tests/test_ack_upto.py)")
 
