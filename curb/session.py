@@ -31,13 +31,13 @@ Rules:
 from __future__ import annotations
 
 import collections
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from curb import __version__, heartbeat, payload, users
 from curb.broker import Refused
+from curb.counts import COUNT_DESTINATION, count_prefix
 from curb.frame import Frame, FrameParser, ProtocolError, encode, escape
 from curb.queue import QueueError, Subscription
 
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     from curb.broker import Broker
     from curb.cursor import Record
 
-COUNT_DESTINATION = "./count"
 SERVER = f"curb/{__version__}"
 BEAT_EARLY = 0.9  # send our heart-beat a little before it is due, so it is never late
 
@@ -85,7 +84,8 @@ class Session:
         self._woken = False
         self._handoff: list[Record] = []  # auto messages in _out, done once handed over
         self._owed: collections.deque[Owed] = collections.deque()
-        self._count_sub: tuple[str, int] | None = None
+        self._count_sub: str | None = None
+        self._count_prefix = b""
         self._last_counts: dict[str, int] | None = None
         self._counts_owed = False
         self._prefixes: dict[Subscription[Session, Record], bytes] = {}
@@ -206,31 +206,16 @@ class Session:
 
     def send_counts(self, counts: dict[str, int]) -> None:
         """One `./count` MESSAGE if the counts changed since the last; while the peer
-        does not read, only the latest counts are kept for later."""
+        does not read, only the latest counts are kept for later. The frame is shared
+        by every subscriber but for its first two lines (curb.counts)."""
         if self._count_sub is None or counts == self._last_counts:
             return
         if not self.writable:
             self._counts_owed = True
             return
         self._counts_owed = False
-        sub_id, n = self._count_sub
-        self._count_sub = (sub_id, n + 1)
         self._last_counts = counts
-        body = json.dumps(counts).encode()
-        self.write(
-            encode(
-                "MESSAGE",
-                {
-                    "subscription": sub_id,
-                    "message-id": f"count-{n + 1}",
-                    "destination": COUNT_DESTINATION,
-                    "content-type": "application/json",
-                    "rdy": str(counts["rdy"]),
-                    "wip": str(counts["wip"]),
-                },
-                body,
-            )
-        )
+        self.write(self._count_prefix + self.broker.count_messages.tail(counts))
 
     def stop_reading(self) -> None:
         """Shutdown: read nothing more from this peer."""
@@ -352,7 +337,8 @@ class Session:
         if sub_id is None:
             raise QueueError("SUBSCRIBE needs an id header")
         if headers.get("destination") == COUNT_DESTINATION:
-            self._count_sub = (sub_id, 0)
+            self._count_sub = sub_id
+            self._count_prefix = count_prefix(escape(sub_id).encode())
             self._last_counts = None
             self.broker.watch_counts(self, True)
             self.send_counts(self.broker.counts())
@@ -368,7 +354,7 @@ class Session:
         sub_id = frame.headers.get("id")
         if sub_id is None:
             raise QueueError("UNSUBSCRIBE needs an id header")
-        if self._count_sub is not None and self._count_sub[0] == sub_id:
+        if self._count_sub is not None and self._count_sub == sub_id:
             self._count_sub = None
             self.broker.watch_counts(self, False)
         else:
