@@ -229,18 +229,30 @@ def flood(workdir: Path) -> None:
     sent = 0
     greedy.sock.settimeout(0)
     answer: Frame | None = None
+    frame = encode("SEND", {"destination": "/queue/curb"}, body)
+    reset = ""
     while answer is None and sent < 100_000:
-        greedy.send("SEND", {"destination": "/queue/curb"}, body)
-        sent += 1
+        try:
+            greedy.sock.send(frame)  # whole or not at all, near enough: 1 kB into a roomy buffer
+            sent += 1
+        except BlockingIOError:
+            pass
+        except OSError as err:
+            reset = f" (its writes failed: {err.strerror})"
         try:
             data = greedy.sock.recv(1 << 16)
         except BlockingIOError:
             continue
+        except OSError as err:
+            reset += f" (its reads failed: {err.strerror})"
+            break
+        if not data:
+            break
         frames = greedy.parser.feed(data)
         answer = frames[0] if frames else None
     print(
         f"flood: after {sent} receipt-less SENDs of 1000 bytes into a 1 MiB log the producer got "
-        f"{answer.command if answer else 'nothing'} {answer.headers.get('message') if answer else ''!r}"
+        f"{answer.command if answer else 'nothing'} {answer.headers.get('message') if answer else ''!r}{reset}"
     )
     other = Client(broker.port)
     other.connect()

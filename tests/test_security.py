@@ -287,13 +287,13 @@ def test_a_silent_connection_is_closed_at_the_connect_timeout(curb_broker, raw):
         assert client.closed(timeout=5)
 
 
-def test_a_connection_stalled_mid_frame_is_dropped_at_the_heart_beat_deadline(curb_broker, raw):
+def test_a_connection_stalled_mid_frame_is_dropped_at_the_heart_beat_deadline(curb_broker, raw, wait_until):
     broker = curb_broker(extra_args=("-heartbeat", "200"))
     client = raw(broker.port)
     client.connect(heart_beat="200,0")
     client.send(b"SEND\ndestination:/queue/curb\ncontent-length:100\n\nhalf a bo")
     assert client.closed(timeout=5), "a peer that promised beats and went silent is dropped"
-    assert "no heart-beat from 127.0.0.1:" in broker.stderr_text()
+    assert wait_until(lambda: "no heart-beat from 127.0.0.1:" in broker.stderr_text())
 
 
 def test_connections_past_the_limit_are_closed_at_once_and_the_others_served(curb_broker, raw, wait_until):
