@@ -317,3 +317,35 @@ def test_connections_past_the_limit_are_closed_at_once_and_the_others_served(cur
         return frame is not None and frame.command == "CONNECTED"
 
     assert wait_until(served, timeout=10, interval=0.1)
+
+
+def test_a_producer_flooding_without_receipts_gets_queue_full_and_others_are_served(curb_broker, raw):
+    broker = curb_broker(cap="64KiB")
+    greedy = raw(broker.port)
+    greedy.connect()
+    frame = b"SEND\ndestination:/queue/curb\ncontent-length:1000\n\n" + b"f" * 1000 + b"\0"
+    for _ in range(1000):
+        try:
+            greedy.send(frame)
+        except OSError:
+            break  # the broker closed after its ERROR; the ERROR is still readable
+        if greedy.frames or greedy.read_bytes(timeout=0.001):
+            break
+    error = greedy.read_frame()
+    assert error is not None and (error.command, error.headers["message"]) == ("ERROR", "queue full")
+
+    consumer = raw(broker.port)
+    consumer.connect()
+    consumer.send_frame("SUBSCRIBE", {"id": "s", "destination": "/queue/curb", "ack": "client-individual"})
+    for n in range(20):
+        message = consumer.read_frame()
+        assert message is not None and message.command == "MESSAGE"
+        consumer.send_frame("ACK", {"id": message.headers["ack"], **({"receipt": "acked"} if n == 19 else {})})
+    while (answer := consumer.read_frame()) is not None and answer.command != "RECEIPT":
+        pass
+    assert answer is not None, "the consumer is served: its ACKs get their receipt"
+    producer = raw(broker.port)
+    producer.connect()
+    producer.send_frame("SEND", {"destination": "/queue/curb", "receipt": "r"}, b"after")
+    answer = producer.read_frame()
+    assert answer is not None and answer.command == "RECEIPT", answer
