@@ -147,7 +147,7 @@ def fd_limit(workdir: Path) -> None:
 
 def trickle(workdir: Path) -> None:
     size = 15 << 20
-    broker = start(workdir, "-cap", "64MiB", "-max-frame", "16MiB")
+    broker = start(workdir, "-cap", "128MiB", "-max-frame", "16MiB")  # a message may take a sixth of the cap
     client = Client(broker.port)
     client.connect()
     base = rss_bytes(broker.pid)
@@ -156,11 +156,14 @@ def trickle(workdir: Path) -> None:
     client.sock.sendall(head)
     chunk = b"x" * 16
     sent, writes, started = 0, 0, time.monotonic()
+    during = []
     while sent < size:
         n = min(len(chunk), size - sent)
-        client.sock.send(chunk[:n])
+        client.sock.sendall(chunk[:n])
         sent += n
         writes += 1
+        if sent % (size // 4) == 0:
+            during.append(rss_bytes(broker.pid) - base)
     client.sock.sendall(b"\0")
     frame = client.read()
     seconds = time.monotonic() - started
@@ -169,8 +172,9 @@ def trickle(workdir: Path) -> None:
     print(
         f"trickle: a {size >> 20} MiB SEND in {writes} writes of {len(chunk)} bytes took {seconds:.1f} s; "
         f"broker RSS {base / 2**20:.1f} MiB before, peak {peak / 2**20:.1f} MiB "
-        f"(+{(peak - base) / 2**20:.1f} MiB for a {size / 2**20:.0f} MiB frame); answer: "
-        f"{frame.command if frame else 'none'}"
+        f"(+{(peak - base) / 2**20:.1f} MiB for a {size / 2**20:.0f} MiB frame); at each quarter sent: "
+        f"+{', +'.join(f'{d / 2**20:.1f}' for d in during)} MiB; answer: "
+        f"{frame.command + ' ' + frame.headers.get('message', '') if frame else 'none'}"
     )
 
 
