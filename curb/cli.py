@@ -365,6 +365,7 @@ async def serve(
                 tls_addr[0],
                 tls_addr[1],
                 ssl=tls_listener.context,
+                ssl_handshake_timeout=connect_timeout or None,
                 reuse_address=True,
                 backlog=BACKLOG,
                 start_serving=False,
