@@ -422,6 +422,7 @@ async def serve(
     log.on_fatal = on_fatal
     log.on_damage = lambda text: events("damage", text)
     log.start(loop)
+    stomp_servers = list(servers)
     try:
         if http is not None:
             web = await _listen("-http", http, lambda: serve_http(http[0] or "", http[1], metrics, broker.gauges))
@@ -435,7 +436,7 @@ async def serve(
     for server in servers:
         await server.start_serving()
     # Before the `listening` line, which tells the tests and Spark the broker is ready.
-    _say_who_may_connect(events, servers, user_table, users_path, max_connections, fd_limit)
+    _say_who_may_connect(events, stomp_servers, user_table, users_path, max_connections, fd_limit)
     events("listening", where, addr=names, file=path, cap=cap)
 
     def on_signal() -> None:

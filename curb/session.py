@@ -1,6 +1,6 @@
 """One STOMP 1.2 connection's rules, sans I/O: bytes in, bytes out, events for the transport.
 
-The transport (curb.server for TCP; TLS and WebSocket next) feeds received bytes to
+The transport (curb.server, for TCP and TLS) feeds received bytes to
 `receive_data(data, now)`, is told through `on_output` that output waits, takes it with
 `data_to_send(now)`, and then reads the events: `close_wanted` (close once the output is
 written, or abort), `reading` (False: stop reading this peer) and `next_deadline` (when
