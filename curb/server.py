@@ -7,7 +7,8 @@ reading) and arms its timer (CONNECT timeout, refusal delay, heart-beats). Over 
 transport is asyncio's, and a verified client certificate's CN is the session's identity.
 
 Closing after an ERROR (or a DISCONNECT): the socket is shut for writing once the output
-is written and the peer's further bytes are read and dropped for up to LINGER_SECONDS. A
+is written and the peer's further bytes are read and dropped for up to LINGER_SECONDS
+(over TLS: close_notify, and the TCP connection aborted after LINGER_SECONDS). A
 plain close with unread input would send a TCP reset, and the peer's system may then
 discard the ERROR before the client reads it (a producer still sending, for example).
 
@@ -113,17 +114,18 @@ class Connection(asyncio.Protocol):
 
     def _linger(self) -> None:
         """Send FIN after the output, drop what the peer still sends, close at its EOF
-        (asyncio does) or after LINGER_SECONDS."""
+        (asyncio does) or after LINGER_SECONDS. TLS has no half-close: its close sends
+        close_notify, which many clients never answer, so the linger bounds that wait too."""
         transport = self.transport
-        if not transport.can_write_eof():  # TLS: its close_notify ends the stream cleanly
-            transport.close()
-            return
         self._lingering = True
-        transport.write_eof()
         self.session.connection_lost()  # done with STOMP: its wip is rdy again now, not after the linger
-        if not self._reading:
-            self._reading = True
-            transport.resume_reading()
+        if transport.can_write_eof():
+            transport.write_eof()
+            if not self._reading:
+                self._reading = True
+                transport.resume_reading()
+        else:
+            transport.close()
         if self._timer is not None:
             self._timer.cancel()
         self._timer = self._loop.call_later(LINGER_SECONDS, transport.abort)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import ssl
 import stat
 import subprocess
 import sys
@@ -16,6 +18,7 @@ import stomp
 import trustme
 
 from curb import users
+from curb.frame import FrameParser
 
 pytestmark = pytest.mark.slow
 
@@ -84,6 +87,20 @@ def test_tls_serves_stomp_py(curb_broker, stomp_conn, tmp_path):
     assert message.body == "over tls"
 
 
+def test_after_an_error_the_broker_closes_the_tls_connection(curb_broker, tmp_path):
+    certs = Certs(tmp_path, "a")
+    broker = tls_broker(curb_broker, certs)
+    context = ssl.create_default_context(cafile=str(certs.ca_file))
+    with context.wrap_socket(socket.create_connection(("127.0.0.1", broker.port)), server_hostname="127.0.0.1") as tls:
+        tls.settimeout(10)
+        tls.sendall(b"CONNECT\naccept-version:1.2\n\n\0FROB\n\n\0")
+        received = b""
+        while chunk := tls.recv(4096):
+            received += chunk
+    frames = FrameParser().feed(received)
+    assert [f.command for f in frames] == ["CONNECTED", "ERROR"], "then the end of the stream"
+
+
 def test_a_plain_client_on_the_tls_port_gets_nothing(curb_broker, raw, tmp_path):
     broker = tls_broker(curb_broker, Certs(tmp_path, "a"))
     client = raw(broker.port)
@@ -105,6 +122,7 @@ def test_mutual_tls_logs_in_by_certificate_cn_and_refuses_other_cas(curb_broker,
     inbox.wait_receipt("r1")
     conn.subscribe("/queue/curb", id="s")
     assert inbox.wait_error().headers["message"] == "consume permission needed"
+    conn.transport.disconnect_socket()  # stomp.py does not notice the broker's TLS close by itself
 
     # Signed by the right CA but no such user: access refused.
     _, mallory = tls_conn(stomp_conn, broker.port, certs.ca_file, certs.client("mallory"))
@@ -113,7 +131,7 @@ def test_mutual_tls_logs_in_by_certificate_cn_and_refuses_other_cas(curb_broker,
     # Signed by another CA, or no certificate at all: the handshake fails, no STOMP at all.
     for client in (stranger.client("alice"), None):
         try:
-            _, refused = tls_conn(stomp_conn, broker.port, certs.ca_file, client)
+            conn, refused = tls_conn(stomp_conn, broker.port, certs.ca_file, client)
         except stomp.exception.ConnectFailedException:
             continue
         refused.wait_disconnected()
@@ -143,6 +161,12 @@ def test_sighup_reloads_the_certificate_for_new_connections_and_keeps_old_ones(
     old_inbox.wait_receipt("old")
     new.send("/queue/curb", "new", receipt="new")
     new_inbox.wait_receipt("new")
+
+    first.cert.write_text("not a certificate\n")
+    broker.proc.send_signal(signal.SIGHUP)
+    assert wait_until(lambda: "cannot reload TLS" in broker.stderr_text())
+    kept, kept_inbox = tls_conn(stomp_conn, broker.port, second.ca_file)
+    kept_inbox.wait_connected()  # a bad file on reload leaves the last good certificate in force
 
 
 @pytest.mark.parametrize(
