@@ -105,6 +105,7 @@ class Broker:
         self.refuse_delay = refuse_delay
         self.max_connections = max_connections  # None: no limit
         self._limit_lines = LineLimit(LIMIT_LOG_SECONDS)
+        self._timeout_lines = LineLimit(LIMIT_LOG_SECONDS)
         self.metrics = metrics or Metrics()
         self.events = events
         self.schedule = schedule
@@ -191,6 +192,20 @@ class Broker:
     def protocol_error(self, session: Session, reason: str) -> None:
         self.metrics.protocol_errors += 1
         self.events("client_error", f"client error from {session.peer}: {reason}", peer=session.peer, reason=reason)
+
+    def connect_timed_out(self, session: Session, now: float) -> None:
+        """A connection sent no CONNECT in time: counted as a protocol error, logged at
+        most once per LIMIT_LOG_SECONDS (a flood of silent connections is one line)."""
+        self.metrics.protocol_errors += 1
+        closed = self._timeout_lines.hit(now)
+        if closed:
+            self.events(
+                "connect_timeout",
+                f"closed {closed} connections that sent no CONNECT within {self.connect_timeout:g} s "
+                f"(the last from {session.peer}); more are closed without a line for {LIMIT_LOG_SECONDS:g} s",
+                peer=session.peer,
+                closed=closed,
+            )
 
     def access_refused(self, session: Session, login: str | None) -> None:
         self.metrics.access_refused += 1

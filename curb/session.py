@@ -153,7 +153,16 @@ class Session:
             return
         if self.state is NEW:
             if self.broker.connect_timeout and now >= self.opened_at + self.broker.connect_timeout:
-                self.error("CONNECT timeout", f"Send CONNECT within {self.broker.connect_timeout:g} s of connecting.")
+                self.broker.connect_timed_out(self, now)
+                self.write(
+                    encode(
+                        "ERROR",
+                        {"message": "CONNECT timeout", "content-type": "text/plain"},
+                        f"Send CONNECT within {self.broker.connect_timeout:g} s of connecting.\n".encode(),
+                    )
+                )
+                self.state = CLOSING
+                self._close("close")
             return
         if self.expect_every and now - self.last_recv > heartbeat.tolerance(self.expect_every):
             self.broker.events("heartbeat_timeout", f"no heart-beat from {self.peer}; closing", peer=self.peer)
