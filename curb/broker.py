@@ -16,6 +16,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
+from curb import users as users_file
 from curb.counts import CountMessages
 from curb.cursor import Record
 from curb.log import QueueFull, TooLarge
@@ -38,6 +39,12 @@ REFUSE_DELAY_SECONDS = 1.0
 LIMIT_LOG_SECONDS = 10.0
 Done = Callable[[str | None], None]
 Schedule = Callable[[float, Callable[[], None]], object]
+# Runs a slow function (a password check) and hands its result to a callback on the
+# broker's thread; the default runs it at once, curb.cli passes a thread pool's.
+Offload = Callable[[Callable[[], "User | None"], Callable[["User | None"], None]], None]
+# Password checks under way at once, at most; more logins are refused unchecked, so a
+# flood of CONNECTs costs bounded CPU and never the event loop's time.
+MAX_PENDING_LOGINS = 4
 
 
 class Store(Protocol):
@@ -95,6 +102,7 @@ class Broker:
         metrics: Metrics | None = None,
         events: Callable[..., None] = lambda *a, **k: None,
         schedule: Schedule = _loop_schedule,
+        offload: Offload | None = None,
     ):
         self.log = log
         self.queue: Queue[Session, Record] = Queue(log, default_prefetch=prefetch)
@@ -109,6 +117,8 @@ class Broker:
         self.metrics = metrics or Metrics()
         self.events = events
         self.schedule = schedule
+        self.offload: Offload = offload or (lambda work, then: then(work()))
+        self._pending_logins = 0
         self.sessions: set[Session] = set()
         self._counters: set[Session] = set()
         self.count_messages = CountMessages()
@@ -192,6 +202,22 @@ class Broker:
     def protocol_error(self, session: Session, reason: str) -> None:
         self.metrics.protocol_errors += 1
         self.events("client_error", f"client error from {session.peer}: {reason}", peer=session.peer, reason=reason)
+
+    def check_login(self, login: str, passcode: str, then: Callable[[User | None], None]) -> None:
+        """Check a password against the users file off the loop; `then(user or None)`.
+        Past MAX_PENDING_LOGINS checks under way, the answer is None without a check."""
+        table = self.users
+        if table is None or self._pending_logins >= MAX_PENDING_LOGINS:
+            self.metrics.logins_shed += 1
+            then(None)
+            return
+        self._pending_logins += 1
+
+        def answer(user: User | None) -> None:
+            self._pending_logins -= 1
+            then(user)
+
+        self.offload(lambda: users_file.authenticate(table, login, passcode), answer)
 
     def connect_timed_out(self, session: Session, now: float) -> None:
         """A connection sent no CONNECT in time: counted as a protocol error, logged at

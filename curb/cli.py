@@ -35,6 +35,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import click
 
@@ -399,8 +400,14 @@ async def serve(
         skipped_bytes=rec.skipped_bytes,
         seconds=round(rec.seconds, 3),
     )
+    checks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="curb-login")  # a core at most
+
+    def offload(work, then) -> None:
+        loop.run_in_executor(checks, work).add_done_callback(lambda done: then(done.result()))
+
     broker = Broker(
         log,
+        offload=offload,
         prefetch=prefetch,
         max_frame=max_frame,
         heartbeat_ms=heartbeat,
@@ -472,6 +479,7 @@ async def serve(
     deadline = loop.time() + DRAIN_SECONDS
     while broker.sessions and loop.time() < deadline:
         await asyncio.sleep(0.01)
+    checks.shutdown(wait=False, cancel_futures=True)
     events("stopped", "stopped")
     return EXIT_IO if fatal else 0
 

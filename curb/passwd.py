@@ -9,6 +9,7 @@ one, never half.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import sys
@@ -109,7 +110,6 @@ def _keep_owner(path: str, fd: int) -> None:
     except FileNotFoundError:
         return
     if (old.st_uid, old.st_gid) != (os.getuid(), os.getgid()):
-        try:
+        # Not root: the file becomes ours, as any edit of it would.
+        with contextlib.suppress(PermissionError):
             os.fchown(fd, old.st_uid, old.st_gid)
-        except PermissionError:
-            pass  # not root: the file becomes ours, as any edit of it would

@@ -73,10 +73,7 @@ class Connection(asyncio.Protocol):
             return
         session = self.session
         session.receive_data(data, self._loop.time())
-        deadline = session.next_deadline
-        # A timer that fires early only checks and re-arms; one armed too late is re-armed.
-        if deadline is not None and (self._timer is None or deadline < self._timer.when()):
-            self._arm()
+        self._arm_if_sooner()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused:
@@ -111,6 +108,13 @@ class Connection(asyncio.Protocol):
             return
         if session.reading != self._reading:
             self._apply_reading()
+        self._arm_if_sooner()
+
+    def _arm_if_sooner(self) -> None:
+        """A timer that fires early only checks and re-arms; one armed too late is re-armed."""
+        deadline = self.session.next_deadline
+        if deadline is not None and (self._timer is None or deadline < self._timer.when()):
+            self._arm()
 
     def _linger(self) -> None:
         """Send FIN after the output, drop what the peer still sends, close at its EOF
@@ -120,7 +124,11 @@ class Connection(asyncio.Protocol):
         self._lingering = True
         self.session.connection_lost()  # done with STOMP: its wip is rdy again now, not after the linger
         if transport.can_write_eof():
-            transport.write_eof()
+            try:
+                transport.write_eof()
+            except OSError:  # the peer is gone already (reset): nothing to linger for
+                transport.abort()
+                return
             if not self._reading:
                 self._reading = True
                 transport.resume_reading()

@@ -20,9 +20,11 @@ Rules:
   the transport never took is rdy again when the connection goes.
 - The queue, the log and the metrics are reached only through the Broker.
 - Access: with a users file (Broker.users), CONNECT must name a user and its password, or
-  come over a connection whose client certificate's CN names a user (`identity`). A failed
-  CONNECT is answered "access refused" only at a deadline a fixed delay after it came, the
-  same for every failure. Each frame needs at most one permission, named by `PERMISSION`
+  come over a connection whose client certificate's CN names a user (`identity`). The
+  password check (scrypt) runs off the event loop (Broker.check_login); until it answers
+  the session reads nothing and holds the frames that came after CONNECT, then handles
+  them in order. A failed CONNECT is answered "access refused" only at a deadline a fixed
+  delay after it came, the same for every failure. Each frame needs at most one permission, named by `PERMISSION`
   (and `./count` frames need `count`); without a users file everything is allowed.
 - A connection that has not sent CONNECT by `broker.connect_timeout` seconds after it
   opened is answered with an ERROR and closed (a deadline too).
@@ -72,6 +74,7 @@ class Session:
         self.state = NEW
         self.opened_at = now
         self._refuse_at: float | None = None
+        self._held: list[Frame] | None = None  # frames after a CONNECT whose check is under way
         self.parser = FrameParser(max_frame_bytes=broker.max_frame)
         # Events for the transport.
         self.close_wanted: str | None = None  # "close" once the output is written, or "abort"
@@ -152,7 +155,11 @@ class Session:
                 self._refuse()
             return
         if self.state is NEW:
-            if self.broker.connect_timeout and now >= self.opened_at + self.broker.connect_timeout:
+            if (
+                self._held is None
+                and self.broker.connect_timeout
+                and now >= self.opened_at + self.broker.connect_timeout
+            ):
                 self.broker.connect_timed_out(self, now)
                 self.write(
                     encode(
@@ -240,6 +247,9 @@ class Session:
     # ---------------------------------------------------------------- frames
 
     def handle(self, frame: Frame) -> None:
+        if self._held is not None:
+            self._held.append(frame)
+            return
         handler = RULES.get((self.state, frame.command))
         if handler is None:
             unexpected(self, frame)
@@ -278,8 +288,12 @@ class Session:
         except ValueError:
             self.error("bad heart-beat header", "heart-beat must be two comma-separated integers.", frame)
             return
-        if self.broker.users is not None and not self._log_in(frame.headers):
-            return
+        if self.broker.users is not None:
+            self._log_in(frame.headers, theirs)
+        else:
+            self._connected(theirs)
+
+    def _connected(self, theirs: tuple[int, int]) -> None:
         ours = self.broker.heartbeat_ms
         self.send_every, self.expect_every = heartbeat.negotiate((ours, ours), theirs)
         self.state = OPEN
@@ -290,26 +304,42 @@ class Session:
             )
         )
 
-    def _log_in(self, headers: dict[str, str]) -> bool:
-        """Check CONNECT's credentials against the users file. True: logged in. False: the
-        refusal waits for its deadline, so every failure takes as long."""
+    def _log_in(self, headers: dict[str, str], theirs: tuple[int, int]) -> None:
+        """Check CONNECT's credentials against the users file: a certificate's CN at once,
+        a password off the loop, holding the frames that follow until it is known."""
         users_by_name = self.broker.users
         assert users_by_name is not None
         login = headers.get("login")
-        if login is not None:
-            user = users.authenticate(users_by_name, login, headers.get("passcode", ""))
-        elif self.identity is not None:
-            user = users_by_name.get(self.identity)
-        else:
-            user = None
+        came = self.last_recv
+        if login is None:
+            self._logged_in(users_by_name.get(self.identity) if self.identity is not None else None, None, came, theirs)
+            return
+        self._held = []
+        self.reading = False
+        self._wake()
+        self.broker.check_login(
+            login, headers.get("passcode", ""), lambda user: self._logged_in(user, login, came, theirs)
+        )
+
+    def _logged_in(self, user: users.User | None, login: str | None, came: float, theirs: tuple[int, int]) -> None:
+        """The check's answer: connect and handle the held frames, or refuse at the deadline."""
+        held, self._held = self._held or [], None
+        if self._gone:
+            return
         if user is None:
-            who = login if login is not None else self.identity
-            self.broker.access_refused(self, who)
+            self.broker.access_refused(self, login if login is not None else self.identity)
             self.state = CLOSING
-            self._refuse_at = self.last_recv + self.broker.refuse_delay
-            return False
+            self._refuse_at = came + self.broker.refuse_delay
+            self._wake()  # the glue re-arms its timer for the refusal
+            return
         self.user, self.permissions = user.name, user.permissions
-        return True
+        self._connected(theirs)
+        self.reading = self.writable and not self._stopped
+        for frame in held:
+            if self.state is CLOSING:
+                break
+            self.handle(frame)
+        self.broker.after_frames()
 
     def _refuse(self) -> None:
         self._refuse_at = None

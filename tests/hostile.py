@@ -8,6 +8,8 @@ Run `bin/hostile` for every scenario, or `bin/hostile NAME ...` for some:
   whether a good client is served once the flood's connections close.
 - trickle: a 15 MiB SEND sent in tiny writes; the broker's peak RSS beside the frame size.
 - count: produce throughput with 0 and with 1,000 connections subscribed to ./count.
+- logins: produce throughput while 4 clients keep sending CONNECTs with a wrong password
+  (each costs the broker an scrypt check), beside the same without them.
 - flood: a producer sends receipt-less SENDs into a small log until the queue is full; what
   it gets, and whether another producer and a consumer are still served.
 
@@ -24,8 +26,10 @@ import os
 import resource
 import select
 import socket
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -274,11 +278,73 @@ def flood(workdir: Path) -> None:
     broker.stop()
 
 
+def _bad_logins(port: int, stop: threading.Event, tried: list[int]) -> None:
+    while not stop.is_set():
+        try:
+            client = Client(port)
+            client.send("CONNECT", {"accept-version": "1.2", "login": "producer", "passcode": "wrong"})
+            tried.append(1)
+            time.sleep(0.01)  # the refusal comes a second later; no need to wait for it
+            client.close()
+        except OSError:
+            pass
+
+
+def logins(workdir: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "curb", "passwd", "users", "producer", "--perm", "send"],
+        input="pw\n",
+        text=True,
+        cwd=workdir,
+        env=BROKER_ENV,
+        check=True,
+        capture_output=True,
+    )
+    broker = start(workdir, "-users", "users")
+
+    client = Client(broker.port)
+    client.send("CONNECT", {"accept-version": "1.2", "login": "producer", "passcode": "pw"})
+    client.read()
+
+    def rate() -> float:
+        body, sent, n, end = b"m" * 100, 0, 0, time.monotonic() + 5.0
+        while time.monotonic() < end:
+            for _ in range(99):
+                client.send("SEND", {"destination": "/queue/curb"}, body)
+            n += 1
+            client.send("SEND", {"destination": "/queue/curb", "receipt": str(n)}, body)
+            client.read()
+            sent += 100
+        return sent / 5.0
+
+    quiet = rate()
+    stop, tried = threading.Event(), list[int]()
+    threads = [threading.Thread(target=_bad_logins, args=(broker.port, stop, tried)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    busy = rate()
+    fresh = Client(broker.port)
+    fresh.send("CONNECT", {"accept-version": "1.2", "login": "producer", "passcode": "pw"})
+    answer = fresh.read()
+    stop.set()
+    for thread in threads:
+        thread.join()
+    lines = broker.output().count("access refused to")
+    broker.stop()
+    print(
+        f"logins: {quiet:.0f} msg/s produced alone, {busy:.0f} msg/s ({busy / quiet:.2f}) while 4 clients sent "
+        f"{len(tried) / 5.0:.0f} bad logins a second; a good login during the flood got "
+        f"{answer.command + ' ' + answer.headers.get('message', '') if answer else 'nothing'}; "
+        f"{lines} 'access refused' lines logged"
+    )
+
+
 SCENARIOS: dict[str, Callable[[Path], None]] = {
     "fd-limit": fd_limit,
     "trickle": trickle,
     "count": count,
     "flood": flood,
+    "logins": logins,
 }
 
 

@@ -165,7 +165,7 @@ def test_sighup_reloads_the_certificate_for_new_connections_and_keeps_old_ones(
     first.cert.write_text("not a certificate\n")
     broker.proc.send_signal(signal.SIGHUP)
     assert wait_until(lambda: "cannot reload TLS" in broker.stderr_text())
-    kept, kept_inbox = tls_conn(stomp_conn, broker.port, second.ca_file)
+    _, kept_inbox = tls_conn(stomp_conn, broker.port, second.ca_file)
     kept_inbox.wait_connected()  # a bad file on reload leaves the last good certificate in force
 
 
