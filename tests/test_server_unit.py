@@ -32,7 +32,7 @@ def test_a_disconnect_receipt_is_not_sent_when_the_sync_fails(tmp_path):
 class FakeTransport(asyncio.Transport):
     """What Connection uses of a transport, recorded."""
 
-    def __init__(self, eof: bool = False) -> None:
+    def __init__(self, eof: bool | str = False) -> None:
         super().__init__()
         self.sent = b""
         self.closed = False
@@ -42,9 +42,11 @@ class FakeTransport(asyncio.Transport):
         self.aborted = False
 
     def can_write_eof(self) -> bool:
-        return self.eof_supported
+        return bool(self.eof_supported)
 
     def write_eof(self) -> None:
+        if self.eof_supported == "reset":
+            raise OSError(107, "Transport endpoint is not connected")
         self.eof = True
 
     def abort(self) -> None:
@@ -121,3 +123,21 @@ def test_after_an_error_the_glue_shuts_writing_drops_input_and_closes_after_the_
     assert not aborted_at_once, "no reset while the peer may still be reading the ERROR"
     assert transport.sent == answered, "what comes after the ERROR is dropped"
     assert transport.aborted, "closed once the linger is over"
+
+
+def test_a_peer_reset_before_the_linger_is_aborted_without_an_exception(tmp_path):
+    async def run() -> FakeTransport:
+        log = Log(tmp_path / "q.log", 64 * 1024)
+        log.start(asyncio.get_running_loop())
+        broker = Broker(log)
+        connection = Connection(broker)
+        transport = FakeTransport(eof="reset")
+        connection.connection_made(transport)
+        connection.data_received(b"FROB\n\n\0")
+        broker.flush_out()
+        connection.connection_lost(None)
+        await log.close()
+        return transport
+
+    transport = asyncio.run(run())
+    assert transport.aborted and b"ERROR" in transport.sent
