@@ -39,10 +39,12 @@ from curb.spawn import BrokerProcess
 
 FD_LIMIT = 1024  # the common default soft limit
 BROKER_ENV: dict[str, str] | None = None  # set by --curb: the environment brokers run in
+STARTED: list[BrokerProcess] = []  # killed when a scenario ends, however it ends
 
 
 def start(workdir: Path, *flags: str, preexec_fn: Callable[[], None] | None = None) -> BrokerProcess:
     broker = BrokerProcess(cwd=workdir, env=BROKER_ENV, preexec_fn=preexec_fn)
+    STARTED.append(broker)
     broker.start(["-addr", "127.0.0.1:0", "-file", "curb.log", *flags])
     return broker
 
@@ -361,7 +363,12 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the clients need more than the broker
     for name in names:
         with tempfile.TemporaryDirectory(prefix="curb-hostile-") as workdir:
-            SCENARIOS[name](Path(workdir))
+            try:
+                SCENARIOS[name](Path(workdir))
+            finally:
+                for broker in STARTED:
+                    broker.kill()
+                STARTED.clear()
             sys.stdout.flush()
 
 
