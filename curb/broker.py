@@ -20,7 +20,9 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
+from curb import users as users_file
 from curb.browse import Browse
+from curb.counts import CountMessages
 from curb.cursor import Record
 from curb.log import QueueFull, TooLarge
 from curb.metrics import Metrics
@@ -33,6 +35,9 @@ if TYPE_CHECKING:
 
 COUNT_COALESCE_SECONDS = 0.05
 BROWSE_STEP_BYTES = 256 * 1024  # a browse's output per session per loop pass
+# ./count MESSAGEs a second, all subscribers together, at most: each costs a send() call,
+# and with a thousand subscribers at every 50 ms those calls took half the loop's time.
+COUNT_FRAMES_PER_SECOND = 1000
 CONNECT_TIMEOUT_SECONDS = 10.0
 # How long after a failed CONNECT its "access refused" leaves, whatever the failure was.
 REFUSE_DELAY_SECONDS = 1.0
@@ -40,6 +45,12 @@ REFUSE_DELAY_SECONDS = 1.0
 LIMIT_LOG_SECONDS = 10.0
 Done = Callable[[str | None], None]
 Schedule = Callable[[float, Callable[[], None]], object]
+# Runs a slow function (a password check) and hands its result to a callback on the
+# broker's thread; the default runs it at once, curb.cli passes a thread pool's.
+Offload = Callable[[Callable[[], "User | None"], Callable[["User | None"], None]], None]
+# Password checks under way at once, at most; more logins are refused unchecked, so a
+# flood of CONNECTs costs bounded CPU and never the event loop's time.
+MAX_PENDING_LOGINS = 4
 
 
 class Store(Protocol):
@@ -105,6 +116,7 @@ class Broker:
         metrics: Metrics | None = None,
         events: Callable[..., None] = lambda *a, **k: None,
         schedule: Schedule = _loop_schedule,
+        offload: Offload | None = None,
     ):
         self.log = log
         self.queue: Queue[Session, Record] = Queue(log, default_prefetch=prefetch)
@@ -117,11 +129,15 @@ class Broker:
         self.refuse_delay = refuse_delay
         self.max_connections = max_connections  # None: no limit
         self._limit_lines = LineLimit(LIMIT_LOG_SECONDS)
+        self._timeout_lines = LineLimit(LIMIT_LOG_SECONDS)
         self.metrics = metrics or Metrics()
         self.events = events
         self.schedule = schedule
+        self.offload: Offload = offload or (lambda work, then: then(work()))
+        self._pending_logins = 0
         self.sessions: set[Session] = set()
         self._counters: set[Session] = set()
+        self.count_messages = CountMessages()
         self._count_scheduled = False
         self._pumping = False
         self._pump_wanted = False
@@ -231,6 +247,36 @@ class Broker:
     def protocol_error(self, session: Session, reason: str) -> None:
         self.metrics.protocol_errors += 1
         self.events("client_error", f"client error from {session.peer}: {reason}", peer=session.peer, reason=reason)
+
+    def check_login(self, login: str, passcode: str, then: Callable[[User | None], None]) -> None:
+        """Check a password against the users file off the loop; `then(user or None)`.
+        Past MAX_PENDING_LOGINS checks under way, the answer is None without a check."""
+        table = self.users
+        if table is None or self._pending_logins >= MAX_PENDING_LOGINS:
+            self.metrics.logins_shed += 1
+            then(None)
+            return
+        self._pending_logins += 1
+
+        def answer(user: User | None) -> None:
+            self._pending_logins -= 1
+            then(user)
+
+        self.offload(lambda: users_file.authenticate(table, login, passcode), answer)
+
+    def connect_timed_out(self, session: Session, now: float) -> None:
+        """A connection sent no CONNECT in time: counted as a protocol error, logged at
+        most once per LIMIT_LOG_SECONDS (a flood of silent connections is one line)."""
+        self.metrics.protocol_errors += 1
+        closed = self._timeout_lines.hit(now)
+        if closed:
+            self.events(
+                "connect_timeout",
+                f"closed {closed} connections that sent no CONNECT within {self.connect_timeout:g} s "
+                f"(the last from {session.peer}); more are closed without a line for {LIMIT_LOG_SECONDS:g} s",
+                peer=session.peer,
+                closed=closed,
+            )
 
     def access_refused(self, session: Session, login: str | None) -> None:
         self.metrics.access_refused += 1
@@ -358,10 +404,13 @@ class Broker:
         }
 
     def counts_changed(self) -> None:
-        """Coalesce count updates for ./count subscribers into one MESSAGE per change."""
+        """Coalesce count updates for ./count subscribers into one MESSAGE per change, at
+        most every COUNT_COALESCE_SECONDS, and less often the more subscribers there are
+        (COUNT_FRAMES_PER_SECOND in all)."""
         if not self._count_scheduled:
             self._count_scheduled = True
-            self.schedule(COUNT_COALESCE_SECONDS, self._send_counts)
+            delay = max(COUNT_COALESCE_SECONDS, len(self._counters) / COUNT_FRAMES_PER_SECOND)
+            self.schedule(delay, self._send_counts)
 
     def _send_counts(self) -> None:
         self._count_scheduled = False

@@ -35,6 +35,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import click
 
@@ -365,6 +366,7 @@ async def serve(
                 tls_addr[0],
                 tls_addr[1],
                 ssl=tls_listener.context,
+                ssl_handshake_timeout=connect_timeout or None,
                 reuse_address=True,
                 backlog=BACKLOG,
                 start_serving=False,
@@ -398,8 +400,14 @@ async def serve(
         skipped_bytes=rec.skipped_bytes,
         seconds=round(rec.seconds, 3),
     )
+    checks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="curb-login")  # a core at most
+
+    def offload(work, then) -> None:
+        loop.run_in_executor(checks, work).add_done_callback(lambda done: then(done.result()))
+
     broker = Broker(
         log,
+        offload=offload,
         prefetch=prefetch,
         max_frame=max_frame,
         heartbeat_ms=heartbeat,
@@ -444,6 +452,7 @@ async def serve(
     log.on_fatal = on_fatal
     log.on_damage = lambda text: events("damage", text)
     log.start(loop)
+    stomp_servers = list(servers)
     try:
         if http is not None:
             web = await _listen("-http", http, lambda: serve_http(http[0] or "", http[1], metrics, broker.gauges))
@@ -457,7 +466,7 @@ async def serve(
     for server in servers:
         await server.start_serving()
     # Before the `listening` line, which tells the tests and Spark the broker is ready.
-    _say_who_may_connect(events, servers, user_table, users_path, max_connections, fd_limit)
+    _say_who_may_connect(events, stomp_servers, user_table, users_path, max_connections, fd_limit)
     events("listening", where, addr=names, file=path, cap=cap)
     systemd.notify("READY=1", f"STATUS=serving {rec.messages} recovered messages")
     await stop
@@ -471,6 +480,7 @@ async def serve(
     deadline = loop.time() + DRAIN_SECONDS
     while broker.sessions and loop.time() < deadline:
         await asyncio.sleep(0.01)
+    checks.shutdown(wait=False, cancel_futures=True)
     events("stopped", "stopped")
     return EXIT_IO if fatal else 0
 

@@ -33,6 +33,7 @@ COUNTER_NAMES = (
     "compactions",
     "access_refused",
     "connections_refused",
+    "logins_shed",
 )
 
 
@@ -56,6 +57,7 @@ class Metrics:
     compactions: int
     access_refused: int
     connections_refused: int
+    logins_shed: int
 
     def __init__(self) -> None:
         for name in COUNTER_NAMES:
@@ -151,6 +153,11 @@ def _families(m: Metrics, g: dict[str, int]) -> list[_Family]:
             "curb_connections_refused_total",
             "Connections closed at once because -max-connections were open.",
             m.connections_refused,
+        ),
+        _counter(
+            "curb_logins_shed_total",
+            "CONNECTs refused unchecked because too many password checks were under way.",
+            m.logins_shed,
         ),
         _counter("curb_compaction_moves_total", "Live records copied forward by compaction.", m.compactions),
         _Family(

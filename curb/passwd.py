@@ -2,12 +2,14 @@
 
 The password is read from the terminal (asked twice) or, when stdin is not a terminal,
 as stdin's first line, so scripts can pipe it in. The file is replaced atomically (a
-temporary file in the same directory, fsynced, then renamed) with mode 0600: a reader,
-such as a broker reloading on SIGHUP, sees the old file or the new one, never half.
+temporary file in the same directory, fsynced, then renamed) with mode 0600 and the old
+file's owner: a reader, such as a broker reloading on SIGHUP, sees the old file or the new
+one, never half.
 """
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import sys
@@ -85,6 +87,7 @@ def _write(path: str, text: str) -> None:
     temporary = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
+        _keep_owner(path, fd)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -93,8 +96,20 @@ def _write(path: str, text: str) -> None:
     except BaseException:
         os.unlink(temporary)
         raise
-    dir_fd = os.open(directory, os.O_RDONLY)
+    dir_fd = os.open(directory, os.O_RDONLY)  # the rename itself is durable only once its directory is
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _keep_owner(path: str, fd: int) -> None:
+    """A file the broker's user owns stays its own when root changes it."""
+    try:
+        old = os.stat(path)
+    except FileNotFoundError:
+        return
+    if (old.st_uid, old.st_gid) != (os.getuid(), os.getgid()):
+        # Not root: the file becomes ours, as any edit of it would.
+        with contextlib.suppress(PermissionError):
+            os.fchown(fd, old.st_uid, old.st_gid)

@@ -6,6 +6,12 @@ when the Broker gathers the output), applies what it asks of the transport (clos
 reading) and arms its timer (CONNECT timeout, refusal delay, heart-beats). Over TLS the
 transport is asyncio's, and a verified client certificate's CN is the session's identity.
 
+Closing after an ERROR (or a DISCONNECT): the socket is shut for writing once the output
+is written and the peer's further bytes are read and dropped for up to LINGER_SECONDS
+(over TLS: close_notify, and the TCP connection aborted after LINGER_SECONDS). A
+plain close with unread input would send a TCP reset, and the peer's system may then
+discard the ERROR before the client reads it (a producer still sending, for example).
+
 Connection limit: past `broker.max_connections` open sessions a new connection is closed
 at once (Broker.admit says so, rate-limited), before it costs a session.
 
@@ -28,6 +34,7 @@ from curb.tls import peer_name
 __all__ = ["WRITE_HIGH_WATER", "Broker", "Connection"]
 
 WRITE_HIGH_WATER = 256 * 1024
+LINGER_SECONDS = 1.0
 
 
 class Connection(asyncio.Protocol):
@@ -41,6 +48,7 @@ class Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._reading = True
         self._refused = False
+        self._lingering = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream server (create_server) hands its protocols a Transport.
@@ -61,12 +69,11 @@ class Connection(asyncio.Protocol):
         self._arm()
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return
         session = self.session
         session.receive_data(data, self._loop.time())
-        deadline = session.next_deadline
-        # A timer that fires early only checks and re-arms; one armed too late is re-armed.
-        if deadline is not None and (self._timer is None or deadline < self._timer.when()):
-            self._arm()
+        self._arm_if_sooner()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused:
@@ -87,7 +94,7 @@ class Connection(asyncio.Protocol):
     def _output(self) -> None:
         """The session has output or an event: write, then do what it asks."""
         session, transport = self.session, self.transport
-        if transport.is_closing():
+        if transport.is_closing() or self._lingering:
             session.discard_output()
             return
         data = session.data_to_send(self._loop.time())
@@ -97,14 +104,43 @@ class Connection(asyncio.Protocol):
             if session.close_wanted == "abort":
                 transport.abort()
             else:
-                transport.close()
+                self._linger()
             return
         if session.reading != self._reading:
             self._apply_reading()
+        self._arm_if_sooner()
+
+    def _arm_if_sooner(self) -> None:
+        """A timer that fires early only checks and re-arms; one armed too late is re-armed."""
+        deadline = self.session.next_deadline
+        if deadline is not None and (self._timer is None or deadline < self._timer.when()):
+            self._arm()
+
+    def _linger(self) -> None:
+        """Send FIN after the output, drop what the peer still sends, close at its EOF
+        (asyncio does) or after LINGER_SECONDS. TLS has no half-close: its close sends
+        close_notify, which many clients never answer, so the linger bounds that wait too."""
+        transport = self.transport
+        self._lingering = True
+        self.session.connection_lost()  # done with STOMP: its wip is rdy again now, not after the linger
+        if transport.can_write_eof():
+            try:
+                transport.write_eof()
+            except OSError:  # the peer is gone already (reset): nothing to linger for
+                transport.abort()
+                return
+            if not self._reading:
+                self._reading = True
+                transport.resume_reading()
+        else:
+            transport.close()
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_later(LINGER_SECONDS, transport.abort)
 
     def _apply_reading(self) -> None:
         reading = self.session.reading
-        if reading != self._reading and not self.transport.is_closing():
+        if reading != self._reading and not self.transport.is_closing() and not self._lingering:
             self._reading = reading
             if reading:
                 self.transport.resume_reading()
@@ -112,6 +148,8 @@ class Connection(asyncio.Protocol):
                 self.transport.pause_reading()
 
     def _arm(self) -> None:
+        if self._lingering:  # the timer is the linger's now
+            return
         if self._timer is not None:
             self._timer.cancel()
         deadline = self.session.next_deadline

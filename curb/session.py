@@ -1,6 +1,6 @@
 """One STOMP 1.2 connection's rules, sans I/O: bytes in, bytes out, events for the transport.
 
-The transport (curb.server for TCP; TLS and WebSocket next) feeds received bytes to
+The transport (curb.server, for TCP and TLS) feeds received bytes to
 `receive_data(data, now)`, is told through `on_output` that output waits, takes it with
 `data_to_send(now)`, and then reads the events: `close_wanted` (close once the output is
 written, or abort), `reading` (False: stop reading this peer) and `next_deadline` (when
@@ -25,9 +25,11 @@ Rules:
   RECEIPT waits until that is durable, like an ACK's.
 - The queue, the log and the metrics are reached only through the Broker.
 - Access: with a users file (Broker.users), CONNECT must name a user and its password, or
-  come over a connection whose client certificate's CN names a user (`identity`). A failed
-  CONNECT is answered "access refused" only at a deadline a fixed delay after it came, the
-  same for every failure. Each frame needs at most one permission, named by `PERMISSION`
+  come over a connection whose client certificate's CN names a user (`identity`). The
+  password check (scrypt) runs off the event loop (Broker.check_login); until it answers
+  the session reads nothing and holds the frames that came after CONNECT, then handles
+  them in order. A failed CONNECT is answered "access refused" only at a deadline a fixed
+  delay after it came, the same for every failure. Each frame needs at most one permission, named by `PERMISSION`
   (and `./count` frames need `count`); without a users file everything is allowed.
 - A connection that has not sent CONNECT by `broker.connect_timeout` seconds after it
   opened is answered with an ERROR and closed (a deadline too).
@@ -36,13 +38,13 @@ Rules:
 from __future__ import annotations
 
 import collections
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from curb import __version__, heartbeat, message_limits, payload, users
 from curb.broker import Refused
+from curb.counts import COUNT_DESTINATION, count_prefix
 from curb.frame import FRAME_END, Frame, FrameParser, ProtocolError, decimal, encode, escape
 from curb.queue import QueueError, Subscription
 
@@ -51,7 +53,6 @@ if TYPE_CHECKING:
     from curb.browse import Browse
     from curb.cursor import Record
 
-COUNT_DESTINATION = "./count"
 BROWSE_END = "browse-end"  # the message-id of a browse's end marker
 SERVER = f"curb/{__version__}"
 MAX_PREFETCH = 1_000_000  # unacked messages one subscription may hold
@@ -82,6 +83,7 @@ class Session:
         self.state = NEW
         self.opened_at = now
         self._refuse_at: float | None = None
+        self._held: list[Frame] | None = None  # frames after a CONNECT whose check is under way
         self.parser = FrameParser(
             max_frame_bytes=broker.max_frame,
             max_body_bytes=max(0, min(broker.max_message, broker.max_frame - message_limits.RESERVE)),
@@ -97,7 +99,8 @@ class Session:
         self._woken = False
         self._handoff: list[Record] = []  # auto messages in _out, done once handed over
         self._owed: collections.deque[Owed] = collections.deque()
-        self._count_sub: tuple[str, int] | None = None
+        self._count_sub: str | None = None
+        self._count_prefix = b""
         self._last_counts: dict[str, int] | None = None
         self._counts_owed = False
         self._prefixes: dict[Subscription[Session, Record], bytes] = {}
@@ -169,8 +172,21 @@ class Session:
                 self._refuse()
             return
         if self.state is NEW:
-            if self.broker.connect_timeout and now >= self.opened_at + self.broker.connect_timeout:
-                self.error("CONNECT timeout", f"Send CONNECT within {self.broker.connect_timeout:g} s of connecting.")
+            if (
+                self._held is None
+                and self.broker.connect_timeout
+                and now >= self.opened_at + self.broker.connect_timeout
+            ):
+                self.broker.connect_timed_out(self, now)
+                self.write(
+                    encode(
+                        "ERROR",
+                        {"message": "CONNECT timeout", "content-type": "text/plain"},
+                        f"Send CONNECT within {self.broker.connect_timeout:g} s of connecting.\n".encode(),
+                    )
+                )
+                self.state = CLOSING
+                self._close("close")
             return
         if self.expect_every and now - self.last_recv > heartbeat.tolerance(self.expect_every):
             self.broker.events("heartbeat_timeout", f"no heart-beat from {self.peer}; closing", peer=self.peer)
@@ -259,31 +275,16 @@ class Session:
 
     def send_counts(self, counts: dict[str, int]) -> None:
         """One `./count` MESSAGE if the counts changed since the last; while the peer
-        does not read, only the latest counts are kept for later."""
+        does not read, only the latest counts are kept for later. The frame is shared
+        by every subscriber but for its first two lines (curb.counts)."""
         if self._count_sub is None or counts == self._last_counts:
             return
         if not self.writable:
             self._counts_owed = True
             return
         self._counts_owed = False
-        sub_id, n = self._count_sub
-        self._count_sub = (sub_id, n + 1)
         self._last_counts = counts
-        body = json.dumps(counts).encode()
-        self.write(
-            encode(
-                "MESSAGE",
-                {
-                    "subscription": sub_id,
-                    "message-id": f"count-{n + 1}",
-                    "destination": COUNT_DESTINATION,
-                    "content-type": "application/json",
-                    "rdy": str(counts["rdy"]),
-                    "wip": str(counts["wip"]),
-                },
-                body,
-            )
-        )
+        self.write(self._count_prefix + self.broker.count_messages.tail(counts))
 
     def stop_reading(self) -> None:
         """Shutdown: read nothing more from this peer."""
@@ -299,6 +300,9 @@ class Session:
     # ---------------------------------------------------------------- frames
 
     def handle(self, frame: Frame) -> None:
+        if self._held is not None:
+            self._held.append(frame)
+            return
         handler = RULES.get((self.state, frame.command))
         if handler is None:
             unexpected(self, frame)
@@ -337,8 +341,12 @@ class Session:
         except ValueError as err:
             self.error("bad heart-beat header", f"{err}.", frame)
             return
-        if self.broker.users is not None and not self._log_in(frame.headers):
-            return
+        if self.broker.users is not None:
+            self._log_in(frame.headers, theirs)
+        else:
+            self._connected(theirs)
+
+    def _connected(self, theirs: tuple[int, int]) -> None:
         ours = self.broker.heartbeat_ms
         self.send_every, self.expect_every = heartbeat.negotiate((ours, ours), theirs)
         self.state = OPEN
@@ -349,26 +357,42 @@ class Session:
             )
         )
 
-    def _log_in(self, headers: dict[str, str]) -> bool:
-        """Check CONNECT's credentials against the users file. True: logged in. False: the
-        refusal waits for its deadline, so every failure takes as long."""
+    def _log_in(self, headers: dict[str, str], theirs: tuple[int, int]) -> None:
+        """Check CONNECT's credentials against the users file: a certificate's CN at once,
+        a password off the loop, holding the frames that follow until it is known."""
         users_by_name = self.broker.users
         assert users_by_name is not None
         login = headers.get("login")
-        if login is not None:
-            user = users.authenticate(users_by_name, login, headers.get("passcode", ""))
-        elif self.identity is not None:
-            user = users_by_name.get(self.identity)
-        else:
-            user = None
+        came = self.last_recv
+        if login is None:
+            self._logged_in(users_by_name.get(self.identity) if self.identity is not None else None, None, came, theirs)
+            return
+        self._held = []
+        self.reading = False
+        self._wake()
+        self.broker.check_login(
+            login, headers.get("passcode", ""), lambda user: self._logged_in(user, login, came, theirs)
+        )
+
+    def _logged_in(self, user: users.User | None, login: str | None, came: float, theirs: tuple[int, int]) -> None:
+        """The check's answer: connect and handle the held frames, or refuse at the deadline."""
+        held, self._held = self._held or [], None
+        if self._gone:
+            return
         if user is None:
-            who = login if login is not None else self.identity
-            self.broker.access_refused(self, who)
+            self.broker.access_refused(self, login if login is not None else self.identity)
             self.state = CLOSING
-            self._refuse_at = self.last_recv + self.broker.refuse_delay
-            return False
+            self._refuse_at = came + self.broker.refuse_delay
+            self._wake()  # the glue re-arms its timer for the refusal
+            return
         self.user, self.permissions = user.name, user.permissions
-        return True
+        self._connected(theirs)
+        self.reading = self.writable and not self._stopped
+        for frame in held:
+            if self.state is CLOSING:
+                break
+            self.handle(frame)
+        self.broker.after_frames()
 
     def _refuse(self) -> None:
         self._refuse_at = None
@@ -425,7 +449,8 @@ class Session:
             browse = self.broker.browse(self, 1 if first is None else first, last)
             self._browses[sub_id] = (browse, prefix)
         elif headers.get("destination") == COUNT_DESTINATION:
-            self._count_sub = (sub_id, 0)
+            self._count_sub = sub_id
+            self._count_prefix = count_prefix(escape(sub_id).encode())
             self._last_counts = None
             self.broker.watch_counts(self, True)
             self.send_counts(self.broker.counts())
@@ -441,7 +466,7 @@ class Session:
         browse = self._browses.pop(sub_id, None)
         if browse is not None:
             self.broker.end_browse(browse[0])
-        elif self._count_sub is not None and self._count_sub[0] == sub_id:
+        elif self._count_sub is not None and self._count_sub == sub_id:
             self._count_sub = None
             self.broker.watch_counts(self, False)
         else:

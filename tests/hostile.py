@@ -8,6 +8,8 @@ Run `bin/hostile` for every scenario, or `bin/hostile NAME ...` for some:
   whether a good client is served once the flood's connections close.
 - trickle: a 15 MiB SEND sent in tiny writes; the broker's peak RSS beside the frame size.
 - count: produce throughput with 0 and with 1,000 connections subscribed to ./count.
+- logins: produce throughput while 4 clients keep sending CONNECTs with a wrong password
+  (each costs the broker an scrypt check), beside the same without them.
 - flood: a producer sends receipt-less SENDs into a small log until the queue is full; what
   it gets, and whether another producer and a consumer are still served.
 
@@ -22,9 +24,12 @@ import argparse
 import collections
 import os
 import resource
+import select
 import socket
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,10 +39,12 @@ from curb.spawn import BrokerProcess
 
 FD_LIMIT = 1024  # the common default soft limit
 BROKER_ENV: dict[str, str] | None = None  # set by --curb: the environment brokers run in
+STARTED: list[BrokerProcess] = []  # killed when a scenario ends, however it ends
 
 
 def start(workdir: Path, *flags: str, preexec_fn: Callable[[], None] | None = None) -> BrokerProcess:
     broker = BrokerProcess(cwd=workdir, env=BROKER_ENV, preexec_fn=preexec_fn)
+    STARTED.append(broker)
     broker.start(["-addr", "127.0.0.1:0", "-file", "curb.log", *flags])
     return broker
 
@@ -146,7 +153,7 @@ def fd_limit(workdir: Path) -> None:
 
 def trickle(workdir: Path) -> None:
     size = 15 << 20
-    broker = start(workdir, "-cap", "64MiB", "-max-frame", "16MiB")
+    broker = start(workdir, "-cap", "128MiB", "-max-frame", "16MiB")  # a message may take a sixth of the cap
     client = Client(broker.port)
     client.connect()
     base = rss_bytes(broker.pid)
@@ -155,11 +162,14 @@ def trickle(workdir: Path) -> None:
     client.sock.sendall(head)
     chunk = b"x" * 16
     sent, writes, started = 0, 0, time.monotonic()
+    during = []
     while sent < size:
         n = min(len(chunk), size - sent)
-        client.sock.send(chunk[:n])
+        client.sock.sendall(chunk[:n])
         sent += n
         writes += 1
+        if sent % (size // 4) == 0:
+            during.append(rss_bytes(broker.pid) - base)
     client.sock.sendall(b"\0")
     frame = client.read()
     seconds = time.monotonic() - started
@@ -168,8 +178,9 @@ def trickle(workdir: Path) -> None:
     print(
         f"trickle: a {size >> 20} MiB SEND in {writes} writes of {len(chunk)} bytes took {seconds:.1f} s; "
         f"broker RSS {base / 2**20:.1f} MiB before, peak {peak / 2**20:.1f} MiB "
-        f"(+{(peak - base) / 2**20:.1f} MiB for a {size / 2**20:.0f} MiB frame); answer: "
-        f"{frame.command if frame else 'none'}"
+        f"(+{(peak - base) / 2**20:.1f} MiB for a {size / 2**20:.0f} MiB frame); at each quarter sent: "
+        f"+{', +'.join(f'{d / 2**20:.1f}' for d in during)} MiB; answer: "
+        f"{frame.command + ' ' + frame.headers.get('message', '') if frame else 'none'}"
     )
 
 
@@ -195,25 +206,27 @@ def produce_rate(port: int, seconds: float, batch: int = 100) -> float:
     return rate
 
 
-def count(workdir: Path, watchers: int = 1000) -> None:
-    rates = {}
-    for n in (0, watchers):
-        broker = start(workdir, "-cap", "1GiB")
+def count(workdir: Path, watchers: int = 1000, rounds: int = 2, seconds: float = 5.0) -> None:
+    """Alternate runs without and with the watchers on one broker, so a busy machine
+    skews both alike."""
+    broker = start(workdir, "-cap", "1GiB")
+    rates: dict[int, list[float]] = {0: [], watchers: []}
+    for _ in range(rounds):
+        rates[0].append(produce_rate(broker.port, seconds))
         idle = []
-        for i in range(n):
+        for i in range(watchers):
             client = Client(broker.port)
             client.connect()
             client.send("SUBSCRIBE", {"id": f"c{i}", "destination": "./count"})
             idle.append(client)
-        # The watchers read nothing: their kernel buffers fill, which is the worst case for the broker.
-        rates[n] = produce_rate(broker.port, 10.0)
-        cpu = cpu_seconds(broker.pid)
+        rates[watchers].append(produce_rate(broker.port, seconds))
         for client in idle:
             client.close()
-        broker.stop()
-        (workdir / "curb.log").unlink()
-        print(f"count: {n} ./count subscribers: {rates[n]:.0f} msg/s produced (broker CPU {cpu:.1f} s in all)")
-    print(f"count: throughput with {watchers} subscribers is {rates[watchers] / rates[0]:.2f} of that with none")
+    broker.stop()
+    for n, runs in rates.items():
+        print(f"count: {n} ./count subscribers: {', '.join(f'{r:.0f}' for r in runs)} msg/s produced")
+    ratio = sum(rates[watchers]) / sum(rates[0])
+    print(f"count: throughput with {watchers} subscribers is {ratio:.2f} of that with none")
 
 
 # ---------------------------------------------------------------- flood
@@ -225,38 +238,107 @@ def flood(workdir: Path) -> None:
     greedy.connect()
     body = b"f" * 1000
     sent = 0
-    greedy.sock.settimeout(0)
     answer: Frame | None = None
+    send_frame = encode("SEND", {"destination": "/queue/curb"}, body)
+    failed = ""
     while answer is None and sent < 100_000:
-        greedy.send("SEND", {"destination": "/queue/curb"}, body)
-        sent += 1
         try:
+            greedy.sock.sendall(send_frame)
+            sent += 1
+            if not select.select([greedy.sock], [], [], 0)[0]:
+                continue
             data = greedy.sock.recv(1 << 16)
-        except BlockingIOError:
-            continue
+        except OSError as err:
+            failed = f" (then its socket failed: {err.strerror})"
+            break
+        if not data:
+            break
         frames = greedy.parser.feed(data)
         answer = frames[0] if frames else None
     print(
         f"flood: after {sent} receipt-less SENDs of 1000 bytes into a 1 MiB log the producer got "
-        f"{answer.command if answer else 'nothing'} {answer.headers.get('message') if answer else ''!r}"
+        f"{answer.command if answer else 'nothing'} {answer.headers.get('message') if answer else ''!r}{failed}"
     )
-    other = Client(broker.port)
-    other.connect()
-    other.send("SUBSCRIBE", {"id": "s", "destination": "/queue/curb", "ack": "client-individual"})
-    message = other.read()
-    assert message is not None
-    other.send("ACK", {"id": message.headers["ack"], "receipt": "a"})
-    while (frame := other.read()) is not None and frame.command != "RECEIPT":
+    consumer = Client(broker.port)
+    consumer.connect()
+    consumer.send("SUBSCRIBE", {"id": "s", "destination": "/queue/curb", "ack": "client-individual"})
+    for n in range(300):
+        message = consumer.read()
+        assert message is not None and message.command == "MESSAGE", message
+        consumer.send("ACK", {"id": message.headers["ack"], **({"receipt": "a"} if n == 299 else {})})
+    while (frame := consumer.read()) is not None and frame.command != "RECEIPT":
         pass
     producer = Client(broker.port)
     producer.connect()
     producer.send("SEND", {"destination": "/queue/curb", "receipt": "p"}, b"after")
     reply = producer.read()
     print(
-        f"flood: another consumer got a message and its ACK receipt ({frame is not None}); another producer's SEND got "
-        f"{reply.command if reply else 'nothing'} {reply.headers.get('message', '') if reply else ''}"
+        f"flood: a consumer then got and acked 300 messages (receipt: {frame is not None}); "
+        f"another producer's SEND got {reply.command if reply else 'nothing'} "
+        f"{reply.headers.get('message', '') if reply else ''}"
     )
     broker.stop()
+
+
+def _bad_logins(port: int, stop: threading.Event, tried: list[int]) -> None:
+    while not stop.is_set():
+        try:
+            client = Client(port)
+            client.send("CONNECT", {"accept-version": "1.2", "login": "producer", "passcode": "wrong"})
+            tried.append(1)
+            time.sleep(0.01)  # the refusal comes a second later; no need to wait for it
+            client.close()
+        except OSError:
+            pass
+
+
+def logins(workdir: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "curb", "passwd", "users", "producer", "--perm", "send"],
+        input="pw\n",
+        text=True,
+        cwd=workdir,
+        env=BROKER_ENV,
+        check=True,
+        capture_output=True,
+    )
+    broker = start(workdir, "-users", "users")
+
+    client = Client(broker.port)
+    client.send("CONNECT", {"accept-version": "1.2", "login": "producer", "passcode": "pw"})
+    client.read()
+
+    def rate() -> float:
+        body, sent, n, end = b"m" * 100, 0, 0, time.monotonic() + 5.0
+        while time.monotonic() < end:
+            for _ in range(99):
+                client.send("SEND", {"destination": "/queue/curb"}, body)
+            n += 1
+            client.send("SEND", {"destination": "/queue/curb", "receipt": str(n)}, body)
+            client.read()
+            sent += 100
+        return sent / 5.0
+
+    quiet = rate()
+    stop, tried = threading.Event(), list[int]()
+    threads = [threading.Thread(target=_bad_logins, args=(broker.port, stop, tried)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    busy = rate()
+    fresh = Client(broker.port)
+    fresh.send("CONNECT", {"accept-version": "1.2", "login": "producer", "passcode": "pw"})
+    answer = fresh.read()
+    stop.set()
+    for thread in threads:
+        thread.join()
+    lines = broker.output().count("access refused to")
+    broker.stop()
+    print(
+        f"logins: {quiet:.0f} msg/s produced alone, {busy:.0f} msg/s ({busy / quiet:.2f}) while 4 clients sent "
+        f"{len(tried) / 5.0:.0f} bad logins a second; a good login during the flood got "
+        f"{answer.command + ' ' + answer.headers.get('message', '') if answer else 'nothing'}; "
+        f"{lines} 'access refused' lines logged"
+    )
 
 
 SCENARIOS: dict[str, Callable[[Path], None]] = {
@@ -264,6 +346,7 @@ SCENARIOS: dict[str, Callable[[Path], None]] = {
     "trickle": trickle,
     "count": count,
     "flood": flood,
+    "logins": logins,
 }
 
 
@@ -280,7 +363,12 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the clients need more than the broker
     for name in names:
         with tempfile.TemporaryDirectory(prefix="curb-hostile-") as workdir:
-            SCENARIOS[name](Path(workdir))
+            try:
+                SCENARIOS[name](Path(workdir))
+            finally:
+                for broker in STARTED:
+                    broker.kill()
+                STARTED.clear()
             sys.stdout.flush()
 
 

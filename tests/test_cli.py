@@ -19,7 +19,22 @@ from curb import cli
 from curb.disk import FileDisk
 from curb.log import LogCore, LogError
 
-DOCUMENTED_FLAGS = ["-cap", "-addr", "-file", "-prefetch", "-max-frame", "-heartbeat", "--version"]
+DOCUMENTED_FLAGS = [
+    "-cap",
+    "-addr",
+    "-file",
+    "-prefetch",
+    "-max-frame",
+    "-heartbeat",
+    "-tls-addr",
+    "-tls-cert",
+    "-tls-key",
+    "-tls-ca",
+    "-users",
+    "-connect-timeout",
+    "-max-connections",
+    "--version",
+]
 
 
 def one_line(result: subprocess.CompletedProcess[str]) -> str:

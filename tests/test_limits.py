@@ -65,3 +65,19 @@ def test_accept_failures_are_one_line_per_interval_and_other_errors_pass_on():
     handle(loop, other)
     assert [(s["event"], s["failures"]) for s in said] == [("accept_failed", 1), ("accept_failed", 3)]
     assert loop.passed_on == [other]
+
+
+def test_connect_timeouts_are_logged_once_per_interval():
+    world = World()
+    said: list[dict] = []
+    world.broker.events = lambda event, text, **fields: said.append({"event": event, **fields})
+    world.broker.connect_timeout = 1.0
+    peers = [world.session(now=0.0) for _ in range(3)]
+    for peer in peers:
+        peer.session.tick(1.0)
+        [error] = peer.frames(1.0)
+        assert error.headers["message"] == "CONNECT timeout"
+    late = world.session(now=10.0)
+    late.session.tick(11.0)
+    assert [(s["event"], s["closed"]) for s in said] == [("connect_timeout", 1), ("connect_timeout", 3)]
+    assert world.broker.metrics.protocol_errors == 4

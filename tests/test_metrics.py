@@ -132,6 +132,7 @@ def test_stats_is_one_flat_json_object_of_gauges_and_counters():
         "compactions": 0,
         "access_refused": 0,
         "connections_refused": 0,
+        "logins_shed": 0,
         "fsyncs": 1,
         "fsync_seconds_sum": 0.5,
     }

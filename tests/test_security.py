@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import ssl
 import stat
 import subprocess
 import sys
@@ -16,6 +18,7 @@ import stomp
 import trustme
 
 from curb import users
+from curb.frame import FrameParser
 
 pytestmark = pytest.mark.slow
 
@@ -84,6 +87,20 @@ def test_tls_serves_stomp_py(curb_broker, stomp_conn, tmp_path):
     assert message.body == "over tls"
 
 
+def test_after_an_error_the_broker_closes_the_tls_connection(curb_broker, tmp_path):
+    certs = Certs(tmp_path, "a")
+    broker = tls_broker(curb_broker, certs)
+    context = ssl.create_default_context(cafile=str(certs.ca_file))
+    with context.wrap_socket(socket.create_connection(("127.0.0.1", broker.port)), server_hostname="127.0.0.1") as tls:
+        tls.settimeout(10)
+        tls.sendall(b"CONNECT\naccept-version:1.2\n\n\0FROB\n\n\0")
+        received = b""
+        while chunk := tls.recv(4096):
+            received += chunk
+    frames = FrameParser().feed(received)
+    assert [f.command for f in frames] == ["CONNECTED", "ERROR"], "then the end of the stream"
+
+
 def test_a_plain_client_on_the_tls_port_gets_nothing(curb_broker, raw, tmp_path):
     broker = tls_broker(curb_broker, Certs(tmp_path, "a"))
     client = raw(broker.port)
@@ -105,6 +122,7 @@ def test_mutual_tls_logs_in_by_certificate_cn_and_refuses_other_cas(curb_broker,
     inbox.wait_receipt("r1")
     conn.subscribe("/queue/curb", id="s")
     assert inbox.wait_error().headers["message"] == "consume permission needed"
+    conn.transport.disconnect_socket()  # stomp.py does not notice the broker's TLS close by itself
 
     # Signed by the right CA but no such user: access refused.
     _, mallory = tls_conn(stomp_conn, broker.port, certs.ca_file, certs.client("mallory"))
@@ -113,7 +131,7 @@ def test_mutual_tls_logs_in_by_certificate_cn_and_refuses_other_cas(curb_broker,
     # Signed by another CA, or no certificate at all: the handshake fails, no STOMP at all.
     for client in (stranger.client("alice"), None):
         try:
-            _, refused = tls_conn(stomp_conn, broker.port, certs.ca_file, client)
+            conn, refused = tls_conn(stomp_conn, broker.port, certs.ca_file, client)
         except stomp.exception.ConnectFailedException:
             continue
         refused.wait_disconnected()
@@ -143,6 +161,12 @@ def test_sighup_reloads_the_certificate_for_new_connections_and_keeps_old_ones(
     old_inbox.wait_receipt("old")
     new.send("/queue/curb", "new", receipt="new")
     new_inbox.wait_receipt("new")
+
+    first.cert.write_text("not a certificate\n")
+    broker.proc.send_signal(signal.SIGHUP)
+    assert wait_until(lambda: "cannot reload TLS" in broker.stderr_text())
+    _, kept_inbox = tls_conn(stomp_conn, broker.port, second.ca_file)
+    kept_inbox.wait_connected()  # a bad file on reload leaves the last good certificate in force
 
 
 @pytest.mark.parametrize(
@@ -287,13 +311,13 @@ def test_a_silent_connection_is_closed_at_the_connect_timeout(curb_broker, raw):
         assert client.closed(timeout=5)
 
 
-def test_a_connection_stalled_mid_frame_is_dropped_at_the_heart_beat_deadline(curb_broker, raw):
+def test_a_connection_stalled_mid_frame_is_dropped_at_the_heart_beat_deadline(curb_broker, raw, wait_until):
     broker = curb_broker(extra_args=("-heartbeat", "200"))
     client = raw(broker.port)
     client.connect(heart_beat="200,0")
     client.send(b"SEND\ndestination:/queue/curb\ncontent-length:100\n\nhalf a bo")
     assert client.closed(timeout=5), "a peer that promised beats and went silent is dropped"
-    assert "no heart-beat from 127.0.0.1:" in broker.stderr_text()
+    assert wait_until(lambda: "no heart-beat from 127.0.0.1:" in broker.stderr_text())
 
 
 def test_connections_past_the_limit_are_closed_at_once_and_the_others_served(curb_broker, raw, wait_until):
@@ -317,3 +341,35 @@ def test_connections_past_the_limit_are_closed_at_once_and_the_others_served(cur
         return frame is not None and frame.command == "CONNECTED"
 
     assert wait_until(served, timeout=10, interval=0.1)
+
+
+def test_a_producer_flooding_without_receipts_gets_queue_full_and_others_are_served(curb_broker, raw):
+    broker = curb_broker(cap="64KiB")
+    greedy = raw(broker.port)
+    greedy.connect()
+    frame = b"SEND\ndestination:/queue/curb\ncontent-length:1000\n\n" + b"f" * 1000 + b"\0"
+    for _ in range(1000):
+        try:
+            greedy.send(frame)
+        except OSError:
+            break  # the broker closed after its ERROR; the ERROR is still readable
+        if greedy.frames or greedy.read_bytes(timeout=0.001):
+            break
+    error = greedy.read_frame()
+    assert error is not None and (error.command, error.headers["message"]) == ("ERROR", "queue full")
+
+    consumer = raw(broker.port)
+    consumer.connect()
+    consumer.send_frame("SUBSCRIBE", {"id": "s", "destination": "/queue/curb", "ack": "client-individual"})
+    for n in range(20):
+        message = consumer.read_frame()
+        assert message is not None and message.command == "MESSAGE"
+        consumer.send_frame("ACK", {"id": message.headers["ack"], **({"receipt": "acked"} if n == 19 else {})})
+    while (answer := consumer.read_frame()) is not None and answer.command != "RECEIPT":
+        pass
+    assert answer is not None, "the consumer is served: its ACKs get their receipt"
+    producer = raw(broker.port)
+    producer.connect()
+    producer.send_frame("SEND", {"destination": "/queue/curb", "receipt": "r"}, b"after")
+    answer = producer.read_frame()
+    assert answer is not None and answer.command == "RECEIPT", answer

@@ -3,6 +3,7 @@ over a real log whose sync fails."""
 
 import asyncio
 
+from curb import server
 from curb.broker import Broker
 from curb.log import Log
 from curb.server import Connection
@@ -31,11 +32,25 @@ def test_a_disconnect_receipt_is_not_sent_when_the_sync_fails(tmp_path):
 class FakeTransport(asyncio.Transport):
     """What Connection uses of a transport, recorded."""
 
-    def __init__(self) -> None:
+    def __init__(self, eof: bool | str = False) -> None:
         super().__init__()
         self.sent = b""
         self.closed = False
         self.reading = True
+        self.eof_supported = eof
+        self.eof = False
+        self.aborted = False
+
+    def can_write_eof(self) -> bool:
+        return bool(self.eof_supported)
+
+    def write_eof(self) -> None:
+        if self.eof_supported == "reset":
+            raise OSError(107, "Transport endpoint is not connected")
+        self.eof = True
+
+    def abort(self) -> None:
+        self.aborted = self.closed = True
 
     def write(self, data: bytes) -> None:  # type: ignore[override]
         self.sent += data
@@ -82,3 +97,47 @@ def test_the_glue_stops_reading_while_the_output_is_above_its_mark_and_closes_wh
     assert seen == [False, True]
     assert transport.sent.startswith(b"CONNECTED") and b"ERROR" in transport.sent
     assert transport.closed
+
+
+def test_after_an_error_the_glue_shuts_writing_drops_input_and_closes_after_the_linger(tmp_path, monkeypatch):
+    monkeypatch.setattr(server, "LINGER_SECONDS", 0.01)
+
+    async def run() -> tuple[FakeTransport, bool, bytes]:
+        log = Log(tmp_path / "q.log", 64 * 1024)
+        log.start(asyncio.get_running_loop())
+        connection = Connection(Broker(log))
+        transport = FakeTransport(eof=True)
+        connection.connection_made(transport)
+        connection.data_received(b"CONNECT\naccept-version:1.2\n\n\0FROB\n\n\0")
+        await asyncio.sleep(0)
+        answered = transport.sent
+        aborted_at_once = transport.aborted
+        connection.data_received(b"SEND\ndestination:/q\n\nmore from a client that did not listen\0")
+        await asyncio.sleep(0.2)
+        connection.connection_lost(None)
+        await log.close()
+        return transport, aborted_at_once, answered
+
+    transport, aborted_at_once, answered = asyncio.run(run())
+    assert b"ERROR" in answered and transport.eof and transport.reading
+    assert not aborted_at_once, "no reset while the peer may still be reading the ERROR"
+    assert transport.sent == answered, "what comes after the ERROR is dropped"
+    assert transport.aborted, "closed once the linger is over"
+
+
+def test_a_peer_reset_before_the_linger_is_aborted_without_an_exception(tmp_path):
+    async def run() -> FakeTransport:
+        log = Log(tmp_path / "q.log", 64 * 1024)
+        log.start(asyncio.get_running_loop())
+        broker = Broker(log)
+        connection = Connection(broker)
+        transport = FakeTransport(eof="reset")
+        connection.connection_made(transport)
+        connection.data_received(b"FROB\n\n\0")
+        broker.flush_out()
+        connection.connection_lost(None)
+        await log.close()
+        return transport
+
+    transport = asyncio.run(run())
+    assert transport.aborted and b"ERROR" in transport.sent

@@ -3,10 +3,13 @@ frame needs, the delayed refusal and the CONNECT timeout, all on a fake clock.""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from test_session_rules import World, commands
 
 from curb import users
+from curb.broker import MAX_PENDING_LOGINS
 from curb.frame import Frame, encode
 from curb.session import permission_needed
 
@@ -171,3 +174,62 @@ def test_a_zero_connect_timeout_means_no_limit():
     world = World()
     world.broker.connect_timeout = 0
     assert world.session().session.next_deadline is None
+
+
+class Deferred:
+    """An offload that runs the password checks only when the test says."""
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple[Callable[[], users.User | None], Callable[[users.User | None], None]]] = []
+
+    def __call__(self, work, then) -> None:
+        self.waiting.append((work, then))
+
+    def finish(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for work, then in waiting:
+            then(work())
+
+
+def test_frames_after_connect_wait_for_the_password_check_and_then_run_in_order():
+    world = world_with_users()
+    checks = Deferred()
+    world.broker.offload = checks
+    peer = world.session()
+    peer.feed(
+        encode("CONNECT", {"accept-version": "1.2", "login": "producer", "passcode": "pw-p"})
+        + encode("SEND", {"destination": "/queue/curb", "receipt": "s"}, b"x")
+        + encode("DISCONNECT", {"receipt": "bye"})
+    )
+    assert peer.raw() == b"" and not peer.session.reading, "nothing read or answered during the check"
+    assert world.log.unread == 0
+    checks.finish()
+    world.log.sync()
+    assert commands(peer.frames()) == ["CONNECTED", "RECEIPT", "RECEIPT"]
+    assert world.log.unread == 1
+
+
+def test_a_slow_check_still_refuses_at_the_deadline_counted_from_connect():
+    world = world_with_users()
+    checks = Deferred()
+    world.broker.offload = checks
+    peer = connect(world, now=3.0, login="producer", passcode="wrong")
+    assert peer.session.next_deadline == pytest.approx(3.0 + world.broker.connect_timeout)
+    checks.finish()
+    assert peer.session.next_deadline == pytest.approx(3.0 + world.broker.refuse_delay)
+
+
+def test_past_the_pending_checks_limit_logins_are_refused_unchecked():
+    world = world_with_users()
+    checks = Deferred()
+    world.broker.offload = checks
+    peers = [connect(world, login="producer", passcode="pw-p") for _ in range(MAX_PENDING_LOGINS + 2)]
+    assert len(checks.waiting) == MAX_PENDING_LOGINS
+    assert world.broker.metrics.logins_shed == 2
+    assert [p.session.state for p in peers[-2:]] == ["closing", "closing"]
+    checks.finish()
+    assert all(commands(p.frames()) == ["CONNECTED"] for p in peers[:MAX_PENDING_LOGINS])
+    late = connect(world, login="producer", passcode="pw-p")
+    assert len(checks.waiting) == 1, "finished checks make room"
+    checks.finish()
+    assert commands(late.frames()) == ["CONNECTED"]
