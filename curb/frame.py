@@ -234,8 +234,8 @@ class FrameParser:
                     break
                 if buf[nul]:
                     raise ProtocolError("body is not followed by NUL at content-length", headers.get("receipt"))
-            # bytes() copies a slice of the pending bytearray; a slice of bytes it returns as is
-            append(Frame(command, headers, bytes(buf[pos + body_offset : nul])))
+            # One copy of the body: slicing the pending bytearray would copy it once more.
+            append(Frame(command, headers, bytes(memoryview(buf)[pos + body_offset : nul])))
             searched = 0
             pos = nul + 1
             if len(frames) == limit:
