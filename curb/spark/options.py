@@ -128,7 +128,7 @@ def parse_sink(options: Mapping[str, str]) -> SinkOptions:
 
 def parse_paths(options: Mapping[str, str]) -> list[str]:
     """The log files given to `load(path)` or `load([path, ...])` (Spark passes the list as JSON)."""
-    lowered = _known(options, (), "a batch read of log files (spark.read.load(path))")
+    lowered = _lowered(options)
     if "paths" in lowered:
         paths = json.loads(lowered["paths"])
     elif lowered.get("path"):
@@ -140,6 +140,7 @@ def parse_paths(options: Mapping[str, str]) -> list[str]:
             "curb: a batch read needs log files: spark.read.format('curb').load('path/to/curb.log'); "
             "to consume a live queue use spark.readStream with option 'endpoints'"
         )
+    _known(options, (), "a batch read of log files (spark.read.load(path))")
     return paths
 
 

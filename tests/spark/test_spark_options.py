@@ -94,12 +94,14 @@ def test_bad_source_numbers_name_the_option(name, value, fragment):
         (parse_source, "batchSize", "rowsPerPartition"),
         (parse_source, "window", "maxRowsPerBatch"),
         (parse_sink, "maxRowsPerBatch", "endpoints, login, passcode, heartbeat, timeout, window, key"),
-        (parse_paths, "endpoints", "none but the path"),
+        (parse_paths, "batchSize", "none but the path"),
     ],
 )
 def test_an_unknown_option_is_refused_naming_the_allowed_ones(parse, name, allowed):
     with pytest.raises(OptionError) as raised:
-        parse({"endpoints": "h:1", "path": "a.log", name: "1"} if parse is not parse_paths else {name: "h:1"})
+        parse(
+            {"endpoints": "h:1", "path": "a.log", name: "1"} if parse is not parse_paths else {"path": "a", name: "1"}
+        )
     message = str(raised.value)
     assert message.startswith(f"curb option {name!r} is unknown")
     assert allowed in message and "\n" not in message
