@@ -5,6 +5,10 @@ message); only this module turns that into calls on the queue state machine, the
 the metrics, so each step is written once: an ACK is `queue.ack` then `log.ack`, and every
 message that is rdy again (NACK, a connection gone, shutdown) goes back through `_requeue`.
 
+Browses (SUBSCRIBE with browser:true) are stepped here, a bounded number of bytes per
+loop pass for each session that can take output, so that a browse of any length holds
+only its window in memory and respects the session's flow control like deliveries.
+
 It also gathers each connection's output of one loop pass into one write (`want_flush`,
 `flush_out`) and coalesces `./count` updates. It needs a scheduler for both and takes it
 as a parameter, so tests drive it without an event loop.
@@ -16,15 +20,17 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from curb.browse import Browse
 from curb.cursor import Record
 from curb.log import QueueFull, TooLarge
 from curb.metrics import Metrics
-from curb.queue import Queue, Subscription
+from curb.queue import Queue, QueueError, Subscription
 
 if TYPE_CHECKING:
     from curb.session import Session
 
 COUNT_COALESCE_SECONDS = 0.05
+BROWSE_STEP_BYTES = 256 * 1024  # a browse's output per session per loop pass
 Done = Callable[[str | None], None]
 Schedule = Callable[[float, Callable[[], None]], object]
 
@@ -43,10 +49,15 @@ class Store(Protocol):
     def file_bytes(self) -> int: ...
     @property
     def end(self) -> int: ...
+    @property
+    def last_id(self) -> int: ...
 
     def append(self, payload: bytes, done: Done | None = None, urgent: bool = True) -> Record: ...
     def ack(self, rec: Record) -> None: ...
     def requeue(self, rec: Record) -> None: ...
+    def ack_upto(self, upto: int, done: Done | None = None) -> None: ...
+    def browse(self, from_id: int, to_id: int) -> Browse: ...
+    def end_browse(self, browse: Browse) -> None: ...
     def on_durable(self, done: Done) -> None: ...
     def payload(self, rec: Record) -> bytes: ...
     def next_ready(self) -> Record | None: ...
@@ -94,6 +105,8 @@ class Broker:
         self._pumping = False
         self._pump_wanted = False
         self._dirty: list[Session] = []
+        self._browsing: set[Session] = set()
+        self._browse_scheduled = False
         log.on_written = self.pump
         log.on_answered = self.flush_out
 
@@ -131,6 +144,32 @@ class Broker:
             self.log.ack(rec)
             self.metrics.acked += 1
 
+    def ack_upto(self, upto: int, done: Done | None) -> None:
+        """Every message with an id up to `upto` is done for good, on every connection;
+        `done(None)` runs once that is durable."""
+        last = self.log.last_id
+        if upto > last:
+            raise QueueError(
+                f"curb-upto {upto} is above the highest message id so far ({last}): "
+                f"it would acknowledge messages not yet sent"
+            )
+        records = self.queue.ack_upto(upto)
+        self.log.ack_upto(upto, done)
+        self.metrics.acked += len(records)
+        if self._counters:
+            self.counts_changed()
+
+    def browse(self, session: Session, from_id: int, to_id: int | None) -> Browse:
+        """A browse of ids [from_id, to_id] (to_id None: the highest id so far) for the
+        session, stepped from the next loop pass on."""
+        browse = self.log.browse(from_id, self.log.last_id if to_id is None else to_id)
+        self._browsing.add(session)
+        self._want_browse()
+        return browse
+
+    def end_browse(self, browse: Browse) -> None:
+        self.log.end_browse(browse)
+
     def nack(self, session: Session, msg_id: int) -> None:
         records = self.queue.nack(session, msg_id)
         self.metrics.nacked += len(records)
@@ -167,6 +206,7 @@ class Broker:
         """The connection is gone: its subscriptions vanish and its wip is rdy again."""
         self.sessions.discard(session)
         self._counters.discard(session)
+        self._browsing.discard(session)
         self._requeue(self.queue.close(session))
         self.pump()
 
@@ -214,6 +254,28 @@ class Broker:
         self.metrics.redelivered += redelivered
         if self._counters:
             self.counts_changed()
+        if self._browsing:
+            self._want_browse()
+
+    def _want_browse(self) -> None:
+        if not self._browse_scheduled:
+            self._browse_scheduled = True
+            self.schedule(0, self._browse_pass)
+
+    def _browse_pass(self) -> None:
+        """One step of every browse whose session can take output; again next loop pass
+        while some could go on (those waiting for writes go on from `pump`)."""
+        self._browse_scheduled = False
+        again = False
+        for session in list(self._browsing):
+            if not session.writable:
+                continue
+            more = session.browse_more(BROWSE_STEP_BYTES)
+            if not session.browsing:
+                self._browsing.discard(session)
+            again = again or more
+        if again:
+            self._want_browse()
 
     def after_frames(self) -> None:
         """A connection's frames are handled: write them to the log, deliver what can

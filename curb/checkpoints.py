@@ -12,12 +12,20 @@ sequence. Recovery trusts it, so it may only name what is already on disk:
    the write in progress leaves the other slot intact and durable.
 3. Only a checkpoint whose write has been synced moves the ring's durable tail, so space
    is reused only once a synced checkpoint no longer names it.
+4. The ack-up-to watermark names no bytes: every checkpoint written carries the newest
+   one, whichever snapshot it writes, so an ACK up to an id is durable (and its RECEIPT
+   may leave) once the checkpoint after it is synced. It never goes down.
+5. Message ids are never reused, also after a crash lost messages written (or only
+   accepted) after the last checkpoint: a checkpoint's next id is a *reservation*, the
+   snapshot's next id plus `reserve`, and the log assigns no id at or above the
+   reservation of the newest durable checkpoint (`id_limit`). Only the final checkpoint
+   of a clean stop reserves nothing, so ids go on without a gap after it.
 """
 
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from curb import record as fmt
 from curb.disk import Disk
@@ -25,12 +33,14 @@ from curb.disk import Disk
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """What a checkpoint records: the live region and the next id and write sequence."""
+    """What a checkpoint records: the live region, the next id and write sequence, and
+    the ack-up-to watermark."""
 
     tail: int
     head: int
     next_id: int
     next_wseq: int
+    acked_upto: int = 0
 
 
 class Checkpoints:
@@ -41,7 +51,9 @@ class Checkpoints:
         self.disk = disk
         self.gen = gen
         self.durable = durable
+        self.id_limit = durable.next_id  # ids below it may be assigned (rule 5)
         self.writing: tuple[int, Snapshot] | None = None
+        self._writing_limit = 0
         self._taken: collections.deque[tuple[int, Snapshot]] = collections.deque()
 
     def taken(self, flush_no: int, snap: Snapshot) -> None:
@@ -50,8 +62,9 @@ class Checkpoints:
             self._taken.append((flush_no, snap))
 
     def writable(self, synced_no: int, written_no: int, current: Snapshot) -> Snapshot | None:
-        """The newest snapshot that names only durable bytes and differs from what is
-        durable already, if a checkpoint may be written now (rule 2)."""
+        """The newest snapshot that names only durable bytes, with the current watermark
+        (rule 4), if it differs from what is durable already and a checkpoint may be
+        written now (rule 2)."""
         if self.writing is not None:
             return None
         best = None
@@ -61,14 +74,19 @@ class Checkpoints:
         else:
             while self._taken and self._taken[0][0] <= synced_no:
                 best = self._taken.popleft()[1]
-        if best is None or best == self.durable:
+        if best is None:
+            best = self.durable
+        best = replace(best, acked_upto=current.acked_upto)
+        if best == self.durable:
             return None
         return best
 
-    def write(self, snap: Snapshot, flush_no: int) -> None:
-        """Write `snap` to the slot that does not hold the newest checkpoint."""
+    def write(self, snap: Snapshot, flush_no: int, reserve: int) -> None:
+        """Write `snap`, reserving the next `reserve` ids, to the slot that does not hold
+        the newest checkpoint."""
         self.gen += 1
-        ckpt = fmt.Checkpoint(self.gen, snap.tail, snap.head, snap.next_id, snap.next_wseq)
+        self._writing_limit = snap.next_id + reserve
+        ckpt = fmt.Checkpoint(self.gen, snap.tail, snap.head, self._writing_limit, snap.next_wseq, snap.acked_upto)
         self.disk.pwrite(ckpt.encode(), fmt.SLOT_OFFSETS[self.gen % 2])
         self.writing = (flush_no, snap)
 
@@ -78,5 +96,6 @@ class Checkpoints:
         if self.writing is None or self.writing[0] > synced_no:
             return None
         self.durable = self.writing[1]
+        self.id_limit = self._writing_limit
         self.writing = None
         return self.durable

@@ -24,6 +24,12 @@ Invariants:
   counts what is left exactly: `unread` is what recovery counted plus what was written
   since, minus what was handed out, and is reset to 0 whenever the cursor reaches the
   head (recovery's count can be off only where it skimmed over damage).
+- A message whose id is at most `upto` (the ack-up-to watermark) is dead wherever it is:
+  never handed out, and uncounted from `unread` when the cursor passes it.
+- `is_live` is the one answer, for any other reader of the ring (a browse), to "is this
+  record the live occurrence of a message not yet acked?": held messages by their
+  current copy's offset, records the cursor has read by whether it holds them, unread
+  records by their state and the copies recovery found (`last`).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import collections
 from collections.abc import Callable
 
 from curb.reader import RecordReader
-from curb.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD
+from curb.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, RecordHeader
 
 KEEP_PAYLOAD = 64 * 1024
 FRESH_BYTES = 1 << 20
@@ -85,6 +91,7 @@ class Cursor:
         self.next_wseq = next_wseq
         self.last_wseq = -1
         self.max_id = 0
+        self.upto = 0
         self.last = last
         self.unread = unread
         self.unread_bytes = unread_bytes
@@ -130,6 +137,20 @@ class Cursor:
         if self.behind.pop(rec.id, None) is not None:
             self.behind_bytes -= rec.size
 
+    def is_live(self, pos: int, hdr: RecordHeader) -> bool:
+        """Whether the intact record `hdr` at `pos` is the live occurrence of a message
+        not yet acked, as of now (see the module's invariants)."""
+        mid = hdr.id
+        if mid <= self.upto or hdr.state == STATE_PAD:
+            return False
+        held = self.behind.get(mid) or self.ahead.get(mid)
+        if held is not None:
+            return held.offset == pos and not held.acked
+        if hdr.wseq <= self.last_wseq or hdr.state == STATE_ACK:
+            return False  # read by the cursor and no longer held, or acked in an earlier run
+        live_at = self.last.get(mid)
+        return live_at is None or live_at == pos
+
     def next_ready(self) -> Record | None:
         """The next never-delivered message in queue order, now in flight; None when
         every written record has been handed out."""
@@ -145,13 +166,17 @@ class Cursor:
             pos = self.rpos
             fresh = self.fresh
             if fresh and fresh[0].offset == pos:
-                if not hand_out:
+                rec = fresh[0]
+                if not hand_out and rec.id > self.upto:
                     return None
-                rec = fresh.popleft()
+                fresh.popleft()
                 self.max_id = rec.id
                 self.fresh_bytes -= rec.size
                 self.rpos = pos + rec.size
                 self.last_wseq = rec.wseq
+                if rec.id <= self.upto:
+                    self._uncount(rec.size)
+                    continue
                 return self._hand_out(rec)
             limit = self.whead if self.whead > pos else self.end
             found = self.reader.intact(pos, limit)
@@ -181,6 +206,11 @@ class Cursor:
                 del self.last[mid]
             elif mid <= self.max_id:
                 continue
+            if mid <= self.upto:
+                self.max_id = max(self.max_id, mid)
+                if hdr.state != STATE_ACK:
+                    self._uncount(size)
+                continue
             if hdr.state != STATE_ACK and not hand_out:
                 self.rpos, self.last_wseq = pos, prev_wseq
                 if live_at is not None:
@@ -195,6 +225,11 @@ class Cursor:
         # damage made recovery's estimate of them wrong.
         self.unread = self.unread_bytes = 0
         return None
+
+    def _uncount(self, size: int) -> None:
+        """An unread message the watermark made dead is passed."""
+        self.unread = max(0, self.unread - 1)
+        self.unread_bytes = max(0, self.unread_bytes - size)
 
     def _hand_out(self, rec: Record) -> Record:
         self.unread -= 1

@@ -21,6 +21,15 @@ Invariants, each kept in one place:
   the headroom compaction needs (`headroom`); then it is placed after at most a few sync
   and checkpoint cycles, with no new ACKs: compaction copies held messages that pin the
   tail, in batches, into space the headroom keeps free, so it keeps pace with producers.
+- The ack-up-to watermark (`ack_upto`) makes every message with an id up to it dead at
+  once, with no per-record write: it is a field of every checkpoint (curb.checkpoints),
+  its RECEIPT waits for the first checkpoint carrying it to be synced, and recovery
+  counts such records as acked. Message ids are never reused: recovery resumes above
+  the checkpoint's next id, every id it finds and the watermark.
+- Browses (curb.browse) read the ring beside the cursor; the log tells each of the
+  copies compaction makes (`moved`) and of space it may reuse (`freed`).
+- Ids are never reused: they stay below the reservation of the newest durable
+  checkpoint (curb.checkpoints, rule 5), and recovery resumes at that reservation.
 - Recovery never trusts unsynced bytes twice: it syncs what it found before naming it in
   a checkpoint, and moves the write sequence past every value a stale record could hold,
   so bytes left by an earlier run can never continue the chain.
@@ -40,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from curb import record as fmt
+from curb.browse import Browse
 from curb.checkpoints import Checkpoints, Snapshot
 from curb.cursor import Cursor, Record
 from curb.disk import Disk, FileDisk, LockedError
@@ -68,6 +78,7 @@ CHECKPOINT_EVERY = 0.05
 PINNED_FOR = 0.1
 LAZY_SYNC = 0.01
 INLINE_SYNC_OPS = 4
+ID_RESERVE = 1 << 16  # ids a checkpoint reserves: at most this gap in ids after a crash
 Done = Callable[[str | None], None]
 
 
@@ -174,6 +185,9 @@ class LogCore:
         self._pin = (-1, 0.0)
         self._roomy = 3 * (self.max_record + PAD_SIZE) + 64
         self._broken: str | None = None
+        self._upto_waiters: collections.deque[tuple[int, Done]] = collections.deque()
+        self._ids_wanted = False
+        self._browses: set[Browse] = set()
         self.recovery = self._recover()
         self.next_ready: Callable[[], Record | None] = self._cursor.next_ready
 
@@ -213,7 +227,8 @@ class LogCore:
             )
         scan = Scan(disk, ckpt, self.end)
         scan.run()
-        self._next_id = max(ckpt.next_id, scan.max_id + 1)
+        self._next_id = max(ckpt.next_id, scan.max_id + 1, ckpt.acked_upto + 1)
+        self._acked_upto = ckpt.acked_upto
         self._next_wseq = scan.next_wseq + self.capacity // PAD_SIZE + 1
         self._ring = Ring(self.end, scan.head, ckpt.tail)
         self._allocated = size
@@ -223,11 +238,12 @@ class LogCore:
             reader, self.end, ckpt.tail, scan.head, self._next_wseq, scan.last, scan.messages, scan.live_bytes
         )
         self._cursor.on_damage = self._damaged
-        durable = Snapshot(ckpt.tail, ckpt.head, ckpt.next_id, ckpt.next_wseq)
+        self._cursor.upto = ckpt.acked_upto
+        durable = Snapshot(ckpt.tail, ckpt.head, ckpt.next_id, ckpt.next_wseq, ckpt.acked_upto)
         self._checkpoints = Checkpoints(disk, ckpt.gen, durable)
         self._cursor.pass_dead()
         disk.sync()
-        self._checkpoints.write(self._snapshot(), 0)
+        self._checkpoints.write(self._snapshot(), 0, ID_RESERVE)
         disk.sync()
         written = self._checkpoints.synced(0)
         assert written is not None, "the checkpoint just written as flush 0 is synced by the sync above"
@@ -248,13 +264,34 @@ class LogCore:
     @property
     def unread(self) -> int:
         """Messages accepted and never handed out."""
-        return self._cursor.unread + len(self._pending)
+        return self._cursor.unread + len(self._pending) - self._pending_dead()[0]
 
     @property
     def live_bytes(self) -> int:
         """Bytes of every message not yet acked, as records."""
         cur = self._cursor
-        return cur.unread_bytes + self._pending_bytes + cur.outstanding_bytes
+        return cur.unread_bytes + self._pending_bytes - self._pending_dead()[1] + cur.outstanding_bytes
+
+    @property
+    def last_id(self) -> int:
+        """The highest message id assigned so far (0 before the first)."""
+        return self._next_id - 1
+
+    @property
+    def acked_upto(self) -> int:
+        """The ack-up-to watermark: every message with an id up to it is acked."""
+        return self._acked_upto
+
+    def _pending_dead(self) -> tuple[int, int]:
+        """(messages, bytes) waiting to be written that the watermark already made dead:
+        the first ones, since they wait in id order."""
+        n = size = 0
+        for rec, _, _, _ in self._pending:
+            if rec.id > self._acked_upto:
+                break
+            n += 1
+            size += rec.size
+        return n, size
 
     @property
     def ahead_dead_bytes(self) -> int:
@@ -301,7 +338,7 @@ class LogCore:
         return 2 * (self._largest(self._classes) + PAD_SIZE)
 
     def _snapshot(self) -> Snapshot:
-        return Snapshot(self._cursor.tail(), self._ring.head, self._next_id, self._next_wseq)
+        return Snapshot(self._cursor.tail(), self._ring.head, self._next_id, self._next_wseq, self._acked_upto)
 
     # ---------------------------------------------------------------- the broker's calls
 
@@ -333,6 +370,12 @@ class LogCore:
                     f"{len(payload)} bytes needs {max(0, live + size - room)} more "
                     f"free; retry once consumers have caught up"
                 )
+        if self._next_id >= self._checkpoints.id_limit:
+            # Ids reserved by the durable checkpoint are used up (checkpoints come every
+            # CHECKPOINT_EVERY, so only at more than ID_RESERVE messages in that time).
+            self._ids_wanted = True
+            self._schedule()
+            raise QueueFull("queue full now: message ids are being reserved; retry at once")
         rec = Record(self._next_id, -1, size, 0, time.time_ns() // 1_000_000, None)
         self._next_id += 1
         if self._broken:
@@ -355,6 +398,47 @@ class LogCore:
         self._classes.remove(rec.size)
         self._patches.append((rec.offset, fmt.state_patch(STATE_ACK, rec.deliveries)))
         self._schedule()
+
+    def ack_upto(self, upto: int, done: Done | None = None) -> None:
+        """Every message with an id up to `upto` is done for good, wherever it is (never
+        delivered, rdy again, or held by any consumer): raise the watermark, forget the
+        held ones, and pass the dead ones ahead. `done(None)` runs once a synced
+        checkpoint carries the watermark. The caller checks `upto <= last_id`."""
+        if upto > self._acked_upto:
+            self._acked_upto = upto
+            cur = self._cursor
+            cur.upto = upto
+            for held in (cur.behind, cur.ahead):
+                for rec in [r for r in held.values() if r.id <= upto and not r.acked]:
+                    rec.acked = True
+                    cur.settled(rec)
+                    self._classes.remove(rec.size)
+            cur.pass_dead()
+        if done is None:
+            pass
+        elif upto <= self._checkpoints.durable.acked_upto:
+            self.on_durable(done)
+        elif self._broken:
+            done(self._broken)
+        else:
+            # Waiters wait for the watermark as it is now, so that their deque is in
+            # watermark order: each is answered by the first durable checkpoint past it.
+            self._upto_waiters.append((self._acked_upto, done))
+        self._schedule()
+
+    def browse(self, from_id: int, to_id: int) -> Browse:
+        """A read of the live messages with ids in [from_id, to_id] (curb.browse); the
+        caller steps it and ends it with `end_browse`."""
+        browse = Browse(self._cursor, RecordReader(self.disk, self.capacity), self.end, from_id, to_id, self._waits_for)
+        self._browses.add(browse)
+        return browse
+
+    def end_browse(self, browse: Browse) -> None:
+        self._browses.discard(browse)
+
+    def _waits_for(self, msg_id: int) -> bool:
+        """Whether a message with an id up to `msg_id` is accepted but not yet written."""
+        return bool(self._pending) and self._pending[0][0].id <= msg_id
 
     def requeue(self, rec: Record) -> None:
         """The message goes back to rdy: keep its delivery count on disk."""
@@ -406,7 +490,7 @@ class LogCore:
             self._urgent_upto = fno
             self._waiters.extend((fno, done) for done in self._untagged)
             self._untagged.clear()
-        if self._room_wanted:
+        if self._room_wanted or self._upto_waiters or self._ids_wanted:
             self._urgent_upto = fno
         if wrote:
             self._written_no = fno
@@ -419,13 +503,14 @@ class LogCore:
         """Write the newest writable checkpoint when the cadence says so or an append
         waits for room. Returns whether it wrote one."""
         now = self.clock()
-        if not self._room_wanted and now < self._ckpt_due:
+        if not self._room_wanted and not self._upto_waiters and not self._ids_wanted and now < self._ckpt_due:
             return False
         written_no = fno if wrote else self._written_no
         snap = self._checkpoints.writable(self._synced_no, written_no, self._snapshot())
         if snap is None:
             return False
-        self._checkpoints.write(snap, fno)
+        self._checkpoints.write(snap, fno, ID_RESERVE)
+        self._ids_wanted = False
         self._ckpt_due = now + CHECKPOINT_EVERY
         return True
 
@@ -593,6 +678,7 @@ class LogCore:
                 return False
             payload = raw[RECORD_HEADER:-1]
         off = self._take(spot, rec.size, runs)
+        old_wseq = rec.wseq
         rec.wseq = self._next_wseq
         self._next_wseq += 1
         header = fmt.encode_record(STATE_RDY, rec.deliveries, rec.id, rec.wseq, rec.timestamp_ms, payload, copy=True)
@@ -600,6 +686,8 @@ class LogCore:
         rec.offset = off
         self._ring.head = off + rec.size
         self._cursor.moved(rec)
+        for browse in self._browses:
+            browse.moved(rec.id, old_wseq, rec.wseq)
         if self.metrics is not None:
             self.metrics.compactions += 1
         return True
@@ -660,11 +748,26 @@ class LogCore:
             self.on_answered()
         durable = self._checkpoints.synced(target)
         if durable is not None:
-            self._ring.tail = durable.tail
-        if self._pending or self._patches or self._untagged:
+            self._durable(durable)
+        if self._pending or self._patches or self._untagged or self._upto_waiters:
             self._schedule()
         else:
             self._want_sync()
+
+    def _durable(self, durable: Snapshot) -> None:
+        """A checkpoint is synced: space behind its tail may be reused, and ACKs up to
+        its watermark are answered."""
+        ring = self._ring
+        old, ring.tail = ring.tail, durable.tail
+        if old != durable.tail:
+            for browse in self._browses:
+                browse.freed(ring.distance, old, durable.tail)
+        answered = False
+        while self._upto_waiters and self._upto_waiters[0][0] <= durable.acked_upto:
+            self._upto_waiters.popleft()[1](None)
+            answered = True
+        if answered:
+            self.on_answered()
 
     def _fail(self, reason: str) -> None:
         """A write or sync failed: what it covered may not be on disk, so stop for good."""
@@ -675,6 +778,8 @@ class LogCore:
         for done in self._untagged:
             done(reason)
         self._untagged.clear()
+        while self._upto_waiters:
+            self._upto_waiters.popleft()[1](reason)
         self.on_fatal(reason)
 
     def _busy(self) -> bool:
@@ -682,6 +787,7 @@ class LogCore:
             self._pending
             or self._patches
             or self._untagged
+            or self._upto_waiters
             or self._written_no > self._synced_no
             or self._checkpoints.writing is not None
         )
@@ -695,7 +801,7 @@ class LogCore:
         self.sync()
         if self._broken:
             return
-        self._checkpoints.write(self._snapshot(), self._flush_no)
+        self._checkpoints.write(self._snapshot(), self._flush_no, 0)
         self.disk.sync()
         self._checkpoints.synced(self._flush_no)
 

@@ -11,6 +11,9 @@ Rules (pure state, no sockets, no files):
   holds at most `prefetch` messages, and a message it never got is rdy again when it goes.
 - UNSUBSCRIBE pauses a subscription: it gets nothing more, its wip stays and can still be
   ACKed or NACKed on its connection. Closing the connection returns all of its wip.
+- ACK up to an id (`ack_upto`) finishes every message with an id up to it, wherever it
+  is: wip on any connection or waiting for redelivery. A later ACK or NACK of such a
+  message by its holder gets the answer of any unknown id (QueueError).
 - Competing subscriptions take turns, one message each, in a ring that persists across
   calls. The ring holds exactly the subscriptions that could take a message now (active,
   writable, with credit), so `deliver()` is O(1) when nothing can be delivered.
@@ -183,6 +186,26 @@ class Queue(Generic[C, M]):
         for message in messages:
             heapq.heappush(self._redeliver, (message.id, message))
         return messages
+
+    def ack_upto(self, upto: int) -> list[M]:
+        """Finish every wip or rdy-again message with an id up to `upto`, on every
+        connection. Returns them (never-delivered ones are the source's to skip)."""
+        finished: list[M] = []
+        touched: set[Subscription[C, M]] = set()
+        for message_id in [i for i in self._wip if i <= upto]:
+            sub = self._wip.pop(message_id)
+            finished.append(sub.unacked.pop(message_id))
+            touched.add(sub)
+        for sub in touched:
+            if sub.active:
+                self._refresh(sub)
+            elif not sub.unacked:
+                self._forget_paused(sub)
+        if self._redeliver and self._redeliver[0][0] <= upto:
+            finished.extend(message for i, message in self._redeliver if i <= upto)
+            self._redeliver = [entry for entry in self._redeliver if entry[0] > upto]
+            heapq.heapify(self._redeliver)
+        return finished
 
     def close(self, conn: C) -> list[M]:
         """The connection is gone: its subscriptions vanish and all its wip is rdy again.

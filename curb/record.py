@@ -132,32 +132,45 @@ class Checkpoint:
     """Where the live region of the ring was when this slot was written.
 
     Everything the checkpoint names was on disk before the slot was written, so after a
-    crash recovery can trust it and then look past `head` for newer records."""
+    crash recovery can trust it and then look past `head` for newer records.
+
+    `acked_upto` is the ack-up-to watermark: every message with an id up to it is
+    acknowledged for good, whatever its record's state says. It names no bytes, so any
+    checkpoint may carry the newest one. Slots written before it existed have six
+    fields; they decode with a watermark of 0 (nothing acknowledged that way)."""
 
     gen: int
     tail: int
     head: int
     next_id: int
     next_wseq: int
+    acked_upto: int = 0
 
     def encode(self) -> bytes:
-        body = b"ckpt %016x %016x %016x %016x %016x" % (self.gen, self.tail, self.head, self.next_id, self.next_wseq)
+        body = b"ckpt %016x %016x %016x %016x %016x %016x" % (
+            self.gen,
+            self.tail,
+            self.head,
+            self.next_id,
+            self.next_wseq,
+            self.acked_upto,
+        )
         return body + b" %08x\n" % zlib.crc32(body)
 
     @classmethod
     def decode(cls, raw: bytes) -> Checkpoint | None:
-        """The checkpoint in a slot, or None if the slot is empty or torn."""
+        """The checkpoint in a slot (either layout), or None if the slot is empty or torn."""
         line = raw.split(b"\n", 1)[0]
         parts = line.split(b" ")
-        if len(parts) != 7 or parts[0] != b"ckpt":
+        if len(parts) not in (7, 8) or parts[0] != b"ckpt":
             return None
         try:
             values = [int(p, 16) for p in parts[1:]]
         except ValueError:
             return None
-        if zlib.crc32(line[:-9]) != values[5]:
+        if zlib.crc32(line[:-9]) != values[-1]:
             return None
-        return cls(*values[:5])
+        return cls(*values[:-1])
 
 
 def initial_header() -> bytes:

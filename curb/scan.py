@@ -15,7 +15,9 @@ copy's original lies in the walk exactly when its id is at least the first fresh
 walked; then the original was counted and is uncounted when the copy is met. `last` maps
 each copied id to the offset of its last occurrence; it holds only copied messages, never
 an entry per queued message. `classes` counts live records by size class (bit length), so
-the log knows how large its largest live record may be.
+the log knows how large its largest live record may be. A message whose id is at most the
+checkpoint's ack-up-to watermark is dead whatever its record's state says: it counts as
+acked.
 
 Nothing in the file can make the walk fail: every length is bounded by the largest
 record before anything is read, every loop by the size of the ring.
@@ -63,6 +65,7 @@ class Scan:
         self.head = ckpt.head
         self.next_wseq = ckpt.next_wseq
         self.max_id = 0
+        self.upto = ckpt.acked_upto
         self.first_fresh: int | None = None
         self.last: dict[int, int] = {}
         self.messages = 0
@@ -99,12 +102,17 @@ class Scan:
             self.torn = note if self.torn is None else f"{note}; {self.torn}"
 
     def _count(self, state: bytes, msg_id: int, size: int, pos: int, copy: bool) -> None:
+        if msg_id <= self.upto:
+            state = STATE_ACK
         if copy:
-            if msg_id in self.last or (self.first_fresh is not None and self.first_fresh <= msg_id <= self.max_id):
-                self.messages -= 1
-                self.live_bytes -= size
-                self.classes.remove(size)
-            self.last[msg_id] = pos
+            if msg_id <= self.upto:
+                pass  # dead, and so is its original: neither counted as live
+            else:
+                if msg_id in self.last or (self.first_fresh is not None and self.first_fresh <= msg_id <= self.max_id):
+                    self.messages -= 1
+                    self.live_bytes -= size
+                    self.classes.remove(size)
+                self.last[msg_id] = pos
         else:
             self.max_id = max(self.max_id, msg_id)
             if self.first_fresh is None:
@@ -203,6 +211,7 @@ class Scan:
         rdy_sizes: dict[int, int] = {}
         acked = dead_bytes = 0
         max_id = self.max_id
+        upto = self.upto
         held: tuple[bytes, int, int, int, bool] | None = None  # counted once its successor parses
         odd = False
         while pos != stop and (pos > stop or stop - pos > trust_until):
@@ -245,7 +254,7 @@ class Scan:
                         max_id = h_id
                     if self.first_fresh is None:
                         self.first_fresh = h_id
-                    if h_state == rdy:
+                    if h_state == rdy and h_id > upto:
                         rdy_sizes[h_size] = rdy_sizes.get(h_size, 0) + 1
                     else:
                         acked += 1
@@ -346,7 +355,8 @@ class LogReader:
     def entries(self) -> Iterator[Entry]:
         """Every message still in the live region, in queue order, once each; acked ones
         included."""
-        for pos, hdr, buf, off in self._scan().records():
+        scan = self._scan()
+        for pos, hdr, buf, off in scan.records():
             payload = bytes(buf[off + RECORD_HEADER : off + hdr.size - 1])
             try:
                 head, body = stored.split(payload)
@@ -354,7 +364,7 @@ class LogReader:
                 head, body = b"", payload
             yield Entry(
                 hdr.id,
-                hdr.state.decode(),
+                "ack" if hdr.id <= scan.upto else hdr.state.decode(),
                 hdr.deliveries,
                 hdr.timestamp_ms,
                 pos,

@@ -18,6 +18,11 @@ Rules:
   derived from when bytes last came and went.
 - An `ack:auto` message is done only once `data_to_send` hands it to the transport; one
   the transport never took is rdy again when the connection goes.
+- A browse (SUBSCRIBE with browser:true) sends the live messages of an id range and
+  then one end marker (message-id BROWSE_END, browser:end); it changes no state. Its
+  messages are made only while the transport takes output (`browse_more`).
+- ACK with curb-upto:<n> acknowledges every message up to n on every connection; its
+  RECEIPT waits until that is durable, like an ACK's.
 - The queue, the log and the metrics are reached only through the Broker.
 """
 
@@ -36,9 +41,11 @@ from curb.queue import QueueError, Subscription
 
 if TYPE_CHECKING:
     from curb.broker import Broker
+    from curb.browse import Browse
     from curb.cursor import Record
 
 COUNT_DESTINATION = "./count"
+BROWSE_END = "browse-end"  # the message-id of a browse's end marker
 SERVER = f"curb/{__version__}"
 BEAT_EARLY = 0.9  # send our heart-beat a little before it is due, so it is never late
 
@@ -77,6 +84,7 @@ class Session:
         self._last_counts: dict[str, int] | None = None
         self._counts_owed = False
         self._prefixes: dict[Subscription[Session, Record], bytes] = {}
+        self._browses: dict[str, tuple[Browse, bytes]] = {}  # sub id -> browse, MESSAGE prefix
         self.last_recv = self.last_send = now
         self.send_every = self.expect_every = 0.0
         broker.join(self)
@@ -159,6 +167,9 @@ class Session:
         self._gone = True
         self.state = CLOSING
         self.discard_output()
+        for browse, _ in self._browses.values():
+            self.broker.end_browse(browse)
+        self._browses.clear()
         self.broker.gone(self)
 
     # ---------------------------------------------------------------- the broker's calls
@@ -177,6 +188,36 @@ class Session:
             b"%smessage-id:%d\n%s%s%scontent-length:%d\n\n%s\0"
             % (self._prefixes[sub], rec.id, ack, extra, stored, len(body), body)
         )
+
+    @property
+    def browsing(self) -> bool:
+        return bool(self._browses)
+
+    def browse_more(self, budget: int) -> bool:
+        """One step of each browse: its messages, and its end marker once it is over.
+        Returns whether some browse could go on at once. A closing session ends them:
+        nothing may follow an ERROR or a DISCONNECT's RECEIPT."""
+        if self.state is CLOSING:
+            for browse, _ in self._browses.values():
+                self.broker.end_browse(browse)
+            self._browses.clear()
+            return False
+        more = False
+        for sub_id, (browse, prefix) in list(self._browses.items()):
+            step = browse.step(budget)
+            for msg_id, data in step.messages:
+                stored, body = payload.split(data)
+                self.write(b"%smessage-id:%d\n%scontent-length:%d\n\n%s\0" % (prefix, msg_id, stored, len(body), body))
+            if step.done:
+                self.write(
+                    b"%smessage-id:%s\nbrowser:end\ncurb-last-id:%d\ncontent-length:0\n\n\0"
+                    % (prefix, BROWSE_END.encode(), browse.to_id)
+                )
+                del self._browses[sub_id]
+                self.broker.end_browse(browse)
+            elif not step.waiting:
+                more = True
+        return more
 
     def send_counts(self, counts: dict[str, int]) -> None:
         """One `./count` MESSAGE if the counts changed since the last; while the peer
@@ -281,24 +322,35 @@ class Session:
         sub_id = headers.get("id")
         if sub_id is None:
             raise QueueError("SUBSCRIBE needs an id header")
-        if headers.get("destination") == COUNT_DESTINATION:
+        prefix = b"MESSAGE\nsubscription:%s\ndestination:%s\n" % (
+            escape(sub_id).encode(),
+            escape(headers.get("destination", "/queue/curb")).encode(),
+        )
+        if headers.get("browser") == "true":
+            if sub_id in self._browses:
+                raise QueueError(f"browse {sub_id!r} is still running; UNSUBSCRIBE it or wait for its end")
+            first = _message_id(headers, "curb-from-id")
+            last = _message_id(headers, "curb-to-id")
+            browse = self.broker.browse(self, 1 if first is None else first, last)
+            self._browses[sub_id] = (browse, prefix)
+        elif headers.get("destination") == COUNT_DESTINATION:
             self._count_sub = (sub_id, 0)
             self._last_counts = None
             self.broker.watch_counts(self, True)
             self.send_counts(self.broker.counts())
         else:
             sub = self.broker.subscribe(self, sub_id, headers.get("ack", "auto"), _prefetch(headers))
-            self._prefixes[sub] = b"MESSAGE\nsubscription:%s\ndestination:%s\n" % (
-                escape(sub_id).encode(),
-                escape(headers.get("destination", "/queue/curb")).encode(),
-            )
+            self._prefixes[sub] = prefix
         self._receipt_now(frame)
 
     def on_unsubscribe(self, frame: Frame) -> None:
         sub_id = frame.headers.get("id")
         if sub_id is None:
             raise QueueError("UNSUBSCRIBE needs an id header")
-        if self._count_sub is not None and self._count_sub[0] == sub_id:
+        browse = self._browses.pop(sub_id, None)
+        if browse is not None:
+            self.broker.end_browse(browse[0])
+        elif self._count_sub is not None and self._count_sub[0] == sub_id:
             self._count_sub = None
             self.broker.watch_counts(self, False)
         else:
@@ -306,10 +358,30 @@ class Session:
         self._receipt_now(frame)
 
     def on_ack(self, frame: Frame) -> None:
+        upto = _message_id(frame.headers, "curb-upto")
+        if upto is not None:
+            self._ack_upto(frame, upto)
+            return
         msg_id = self._ack_id(frame)
         if msg_id is not None:
             self.broker.ack(self, msg_id)
         self._receipt_durable(frame)
+
+    def _ack_upto(self, frame: Frame, upto: int) -> None:
+        """ACK curb-upto: its RECEIPT waits until the acknowledgement is durable."""
+        receipt = frame.headers.get("receipt")
+        entry = self._owe() if receipt is not None else None
+
+        def answer(err: str | None) -> None:
+            if err is None and entry is not None and receipt is not None:
+                self._settle(entry, _receipt(receipt))
+
+        try:
+            self.broker.ack_upto(upto, answer)
+        except QueueError:
+            if entry is not None:
+                self._owed.remove(entry)
+            raise
 
     def on_nack(self, frame: Frame) -> None:
         msg_id = self._ack_id(frame)
@@ -459,6 +531,16 @@ KNOWN_COMMANDS = frozenset(command for _, command in RULES)
 
 def _receipt(receipt_id: str) -> bytes:
     return b"RECEIPT\nreceipt-id:%s\n\n\0" % escape(receipt_id).encode()
+
+
+def _message_id(headers: dict[str, str], name: str) -> int | None:
+    """A header holding a message id (a non-negative integer), or None when absent."""
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit()):
+        raise QueueError(f"bad {name} {raw[:40]!r}: use a message id, a non-negative integer")
+    return int(raw)
 
 
 def _prefetch(headers: dict[str, str]) -> int | None:

@@ -11,6 +11,7 @@ import pytest
 
 from curb import heartbeat
 from curb.broker import Broker
+from curb.browse import Browse
 from curb.cursor import Record
 from curb.frame import Frame, FrameParser, encode
 from curb.log import QueueFull
@@ -54,6 +55,19 @@ class FakeLog:
 
     def requeue(self, rec: Record) -> None:
         self.requeued.append(rec.id)
+
+    @property
+    def last_id(self) -> int:
+        return self.next_id - 1
+
+    def ack_upto(self, upto: int, done: Done | None = None) -> None:
+        raise AssertionError("ACK curb-upto is tested over a real LogCore (tests/test_ack_upto.py)")
+
+    def browse(self, from_id: int, to_id: int) -> Browse:
+        raise AssertionError("browses are tested over a real LogCore (tests/test_browse.py)")
+
+    def end_browse(self, browse: Browse) -> None:
+        raise AssertionError("browses are tested over a real LogCore (tests/test_browse.py)")
 
     def on_durable(self, done: Done) -> None:
         self.waiting.append(done)

@@ -1,0 +1,75 @@
+"""A broker over a real LogCore on a SimDisk, driven by hand: sessions, scheduled
+callbacks, flushes and syncs happen when a test says. No sockets, no event loop."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from simdisk import SimDisk
+
+from curb.broker import Broker
+from curb.frame import Frame, FrameParser, encode
+from curb.log import LogCore
+from curb.session import Session
+
+CAP = 256 * 1024
+
+
+class MemWorld:
+    """One broker, its log on a SimDisk, and a list of scheduled callbacks."""
+
+    def __init__(self, cap: int = CAP, disk: SimDisk | None = None) -> None:
+        self.cap = cap
+        self.disk = disk if disk is not None else SimDisk(random.Random(3))
+        self.now = 0.0
+        self.log = LogCore(self.disk, cap, clock=lambda: self.now)
+        self.later: list[Callable[[], None]] = []
+        self.broker = Broker(self.log, heartbeat_ms=0, schedule=lambda delay, callback: self.later.append(callback))
+
+    def run_scheduled(self) -> None:
+        """Run every scheduled callback, and those they schedule, until none is left."""
+        while self.later:
+            later, self.later = self.later, []
+            for callback in later:
+                callback()
+
+    def settle(self, rounds: int = 4) -> None:
+        """Time passes, the log writes and syncs, answers go out."""
+        for _ in range(rounds):
+            self.now += 0.06
+            self.log.flush()
+            self.log.sync()
+            self.run_scheduled()
+
+    def peer(self) -> MemPeer:
+        peer = MemPeer(self, Session(self.broker, self.now, "test"))
+        peer.send("CONNECT", accept_version="1.2")
+        [connected] = peer.frames()
+        assert connected.command == "CONNECTED"
+        return peer
+
+    def crash(self, mode: str = "kill") -> MemWorld:
+        return MemWorld(self.cap, self.disk.crash(mode))
+
+
+class MemPeer:
+    """One client's view: frames in, frames out (only when the test takes them)."""
+
+    def __init__(self, world: MemWorld, session: Session) -> None:
+        self.world, self.session = world, session
+        self.parser = FrameParser()
+
+    def send(self, command: str, body: bytes = b"", **headers: str) -> None:
+        frame = encode(command, {k.replace("_", "-"): v for k, v in headers.items()}, body)
+        self.session.receive_data(frame, self.world.now)
+
+    def frames(self) -> list[Frame]:
+        """What the session has written so far, once scheduled work has run."""
+        self.world.run_scheduled()
+        return self.parser.feed(self.session.data_to_send(self.world.now))
+
+    def produce(self, bodies: list[bytes]) -> None:
+        for body in bodies:
+            self.send("SEND", body, destination="/queue/curb")
+        self.world.settle()
