@@ -25,7 +25,7 @@ CONNECTION_OPTIONS = ("endpoints", "login", "passcode", "heartbeat", "timeout")
 SOURCE_OPTIONS = (*CONNECTION_OPTIONS, "reconnectTimeout", "maxRowsPerBatch", "rowsPerPartition")
 SINK_OPTIONS = (*CONNECTION_OPTIONS, "window", "key")
 # What Spark itself may add to a data source's options.
-SPARK_OPTIONS = ("path", "paths")
+SPARK_OPTIONS = ("path", "paths", "checkpointLocation")
 
 
 class OptionError(ValueError):
