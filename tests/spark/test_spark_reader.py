@@ -148,16 +148,22 @@ def test_an_endpoint_added_to_a_query_joins_at_its_highest_id(fakes):
     assert {endpoint for endpoint, _, _ in rows(reader, {a.endpoint: 0}, end)} == {a.endpoint}
 
 
-def test_a_dropped_connection_is_reopened(fakes):
+def test_a_dropped_connection_is_reopened_with_one_log_line_each_way(fakes, caplog):
     broker = fake(fakes)
     broker.add(10)
     reader = reader_for(broker)
-    start = reader.initialOffset()
-    broker.drop_connections()
-    end = reader.latestOffset(start, ReadAllAvailable())
+    end = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
     broker.drop_connections()
     reader.commit(end)
-    assert end == {broker.endpoint: 10} and broker.messages == {}
+    broker.drop_connections()
+    broker.add(5)
+    assert reader.latestOffset(end, ReadAllAvailable()) == {broker.endpoint: 15}
+    assert sorted(broker.messages) == [11, 12, 13, 14, 15]
+    lines = [record.getMessage() for record in caplog.records if record.name == "curb.spark"]
+    assert len(lines) == 4, lines
+    assert [line.startswith(f"curb endpoint {broker.endpoint}: ") for line in lines] == [True] * 4
+    assert ["reconnecting for up to 60 s" in line for line in lines] == [True, False, True, False]
+    assert ["back after" in line for line in lines] == [False, True, False, True]
 
 
 def test_a_task_reads_its_span_again_after_an_outage_without_repeating_rows(fakes):
