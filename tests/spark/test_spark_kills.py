@@ -4,7 +4,7 @@ batch), one broker killed with -9 and restarted mid-stream, the job restarted fr
 checkpoint each time, while producers keep sending. At the end an availableNow run drains the
 rest, and the parquet output must hold every message a broker acknowledged exactly once.
 
-`CURB_SPARK_KILLS` sets the driver kills per trigger kind (default 3, to keep `bin/test`
+`CURB_SPARK_KILLS` sets the driver kills per trigger kind (default 2, to keep `bin/test`
 short; `CURB_SPARK_KILLS=10 bin/test tests/spark/test_spark_kills.py -s` is the full proof).
 The kill table is printed (`-s` shows it).
 """
@@ -27,7 +27,7 @@ from curb.client import Client, StompError
 
 from .sparkjob import start_job
 
-KILLS = int(os.environ.get("CURB_SPARK_KILLS", "3"))
+KILLS = int(os.environ.get("CURB_SPARK_KILLS", "2"))
 DEADLINE_S = 180
 CHUNK = 25  # messages a producer sends before it waits for their receipts
 PAUSE_S = 0.05  # between chunks: about 500 messages/s per broker
