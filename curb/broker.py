@@ -17,7 +17,7 @@ as a parameter, so tests drive it without an event loop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from curb.browse import Browse
@@ -25,12 +25,19 @@ from curb.cursor import Record
 from curb.log import QueueFull, TooLarge
 from curb.metrics import Metrics
 from curb.queue import Queue, QueueError, Subscription
+from curb.ratelimit import LineLimit
+from curb.users import User
 
 if TYPE_CHECKING:
     from curb.session import Session
 
 COUNT_COALESCE_SECONDS = 0.05
 BROWSE_STEP_BYTES = 256 * 1024  # a browse's output per session per loop pass
+CONNECT_TIMEOUT_SECONDS = 10.0
+# How long after a failed CONNECT its "access refused" leaves, whatever the failure was.
+REFUSE_DELAY_SECONDS = 1.0
+# At most one "connection limit" line per this many seconds, however many are refused.
+LIMIT_LOG_SECONDS = 10.0
 Done = Callable[[str | None], None]
 Schedule = Callable[[float, Callable[[], None]], object]
 
@@ -53,6 +60,7 @@ class Store(Protocol):
     def last_id(self) -> int: ...
 
     def append(self, payload: bytes, done: Done | None = None, urgent: bool = True) -> Record: ...
+    def delivered(self, rec: Record) -> None: ...
     def ack(self, rec: Record) -> None: ...
     def requeue(self, rec: Record) -> None: ...
     def ack_upto(self, upto: int, done: Done | None = None) -> None: ...
@@ -88,6 +96,10 @@ class Broker:
         prefetch: int = 100,
         max_frame: int = 16 << 20,
         heartbeat_ms: int = 10000,
+        users: Mapping[str, User] | None = None,
+        connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+        refuse_delay: float = REFUSE_DELAY_SECONDS,
+        max_connections: int | None = None,
         metrics: Metrics | None = None,
         events: Callable[..., None] = lambda *a, **k: None,
         schedule: Schedule = _loop_schedule,
@@ -95,7 +107,14 @@ class Broker:
         self.log = log
         self.queue: Queue[Session, Record] = Queue(log, default_prefetch=prefetch)
         self.max_frame = max_frame
+        # The largest stored payload the log takes (a sixth of its ring), known at a SEND's head.
+        self.max_message: int = min(max_frame, getattr(log, "max_message", max_frame))
         self.heartbeat_ms = heartbeat_ms
+        self.users = users  # None: no users file, every client may do everything
+        self.connect_timeout = connect_timeout  # 0: no limit
+        self.refuse_delay = refuse_delay
+        self.max_connections = max_connections  # None: no limit
+        self._limit_lines = LineLimit(LIMIT_LOG_SECONDS)
         self.metrics = metrics or Metrics()
         self.events = events
         self.schedule = schedule
@@ -111,6 +130,24 @@ class Broker:
         log.on_answered = self.flush_out
 
     # ---------------------------------------------------------------- a session's steps
+
+    def admit(self, now: float) -> bool:
+        """May one more connection open? At the limit, no: it is counted, and logged at
+        most once per LIMIT_LOG_SECONDS."""
+        limit = self.max_connections
+        if limit is None or len(self.sessions) < limit:
+            return True
+        self.metrics.connections_refused += 1
+        refused = self._limit_lines.hit(now)
+        if refused:
+            self.events(
+                "connection_limit",
+                f"{limit} connections open (-max-connections): closed {refused} new ones "
+                f"at once, more are closed without a line for {LIMIT_LOG_SECONDS:g} s",
+                limit=limit,
+                refused=refused,
+            )
+        return False
 
     def join(self, session: Session) -> None:
         self.sessions.add(session)
@@ -192,6 +229,15 @@ class Broker:
         self.metrics.protocol_errors += 1
         self.events("client_error", f"client error from {session.peer}: {reason}", peer=session.peer, reason=reason)
 
+    def access_refused(self, session: Session, login: str | None) -> None:
+        self.metrics.access_refused += 1
+        self.events(
+            "access_refused",
+            f"access refused to {session.peer} (login {login!r})",
+            peer=session.peer,
+            login=login,
+        )
+
     def when_durable(self, done: Done) -> None:
         """Run done(None) once every step asked of the log so far is on disk."""
         self.log.on_durable(done)
@@ -243,6 +289,7 @@ class Broker:
                 if not batch:
                     break
                 for sub, rec in batch:
+                    self.log.delivered(rec)
                     sub.conn.deliver(sub, rec, payload_of(rec))
                     if sub.ack_mode != "auto":
                         delivered += 1

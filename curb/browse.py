@@ -16,6 +16,11 @@ Invariants:
 - The position never lies in space the log may reuse: when the durable tail passes it,
   the log calls `freed` and the browse moves to the new tail (everything in between
   was dead when that checkpoint was taken). Its window is dropped then and at every pad.
+- A browse may start at a later record than the logical tail (`start_at`, the log's
+  choice: an original of this run whose id is at most from_id). Nothing in range lies
+  before it: every original before it has a lower id, and so has every copy before it
+  (a copy follows its original, and copies recovery found are of messages older than
+  any written in this run).
 - Originals (records that are not copies) are written in id order, so once the browse
   reads an original above to_id, the only live messages left in range are held ones
   (in memory: the cursor's `behind` and `ahead`) and copies recovery found (`last`):
@@ -26,12 +31,13 @@ Invariants:
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from curb.cursor import Cursor
 from curb.reader import RecordReader
-from curb.record import RECORD_HEADER, RING_START, STATE_PAD
+from curb.record import COPY_FLAG, RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, RecordHeader
 
 
 @dataclass(slots=True)
@@ -67,6 +73,11 @@ class Browse:
         self.skip: dict[int, int] = {}  # id -> write sequence of a copy already returned
         self.done = from_id > to_id
 
+    def start_at(self, pos: int, wseq: int) -> None:
+        """Start at the record at `pos` (write sequence `wseq`) instead of the tail: no
+        original before it has an id in range."""
+        self.pos, self.last_wseq = pos, wseq - 1
+
     # ---------------------------------------------------------------- the log's notices
 
     def moved(self, msg_id: int, old_wseq: int, new_wseq: int) -> None:
@@ -87,81 +98,98 @@ class Browse:
         out: list[tuple[int, bytes]] = []
         if self.done:
             return Step(out, done=True)
-        cur, reader = self.cursor, self.reader
+        cur, reader, skip = self.cursor, self.reader, self.skip
         low, high = self.from_id, self.to_id
         used = 0
         while used < budget:
             pos = self.pos
-            if pos == cur.whead:
+            whead = cur.whead
+            if pos == whead:
                 self.done = not self.waits_for(high)
                 return Step(out, done=self.done, waiting=not self.done)
-            limit = cur.whead if cur.whead > pos else self.end
-            found = reader.intact(pos, limit)
+            limit = whead if whead > pos else self.end
+            found = self._plain(pos, limit) or reader.intact(pos, limit)
             if found is None or not self.last_wseq < found[0].wseq < cur.next_wseq:
                 self._skip_damage(pos, limit)
                 continue
             hdr, buf, off = found
-            self.last_wseq = hdr.wseq
-            if hdr.state == STATE_PAD:
+            mid, wseq, state, size = hdr.id, hdr.wseq, hdr.state, hdr.size
+            self.last_wseq = wseq
+            if state == STATE_PAD:
                 self.pos = RING_START
                 reader.drop()
                 continue
-            self.pos = pos + hdr.size
-            mid = hdr.id
-            if self.skip.get(mid) == hdr.wseq:
-                del self.skip[mid]
+            self.pos = pos + size
+            if skip and skip.get(mid) == wseq:
+                del skip[mid]
                 continue
             if not hdr.copy and mid > high:
                 out.extend(self._held_ahead())
                 self.done = True
                 return Step(out, done=True)
-            if low <= mid <= high and cur.is_live(pos, hdr):
-                out.append((mid, bytes(buf[off + RECORD_HEADER : off + hdr.size - 1])))
-                used += hdr.size
+            if low <= mid <= high and cur.is_live(pos, mid, wseq, state):
+                out.append((mid, buf[off + RECORD_HEADER : off + size - 1]))
+                used += size
         return Step(out)
+
+    def _plain(self, pos: int, limit: int) -> tuple[RecordHeader, bytes, int] | None:
+        """The record at pos when it is a plain intact `rdy` or `ack` record inside the
+        current window (the common case, parsed here without the general checks);
+        None sends the caller to RecordReader.intact, which decides every other case."""
+        reader = self.reader
+        buf = reader.buf
+        off = pos - reader.base
+        if off < 0 or off + RECORD_HEADER > len(buf) or buf[off + RECORD_HEADER - 1] != 10:
+            return None
+        state = buf[off : off + 3]
+        if state != STATE_RDY and state != STATE_ACK:
+            return None
+        try:
+            length = int(buf[off + 48 : off + 56], 16)
+            mid = int(buf[off + 9 : off + 21], 16)
+            stamp = int(buf[off + 35 : off + 47], 16)
+            hdr = RecordHeader(
+                state,
+                0,
+                mid,
+                int(buf[off + 22 : off + 34], 16),
+                stamp & ~COPY_FLAG,
+                length,
+                int(buf[off + 57 : off + 65], 16),
+                bool(stamp & COPY_FLAG),
+            )
+        except ValueError:
+            return None
+        end = off + RECORD_HEADER + length + 1
+        if mid == 0 or pos + RECORD_HEADER + length + 1 > limit or end > len(buf) or buf[end - 1] != 10:
+            return None
+        if zlib.crc32(buf[off + RECORD_HEADER : end - 1], zlib.crc32(buf[off + 9 : off + 56])) != hdr.crc:
+            return None
+        return hdr, buf, off
 
     def _held_ahead(self) -> list[tuple[int, bytes]]:
         """The live messages in range whose live occurrence is still ahead, once no
-        original in range is: held messages, and copies recovery found, in write order."""
+        original in range is: held messages, and copies recovery found, in write order.
+        Each is read back and judged by `Cursor.is_live` like any other record."""
         cur, low, high = self.cursor, self.from_id, self.to_id
-        found: list[tuple[int, int, int]] = []  # (wseq, id, offset)
-        for held in (cur.behind, cur.ahead):
-            for rec in held.values():
-                if (
-                    low <= rec.id <= high
-                    and not rec.acked
-                    and rec.id > cur.upto
-                    and rec.wseq > self.last_wseq
-                    and rec.id not in self.skip
-                ):
-                    found.append((rec.wseq, rec.id, rec.offset))
-        out: list[tuple[int, int, bytes]] = []
-        for wseq, mid, offset in found:
-            got = self._read(offset, mid)
-            if got is not None:
-                out.append((wseq, mid, got[1]))
-        for mid, offset in cur.last.items():
-            if low <= mid <= high and mid > cur.upto:
-                got = self._read(offset, mid)
-                if got is not None and got[0] > self.last_wseq:
-                    out.append((got[0], mid, got[1]))
-        out.sort()
-        return [(mid, payload) for _, mid, payload in out]
-
-    def _read(self, offset: int, msg_id: int) -> tuple[int, bytes] | None:
-        """(write sequence, payload) of the intact record of `msg_id` at `offset`."""
-        self.reader.drop()
-        found = self.reader.intact(offset, self.end)
-        if found is None or found[0].id != msg_id:
-            return None
-        hdr, buf, off = found
-        return hdr.wseq, bytes(buf[off + RECORD_HEADER : off + hdr.size - 1])
+        places = [rec.offset for held in (cur.behind, cur.ahead) for rec in held.values() if low <= rec.id <= high]
+        places += [at for mid, at in cur.last.items() if low <= mid <= high and at >= 0]
+        places.sort()  # one read window serves neighbours
+        found: list[tuple[int, int, bytes]] = []  # (wseq, id, payload)
+        reader = self.reader
+        reader.drop()
+        for at in places:
+            got = reader.intact(at, self.end)
+            if got is None:
+                continue
+            hdr, buf, off = got
+            if hdr.wseq > self.last_wseq and hdr.id not in self.skip and cur.is_live(at, hdr.id, hdr.wseq, hdr.state):
+                found.append((hdr.wseq, hdr.id, bytes(buf[off + RECORD_HEADER : off + hdr.size - 1])))
+        reader.drop()
+        found.sort()
+        return [(mid, payload) for _, mid, payload in found]
 
     def _skip_damage(self, pos: int, limit: int) -> None:
         """Past damaged bytes, as the cursor does (it reports them; a browse does not)."""
-        low, high = self.last_wseq, self.cursor.next_wseq
-        nxt = self.reader.resync(pos, limit, lambda h: low < h.wseq < high)
-        if nxt is None:
-            nxt = RING_START if pos > self.cursor.whead else self.cursor.whead
-            self.reader.drop()
-        self.pos = nxt
+        cur = self.cursor
+        self.pos = self.reader.past_damage(pos, limit, self.last_wseq, cur.next_wseq, cur.whead)

@@ -1,6 +1,7 @@
 """The `curb` command: flags, start-up, signals, systemd readiness, and log lines.
 
-SIGINT and SIGTERM stop accepting, finish the owed syncs and receipts, and exit 0. A
+SIGINT and SIGTERM stop accepting, finish the owed syncs and receipts, and exit 0. SIGHUP
+re-reads the users file and the TLS files; a bad one is logged and the old one kept. A
 failure exits with one line on stderr, and its status says whether trying again can help,
 which is what a supervisor needs (the systemd unit restarts on 1, not on 2 or 3):
 
@@ -26,8 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import ipaddress
 import json
 import os
+import resource
 import signal
 import sys
 import time
@@ -35,18 +38,27 @@ from collections.abc import Awaitable, Callable
 
 import click
 
-from curb import __version__, systemd
+from curb import __version__, systemd, tls, users
 from curb.addr import parse_addr
-from curb.broker import Broker
+from curb.broker import CONNECT_TIMEOUT_SECONDS, Broker
 from curb.inspect import inspect_command
 from curb.log import Log, LogError, parse_size
 from curb.metrics import Metrics, serve_http
+from curb.passwd import passwd_command
+from curb.ratelimit import LineLimit
 from curb.server import Connection
 
 DEFAULT_PORT = 61613
 DRAIN_SECONDS = 5.0
 EXIT_IO = 1
 EXIT_USAGE = 2
+# Connections the kernel may queue on a listener, which asyncio then accepts in one go:
+# they hold file descriptors before the connection limit can close them.
+BACKLOG = 128
+# File descriptors -max-connections leaves for one backlog's burst, the log, the
+# listeners, the event loop, -http's connections and a margin.
+FD_HEADROOM = BACKLOG + 64
+ACCEPT_FAILED_LOG_SECONDS = 10.0
 # What the system says about a log file that it will keep saying until someone changes
 # the file, its directory or the flags; any other error may pass (see the module docstring).
 OPERATOR_ERRNOS = frozenset(
@@ -95,7 +107,7 @@ def _size(ctx, param, value: str) -> int:
 
 
 def _addr(ctx, param, value: str | None):
-    if value is None:
+    if value is None or value == "off":
         return None
     try:
         return parse_addr(value)
@@ -123,7 +135,38 @@ def default_file() -> str:
     default=f":{DEFAULT_PORT}",
     show_default=True,
     callback=_addr,
-    help="Where to listen, [HOST]:PORT; an empty host means every interface (IPv4 and IPv6).",
+    help="Where to listen, [HOST]:PORT; an empty host means every interface (IPv4 and IPv6); off: no plain TCP.",
+)
+@click.option("-tls-addr", "--tls-addr", default=None, callback=_addr, help="Serve STOMP over TLS on [HOST]:PORT.")
+@click.option("-tls-cert", "--tls-cert", default=None, help="The TLS certificate chain (PEM), for -tls-addr.")
+@click.option("-tls-key", "--tls-key", default=None, help="The TLS certificate's private key (PEM), for -tls-addr.")
+@click.option(
+    "-tls-ca",
+    "--tls-ca",
+    default=None,
+    help="Require client certificates signed by these CAs (PEM); a certificate's CN can stand in for the login.",
+)
+@click.option(
+    "-users",
+    "--users",
+    "users_path",
+    default=None,
+    help="The users file (see `curb passwd`): CONNECT must log in as one of them. Default: no logins.",
+)
+@click.option(
+    "-connect-timeout",
+    "--connect-timeout",
+    default=CONNECT_TIMEOUT_SECONDS,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="Seconds a connection has to send CONNECT before it is closed (0: no limit).",
+)
+@click.option(
+    "-max-connections",
+    "--max-connections",
+    default=None,
+    type=click.IntRange(1),
+    help=f"Most client connections open at once; more are closed at once. Default: the fd limit less {FD_HEADROOM}.",
 )
 @click.option(
     "-file",
@@ -173,18 +216,41 @@ def default_file() -> str:
 )
 @click.version_option(__version__, "-version", "--version", prog_name="curb")
 @click.pass_context
-def command(ctx, cap, addr, path, prefetch, max_frame, heartbeat, http, log_format):
+def command(
+    ctx,
+    cap,
+    addr,
+    tls_addr,
+    tls_cert,
+    tls_key,
+    tls_ca,
+    users_path,
+    connect_timeout,
+    max_connections,
+    path,
+    prefetch,
+    max_frame,
+    heartbeat,
+    http,
+    log_format,
+):
     """Curb: one durable work queue behind a STOMP 1.2 port, kept in one capped log file.
 
     Run `curb -cap 10MiB -addr :61613` to serve; `curb inspect FILE` reads a log offline."""
     if ctx.invoked_subcommand is not None:
         return
     events = Events(log_format)
+    tls_files = _tls_files(tls_addr, tls_cert, tls_key, tls_ca)
     try:
         code = asyncio.run(
             serve(
                 cap=cap,
                 addr=addr,
+                tls_addr=tls_addr,
+                tls_files=tls_files,
+                users_path=users_path,
+                connect_timeout=connect_timeout,
+                max_connections=max_connections,
                 path=path or default_file(),
                 prefetch=prefetch,
                 max_frame=max_frame,
@@ -206,6 +272,18 @@ def command(ctx, cap, addr, path, prefetch, max_frame, heartbeat, http, log_form
 
 
 command.add_command(inspect_command)
+command.add_command(passwd_command)
+
+
+def _tls_files(tls_addr, cert: str | None, key: str | None, ca: str | None) -> tls.TlsFiles | None:
+    """The TLS flags, checked together: -tls-addr needs -tls-cert and -tls-key, and they need it."""
+    if tls_addr is None:
+        if cert or key or ca:
+            raise click.UsageError("-tls-cert, -tls-key and -tls-ca need -tls-addr [HOST]:PORT")
+        return None
+    if not cert or not key:
+        raise click.UsageError("-tls-addr needs -tls-cert FILE and -tls-key FILE (PEM)")
+    return tls.TlsFiles(cert, key, ca)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -224,12 +302,31 @@ def main(argv: list[str] | None = None) -> None:
 
 
 async def serve(
-    *, cap: int, addr, path: str, prefetch: int, max_frame: int, heartbeat: int, http, events: Events
+    *,
+    cap: int,
+    addr,
+    path: str,
+    prefetch: int,
+    max_frame: int,
+    heartbeat: int,
+    http,
+    events: Events,
+    tls_addr=None,
+    tls_files: tls.TlsFiles | None = None,
+    users_path: str | None = None,
+    connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+    max_connections: int | None = None,
 ) -> int:
     """Recover the log, listen, serve until SIGINT/SIGTERM, then drain. Returns the exit code."""
     loop = asyncio.get_running_loop()
     metrics = Metrics()
     broker: Broker | None = None
+    user_table = _load_users(users_path) if users_path is not None else None
+    tls_listener = _load_tls(tls_files) if tls_files is not None else None
+    fd_limit = _raise_fd_limit()
+    loop.set_exception_handler(_accept_failures_as_lines(events))
+    if max_connections is None:
+        max_connections = max(1, fd_limit - FD_HEADROOM)
 
     def new_session() -> Connection:
         # The servers are created before the log is recovered, but they start serving
@@ -238,20 +335,49 @@ async def serve(
         return Connection(broker)
 
     inherited = systemd.listen_sockets()
+    servers: list[asyncio.Server] = []
     if inherited:
         servers = [await loop.create_server(new_session, sock=s, start_serving=False) for s in inherited]
         names = ", ".join(_sockname(s) for s in inherited)
         where = f"listening on {names} (socket passed by systemd; -addr ignored)"
-    else:
+    elif addr is not None:
         servers = [
             await _listen(
                 "-addr",
                 addr,
-                lambda: loop.create_server(new_session, addr[0], addr[1], reuse_address=True, start_serving=False),
+                lambda: loop.create_server(
+                    new_session, addr[0], addr[1], reuse_address=True, backlog=BACKLOG, start_serving=False
+                ),
             )
         ]
         names = ", ".join(_sockname(s) for s in servers[0].sockets)
         where = f"listening on {names}, log {path}, cap {cap} bytes"
+    elif tls_addr is None:
+        raise StartError("-addr off needs -tls-addr [HOST]:PORT, or nothing would listen", EXIT_USAGE)
+    else:
+        names = where = ""
+    if tls_listener is not None:
+        tls_server = await _listen(
+            "-tls-addr",
+            tls_addr,
+            lambda: loop.create_server(
+                new_session,
+                tls_addr[0],
+                tls_addr[1],
+                ssl=tls_listener.context,
+                reuse_address=True,
+                backlog=BACKLOG,
+                start_serving=False,
+            ),
+        )
+        servers.append(tls_server)
+        tls_names = ", ".join(_sockname(s) for s in tls_server.sockets)
+        mutual = ", client certificates required" if tls_files and tls_files.ca else ""
+        if where:
+            where += f"; TLS on {tls_names}{mutual}"
+        else:
+            names = tls_names
+            where = f"listening on {tls_names} (TLS{mutual}), log {path}, cap {cap} bytes"
     try:
         log = _open_log(path, cap, max_frame, metrics)
     except BaseException:
@@ -272,9 +398,42 @@ async def serve(
         skipped_bytes=rec.skipped_bytes,
         seconds=round(rec.seconds, 3),
     )
-    broker = Broker(log, prefetch=prefetch, max_frame=max_frame, heartbeat_ms=heartbeat, metrics=metrics, events=events)
+    broker = Broker(
+        log,
+        prefetch=prefetch,
+        max_frame=max_frame,
+        heartbeat_ms=heartbeat,
+        users=user_table,
+        connect_timeout=connect_timeout,
+        max_connections=max_connections,
+        metrics=metrics,
+        events=events,
+    )
     stop = loop.create_future()
     fatal: list[str] = []
+
+    def on_signal() -> None:
+        if not stop.done():
+            stop.set_result(None)
+
+    def on_reload() -> None:
+        if users_path is not None:
+            try:
+                broker.users = _load_users(users_path)
+                events("reloaded", f"reloaded {len(broker.users)} users from {users_path}", file=users_path)
+            except StartError as err:
+                events("reload_failed", f"{err.line}; kept the {len(broker.users or {})} users read before")
+        if tls_listener is not None:
+            try:
+                tls_listener.reload()
+                events("reloaded", "reloaded the TLS certificate, key and CA for new connections")
+            except tls.TlsError as err:
+                events("reload_failed", f"cannot reload TLS: {err}; new connections keep the old certificate")
+
+    # Before the `listening` line: whoever starts curb may signal it as soon as it reads it.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    loop.add_signal_handler(signal.SIGHUP, on_reload)
 
     def on_fatal(reason: str) -> None:
         fatal.append(reason)
@@ -297,14 +456,9 @@ async def serve(
         raise
     for server in servers:
         await server.start_serving()
+    # Before the `listening` line, which tells the tests and Spark the broker is ready.
+    _say_who_may_connect(events, servers, user_table, users_path, max_connections, fd_limit)
     events("listening", where, addr=names, file=path, cap=cap)
-
-    def on_signal() -> None:
-        if not stop.done():
-            stop.set_result(None)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
     systemd.notify("READY=1", f"STATUS=serving {rec.messages} recovered messages")
     await stop
     systemd.notify("STOPPING=1")
@@ -319,6 +473,88 @@ async def serve(
         await asyncio.sleep(0.01)
     events("stopped", "stopped")
     return EXIT_IO if fatal else 0
+
+
+def _load_users(path: str) -> dict[str, users.User]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return users.parse(f.read())
+    except (OSError, UnicodeDecodeError, users.UsersError) as err:
+        reason = _reason(err) if isinstance(err, OSError) else str(err)
+        raise StartError(
+            f"cannot use users file {path}: {reason}; fix it (curb passwd) or -users", EXIT_USAGE
+        ) from None
+
+
+def _load_tls(files: tls.TlsFiles) -> tls.Listener:
+    try:
+        return tls.Listener(files)
+    except tls.TlsError as err:
+        raise StartError(f"TLS: {err}; fix -tls-cert, -tls-key or -tls-ca", EXIT_USAGE) from None
+
+
+def _raise_fd_limit() -> int:
+    """Raise the soft limit on open files to the hard one (systemd may forbid it: then
+    keep what we have). Returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (OSError, ValueError):
+            pass
+    return soft
+
+
+def _accept_failures_as_lines(events: Callable[..., None]):
+    """The loop's exception handler: accept() failing at the fd limit (asyncio retries it a
+    second later) is one line per ACCEPT_FAILED_LOG_SECONDS, not a traceback per try."""
+    lines = LineLimit(ACCEPT_FAILED_LOG_SECONDS)
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        err = context.get("exception")
+        if context.get("message") != "socket.accept() out of system resource" or not isinstance(err, OSError):
+            loop.default_exception_handler(context)
+            return
+        failures = lines.hit(loop.time())
+        if failures:
+            events(
+                "accept_failed",
+                f"cannot accept connections: {_reason(err)}, {failures} times; retrying each second "
+                f"(raise the fd limit, LimitNOFILE=, or lower -max-connections)",
+                reason=_reason(err),
+                failures=failures,
+            )
+
+    return handle
+
+
+def _say_who_may_connect(events: Events, servers, table, users_path, max_connections: int, fd_limit: int) -> None:
+    """One line on access: the users file, or a warning that anyone may do anything."""
+    limits = f"at most {max_connections} connections (fd limit {fd_limit})"
+    if table is not None:
+        events("access", f"{len(table)} users from {users_path}; {limits}", users=len(table), file=users_path)
+        return
+    exposed = [_sockname(sock) for server in servers for sock in server.sockets if not _is_loopback(sock)]
+    if exposed:
+        events(
+            "access",
+            f"WARNING: no -users, so any client that reaches {', '.join(exposed)} may send, consume and count; "
+            f"add -users FILE (see curb passwd) or listen on 127.0.0.1; {limits}",
+            level="warning",
+        )
+    else:
+        events("access", f"no -users: any local client may send, consume and count; {limits}", level="info")
+
+
+def _is_loopback(sock) -> bool:
+    name = sock.getsockname()
+    if not isinstance(name, tuple):
+        return True  # a Unix socket: only this machine
+    try:
+        return ipaddress.ip_address(name[0]).is_loopback
+    except ValueError:
+        return False
 
 
 async def _listen(

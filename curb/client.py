@@ -14,12 +14,14 @@ import select
 import socket
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import NoReturn, overload
 
 from curb import heartbeat
 from curb.frame import HEARTBEAT, Frame, FrameParser, ProtocolError, encode
 
 DEFAULT_DESTINATION = "/queue/curb"
+BROWSE_END = "browse-end"  # the message-id of a browse's end marker
 _FLUSH_AT = 64 * 1024
 _READ_SIZE = 64 * 1024
 _READABLE = select.POLLIN
@@ -66,6 +68,7 @@ class Client:
         self._expect_every = 0.0
         self._last_sent = 0.0
         self._last_received = 0.0
+        self.last_browsed = 0  # the curb-last-id of the last browse's end marker
 
     def __enter__(self) -> Client:
         if self._sock is None:
@@ -145,6 +148,50 @@ class Client:
 
     def nack(self, ack_id: str, receipt: str | None = None) -> None:
         self._write(encode("NACK", _with_receipt({"id": ack_id}, receipt)))
+
+    def ack_upto(self, upto: int, receipt: str | None = None) -> None:
+        """ACK every message with an id up to `upto`, on every connection (curb-upto)."""
+        self._write(encode("ACK", _with_receipt({"curb-upto": str(upto)}, receipt)))
+
+    def browse(
+        self,
+        from_id: int | None = None,
+        to_id: int | None = None,
+        sub_id: str = "browse",
+        destination: str = DEFAULT_DESTINATION,
+    ) -> Iterator[Frame]:
+        """Read the live messages with ids in [from_id, to_id] without changing them
+        (SUBSCRIBE browser:true): yield each MESSAGE, in the log's order, until the end
+        marker, whose `curb-last-id` is then in `last_browsed`. Frames of other
+        subscriptions that arrive meanwhile are kept for `receive`. StompError if no
+        frame comes for the client's timeout."""
+        headers = {"id": sub_id, "destination": destination, "browser": "true"}
+        if from_id is not None:
+            headers["curb-from-id"] = str(from_id)
+        if to_id is not None:
+            headers["curb-to-id"] = str(to_id)
+        self._write(encode("SUBSCRIBE", headers))
+        aside: list[Frame] = []
+        try:
+            while True:
+                frame = self._next_frame(time.monotonic() + self.timeout)
+                if frame is None:
+                    raise StompError(f"browse {sub_id!r}: nothing for {self.timeout}s")
+                if frame.command != "MESSAGE" or frame.headers.get("subscription") != sub_id:
+                    aside.append(frame)
+                elif frame.headers.get("browser") == "end":
+                    self.last_browsed = int(frame.headers["curb-last-id"])
+                    return
+                else:
+                    yield frame
+        finally:
+            self._inbox.extendleft(reversed(aside))
+
+    def last_id(self, destination: str = DEFAULT_DESTINATION) -> int:
+        """The highest message id assigned so far: a browse of an empty range."""
+        for _ in self.browse(from_id=1 << 62, destination=destination, sub_id="last-id"):
+            pass
+        return self.last_browsed
 
     @overload
     def receive(self, timeout: None = None) -> Frame: ...

@@ -38,7 +38,7 @@ import collections
 from collections.abc import Callable
 
 from curb.reader import RecordReader
-from curb.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, RecordHeader
+from curb.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD
 
 KEEP_PAYLOAD = 64 * 1024
 FRESH_BYTES = 1 << 20
@@ -137,19 +137,35 @@ class Cursor:
         if self.behind.pop(rec.id, None) is not None:
             self.behind_bytes -= rec.size
 
-    def is_live(self, pos: int, hdr: RecordHeader) -> bool:
-        """Whether the intact record `hdr` at `pos` is the live occurrence of a message
-        not yet acked, as of now (see the module's invariants)."""
-        mid = hdr.id
-        if mid <= self.upto or hdr.state == STATE_PAD:
+    def is_live(self, pos: int, mid: int, wseq: int, state: bytes) -> bool:
+        """Whether the intact record at `pos` (message `mid`, write sequence `wseq`, in
+        `state`) is the live occurrence of a message not yet acked, as of now (see the
+        module's invariants)."""
+        if mid <= self.upto or state == STATE_PAD:
             return False
         held = self.behind.get(mid) or self.ahead.get(mid)
         if held is not None:
             return held.offset == pos and not held.acked
-        if hdr.wseq <= self.last_wseq or hdr.state == STATE_ACK:
+        if wseq <= self.last_wseq or state == STATE_ACK:
             return False  # read by the cursor and no longer held, or acked in an earlier run
         live_at = self.last.get(mid)
         return live_at is None or live_at == pos
+
+    def ack_upto(self, upto: int) -> None:
+        """Raise the watermark: uncount the unread messages it makes dead, those the
+        cursor reaches by passing dead records now and the copies recovery found further
+        on (their `last` entry then names no offset, so neither occurrence counts again)."""
+        self.upto = upto
+        # A reader of its own: the cursor's window must never hold bytes ahead of the
+        # head, which a later write would make stale.
+        reader = RecordReader(self.reader.disk, self.reader.max_size)
+        for mid, at in list(self.last.items()):
+            if mid <= upto and at >= 0:
+                found = reader.intact(at, self.end)
+                if found is not None and found[0].id == mid and found[0].state != STATE_ACK:
+                    self._uncount(found[0].size)
+                self.last[mid] = -1
+        self.pass_dead()
 
     def next_ready(self) -> Record | None:
         """The next never-delivered message in queue order, now in flight; None when
@@ -242,10 +258,6 @@ class Cursor:
     def _skip_damage(self, pos: int, limit: int) -> None:
         """Move past damaged bytes at pos to the next intact record of this lap, or to
         the next lap when none is left before the end of the ring."""
-        low, high = self.last_wseq, self.next_wseq
-        nxt = self.reader.resync(pos, limit, lambda h: low < h.wseq < high)
-        if nxt is None:
-            nxt = RING_START if pos > self.whead else self.whead
-            self.reader.drop()
+        nxt = self.reader.past_damage(pos, limit, self.last_wseq, self.next_wseq, self.whead)
         self.on_damage(f"damaged bytes {pos}..{nxt} skipped while reading; never delivered")
         self.rpos = nxt

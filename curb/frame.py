@@ -6,8 +6,13 @@ A header splits at its first colon and nothing is trimmed; the first of repeated
 wins. Header escapes (\\r \\n \\c \\\\) apply to every frame except CONNECT, STOMP and
 CONNECTED; an undefined escape is an error. With `content-length` the body is exactly that
 many bytes (NULs allowed) followed by a NUL; without it the body ends at the first NUL.
-EOLs between frames are heart-beats. Every limit is checked as soon as the buffered bytes
-prove it exceeded, so a peer cannot make the parser buffer more than one frame's worth.
+EOLs between frames are heart-beats; encode() ends every frame with NUL and LF, as
+ActiveMQ and RabbitMQ do, since some clients read exactly two bytes after a sized body.
+The head ends at the first LF LF or LF CR LF, whichever starts first, however the bytes
+were split. Every limit is checked as soon as the buffered bytes prove it exceeded (a
+content-length as soon as the head is complete), so a peer cannot make the parser buffer
+more than one frame's worth. Frames completed before a bad one are handed over with the
+error (ProtocolError.frames), so they are answered first.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 from itertools import repeat
 
 HEARTBEAT = b"\n"
+FRAME_END = b"\0\n"
 UNESCAPED_COMMANDS = frozenset({"CONNECT", "STOMP", "CONNECTED"})
 ALWAYS_SIZED_COMMANDS = frozenset({"SEND", "MESSAGE", "ERROR"})
 
@@ -29,12 +35,32 @@ _UNESCAPES = {"r": "\r", "n": "\n", "c": ":", "\\": "\\"}
 _COLON, _ONCE = repeat(":"), repeat(1)
 # An incomplete head's scan: complete lines seen, where the current line starts, CR seen.
 _NO_HEAD_SCAN = (0, 0, False)
-# Decimal digits of a content-length beyond which it can only be too large (and int() slow).
-_MAX_LENGTH_DIGITS = 19
+# Default limits of a frame, the same for the broker's incoming frames and the client's.
+MAX_FRAME = 16 * 1024 * 1024
+MAX_HEADERS = 128
+MAX_HEADER_LINE = 16 * 1024
 
 
 class ProtocolError(Exception):
-    """The peer sent bad STOMP. str(err) is a short reason fit for an ERROR frame's `message` header."""
+    """The peer sent bad STOMP. str(err) is a short reason fit for an ERROR frame's `message`
+    header; `frames` holds the good frames that came before the bad one in the same feed;
+    `receipt` the bad frame's receipt header, when its head could be read."""
+
+    def __init__(self, reason: str, receipt: str | None = None):
+        super().__init__(reason)
+        self.frames: list[Frame] = []
+        self.receipt = receipt
+
+
+def decimal(text: str, name: str, maximum: int) -> int:
+    """A header's non-negative decimal integer, at most `maximum`; leading zeros are allowed
+    and never make int() slow. ValueError (naming the header and the bound) otherwise."""
+    digits = text.lstrip("0") or ("0" if text else "")
+    if not (digits.isdigit() and digits.isascii()):
+        raise ValueError(f"{name} must be a decimal integer from 0 to {maximum}, not {text[:40]!r}")
+    if len(digits) > len(str(maximum)) or int(digits) > maximum:
+        raise ValueError(f"{name} {text[:40]}{'...' if len(text) > 40 else ''} exceeds the limit of {maximum}")
+    return int(digits)
 
 
 @dataclass(slots=True)
@@ -79,7 +105,7 @@ def encode(command: str, headers: dict[str, str] | Iterable[tuple[str, str]] = (
         head = "\n".join([command, *_special_header_lines(command, items)])
     if body or command in ALWAYS_SIZED_COMMANDS:
         head = f"{head}\ncontent-length:{len(body)}"
-    return b"".join((head.encode(), b"\n\n", body, b"\0"))
+    return b"".join((head.encode(), b"\n\n", body, FRAME_END))
 
 
 def _special_header_lines(command: str, items: Iterable[tuple[str, str]]) -> list[str]:
@@ -102,22 +128,40 @@ class FrameParser:
     """
 
     def __init__(
-        self, max_frame_bytes: int = 16 * 1024 * 1024, max_headers: int = 128, max_header_line: int = 16 * 1024
+        self,
+        max_frame_bytes: int = MAX_FRAME,
+        max_headers: int = MAX_HEADERS,
+        max_header_line: int = MAX_HEADER_LINE,
+        max_body_bytes: int | None = None,
     ):
         self.max_frame_bytes = max_frame_bytes
         self.max_headers = max_headers
         self.max_header_line = max_header_line
+        # The largest body (content-length, or bytes before the NUL) taken; default: the frame's.
+        self.max_body_bytes = max_frame_bytes if max_body_bytes is None else max_body_bytes
         self._pending = bytearray()  # unparsed bytes, starting at the incomplete frame
         self._searched = 0  # bytes of the incomplete frame already searched
         self._head_scan = _NO_HEAD_SCAN
         # Parsed head of the incomplete frame: command, headers, body offset, content-length.
         self._head: tuple[str, dict[str, str], int, int | None] | None = None
 
+    @property
+    def buffered(self) -> int:
+        """Bytes held for the incomplete frame: at most max_frame_bytes + 1 (its NUL)."""
+        return len(self._pending)
+
     def feed(self, data: bytes) -> list[Frame]:
         """Add received bytes; return every frame now complete, in order (possibly []).
         EOLs between frames (heart-beats) are consumed silently. Raises ProtocolError on bad input or a
         limit exceeded; after that the parser is unusable (the broker closes the connection)."""
         frames: list[Frame] = []
+        try:
+            return self._feed(data, frames)
+        except ProtocolError as err:
+            err.frames = frames
+            raise
+
+    def _feed(self, data: bytes, frames: list[Frame]) -> list[Frame]:
         pending = self._pending
         if pending:
             # Finish the frame that straddles the feeds on the pending buffer, then parse
@@ -161,8 +205,8 @@ class FrameParser:
                 has_cr = (searched > 0 and self._head_scan[2]) or find(
                     b"\r", pos + searched, end if head_end < 0 else head_end
                 ) >= 0
-                if has_cr:
-                    lf_crlf = find(b"\n\r\n", resume, end if head_end < 0 else head_end)
+                if has_cr:  # an LF CR LF that starts before the LF LF ends the head first
+                    lf_crlf = find(b"\n\r\n", resume, end if head_end < 0 else head_end + 2)
                     if lf_crlf >= 0:
                         head_end = lf_crlf
                 if head_end < 0:
@@ -179,19 +223,17 @@ class FrameParser:
                 nul = find(b"\0", pos + searched)
                 if nul < 0:
                     searched = end - pos
-                    if searched > self.max_frame_bytes:
-                        raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes")
+                    self._check_unsized(searched, body_offset, headers)
                     head = (command, headers, body_offset, length)
                     break
-                if nul - pos > self.max_frame_bytes:
-                    raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes")
+                self._check_unsized(nul - pos, body_offset, headers)
             else:
                 nul = pos + body_offset + length
                 if nul >= end:
                     head = (command, headers, body_offset, length)
                     break
                 if buf[nul]:
-                    raise ProtocolError("body is not followed by NUL at content-length")
+                    raise ProtocolError("body is not followed by NUL at content-length", headers.get("receipt"))
             # bytes() copies a slice of the pending bytearray; a slice of bytes it returns as is
             append(Frame(command, headers, bytes(buf[pos + body_offset : nul])))
             searched = 0
@@ -201,6 +243,16 @@ class FrameParser:
         self._head = head
         self._searched = searched
         return pos
+
+    def _check_unsized(self, size: int, body_offset: int, headers: dict[str, str]) -> None:
+        """Fail once a frame without content-length holds more bytes than the limits allow,
+        naming the limit that the shorter prefix proves exceeded."""
+        frame_at = self.max_frame_bytes + 1
+        body_at = body_offset + self.max_body_bytes + 1
+        if size >= min(frame_at, body_at):
+            if frame_at <= body_at:
+                raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes", headers.get("receipt"))
+            raise ProtocolError(f"body exceeds {self.max_body_bytes} bytes", headers.get("receipt"))
 
     def _check_incomplete_head(self, buf: bytes | bytearray, pos: int, searched: int, has_cr: bool) -> int:
         """Save how far the incomplete head at pos was scanned, fail early on a limit or a bad CR,
@@ -213,23 +265,59 @@ class FrameParser:
         if last_lf >= 0:
             line_start = last_lf + 1 - pos
         self._head_scan = (lines, line_start, has_cr)
-        if has_cr and _LONE_CR.search(buf, max(pos, pos + searched - 1), end):
-            raise ProtocolError("CR not followed by LF in frame head")
-        if lines - 1 > self.max_headers:
-            raise ProtocolError(f"more than {self.max_headers} headers")
         if (
-            end - unchecked > self.max_header_line
-            and max(len(line.rstrip(b"\r")) for line in buf[unchecked:end].split(b"\n")) > self.max_header_line
+            (has_cr and _LONE_CR.search(buf, max(pos, pos + searched - 1), end))
+            or lines - 1 > self.max_headers
+            or (
+                end - unchecked > self.max_header_line
+                and max(len(line.rstrip(b"\r")) for line in buf[unchecked:end].split(b"\n")) > self.max_header_line
+            )
+            or end - pos > self.max_frame_bytes
         ):
-            raise ProtocolError(f"header line exceeds {self.max_header_line} bytes")
-        if end - pos > self.max_frame_bytes:
-            raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes")
+            raise ProtocolError(self._first_head_error(buf, pos, end))
         return end - pos
+
+    def _first_head_error(self, buf: bytes | bytearray, pos: int, stop: int) -> str:
+        """The head error in buf[pos:stop] that the shortest prefix proves, so that the
+        reason never depends on how the bytes were split (ties: in the order below)."""
+        found: list[tuple[int, int, str]] = []  # (prefix length that proves it, order, reason)
+        cr = _LONE_CR.search(buf, pos, stop)
+        if cr:
+            found.append((cr.start() + 2, 0, "CR not followed by LF in frame head"))
+        lf = pos - 1
+        for _ in range(self.max_headers + 2):
+            lf = buf.find(b"\n", lf + 1, stop)
+            if lf < 0:
+                break
+        else:
+            found.append((lf + 1, 1, f"more than {self.max_headers} headers"))
+        start = pos
+        for line in bytes(buf[pos:stop]).split(b"\n"):
+            if len(line.rstrip(b"\r")) > self.max_header_line:
+                at = start + self.max_header_line + 1 + (line[self.max_header_line] == 13)
+                found.append((at, 2, f"header line exceeds {self.max_header_line} bytes"))
+                break
+            start += len(line) + 1
+        if stop - pos > self.max_frame_bytes:
+            found.append((pos + self.max_frame_bytes + 1, 3, f"frame exceeds {self.max_frame_bytes} bytes"))
+        return min(found)[2]
 
     def _parse_head(
         self, buf: bytes | bytearray, pos: int, head_end: int, has_cr: bool
     ) -> tuple[str, dict[str, str], int, int | None]:
-        """Decode the head in buf[pos:head_end]: command, headers, body offset, content-length."""
+        """Decode the head in buf[pos:head_end]: command, headers, body offset, content-length.
+        Limits and bad CRs are checked first, as the incomplete head's checks would find them."""
+        body_offset = head_end - pos + (3 if buf[head_end + 1] == 13 else 2)
+        if (
+            (has_cr and _LONE_CR.search(buf, pos, head_end))
+            or buf.count(b"\n", pos, head_end) > self.max_headers
+            or (
+                head_end - pos > self.max_header_line
+                and max(len(line.rstrip(b"\r")) for line in buf[pos:head_end].split(b"\n")) > self.max_header_line
+            )
+            or body_offset > self.max_frame_bytes
+        ):
+            raise ProtocolError(self._first_head_error(buf, pos, pos + body_offset))
         try:
             text = buf[pos:head_end].decode()
         except UnicodeDecodeError:
@@ -237,12 +325,6 @@ class FrameParser:
         lines = text.split("\n")
         if has_cr:
             lines = [line[:-1] if line.endswith("\r") else line for line in lines]
-            if any("\r" in line for line in lines):
-                raise ProtocolError("CR not followed by LF in frame head")
-        if len(lines) > self.max_headers + 1:
-            raise ProtocolError(f"more than {self.max_headers} headers")
-        if head_end - pos > self.max_header_line and max(len(line.encode()) for line in lines) > self.max_header_line:
-            raise ProtocolError(f"header line exceeds {self.max_header_line} bytes")
         command = lines[0]
         del lines[0]
         try:
@@ -254,19 +336,21 @@ class FrameParser:
             headers = _first_headers(lines, escaped)
         if "" in headers:
             raise ProtocolError("header with an empty name")
-        body_offset = head_end - pos + (3 if buf[head_end + 1] == 13 else 2)
         size = body_offset
         length = None
         raw_length = headers.get("content-length")
         if raw_length is not None:
-            if not (raw_length.isdigit() and raw_length.isascii()):
-                raise ProtocolError("content-length is not a non-negative decimal integer")
-            if len(raw_length) > _MAX_LENGTH_DIGITS:
-                raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes")
-            length = int(raw_length)
+            try:
+                length = decimal(raw_length, "content-length", self.max_body_bytes)
+            except ValueError as err:
+                if raw_length.strip("0123456789") or not raw_length:
+                    raise ProtocolError(
+                        "content-length is not a non-negative decimal integer", headers.get("receipt")
+                    ) from None
+                raise ProtocolError(f"body too large: {err} bytes", headers.get("receipt")) from None
             size += length
         if size > self.max_frame_bytes:
-            raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes")
+            raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes", headers.get("receipt"))
         return command, headers, body_offset, length
 
 

@@ -3,16 +3,23 @@
 Each side says in its `heart-beat` header how often it can send (first number) and how
 often it wants to hear (second), in milliseconds, 0 for never. A direction beats only if
 its sender can and its receiver wants to, at the slower of the two rates.
+Each number is bounded (MAX_MS, a day), so no later arithmetic or timer can overflow.
 """
 
 from __future__ import annotations
 
+from curb.frame import decimal
+
+MAX_MS = 24 * 60 * 60 * 1000
+
 
 def parse(value: str) -> tuple[int, int]:
-    """The two numbers of a `heart-beat` header; ValueError unless both are integers >= 0."""
-    sends, wants = (int(part) for part in value.split(","))
-    if sends < 0 or wants < 0:
-        raise ValueError(f"negative heart-beat {value!r}")
+    """The two numbers of a `heart-beat` header; ValueError, saying what is allowed, unless
+    both are decimal integers from 0 to MAX_MS."""
+    parts = value.split(",")
+    if len(parts) != 2:
+        raise ValueError(f"heart-beat must be two comma-separated integers, not {value[:40]!r}")
+    sends, wants = (decimal(part, "heart-beat", MAX_MS) for part in parts)
     return sends, wants
 
 

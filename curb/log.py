@@ -27,7 +27,10 @@ Invariants, each kept in one place:
   counts such records as acked. Message ids are never reused: recovery resumes above
   the checkpoint's next id, every id it finds and the watermark.
 - Browses (curb.browse) read the ring beside the cursor; the log tells each of the
-  copies compaction makes (`moved`) and of space it may reuse (`freed`).
+  copies compaction makes (`moved`) and of space it may reuse (`freed`). A browse starts
+  at the logical tail, or at a *mark* (every MARK_EVERY'th message written, a bounded
+  list of (id, offset, write sequence)) with an id at most its from-id, when that mark
+  still lies in the live region and its record is still there.
 - Ids are never reused: they stay below the reservation of the newest durable
   checkpoint (curb.checkpoints, rule 5), and recovery resumes at that reservation.
 - Recovery never trusts unsynced bytes twice: it syncs what it found before naming it in
@@ -38,6 +41,7 @@ Invariants, each kept in one place:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import errno
 import os
@@ -78,6 +82,8 @@ CHECKPOINT_EVERY = 0.05
 PINNED_FOR = 0.1
 LAZY_SYNC = 0.01
 INLINE_SYNC_OPS = 4
+MARK_EVERY = 1024  # a browse may start at every this many'th message written
+MARKS_KEPT = 4096
 ID_RESERVE = 1 << 16  # ids a checkpoint reserves: at most this gap in ids after a crash
 Done = Callable[[str | None], None]
 
@@ -188,6 +194,9 @@ class LogCore:
         self._upto_waiters: collections.deque[tuple[int, Done]] = collections.deque()
         self._ids_wanted = False
         self._browses: set[Browse] = set()
+        self._marks: list[tuple[int, int, int]] = []  # (id, offset, wseq), ids rising
+        self._unmarked = 0
+        self.mark_every = MARK_EVERY
         self.recovery = self._recover()
         self.next_ready: Callable[[], Record | None] = self._cursor.next_ready
 
@@ -264,13 +273,13 @@ class LogCore:
     @property
     def unread(self) -> int:
         """Messages accepted and never handed out."""
-        return self._cursor.unread + len(self._pending) - self._pending_dead()[0]
+        return self._cursor.unread + len(self._pending)
 
     @property
     def live_bytes(self) -> int:
         """Bytes of every message not yet acked, as records."""
         cur = self._cursor
-        return cur.unread_bytes + self._pending_bytes - self._pending_dead()[1] + cur.outstanding_bytes
+        return cur.unread_bytes + self._pending_bytes + cur.outstanding_bytes
 
     @property
     def last_id(self) -> int:
@@ -281,17 +290,6 @@ class LogCore:
     def acked_upto(self) -> int:
         """The ack-up-to watermark: every message with an id up to it is acked."""
         return self._acked_upto
-
-    def _pending_dead(self) -> tuple[int, int]:
-        """(messages, bytes) waiting to be written that the watermark already made dead:
-        the first ones, since they wait in id order."""
-        n = size = 0
-        for rec, _, _, _ in self._pending:
-            if rec.id > self._acked_upto:
-                break
-            n += 1
-            size += rec.size
-        return n, size
 
     @property
     def ahead_dead_bytes(self) -> int:
@@ -312,21 +310,21 @@ class LogCore:
         ending a lap may waste up to a record), and L + pad for the unusable end of the
         lap the region spans or the new record may leave; and a quarter of the held
         messages compaction must copy to pass them, so that it gets there in a few
-        batches, not one record's worth of room at a time. All of the ring while the
-        message that pins the tail could not be copied (see below)."""
+        batches, not one record's worth of room at a time. All of the ring while free
+        bytes are short of the reserve and copying the held messages could not free
+        enough (a crash left the free bytes in pieces too small for their copies)."""
         reserve = self._reserve()
         ring = self._ring
         free = ring.free()
         if free < reserve:
             cur = self._cursor
             reachable = free + ring.distance(ring.tail, cur.tail())
-            if reachable < reserve and self._pending_bytes + size + reserve > reachable:
-                pinning = next(iter(cur.behind.values()), None)
-                if pinning is not None and ring.place(pinning.size) is None:
-                    # Too fragmented for compaction to copy the message that pins the
-                    # tail (a crash interrupted it): only what fits without copies,
-                    # until ACKs free the tail.
-                    return self.capacity
+            want = self._pending_bytes + size + reserve
+            if reachable < want and not ring.clears(((r.offset, r.size) for r in cur.behind.values()), cur.rpos, want):
+                # Too fragmented for compaction to copy the held messages that pin the
+                # tail (a crash interrupted it): nothing that needs copies, until ACKs
+                # free the tail.
+                return self.capacity
         # Sizes as the reserve will count them once placed: by their class's bound.
         waiting = class_bound(size_class(max(size, self._pending_largest)))
         largest = max(min(self.max_record, waiting), reserve // 2 - PAD_SIZE)
@@ -389,6 +387,11 @@ class LogCore:
         self._schedule()
         return rec
 
+    def delivered(self, rec: Record) -> None:
+        """The queue handed the message to a consumer: count it (the MESSAGE says how
+        often it came before, and the record's next state write keeps the count)."""
+        rec.deliveries += 1
+
     def ack(self, rec: Record) -> None:
         """The message is done: flip its state on disk; it is never delivered again."""
         if rec.acked:
@@ -402,18 +405,26 @@ class LogCore:
     def ack_upto(self, upto: int, done: Done | None = None) -> None:
         """Every message with an id up to `upto` is done for good, wherever it is (never
         delivered, rdy again, or held by any consumer): raise the watermark, forget the
-        held ones, and pass the dead ones ahead. `done(None)` runs once a synced
-        checkpoint carries the watermark. The caller checks `upto <= last_id`."""
+        held ones, pass the dead ones ahead, and never write those not yet written (their
+        SEND's `done` then waits for the watermark instead). `done(None)` runs once a
+        synced checkpoint carries the watermark. The caller checks `upto <= last_id`."""
         if upto > self._acked_upto:
             self._acked_upto = upto
+            pending = self._pending
+            while pending and pending[0][0].id <= upto:
+                rec, _, sent, _ = pending.popleft()
+                self._pending_bytes -= rec.size
+                if sent is not None:
+                    self._upto_waiters.append((upto, sent))
+            if not pending:
+                self._pending_largest = 0
             cur = self._cursor
-            cur.upto = upto
             for held in (cur.behind, cur.ahead):
                 for rec in [r for r in held.values() if r.id <= upto and not r.acked]:
                     rec.acked = True
                     cur.settled(rec)
                     self._classes.remove(rec.size)
-            cur.pass_dead()
+            cur.ack_upto(upto)
         if done is None:
             pass
         elif upto <= self._checkpoints.durable.acked_upto:
@@ -429,9 +440,32 @@ class LogCore:
     def browse(self, from_id: int, to_id: int) -> Browse:
         """A read of the live messages with ids in [from_id, to_id] (curb.browse); the
         caller steps it and ends it with `end_browse`."""
-        browse = Browse(self._cursor, RecordReader(self.disk, self.capacity), self.end, from_id, to_id, self._waits_for)
+        cur = self._cursor
+        browse = Browse(cur, RecordReader(self.disk, self.capacity), self.end, from_id, to_id, self._waits_for)
+        mark = self._mark_before(from_id)
+        if mark is not None:
+            browse.start_at(mark[1], mark[2])
         self._browses.add(browse)
         return browse
+
+    def _mark_before(self, msg_id: int) -> tuple[int, int, int] | None:
+        """The last mark with an id at most `msg_id` that lies in the live region (from the
+        logical tail to the head) with its record still there, if it is worth starting at."""
+        marks = self._marks
+        i = bisect.bisect_right(marks, msg_id, key=lambda mark: mark[0])
+        if i == 0:
+            return None
+        mark = marks[i - 1]
+        cur, ring = self._cursor, self._ring
+        tail = cur.tail()
+        if not 0 < ring.distance(tail, mark[1]) < ring.distance(tail, cur.whead):
+            return None
+        raw = self.disk.pread(RECORD_HEADER, mark[1])
+        try:
+            hdr = fmt.parse_header(raw, 0)
+        except FormatError:
+            return None
+        return mark if (hdr.id, hdr.wseq) == (mark[0], mark[2]) else None
 
     def end_browse(self, browse: Browse) -> None:
         self._browses.discard(browse)
@@ -566,8 +600,16 @@ class LogCore:
         runs.write(self.disk)
         cursor = self._cursor
         cursor.whead, cursor.next_wseq = self._ring.head, self._next_wseq
+        unmarked, every = self._unmarked, self.mark_every
         for rec, payload in written:
             cursor.written(rec, payload)
+            unmarked += 1
+            if unmarked >= every:
+                unmarked = 0
+                self._marks.append((rec.id, rec.offset, rec.wseq))
+        self._unmarked = unmarked
+        if len(self._marks) > 2 * MARKS_KEPT:
+            del self._marks[:MARKS_KEPT]
         if self._pending and self._room_wanted and not self._can_progress():
             self._cancel_pending("queue full: the log has no room for this message; it was not stored")
         return len(written), bool(runs.runs)

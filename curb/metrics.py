@@ -31,6 +31,8 @@ COUNTER_NAMES = (
     "connections_total",
     "protocol_errors",
     "compactions",
+    "access_refused",
+    "connections_refused",
 )
 
 
@@ -52,6 +54,8 @@ class Metrics:
     connections_total: int
     protocol_errors: int
     compactions: int
+    access_refused: int
+    connections_refused: int
 
     def __init__(self) -> None:
         for name in COUNTER_NAMES:
@@ -139,6 +143,14 @@ def _families(m: Metrics, g: dict[str, int]) -> list[_Family]:
             "curb_protocol_errors_total",
             "Client frames answered with ERROR because they broke the protocol.",
             m.protocol_errors,
+        ),
+        _counter(
+            "curb_access_refused_total", "CONNECT frames refused: unknown user or wrong passcode.", m.access_refused
+        ),
+        _counter(
+            "curb_connections_refused_total",
+            "Connections closed at once because -max-connections were open.",
+            m.connections_refused,
         ),
         _counter("curb_compaction_moves_total", "Live records copied forward by compaction.", m.compactions),
         _Family(

@@ -36,10 +36,12 @@ class QueueError(Exception):
 
 
 class Message(Protocol):
-    """What the queue needs of a message (the log's record objects)."""
+    """What the queue needs of a message (the log's record objects, which only the log
+    changes: the queue reads their ids and nothing else)."""
 
-    id: int  # unique, increasing in send order
-    deliveries: int  # times delivered so far; the queue increments it
+    @property
+    def id(self) -> int:
+        """Unique, increasing in send order."""
 
 
 # The queue is generic in what it tracks, so that its caller gets its own types back:
@@ -165,7 +167,6 @@ class Queue(Generic[C, M]):
                 if message is None:
                     break
             sub = ring.popitem(last=False)[0]
-            message.deliveries += 1
             delivered.append((sub, message))
             sub.unacked[message.id] = message
             wip[message.id] = sub

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from curb import record as fmt
 from curb.disk import Disk
-from curb.record import RECORD_HEADER, FormatError, RecordHeader
+from curb.record import RECORD_HEADER, RING_START, FormatError, RecordHeader
 
 CHUNK = 1 << 20
 _STATES = (fmt.STATE_RDY, fmt.STATE_ACK, fmt.STATE_PAD, *fmt.TORN_STATES)
@@ -72,6 +72,16 @@ class RecordReader:
         if not fmt.check_payload(buf, off, hdr):
             return None
         return hdr, buf, off
+
+    def past_damage(self, pos: int, limit: int, after: int, before: int, head: int) -> int:
+        """Where a reader of the ring goes on after damaged bytes at pos: the next intact
+        record of this lap with a write sequence in (after, before), else the next lap
+        (the ring's start) or, in the head's lap, the head; the window is dropped then."""
+        nxt = self.resync(pos, limit, lambda h: after < h.wseq < before)
+        if nxt is None:
+            nxt = RING_START if pos > head else head
+            self.drop()
+        return nxt
 
     def resync(self, pos: int, limit: int, accept: Callable[[RecordHeader], bool]) -> int | None:
         """The offset of the first intact record after pos and before `limit` that

@@ -11,10 +11,14 @@ Invariants kept here:
 - head + PAD_SIZE <= end always, so there is room for the pad that ends a lap.
 - Bytes in [tail, head) are never handed out for writing: space is reused only once a
   synced checkpoint has moved `tail` past it (the log moves `tail`, nobody else).
+- Copies need contiguous room: free bytes split between the end of a lap and the start of
+  the next may hold no copy of a large record. `clears` answers, without writing, whether
+  copying the held records one by one can free a given number of bytes at all.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from curb.record import PAD_SIZE, RING_START
@@ -54,3 +58,21 @@ class Ring:
         if head + size < tail:
             return head, False
         return None
+
+    def clears(self, held: Iterable[tuple[int, int]], rest: int, want: int) -> bool:
+        """Whether compaction can free `want` bytes: `held` are the (offset, size) of the
+        held records that pin the region, oldest first, and `rest` is where the region
+        would start with none of them. Each copy goes to the head, after a checkpoint has
+        released every byte before the record it copies; a copy with no contiguous room
+        ends the walk."""
+        ring = Ring(self.end, self.head, self.tail)
+        for offset, size in held:
+            ring.tail = offset
+            if ring.free() >= want:
+                return True
+            spot = ring.place(size)
+            if spot is None:
+                return False
+            ring.head = spot[0] + size
+        ring.tail = rest
+        return ring.free() >= want

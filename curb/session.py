@@ -24,6 +24,13 @@ Rules:
 - ACK with curb-upto:<n> acknowledges every message up to n on every connection; its
   RECEIPT waits until that is durable, like an ACK's.
 - The queue, the log and the metrics are reached only through the Broker.
+- Access: with a users file (Broker.users), CONNECT must name a user and its password, or
+  come over a connection whose client certificate's CN names a user (`identity`). A failed
+  CONNECT is answered "access refused" only at a deadline a fixed delay after it came, the
+  same for every failure. Each frame needs at most one permission, named by `PERMISSION`
+  (and `./count` frames need `count`); without a users file everything is allowed.
+- A connection that has not sent CONNECT by `broker.connect_timeout` seconds after it
+  opened is answered with an ERROR and closed (a deadline too).
 """
 
 from __future__ import annotations
@@ -34,9 +41,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from curb import __version__, heartbeat, payload
+from curb import __version__, heartbeat, message_limits, payload, users
 from curb.broker import Refused
-from curb.frame import Frame, FrameParser, ProtocolError, encode, escape
+from curb.frame import FRAME_END, Frame, FrameParser, ProtocolError, decimal, encode, escape
 from curb.queue import QueueError, Subscription
 
 if TYPE_CHECKING:
@@ -47,6 +54,8 @@ if TYPE_CHECKING:
 COUNT_DESTINATION = "./count"
 BROWSE_END = "browse-end"  # the message-id of a browse's end marker
 SERVER = f"curb/{__version__}"
+MAX_PREFETCH = 1_000_000  # unacked messages one subscription may hold
+MAX_MESSAGE_ID = (1 << 48) - 1  # a record holds its id in 12 hex digits
 BEAT_EARLY = 0.9  # send our heart-beat a little before it is due, so it is never late
 
 NEW, OPEN, CLOSING = "before CONNECT", "after CONNECT", "closing"
@@ -64,11 +73,19 @@ class Owed:
 class Session:
     """One STOMP connection from CONNECT to close, with no I/O of its own."""
 
-    def __init__(self, broker: Broker, now: float, peer: str = "?"):
+    def __init__(self, broker: Broker, now: float, peer: str = "?", identity: str | None = None):
         self.broker = broker
         self.peer = peer
+        self.identity = identity  # the CN of a verified client certificate
+        self.user: str | None = None
+        self.permissions: frozenset[str] | None = None  # None: everything is allowed
         self.state = NEW
-        self.parser = FrameParser(max_frame_bytes=broker.max_frame)
+        self.opened_at = now
+        self._refuse_at: float | None = None
+        self.parser = FrameParser(
+            max_frame_bytes=broker.max_frame,
+            max_body_bytes=max(0, min(broker.max_message, broker.max_frame - message_limits.RESERVE)),
+        )
         # Events for the transport.
         self.close_wanted: str | None = None  # "close" once the output is written, or "abort"
         self.reading = True
@@ -96,15 +113,19 @@ class Session:
         if self.state is CLOSING or self._gone:
             return
         self.last_recv = now
+        bad: ProtocolError | None = None
         try:
             frames = self.parser.feed(data)
         except ProtocolError as err:
-            self.error(str(err), "The bytes received are not a valid STOMP 1.2 frame.")
-            frames = []
+            bad, frames = err, err.frames
         for frame in frames:
             if self.state is CLOSING:
                 break
             self.handle(frame)
+        if bad is not None:
+            self.error(
+                str(bad), "The frame is not valid STOMP 1.2 or breaks a limit (README: Limits).", receipt=bad.receipt
+            )
         self.broker.after_frames()
 
     def data_to_send(self, now: float) -> bytes:
@@ -139,8 +160,17 @@ class Session:
             self.broker.pump()
 
     def tick(self, now: float) -> None:
-        """The heart-beat deadline came: drop a silent peer, or send a beat."""
+        """A deadline came: refuse a failed CONNECT, drop a peer that never sent CONNECT or
+        fell silent, or send a beat."""
         if self._gone or self.close_wanted:
+            return
+        if self._refuse_at is not None:
+            if now >= self._refuse_at:
+                self._refuse()
+            return
+        if self.state is NEW:
+            if self.broker.connect_timeout and now >= self.opened_at + self.broker.connect_timeout:
+                self.error("CONNECT timeout", f"Send CONNECT within {self.broker.connect_timeout:g} s of connecting.")
             return
         if self.expect_every and now - self.last_recv > heartbeat.tolerance(self.expect_every):
             self.broker.events("heartbeat_timeout", f"no heart-beat from {self.peer}; closing", peer=self.peer)
@@ -152,7 +182,12 @@ class Session:
 
     @property
     def next_deadline(self) -> float | None:
-        """When `tick` has something to check, or None while heart-beats are off."""
+        """When `tick` has something to check, or None while there is nothing to time."""
+        if self._refuse_at is not None:
+            return self._refuse_at
+        if self.state is NEW:
+            timeout = self.broker.connect_timeout
+            return self.opened_at + timeout if timeout else None
         deadline = None
         if self.send_every:
             deadline = self.last_send + self.send_every * BEAT_EARLY
@@ -185,8 +220,8 @@ class Session:
         else:
             ack = b"ack:%d\n" % rec.id
         self.write(
-            b"%smessage-id:%d\n%s%s%scontent-length:%d\n\n%s\0"
-            % (self._prefixes[sub], rec.id, ack, extra, stored, len(body), body)
+            b"%smessage-id:%d\n%s%s%scontent-length:%d\n\n%s%s"
+            % (self._prefixes[sub], rec.id, ack, extra, stored, len(body), body, FRAME_END)
         )
 
     @property
@@ -207,11 +242,14 @@ class Session:
             step = browse.step(budget)
             for msg_id, data in step.messages:
                 stored, body = payload.split(data)
-                self.write(b"%smessage-id:%d\n%scontent-length:%d\n\n%s\0" % (prefix, msg_id, stored, len(body), body))
+                self.write(
+                    b"%smessage-id:%d\n%scontent-length:%d\n\n%s%s"
+                    % (prefix, msg_id, stored, len(body), body, FRAME_END)
+                )
             if step.done:
                 self.write(
-                    b"%smessage-id:%s\nbrowser:end\ncurb-last-id:%d\ncontent-length:0\n\n\0"
-                    % (prefix, BROWSE_END.encode(), browse.to_id)
+                    b"%smessage-id:%s\nbrowser:end\ncurb-last-id:%d\ncontent-length:0\n\n%s"
+                    % (prefix, BROWSE_END.encode(), browse.to_id, FRAME_END)
                 )
                 del self._browses[sub_id]
                 self.broker.end_browse(browse)
@@ -265,6 +303,16 @@ class Session:
         if handler is None:
             unexpected(self, frame)
             return
+        if self.permissions is not None:
+            needed = permission_needed(frame)
+            if needed is not None and needed not in self.permissions:
+                self.error(
+                    f"{needed} permission needed",
+                    f"User {self.user!r} may not {frame.command} here without the {needed!r} permission; "
+                    f"the operator grants it with `curb passwd USERS-FILE {self.user} --perm {needed} ...`.",
+                    frame,
+                )
+                return
         try:
             handler(self, frame)
         except QueueError as err:
@@ -286,8 +334,10 @@ class Session:
             return
         try:
             theirs = heartbeat.parse(frame.headers.get("heart-beat", "0,0"))
-        except ValueError:
-            self.error("bad heart-beat header", "heart-beat must be two comma-separated integers.", frame)
+        except ValueError as err:
+            self.error("bad heart-beat header", f"{err}.", frame)
+            return
+        if self.broker.users is not None and not self._log_in(frame.headers):
             return
         ours = self.broker.heartbeat_ms
         self.send_every, self.expect_every = heartbeat.negotiate((ours, ours), theirs)
@@ -299,8 +349,44 @@ class Session:
             )
         )
 
+    def _log_in(self, headers: dict[str, str]) -> bool:
+        """Check CONNECT's credentials against the users file. True: logged in. False: the
+        refusal waits for its deadline, so every failure takes as long."""
+        users_by_name = self.broker.users
+        assert users_by_name is not None
+        login = headers.get("login")
+        if login is not None:
+            user = users.authenticate(users_by_name, login, headers.get("passcode", ""))
+        elif self.identity is not None:
+            user = users_by_name.get(self.identity)
+        else:
+            user = None
+        if user is None:
+            who = login if login is not None else self.identity
+            self.broker.access_refused(self, who)
+            self.state = CLOSING
+            self._refuse_at = self.last_recv + self.broker.refuse_delay
+            return False
+        self.user, self.permissions = user.name, user.permissions
+        return True
+
+    def _refuse(self) -> None:
+        self._refuse_at = None
+        self.write(
+            encode(
+                "ERROR",
+                {"version": "1.2", "content-type": "text/plain", "message": "access refused"},
+                b"Send the login and passcode of a user in the broker's users file.\n",
+            )
+        )
+        self._close("close")
+
     def on_send(self, frame: Frame) -> None:
         headers = frame.headers
+        data = payload.encode(headers, frame.body)
+        problem = message_limits.send_problem(data[: len(data) - len(frame.body) - 1], len(data), self.broker.max_frame)
+        if problem is not None:
+            raise Refused(*problem)
         receipt = headers.get("receipt")
         entry = self._owe() if receipt is not None else None
 
@@ -311,7 +397,7 @@ class Session:
                 self._settle(entry, _receipt(receipt))
 
         try:
-            self.broker.send(payload.encode(headers, frame.body), stored, urgent=receipt is not None)
+            self.broker.send(data, stored, urgent=receipt is not None)
         except Refused:
             if entry is not None:
                 self._owed.remove(entry)
@@ -322,10 +408,15 @@ class Session:
         sub_id = headers.get("id")
         if sub_id is None:
             raise QueueError("SUBSCRIBE needs an id header")
-        prefix = b"MESSAGE\nsubscription:%s\ndestination:%s\n" % (
-            escape(sub_id).encode(),
-            escape(headers.get("destination", "/queue/curb")).encode(),
-        )
+        lines = [
+            b"subscription:" + escape(sub_id).encode(),
+            b"destination:" + escape(headers.get("destination", "/queue/curb")).encode(),
+        ]
+        for line in lines:
+            problem = message_limits.line_problem(line, message_limits.MAX_SUBSCRIPTION_LINE)
+            if problem is not None:
+                raise QueueError(f"SUBSCRIBE {problem}")
+        prefix = b"MESSAGE\n%s\n%s\n" % tuple(lines)
         if headers.get("browser") == "true":
             if sub_id in self._browses:
                 raise QueueError(f"browse {sub_id!r} is still running; UNSUBSCRIBE it or wait for its end")
@@ -420,7 +511,7 @@ class Session:
         if raw.startswith("count-") and self._count_sub is not None:
             return None
         try:
-            return int(raw)
+            return decimal(raw, "ack id", MAX_MESSAGE_ID)
         except ValueError:
             raise QueueError(f"unknown ack id {raw[:40]!r}") from None
 
@@ -513,6 +604,21 @@ def unexpected(session: Session, frame: Frame) -> None:
         session.error(f"unknown command {command[:40]!r} {session.state}", "Curb speaks STOMP 1.2.", frame)
 
 
+# The permission each command needs when Curb has a users file; `./count` frames need
+# `count` instead (permission_needed).
+PERMISSION = {"SEND": "send", "SUBSCRIBE": "consume", "ACK": "consume", "NACK": "consume"}
+
+
+def permission_needed(frame: Frame) -> str | None:
+    """The permission a frame needs, or None for a frame anyone logged in may send."""
+    command, headers = frame.command, frame.headers
+    if command == "SUBSCRIBE" and headers.get("destination") == COUNT_DESTINATION:
+        return "count"
+    if command in ("ACK", "NACK") and headers.get("id", "").startswith("count-"):
+        return "count"
+    return PERMISSION.get(command)
+
+
 RULES: dict[tuple[str, str], Handler] = {
     (NEW, "CONNECT"): Session.on_connect,
     (NEW, "STOMP"): Session.on_connect,
@@ -530,7 +636,7 @@ KNOWN_COMMANDS = frozenset(command for _, command in RULES)
 
 
 def _receipt(receipt_id: str) -> bytes:
-    return b"RECEIPT\nreceipt-id:%s\n\n\0" % escape(receipt_id).encode()
+    return b"RECEIPT\nreceipt-id:%s\n\n%s" % (escape(receipt_id).encode(), FRAME_END)
 
 
 def _message_id(headers: dict[str, str], name: str) -> int | None:
@@ -548,9 +654,9 @@ def _prefetch(headers: dict[str, str]) -> int | None:
     if raw is None:
         return None
     try:
-        value = int(raw)
-    except ValueError:
-        raise QueueError(f"bad prefetch {raw[:40]!r}: use a positive integer") from None
+        value = decimal(raw, "prefetch", MAX_PREFETCH)
+    except ValueError as err:
+        raise QueueError(f"bad prefetch: {err}") from None
     if value < 1:
-        raise QueueError(f"bad prefetch {value}: use a positive integer")
+        raise QueueError(f"bad prefetch {value}: use a positive integer up to {MAX_PREFETCH}")
     return value

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -31,7 +31,8 @@ class StartError(RuntimeError):
 class BrokerProcess:
     """One `python -m curb` child, started (and restarted) on demand with the flags given.
 
-    `output` names a file that gets a copy of the broker's stderr, appended across starts.
+    `output` names a file that gets a copy of the broker's stderr, appended across starts;
+    `preexec_fn` runs in the child before curb does (e.g. to lower its resource limits).
     """
 
     def __init__(
@@ -41,11 +42,13 @@ class BrokerProcess:
         env: Mapping[str, str] | None = None,
         output: Path | None = None,
         timeout: float = STARTUP_S,
+        preexec_fn: Callable[[], None] | None = None,
     ) -> None:
         self.cwd = cwd
         self.env = dict(env) if env is not None else None
         self.output_file = output
         self.timeout = timeout
+        self.preexec_fn = preexec_fn
         self.port = 0
         self._process: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
@@ -75,6 +78,7 @@ class BrokerProcess:
             stderr=subprocess.PIPE,
             text=True,
             errors="replace",
+            preexec_fn=self.preexec_fn,
         )
         self._process = process
         first_line = len(self._lines)

@@ -3,6 +3,7 @@ curb.log.LogCore on a SimDisk, with the crash model's invariants checked after e
 
     python tests/crashsim.py --seeds 2000 [--start S] [--steps K] [--jobs N]
     python tests/crashsim.py --seed S -v      # replay one seed exactly, printing its trace
+    python tests/crashsim.py ... --no-replay-steps   # without ACK up to an id and browses
 
 One seed decides everything: the cap (16 KiB to 1 MiB, so the ring wraps many times), the
 disk (a free-space limit, EIO on writes or syncs, bit rot), the workload (appends with and
@@ -23,7 +24,15 @@ The invariants, from the crash model in the design notes:
   with no ACKs needed, and refused later only for a disk fault; QueueFull comes only when
   the live bytes leave no room (by the log's own admission formula), and never while the
   queue is nowhere near full;
-- the counts recovery reports are the messages a full read then finds.
+- the counts recovery reports are the messages a full read then finds;
+- with the replay steps (on unless --no-replay-steps): an ACK up to an id takes every
+  message up to it at once (never delivered, held, or rdy again), its receipt is never
+  undone (the watermark never goes back), ids are never reused across crashes, and a
+  browse returns each message live in its range from its start to its end exactly
+  once, and nothing that is not live.
+
+The replay steps draw from a random stream of their own, so a seed without them (the
+kept regression seeds) replays exactly as before they existed.
 
 The model knows the live messages exactly (it saw every append, refusal and ACK) until a
 disk fault refuses an append nobody waits for; then the next restart makes it exact again.
@@ -52,6 +61,7 @@ from typing import NoReturn
 
 from simdisk import CRASH_MODES, SECTOR, Crashed, SimDisk
 
+from curb.browse import Browse
 from curb.log import LogCore, LogError, QueueFull, Record, TooLarge
 from curb.record import RING_START
 
@@ -181,6 +191,9 @@ class Stats:
     refused: int = 0
     acks: int = 0
     faults: int = 0
+    uptos: int = 0
+    browses: int = 0
+    browsed: int = 0
     failures: int = 0
 
     def add(self, other: Stats) -> None:
@@ -193,6 +206,7 @@ class Stats:
             f"(kill {self.kills}, power {self.powers}; {self.mid_op} amid a batch or a recovery), "
             f"restarts {self.restarts}, "
             f"appends {self.appends} (+{self.refused} refused), acks {self.acks}, "
+            f"acks up to an id {self.uptos}, browses {self.browses} ({self.browsed} messages), "
             f"disk faults {self.faults}, failures {self.failures}"
         )
 
@@ -215,14 +229,37 @@ def payload_tag(payload: bytes) -> int | None:
     return int(digits) if end > 0 and digits.isdigit() else None
 
 
+@dataclass(slots=True)
+class Browsing:
+    """A browse the simulator has open: its range, the messages live in it when it
+    opened (by tag), and those it returned."""
+
+    browse: Browse
+    first: int
+    last: int
+    at_start: set[int]
+    got: set[int] = field(default_factory=set)
+
+
 # ---------------------------------------------------------------- one seed
 
 
 class Sim:
     """One seed's run: the workload, the crashes, and the model that checks the log."""
 
-    def __init__(self, seed: int, steps: int = STEPS, verbose: bool = False, out: Callable[[str], None] = print):
+    def __init__(
+        self,
+        seed: int,
+        steps: int = STEPS,
+        verbose: bool = False,
+        out: Callable[[str], None] = print,
+        replay_steps: bool = True,
+    ):
         self.seed = seed
+        self.replay_steps = replay_steps
+        self.xrng = random.Random(f"replay steps of seed {seed}")
+        self.id_floor = 0  # every id assigned so far, in this run or an earlier one, is at most this
+        self.upto_durable = 0  # the highest watermark whose receipt came
         self.steps = steps
         self.verbose = verbose
         self.out = out
@@ -268,6 +305,13 @@ class Sim:
                 self.crash(self.armed_mode)
             self.stats.steps += 1
             self.check_step()
+            if self.replay_steps:
+                try:
+                    self.replay_step()
+                except Crashed:
+                    self.stats.mid_op += 1
+                    self.crash(self.armed_mode)
+                self.check_step()
         self.step = self.steps
         self.finish()
 
@@ -311,6 +355,7 @@ class Sim:
         self.fatal: str | None = None
         self.disk_faults = self.disk.faults
         self.exact = True
+        self.browse: Browsing | None = None
 
     def _open(self) -> LogCore:
         """A LogCore recovering from the disk, with faults off during recovery (a start-up
@@ -335,6 +380,8 @@ class Sim:
         if self.faults_on:
             disk.write_eio, disk.sync_eio = self.cfg.write_eio, self.cfg.sync_eio
         core.on_fatal = self._on_fatal
+        if self.replay_steps:
+            core.mark_every = self.xrng.choice((1, 3, 1 << 20))  # browses start at marks, or at the tail
         rec = core.recovery
         self.trace("open: recovered %d messages, %d live bytes, torn %r", rec.messages, rec.live_bytes, rec.torn)
         return core
@@ -360,11 +407,17 @@ class Sim:
         )
         self.stats.faults += self.disk.faults - self.disk_faults
         self._count_crash(mode)
-        self._core = None
+        self._drop_core()
         self.disk = self.disk.crash(mode)
         if self.cfg.rot and self.rng.random() < 0.5:
             self._rot()
         self.restart()
+
+    def _drop_core(self) -> None:
+        """The process dies: note the ids it assigned, which no later run may reuse."""
+        if self._core is not None:
+            self.id_floor = max(self.id_floor, self._core.last_id)
+        self._core = None
 
     def _count_crash(self, mode: str, mid_op: bool = False) -> None:
         if mode == "kill":
@@ -398,6 +451,11 @@ class Sim:
         self._reset_run()
         self.stats.restarts += 1
         self._core = self._open()
+        if self.core.acked_upto < self.upto_durable and not self.rot_epoch:
+            self.fail(
+                "receipted ACK up to an id undone",
+                f"watermark {self.core.acked_upto} after restart, {self.upto_durable} was receipted",
+            )
         found = self._drain_recovered()
         self._check_recovered(found)
         if self.rng.random() < 0.5:
@@ -408,7 +466,7 @@ class Sim:
         self.trace("CRASH kill, to read the recovered messages lazily")
         self.stats.kills += 1
         self.stats.restarts += 1
-        self._core = None
+        self._drop_core()
         self.disk = self.disk.crash("kill")
         live, live_bytes = self.live, self.live_bytes
         self._reset_run()
@@ -515,6 +573,11 @@ class Sim:
                 "accepted a payload larger than max_message",
                 f"#{msg.tag}: {len(msg.payload)} B > {self.core.max_message}",
             )
+        if rec.id <= self.id_floor:
+            self.fail(
+                "message id reused", f"#{msg.tag} got id {rec.id}; ids up to {self.id_floor} were assigned before"
+            )
+        self.id_floor = rec.id
         msg.id = rec.id
         self.stats.appends += 1
         if msg.refused_run != self.run:
@@ -573,7 +636,7 @@ class Sim:
         consumer = self.rng.randrange(len(self.held))
         if self.redeliver:
             rec, tag = self.redeliver.popleft()
-            rec.deliveries += 1
+            self.core.delivered(rec)
             self._check_payload(rec, tag)
             self.trace("consumer %d retakes #%d id %d", consumer, tag, rec.id)
         else:
@@ -581,7 +644,7 @@ class Sim:
             if ready is None:
                 return
             rec = ready
-            rec.deliveries += 1
+            self.core.delivered(rec)
             tag = self.check_delivery(rec)
             self.trace("consumer %d takes #%d id %d", consumer, tag, rec.id)
         self.held[consumer].append((rec, tag))
@@ -649,6 +712,96 @@ class Sim:
             self.messages[tag].acked_durable = True
             self.messages[tag].promise(self.rot_epoch)
         self.confirmed = max(self.confirmed, upto)
+
+    # ------------------------------------------------------------ replay steps
+
+    def replay_step(self) -> None:
+        """Maybe one step of the replayable reads, drawn from their own random stream:
+        an ACK up to an id, or a browse opened or stepped on."""
+        x = self.xrng.random()
+        if x < 0.015:
+            self.do_ack_upto()
+        elif self.browse is None:
+            if x < 0.06:
+                self.do_browse_open()
+        elif x < 0.45:
+            self.do_browse_step()
+
+    def do_ack_upto(self) -> None:
+        """ACK up to an id: every live message up to it is gone at once, wherever it is."""
+        core, rng = self.core, self.xrng
+        last = core.last_id
+        upto = rng.choice((rng.randint(0, last), last, core.acked_upto, rng.randint(max(0, last - 5), last)))
+        covered = [tag for tag in self.live if (self.messages[tag].id or 0) <= upto]
+        for tag in covered:
+            self.messages[tag].acked_unconfirmed = True
+            self.live_bytes -= self.live.pop(tag)
+        self.held = [[(rec, tag) for rec, tag in held if rec.id > upto] for held in self.held]
+        self.redeliver = deque((rec, tag) for rec, tag in self.redeliver if rec.id > upto)
+        self.stats.uptos += 1
+        receipt = rng.random() < 0.7
+        self.trace("ack up to %d (%d live messages)%s", upto, len(covered), " with receipt" if receipt else "")
+        if not receipt:
+            core.ack_upto(upto)
+            return
+        run = self.run
+        self.waiting_durable += 1
+
+        def done(reason: str | None) -> None:
+            if run != self.run:
+                return
+            self.waiting_durable -= 1
+            self.trace("ack up to %d receipt: %s", upto, reason or "durable")
+            if reason is not None:
+                return
+            for tag in covered:
+                self.messages[tag].acked_durable = True
+                self.messages[tag].promise(self.rot_epoch)
+            self.upto_durable = max(self.upto_durable, upto)
+
+        core.ack_upto(upto, done)
+
+    def do_browse_open(self) -> None:
+        core, rng = self.core, self.xrng
+        last = core.last_id
+        first = rng.randint(0, last + 2)
+        to = rng.choice((last, last, rng.randint(first, last + 3), first - 1))
+        at_start = {tag for tag in self.live if first <= (self.messages[tag].id or 0) <= to}
+        self.browse = Browsing(core.browse(first, to), first, to, at_start)
+        self.trace("browse %d..%d opened (%d live in range)", first, to, len(at_start))
+
+    def do_browse_step(self) -> None:
+        """A step of the open browse: each message it returns is live, in range, ours byte
+        for byte, and new to it; at its end, none live all along is missing."""
+        b = self.browse
+        assert b is not None
+        step = b.browse.step(self.xrng.choice((1, 300, 5000, 1 << 20)))
+        strict = self.exact and not self.rot_epoch and self.disk.faults == self.disk_faults
+        for msg_id, payload in step.messages:
+            tag = payload_tag(payload)
+            msg = self.messages.get(tag) if tag is not None else None
+            if tag is None or msg is None or msg.payload != payload or msg.id != msg_id:
+                self.fail("browse returned a damaged record", f"id {msg_id}, {len(payload)} B {payload[:40]!r}")
+            if not b.first <= msg_id <= b.last:
+                self.fail("browse out of its range", f"id {msg_id} in a browse of {b.first}..{b.last}")
+            if tag in b.got and not self.rot_epoch:
+                self.fail("browsed twice", f"#{tag} id {msg_id}")
+            if strict and tag not in self.live:
+                self.fail("browse returned a dead message", f"#{tag} id {msg_id}")
+            b.got.add(tag)
+            self.stats.browsed += 1
+        self.trace("browse step: %d messages%s", len(step.messages), ", done" if step.done else "")
+        if not step.done:
+            return
+        missed = sorted(tag for tag in b.at_start if tag in self.live and tag not in b.got)
+        if missed and strict:
+            self.fail(
+                "browse missed a live message",
+                f"{len(missed)} of the browse {b.first}..{b.last}, e.g. #{missed[0]} id {self.messages[missed[0]].id}",
+            )
+        self.core.end_browse(b.browse)
+        self.browse = None
+        self.stats.browses += 1
 
     def do_clock(self) -> None:
         self.now += self.rng.choice((0.001, 0.005, 0.02, 0.05, 0.06, 0.2))
@@ -787,7 +940,7 @@ class Sim:
             self.messages[tag].promise(self.rot_epoch)
         self.stats.faults += self.disk.faults - self.disk_faults
         self.stats.powers += 1
-        self._core = None
+        self._drop_core()
         self.disk = self.disk.crash("power")
         self.restart()
 
@@ -835,10 +988,12 @@ def run_seed(
     verbose: bool = False,
     out: Callable[[str], None] = print,
     ignore: frozenset[str] = frozenset(),
+    replay_steps: bool = True,
 ) -> Outcome:
     """Play one seed; a broken invariant or an exception from the log is its failure.
-    Kinds in `ignore` are dropped (to hunt past a known failure that notes, not stops)."""
-    sim = Sim(seed, steps, verbose, out)
+    Kinds in `ignore` are dropped (to hunt past a known failure that notes, not stops).
+    replay_steps=False plays it as before ACK up to an id and browses existed."""
+    sim = Sim(seed, steps, verbose, out, replay_steps)
     outcome = Outcome(seed, sim.stats)
     try:
         sim.play()
@@ -867,18 +1022,20 @@ class Totals:
         self.failed += other.failed
 
 
-def run_range(start: int, count: int, steps: int = STEPS, ignore: frozenset[str] = frozenset()) -> Totals:
+def run_range(
+    start: int, count: int, steps: int = STEPS, ignore: frozenset[str] = frozenset(), replay_steps: bool = True
+) -> Totals:
     """Play seeds start .. start+count-1 in this process."""
     totals = Totals()
     for seed in range(start, start + count):
-        outcome = run_seed(seed, steps, ignore=ignore)
+        outcome = run_seed(seed, steps, ignore=ignore, replay_steps=replay_steps)
         totals.stats.add(outcome.stats)
         if outcome.failed:
             totals.failed.append(outcome)
     return totals
 
 
-def _run_block(args: tuple[int, int, int, frozenset[str]]) -> Totals:
+def _run_block(args: tuple[int, int, int, frozenset[str], bool]) -> Totals:
     return run_range(*args)
 
 
@@ -889,10 +1046,13 @@ def run_many(
     jobs: int,
     ignore: frozenset[str] = frozenset(),
     progress: Callable[[Totals, float], None] | None = None,
+    replay_steps: bool = True,
 ) -> Totals:
     """Play `count` seeds over `jobs` processes, calling `progress` now and then."""
     block = max(1, min(200, count // (jobs * 4) or 1))
-    blocks = [(s, min(block, start + count - s), steps, ignore) for s in range(start, start + count, block)]
+    blocks = [
+        (s, min(block, start + count - s), steps, ignore, replay_steps) for s in range(start, start + count, block)
+    ]
     totals = Totals()
     began = last = time.monotonic()
     for part in _map(blocks, jobs):
@@ -904,7 +1064,7 @@ def run_many(
     return totals
 
 
-def _map(blocks: list[tuple[int, int, int, frozenset[str]]], jobs: int) -> Iterator[Totals]:
+def _map(blocks: list[tuple[int, int, int, frozenset[str], bool]], jobs: int) -> Iterator[Totals]:
     if jobs <= 1:
         yield from map(_run_block, blocks)
         return
@@ -923,6 +1083,12 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=STEPS, help=f"steps per seed (default {STEPS})")
     parser.add_argument("--jobs", type=int, default=1, help="processes to fan out over (default 1)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print the trace of every step")
+    parser.add_argument(
+        "--no-replay-steps",
+        dest="replay_steps",
+        action="store_false",
+        help="play without ACK up to an id and browses (as seeds found before they existed)",
+    )
     parser.add_argument("--show", type=int, default=10, help="failures to print in full (default 10)")
     parser.add_argument(
         "--ignore",
@@ -933,18 +1099,24 @@ def main(argv: Iterable[str] | None = None) -> int:
     )
     args = parser.parse_args(None if argv is None else list(argv))
     if args.seed is not None:
-        return _replay(args.seed, args.steps, args.verbose, frozenset(args.ignore))
+        return _replay(args.seed, args.steps, args.verbose, frozenset(args.ignore), args.replay_steps)
     began = time.monotonic()
     totals = run_many(
-        args.start, args.seeds, args.steps, max(1, args.jobs), frozenset(args.ignore), _progress(args.seeds)
+        args.start,
+        args.seeds,
+        args.steps,
+        max(1, args.jobs),
+        frozenset(args.ignore),
+        _progress(args.seeds),
+        args.replay_steps,
     )
     _summarize(totals, args, time.monotonic() - began)
     return 1 if totals.failed else 0
 
 
-def _replay(seed: int, steps: int, verbose: bool, ignore: frozenset[str]) -> int:
+def _replay(seed: int, steps: int, verbose: bool, ignore: frozenset[str], replay_steps: bool) -> int:
     began = time.monotonic()
-    outcome = run_seed(seed, steps, verbose, ignore=ignore)
+    outcome = run_seed(seed, steps, verbose, ignore=ignore, replay_steps=replay_steps)
     print(f"seed {seed}: {outcome.stats.line()}, {time.monotonic() - began:.2f} s")
     if not outcome.failed:
         print("ok")

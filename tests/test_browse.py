@@ -9,9 +9,10 @@ import random
 import pytest
 from memworld import MemPeer, MemWorld
 
+from curb.browse import Browse
 from curb.frame import Frame
 from curb.log import QueueFull, Record
-from curb.session import BROWSE_END
+from curb.session import BROWSE_END, permission_needed
 
 
 def browse(peer: MemPeer, **headers: str) -> list[Frame]:
@@ -179,6 +180,45 @@ def test_messages_after_an_error_stop_the_browse(world: MemWorld) -> None:
     assert not world.log._browses
 
 
+def steps(log_browse: Browse) -> list[int]:
+    got: list[int] = []
+    while True:
+        step = log_browse.step(1 << 20)
+        got += [mid for mid, _ in step.messages]
+        if step.done:
+            return got
+
+
+def test_a_browse_of_a_late_range_starts_at_a_mark_near_it() -> None:
+    world = MemWorld(cap=1 << 20)
+    log = world.log
+    log.mark_every = 16
+    for n in range(1, 2001):
+        log.append(b"\n%d" % n)
+        if n % 100 == 0:
+            log.flush()
+    world.settle()
+    late = log.browse(1900, 1910)
+    assert late.pos > log._cursor.tail()  # not a walk from the oldest message
+    assert steps(late) == list(range(1900, 1911))
+    assert steps(log.browse(1, 3)) == [1, 2, 3]
+
+
+def test_marks_in_reused_space_are_not_trusted() -> None:
+    world = MemWorld(cap=64 * 1024)
+    log = world.log
+    log.mark_every = 1
+    for round_ in range(6):  # laps of the ring: old marks' bytes are overwritten
+        for _ in range(200):
+            log.append(b"\n" + b"r%d" % round_ * 20)
+        world.settle()
+        log.ack_upto(log.last_id - 50)
+        world.settle()
+    live = list(range(log.last_id - 49, log.last_id + 1))
+    for first in (1, 100, 700, live[0], live[10]):
+        assert steps(log.browse(first, log.last_id)) == [i for i in live if i >= first]
+
+
 # ---------------------------------------------------------------- the reader under churn
 
 
@@ -189,6 +229,7 @@ def run_churn(seed: int) -> None:
     rng = random.Random(seed)
     world = MemWorld(cap=32 * 1024)
     log = world.log
+    log.mark_every = rng.choice((1, 4, 1 << 20))  # browses start at marks, or at the tail
     live: dict[int, bytes] = {}
     held: list[Record] = []
 
@@ -204,7 +245,7 @@ def run_churn(seed: int) -> None:
                 ever_live.add(rec.id)
         log.flush()
 
-    first, last = rng.randrange(1, 20), 40 + rng.choice([0, 5, -3])
+    first, last = rng.randrange(1, 40), 40 + rng.choice([0, 5, -3])
     ever_live: set[int] = set()
     send(40)
     world.settle()
@@ -260,3 +301,15 @@ def run_churn(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(60))
 def test_browse_exactly_once_under_churn(seed: int) -> None:
     run_churn(seed)
+
+
+@pytest.mark.parametrize(
+    ("command", "headers"),
+    [
+        ("SUBSCRIBE", {"id": "b", "destination": "/queue/curb", "browser": "true", "curb-from-id": "5"}),
+        ("ACK", {"curb-upto": "5"}),
+        ("ACK", {"curb-upto": "5", "receipt": "r"}),
+    ],
+)
+def test_browse_and_ack_upto_need_the_consume_permission(command: str, headers: dict[str, str]) -> None:
+    assert permission_needed(Frame(command, headers, b"")) == "consume"

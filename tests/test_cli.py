@@ -253,3 +253,13 @@ def test_version_from_the_script_and_the_module(run_curb):
     script = Path(sys.executable).parent / "curb"
     result = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=15)
     assert result.returncode == 0 and curb.__version__ in result.stdout
+
+
+def test_sigterm_right_after_the_listening_line_is_a_clean_stop(curb_broker):
+    """A supervisor may signal curb the moment it reads `listening on`: the handler is
+    already in place, so the broker drains and exits 0 rather than dying of the signal."""
+    broker = curb_broker()
+    for _ in range(3):
+        assert broker.stop() == 0
+        assert broker.stderr_text().rstrip().endswith("curb: stopped"), broker.stderr_text()
+        broker.start()

@@ -83,6 +83,17 @@ PARSE_CASES = [
             Frame("SEND", {"n": "3", "content-length": "5"}, b"th\0ee"),
         ],
     ),
+    (
+        "CRLF CRLF head end before an LF that starts the body",
+        b"SEND\r\ndestination:/q\r\nreceipt:a\r\n\r\n\nhello\0",
+        [Frame("SEND", {"destination": "/q", "receipt": "a"}, b"\nhello")],
+    ),
+    ("LF CRLF head end before an LF", b"SEND\na:1\n\r\n\nx\0", [Frame("SEND", {"a": "1"}, b"\nx")]),
+    (
+        "frames end in NUL LF",
+        encode("SEND", {"a": "1"}, b"x") * 2,
+        [Frame("SEND", {"a": "1", "content-length": "1"}, b"x")] * 2,
+    ),
 ]
 
 
@@ -197,9 +208,34 @@ def test_limits_trigger_before_the_frame_ends(prefix, reason):
         feed_bytewise(prefix, **LIMITS)
 
 
-def test_huge_content_length_is_rejected_as_too_large():
-    with pytest.raises(ProtocolError, match="frame exceeds"):
+def test_huge_content_length_is_rejected_as_too_large_naming_the_limit():
+    with pytest.raises(
+        ProtocolError, match=r"body too large: content-length 9999.* exceeds the limit of 16777216 bytes"
+    ):
         FrameParser().feed(b"SEND\ncontent-length:" + b"9" * 5000 + b"\n\n")
+
+
+@pytest.mark.parametrize("zeros", [1, 19, 30, 5000])
+def test_content_length_with_leading_zeros_is_its_value(zeros):
+    wire = b"SEND\ncontent-length:" + b"0" * zeros + b"5\n\nhello\0"
+    assert [f.body for f in FrameParser().feed(wire)] == [b"hello"]
+
+
+def test_content_length_over_the_body_limit_is_refused_at_the_head():
+    with pytest.raises(ProtocolError, match="body too large: content-length 101 exceeds the limit of 100 bytes"):
+        FrameParser(max_body_bytes=100).feed(b"SEND\ncontent-length:101\n\n")
+
+
+def test_unsized_body_over_the_body_limit_is_refused_before_its_nul():
+    with pytest.raises(ProtocolError, match="body exceeds 100 bytes"):
+        feed_bytewise(b"SEND\n\n" + b"x" * 101, max_body_bytes=100)
+
+
+def test_frames_before_a_bad_one_come_with_the_error():
+    wire = b"SEND\na:1\n\nx\0\nACK\nid:2\n\n\0BAD\nnocolon\n\n\0"
+    with pytest.raises(ProtocolError, match="without a colon") as caught:
+        FrameParser().feed(wire)
+    assert caught.value.frames == [Frame("SEND", {"a": "1"}, b"x"), Frame("ACK", {"id": "2"}, b"")]
 
 
 def test_frame_over_limit_completing_in_one_read_is_rejected():
@@ -237,34 +273,34 @@ def test_unescape_rejects_undefined_escapes(bad):
 
 def test_encode_exact_bytes():
     assert encode("SEND", {"destination": "/queue/curb"}, b"hi") == (
-        b"SEND\ndestination:/queue/curb\ncontent-length:2\n\nhi\0"
+        b"SEND\ndestination:/queue/curb\ncontent-length:2\n\nhi\0\n"
     )
-    assert encode("SUBSCRIBE", [("id", "0"), ("ack", "client")]) == b"SUBSCRIBE\nid:0\nack:client\n\n\0"
+    assert encode("SUBSCRIBE", [("id", "0"), ("ack", "client")]) == b"SUBSCRIBE\nid:0\nack:client\n\n\0\n"
 
 
 @pytest.mark.parametrize("command", ["SEND", "MESSAGE", "ERROR"])
 def test_encode_always_sizes_send_message_error(command):
-    assert encode(command, {}) == command.encode() + b"\ncontent-length:0\n\n\0"
+    assert encode(command, {}) == command.encode() + b"\ncontent-length:0\n\n\0\n"
 
 
 def test_encode_sizes_any_non_empty_body():
-    assert encode("RECEIPT", {}, b"x") == b"RECEIPT\ncontent-length:1\n\nx\0"
+    assert encode("RECEIPT", {}, b"x") == b"RECEIPT\ncontent-length:1\n\nx\0\n"
 
 
 def test_encode_replaces_caller_content_length():
     wire = encode("SEND", {"content-length": "99", "a": "1"}, b"abc")
     assert wire.count(b"content-length") == 1
     assert FrameParser().feed(wire) == [Frame("SEND", {"a": "1", "content-length": "3"}, b"abc")]
-    assert encode("ACK", {"content-length": "5", "id": "1"}) == b"ACK\nid:1\n\n\0"
+    assert encode("ACK", {"content-length": "5", "id": "1"}) == b"ACK\nid:1\n\n\0\n"
 
 
 def test_encode_escapes_headers():
-    assert encode("MESSAGE", {"a:b": "c\nd\\"}) == b"MESSAGE\na\\cb:c\\nd\\\\\ncontent-length:0\n\n\0"
+    assert encode("MESSAGE", {"a:b": "c\nd\\"}) == b"MESSAGE\na\\cb:c\\nd\\\\\ncontent-length:0\n\n\0\n"
 
 
 @pytest.mark.parametrize("command", ["CONNECT", "STOMP", "CONNECTED"])
 def test_encode_does_not_escape_connect_frames(command):
-    assert encode(command, {"passcode": "a\\b:c"}) == command.encode() + b"\npasscode:a\\b:c\n\n\0"
+    assert encode(command, {"passcode": "a\\b:c"}) == command.encode() + b"\npasscode:a\\b:c\n\n\0\n"
 
 
 @pytest.mark.parametrize("headers", [{"login": "a\nb"}, {"lo:gin": "x"}, {"login": "a\rb"}])
@@ -294,3 +330,24 @@ def test_heartbeat_is_a_bare_eol():
     parser = FrameParser()
     assert parser.feed(HEARTBEAT * 3) == []
     assert parser.feed(b"ACK\nid:1\n\n\0") == [Frame("ACK", {"id": "1"}, b"")]
+
+
+RECEIPTED_ERRORS = {
+    "content-length over the body limit": b"SEND\nreceipt:r\ncontent-length:101\n\n",
+    "content-length not a number": b"SEND\nreceipt:r\ncontent-length:x\n\n",
+    "unsized body over the body limit": b"SEND\nreceipt:r\n\n" + b"x" * 101,
+    "no NUL at content-length": b"SEND\nreceipt:r\ncontent-length:1\n\nxy",
+}
+
+
+@pytest.mark.parametrize("wire", RECEIPTED_ERRORS.values(), ids=RECEIPTED_ERRORS)
+def test_an_error_after_the_head_carries_the_frames_receipt(wire):
+    with pytest.raises(ProtocolError) as caught:
+        feed_bytewise(wire, max_body_bytes=100)
+    assert caught.value.receipt == "r"
+
+
+def test_an_error_in_the_head_has_no_receipt():
+    with pytest.raises(ProtocolError) as caught:
+        FrameParser().feed(b"SEND\nreceipt:r\nno colon\n\n\0")
+    assert caught.value.receipt is None

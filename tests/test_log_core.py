@@ -58,7 +58,7 @@ class Core:
     def take(self) -> Record:
         rec = self.log.next_ready()
         assert rec is not None, "no message to take"
-        rec.deliveries += 1
+        self.log.delivered(rec)
         return rec
 
     def ack_durably(self, rec: Record) -> None:

@@ -24,19 +24,20 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import stomp
 
 from curb.client import Client, StompError
+from curb.spawn import BrokerProcess, StartError
 
 QUEUE = "/queue/work"
 ANSWER_S = 3.0  # a SEND's RECEIPT or ERROR; a healthy broker needs milliseconds
 STOP_S = 2.5  # SIGTERM to exit when nothing is left to drain
 STARTUP_S = 15.0
 SKIPPED = re.compile(r"skip|damage|torn|truncat|drop", re.IGNORECASE)
-LISTENING = re.compile(r"listening on ")
 
 
 def body(n: int, size: int, tag: bytes = b"m") -> bytes:
@@ -316,38 +317,35 @@ def test_d_damage_skipped_at_start_up_leaves_every_intact_message_deliverable(cu
     assert_no_crash(broker.stderr_text())
 
 
+@dataclass
 class Started:
-    """A broker started on a file that may make it refuse to start: it listens, or it exits."""
+    """A broker started on a file that may make it refuse to start."""
 
-    def __init__(self, argv: list[str], cwd: Path, stderr_path: Path):
-        self.stderr_path = stderr_path
-        with open(stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+    child: BrokerProcess
+    exited: bool  # it refused to start; its status and output say why
 
     def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
-
-    def settled(self) -> bool:
-        return self.proc.poll() is not None or bool(LISTENING.search(self.stderr()))
+        return self.child.output()
 
 
 @pytest.fixture
-def start_on(wait_until) -> Iterator[Callable[..., Started]]:
+def start_on() -> Iterator[Callable[..., Started]]:
     """Factory: `start_on(broker, name)` runs the broker's command again and returns once it
     listens or exits (killed at the end of the test)."""
-    started: list[Started] = []
+    children: list[BrokerProcess] = []
 
     def start(broker, name: str) -> Started:
-        run = Started(broker.argv(), broker.cwd, broker.cwd / f"{name}.stderr")
-        started.append(run)
-        assert wait_until(run.settled, STARTUP_S), f"neither listening nor exited:\n{run.stderr()}"
-        return run
+        child = BrokerProcess(cwd=broker.cwd, env=broker.env, output=broker.cwd / f"{name}.stderr", timeout=STARTUP_S)
+        children.append(child)
+        try:
+            child.start(broker.flags())
+        except StartError:
+            return Started(child, exited=True)
+        return Started(child, exited=False)
 
     yield start
-    for run in started:
-        if run.proc.poll() is None:
-            run.proc.kill()
-        run.proc.wait(STARTUP_S)
+    for child in children:
+        child.kill()
 
 
 def wrap_the_live_region(broker) -> list[bytes]:
@@ -385,10 +383,11 @@ def test_e_start_up_on_a_damaged_file_never_prints_a_traceback(curb_broker, stom
         del data[data.find(body(37, 1000, b"a")[:9]) + 500 :]
     broker.file.write_bytes(data)
     run = start_on(broker, damage)
-    if run.proc.poll() is not None:
+    if run.exited:
         lines = run.stderr().strip().splitlines()
+        status = run.child.process.returncode
         assert "Traceback" not in run.stderr(), run.stderr()
-        assert run.proc.returncode != 0 and len(lines) == 1, f"exit {run.proc.returncode}:\n{run.stderr()}"
+        assert status != 0 and len(lines) == 1, f"exit {status}:\n{run.stderr()}"
         return
     assert SKIPPED.search(run.stderr()), f"started without saying what it skipped:\n{run.stderr()}"
     _, inbox = subscribe(stomp_conn, broker.port, prefetch=100, stderr=run.stderr)

@@ -53,6 +53,7 @@ def test_counters_and_gauges_render_as_typed_prometheus_families():
     metrics.sent, metrics.delivered, metrics.acked, metrics.nacked = 10, 8, 6, 1
     metrics.redelivered, metrics.refused_full, metrics.refused_too_large = 2, 3, 4
     metrics.connections_total, metrics.protocol_errors, metrics.compactions = 5, 6, 7
+    metrics.access_refused, metrics.connections_refused = 8, 9
     families = parse(metrics.prometheus(GAUGES))
 
     counters = {
@@ -64,6 +65,8 @@ def test_counters_and_gauges_render_as_typed_prometheus_families():
         "curb_connections_accepted": 5,
         "curb_protocol_errors": 6,
         "curb_compaction_moves": 7,
+        "curb_access_refused": 8,
+        "curb_connections_refused": 9,
     }
     for name, expected in counters.items():
         assert families[name].type == "counter"
@@ -127,6 +130,8 @@ def test_stats_is_one_flat_json_object_of_gauges_and_counters():
         "connections_total": 0,
         "protocol_errors": 0,
         "compactions": 0,
+        "access_refused": 0,
+        "connections_refused": 0,
         "fsyncs": 1,
         "fsync_seconds_sum": 0.5,
     }

@@ -76,6 +76,9 @@ class FakeLog:
         assert rec.payload is not None
         return rec.payload
 
+    def delivered(self, rec: Record) -> None:
+        rec.deliveries += 1
+
     def next_ready(self) -> Record | None:
         return self.ready.popleft() if self.ready else None
 
@@ -513,3 +516,17 @@ def test_shutdown_stops_reading_for_good_and_returns_the_wip():
     assert not peer.session.reading, "a drained transport does not undo the shutdown"
     world.broker.close_sessions()
     assert peer.raw() == b"" and peer.session.close_wanted == "close"
+
+
+def test_each_delivery_is_counted_by_the_log_and_shown_to_the_consumer():
+    world = World()
+    peer = world.session()
+    peer.connect()
+    peer.send("SEND", body=b"a")
+    peer.send("SUBSCRIBE", id="s", destination="/queue/curb", ack="client-individual")
+    seen = []
+    for _ in range(3):
+        [message] = peer.frames()
+        seen.append((message.headers.get("redelivered"), message.headers.get("curb-deliveries")))
+        peer.send("NACK", id=message.headers["ack"])
+    assert seen == [(None, None), ("true", "2"), ("true", "3")]

@@ -15,6 +15,7 @@ from conftest import CURB, STARTUP_S, free_port, wait_until
 
 import curb
 from curb.client import Client
+from curb.spawn import BrokerProcess
 from curb.systemd import listen_sockets, notify
 
 UNITS = Path(curb.__file__).parent / "units"
@@ -167,13 +168,6 @@ def env_without_notify_socket() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if name != "NOTIFY_SOCKET"}
 
 
-def start_curb(argv: list[str], stderr: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    with open(stderr, "wb") as err:
-        return subprocess.Popen(
-            argv, cwd=stderr.parent, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err
-        )
-
-
 def test_ready_comes_after_recovery_and_stopping_on_sigterm(curb_broker, notify_socket, tmp_path):
     first = curb_broker(env=env_without_notify_socket())
     with Client("127.0.0.1", first.port) as client:
@@ -182,24 +176,23 @@ def test_ready_comes_after_recovery_and_stopping_on_sigterm(curb_broker, notify_
         client.wait_receipt("r2")
     assert first.stop() == 0
 
-    port, stderr = free_port(), tmp_path / "notified.stderr"
-    proc = start_curb([*CURB, "-cap", "10MiB", "-addr", f"127.0.0.1:{port}", "-file", str(first.file)], stderr)
+    child = BrokerProcess(cwd=tmp_path, timeout=STARTUP_S)
     try:
+        port = child.start(["-cap", "10MiB", "-addr", "127.0.0.1:0", "-file", str(first.file)])
         ready = notify_socket.recv(4096).decode().split("\n")
         assert "READY=1" in ready
         assert any(re.match(r"STATUS=.*\b3 recovered messages", line) for line in ready), ready
-        assert "recovered 3 messages" in stderr.read_text()
+        assert "recovered 3 messages" in child.output()
         client = Client("127.0.0.1", port, timeout=5)
         try:
             assert client.connect().command == "CONNECTED"
         finally:
             client.close()
-        proc.send_signal(signal.SIGTERM)
+        child.process.send_signal(signal.SIGTERM)
         assert notify_socket.recv(4096) == b"STOPPING=1"
-        assert proc.wait(timeout=STARTUP_S) == 0
+        assert child.stop(timeout=STARTUP_S) == 0
     finally:
-        proc.kill()
-        proc.wait()
+        child.kill()
 
 
 @pytest.mark.skipif(
@@ -207,23 +200,29 @@ def test_ready_comes_after_recovery_and_stopping_on_sigterm(curb_broker, notify_
     reason="systemd-socket-activate is missing (Debian package: systemd)",
 )
 def test_socket_activation_serves_a_stomp_client_on_the_passed_socket(tmp_path, stomp_conn):
+    # Not curb.spawn: systemd-socket-activate starts the broker only at the first
+    # connection, so there is no start-up line to wait for; its own line says it listens.
     port, ignored, stderr = free_port(), free_port(), tmp_path / "activated.stderr"
-    proc = start_curb(
-        [
-            "systemd-socket-activate",
-            "-l",
-            f"127.0.0.1:{port}",
-            *CURB,
-            "-cap",
-            "1MiB",
-            "-addr",
-            f"127.0.0.1:{ignored}",
-            "-file",
-            str(tmp_path / "q.log"),
-        ],
-        stderr,
-        env=env_without_notify_socket(),
-    )
+    with stderr.open("wb") as err:
+        proc = subprocess.Popen(
+            [
+                "systemd-socket-activate",
+                "-l",
+                f"127.0.0.1:{port}",
+                *CURB,
+                "-cap",
+                "1MiB",
+                "-addr",
+                f"127.0.0.1:{ignored}",
+                "-file",
+                str(tmp_path / "q.log"),
+            ],
+            cwd=tmp_path,
+            env=env_without_notify_socket(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     try:
         assert wait_until(lambda: f"Listening on 127.0.0.1:{port}" in stderr.read_text(), STARTUP_S)
         conn, inbox = stomp_conn(port)

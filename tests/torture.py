@@ -35,7 +35,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from curb.client import Client, StompError
+from curb.spawn import BrokerProcess, StartError
 
 HOST = "127.0.0.1"
 PRODUCERS = 2
@@ -71,7 +71,6 @@ HISTORY = 6  # deliveries remembered per message, for the examples
 ID_HEADER = "torture-id"
 LOG_NAME = "curb.log"
 STDERR_NAME = "curb.stderr"
-_LISTENING = re.compile(r"listening on \S*?:(\d+)")
 _SIZE = re.compile(r"\s*(\d+)\s*(B|KiB|MiB|GiB)?\s*", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
 _STACK_LINES = ("Traceback (most recent call last):", "protocol: ", "transport: ", "handle: ")
@@ -381,72 +380,48 @@ class Consumer(Worker):
             client.nack(ack_id, receipt=receipt)
 
 
-class BrokerProcess:
-    """The real `python -m curb` on one file and port; its stderr, across restarts, goes
-    to one file so that a failure can show it."""
+class TortureBroker:
+    """The real broker on one file and port (port 0: the kernel picks it at the first
+    start and restarts keep it), started by curb.spawn as every tool starts it. Its stderr,
+    across restarts, goes to one file so that a failure can show it. Answers are None when
+    all went well, else what happened, for the cycle's report."""
 
     def __init__(self, workdir: Path, cap: str, port: int) -> None:
-        self.workdir = workdir
         self.file = workdir / LOG_NAME
-        self.stderr_path = workdir / STDERR_NAME
         self.cap = cap
         self.port = port
-        self.proc: subprocess.Popen | None = None
+        self.child = BrokerProcess(cwd=workdir, output=workdir / STDERR_NAME, timeout=STARTUP_S)
 
     def start(self) -> str | None:
-        """Start and wait for `listening on`; None when ready, else why not (with stderr)."""
-        seen = self.stderr_path.stat().st_size if self.stderr_path.exists() else 0
-        argv = [sys.executable, "-m", "curb", "-cap", self.cap, "-addr", f"{HOST}:{self.port}", "-file", str(self.file)]
-        with open(self.stderr_path, "ab") as err:
-            self.proc = subprocess.Popen(
-                argv, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err
-            )
-        deadline = time.monotonic() + STARTUP_S
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            if _LISTENING.search(self.stderr_text()[seen:]):
-                return None
-            time.sleep(0.02)
-        status = self.proc.poll()
-        self.kill()
-        why = f"exited with status {status}" if status is not None else f"not listening within {STARTUP_S:.0f}s"
-        return f"broker {why}: {' '.join(argv)}\n{self.stderr_text()[seen:]}"
+        try:
+            self.port = self.child.start(["-cap", self.cap, "-addr", f"{HOST}:{self.port}", "-file", str(self.file)])
+        except StartError as err:
+            return f"broker {err}"
+        return None
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.child.running()
 
     def kill(self) -> None:
         """SIGKILL: a crash with no chance to sync or answer."""
-        if self.proc is None:
-            return
-        if self.alive():
-            self.proc.kill()
-        self.proc.wait(STARTUP_S)
+        self.child.kill()
 
     def stop(self) -> str | None:
-        """SIGTERM and wait; None for a clean exit, else what happened."""
+        """SIGTERM and wait."""
         if not self.alive():
             return None
-        proc = self.proc
-        assert proc is not None, "alive() is true only with a process"
-        proc.send_signal(signal.SIGTERM)
         try:
-            status = proc.wait(STARTUP_S)
+            status = self.child.stop(signal.SIGTERM, STARTUP_S)
         except subprocess.TimeoutExpired:
             self.kill()
             return f"broker ignored SIGTERM for {STARTUP_S:.0f}s"
         return None if status == 0 else f"broker exited with status {status} after SIGTERM"
 
     def stderr_text(self) -> str:
-        return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
+        return self.child.output()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
-
-
-def watch(broker: BrokerProcess, ledger: Ledger, seconds: float) -> bool:
+def watch(broker: TortureBroker, ledger: Ledger, seconds: float) -> bool:
     """Let the run go on for `seconds`, sampling the file size; False if the broker died."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -457,7 +432,7 @@ def watch(broker: BrokerProcess, ledger: Ledger, seconds: float) -> bool:
     return broker.alive()
 
 
-def one_cycle(number: int, broker: BrokerProcess, ledger: Ledger, seed: str, rng: random.Random) -> str | None:
+def one_cycle(number: int, broker: TortureBroker, ledger: Ledger, seed: str, rng: random.Random) -> str | None:
     """Load, SIGKILL, wait for every client to notice, restart; None or the failure."""
     life = Run(number)
     workers: list[Worker] = [Producer(f"p{i}", life, broker.port, ledger, seed) for i in range(PRODUCERS)]
@@ -552,7 +527,7 @@ def torture(cycles: int, cap: str, seed: str, port: int, workdir: Path, progress
     """The whole run; returns the summary (its `failures` list is empty when all is well)."""
     began = time.monotonic()
     ledger = Ledger()
-    broker = BrokerProcess(workdir, cap, port)
+    broker = TortureBroker(workdir, cap, port)
     rng = random.Random(seed)
     failures: list[str] = []
     done = 0
@@ -594,7 +569,7 @@ def summarize(
     seed: str,
     port: int,
     workdir: Path,
-    broker: BrokerProcess,
+    broker: TortureBroker,
     seconds: float,
 ) -> dict[str, object]:
     """Figures and verdict in one dict (one JSON line with --json); `lost` needs a
@@ -696,7 +671,7 @@ def main(argv: Iterable[str] = sys.argv[1:]) -> int:
     if args.dir is not None:
         args.dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="curb-torture-", dir=args.dir))
-    summary = torture(args.cycles, args.cap, seed, args.port or free_port(), workdir, not args.quiet)
+    summary = torture(args.cycles, args.cap, seed, args.port, workdir, not args.quiet)
     print(json.dumps(summary) if args.json else text_report(summary), flush=True)
     if summary["ok"] and args.dir is None:
         shutil.rmtree(workdir, ignore_errors=True)

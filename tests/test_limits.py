@@ -1,0 +1,67 @@
+"""Rate-limited lines and the connection limit, in memory: curb.ratelimit, Broker.admit and
+the loop's handler for accept() failing at the fd limit."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+from test_session_rules import World
+
+from curb import cli
+from curb.ratelimit import LineLimit
+
+
+@pytest.mark.parametrize(
+    "times, lines",
+    [
+        ([0.0], [1]),
+        ([0.0, 1.0, 2.0], [1, 0, 0]),
+        ([0.0, 1.0, 9.9, 10.0], [1, 0, 0, 3]),
+        ([5.0, 20.0, 21.0, 31.0], [1, 1, 0, 2]),
+    ],
+)
+def test_a_line_is_due_at_once_then_once_per_interval_with_the_count(times, lines):
+    limit = LineLimit(10.0)
+    assert [limit.hit(t) for t in times] == lines
+
+
+def test_connections_past_the_limit_are_refused_counted_and_logged_once_per_interval():
+    world = World()
+    said: list[dict] = []
+    world.broker.events = lambda event, text, **fields: said.append({"event": event, **fields})
+    world.broker.max_connections = 2
+    assert world.broker.admit(0.0)
+    world.session(), world.session()
+    assert [world.broker.admit(t) for t in (1.0, 2.0, 3.0, 11.5)] == [False] * 4
+    assert world.broker.metrics.connections_refused == 4
+    assert said == [
+        {"event": "connection_limit", "limit": 2, "refused": 1},
+        {"event": "connection_limit", "limit": 2, "refused": 3},
+    ]
+
+
+class FakeLoop:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.passed_on: list[dict] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def default_exception_handler(self, context: dict) -> None:
+        self.passed_on.append(context)
+
+
+def test_accept_failures_are_one_line_per_interval_and_other_errors_pass_on():
+    said: list[dict] = []
+    handle = cli._accept_failures_as_lines(lambda event, text, **fields: said.append({"event": event, **fields}))
+    loop = FakeLoop()
+    emfile = {"message": "socket.accept() out of system resource", "exception": OSError(errno.EMFILE, "Too many")}
+    for now in (0.0, 0.5, 1.0, 10.0):
+        loop.now = now
+        handle(loop, emfile)
+    other = {"message": "something else", "exception": RuntimeError("boom")}
+    handle(loop, other)
+    assert [(s["event"], s["failures"]) for s in said] == [("accept_failed", 1), ("accept_failed", 3)]
+    assert loop.passed_on == [other]

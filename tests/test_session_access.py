@@ -1,0 +1,173 @@
+"""Access rules of the sans-I/O session: logins against a users file, the permission each
+frame needs, the delayed refusal and the CONNECT timeout, all on a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+from test_session_rules import World, commands
+
+from curb import users
+from curb.frame import Frame, encode
+from curb.session import permission_needed
+
+CHEAP = {"n": 16, "r": 1, "p": 1}  # a valid scrypt hash that is quick to check in tests
+USERS = {
+    "all": users.User("all", users.hash_password("pw-all", **CHEAP), frozenset(users.PERMISSIONS)),
+    "producer": users.User("producer", users.hash_password("pw-p", **CHEAP), frozenset({"send"})),
+    "consumer": users.User("consumer", users.hash_password("pw-c", **CHEAP), frozenset({"consume"})),
+    "watcher": users.User("watcher", users.hash_password("pw-w", **CHEAP), frozenset({"count"})),
+    "certonly": users.User("certonly", users.NO_PASSWORD, frozenset({"send"})),
+}
+
+
+def world_with_users() -> World:
+    world = World()
+    world.broker.users = USERS
+    return world
+
+
+def connect(world: World, identity: str | None = None, now: float = 0.0, **headers: str):
+    peer = world.session(now)
+    peer.session.identity = identity
+    peer.feed(encode("CONNECT", {"accept-version": "1.2", **headers}), now)
+    return peer
+
+
+@pytest.mark.parametrize(
+    "headers, identity, user",
+    [
+        ({"login": "all", "passcode": "pw-all"}, None, "all"),
+        ({"login": "producer", "passcode": "pw-p"}, None, "producer"),
+        ({"login": "producer", "passcode": "pw-p"}, "consumer", "producer"),  # a login wins over the cert
+        ({}, "consumer", "consumer"),  # the certificate's CN names the user
+        ({}, "certonly", "certonly"),
+    ],
+)
+def test_valid_credentials_connect(headers, identity, user):
+    world = world_with_users()
+    peer = connect(world, identity, **headers)
+    assert commands(peer.frames()) == ["CONNECTED"]
+    assert peer.session.user == user
+    assert peer.session.permissions == USERS[user].permissions
+
+
+@pytest.mark.parametrize(
+    "headers, identity",
+    [
+        ({"login": "all", "passcode": "wrong"}, None),
+        ({"login": "all"}, None),
+        ({"login": "nobody", "passcode": "pw-all"}, None),
+        ({"login": "certonly", "passcode": "!"}, None),  # no password logs in a cert-only user
+        ({"login": "certonly", "passcode": ""}, None),
+        ({}, None),
+        ({}, "stranger"),  # a certificate the CA signed, but no such user
+        ({"login": "all", "passcode": "wrong"}, "all"),
+    ],
+)
+def test_bad_credentials_are_refused_after_the_same_delay(headers, identity):
+    world = world_with_users()
+    refused = []
+    world.broker.events = lambda event, text, **fields: refused.append((event, fields))
+    peer = connect(world, identity, now=5.0, **headers)
+    session = peer.session
+    assert peer.raw(5.0) == b"", "nothing is said before the delay"
+    assert session.next_deadline == pytest.approx(5.0 + world.broker.refuse_delay)
+    peer.feed(b"SEND\ndestination:/q\n\nx\0", now=5.5)
+    session.tick(5.9)
+    assert peer.raw(5.9) == b""
+    session.tick(6.0)
+    [error] = peer.frames(6.0)
+    assert (error.command, error.headers["message"]) == ("ERROR", "access refused")
+    assert session.close_wanted == "close"
+    assert world.log.unread == 0, "a refused connection stores nothing"
+    assert refused == [
+        ("access_refused", {"peer": "test", "login": headers.get("login", identity)}),
+    ]
+    assert world.broker.metrics.access_refused == 1
+
+
+def test_without_a_users_file_everyone_may_do_everything():
+    world = World()
+    peer = world.session()
+    peer.connect()
+    assert peer.session.permissions is None and peer.session.user is None
+
+
+SUB_QUEUE = ("SUBSCRIBE", {"id": "s", "destination": "/queue/curb"})
+SUB_COUNT = ("SUBSCRIBE", {"id": "c", "destination": "./count"})
+FRAMES = {
+    "send": ("SEND", {"destination": "/queue/curb"}),
+    "subscribe": SUB_QUEUE,
+    "count": SUB_COUNT,
+    "ack": ("ACK", {"id": "1"}),
+    "nack": ("NACK", {"id": "1"}),
+    "ack-count": ("ACK", {"id": "count-1"}),
+    "unsubscribe": ("UNSUBSCRIBE", {"id": "nothing"}),
+    "disconnect": ("DISCONNECT", {}),
+}
+# frame -> the permission it needs (None: any logged-in user may send it)
+NEEDS = {
+    "send": "send",
+    "subscribe": "consume",
+    "count": "count",
+    "ack": "consume",
+    "nack": "consume",
+    "ack-count": "count",
+    "unsubscribe": None,
+    "disconnect": None,
+}
+
+
+@pytest.mark.parametrize("user", ["producer", "consumer", "watcher"])
+@pytest.mark.parametrize("name", list(FRAMES))
+def test_each_frame_needs_its_permission(user, name):
+    command, headers = FRAMES[name]
+    frame = Frame(command, dict(headers), b"")
+    assert permission_needed(frame) == NEEDS[name]
+    world = world_with_users()
+    peer = connect(world, login=user, passcode=f"pw-{user[0]}")
+    assert commands(peer.frames()) == ["CONNECTED"]
+    peer.send(command, receipt="r", **{k.replace("-", "_"): v for k, v in headers.items()})
+    world.log.sync()
+    got = peer.frames()
+    needed = NEEDS[name]
+    if needed is None or needed in USERS[user].permissions:
+        assert all(f.headers.get("message", "").find("permission") < 0 for f in got), got
+    else:
+        [error] = got
+        assert error.command == "ERROR"
+        assert error.headers["message"] == f"{needed} permission needed"
+        assert f"--perm {needed}" in error.body.decode()
+        assert peer.session.close_wanted == "close"
+
+
+def test_a_connection_that_never_connects_is_closed_at_the_connect_timeout():
+    world = World()
+    world.broker.connect_timeout = 10.0
+    peer = world.session(now=100.0)
+    session = peer.session
+    assert session.next_deadline == pytest.approx(110.0)
+    peer.feed(b"CONN", now=105.0)  # half a frame does not count
+    assert session.next_deadline == pytest.approx(110.0)
+    session.tick(109.9)
+    assert peer.raw(109.9) == b"" and session.close_wanted is None
+    session.tick(110.0)
+    [error] = peer.frames(110.0)
+    assert error.headers["message"] == "CONNECT timeout"
+    assert session.close_wanted == "close"
+
+
+def test_a_connected_session_has_no_connect_deadline():
+    world = World()
+    world.broker.connect_timeout = 10.0
+    peer = world.session()
+    peer.connect()
+    assert peer.session.next_deadline is None
+    peer.session.tick(20.0)
+    assert peer.session.close_wanted is None
+
+
+def test_a_zero_connect_timeout_means_no_limit():
+    world = World()
+    world.broker.connect_timeout = 0
+    assert world.session().session.next_deadline is None
