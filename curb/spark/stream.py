@@ -32,7 +32,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from curb.client import Client
-from curb.spark.browse import BROKER_HEADERS, ack_upto, browse, first_live_id, highest_id
+from curb.spark.browse import BROKER_HEADERS, browse, first_live_id
 from curb.spark.connection import EndpointLost, Link, reporting
 from curb.spark.options import MAX_ROWS_NONE, Endpoint, SourceOptions
 from curb.spark.schema import MESSAGE_SCHEMA, ROWS_PER_BATCH, record_batch
@@ -129,7 +129,7 @@ class CurbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _highest(self, endpoint: Endpoint) -> int:
         def ask(client: Client) -> int:
             with reporting(endpoint, "asking for the highest message id"):
-                return highest_id(client)
+                return client.last_id()
 
         return self._link(endpoint).run(ask)
 
@@ -141,8 +141,10 @@ class CurbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 continue
 
             def ack(client: Client, endpoint: Endpoint = endpoint, last: int = last) -> None:
+                """ACK curb-upto, returning once its RECEIPT says the acknowledgement is durable."""
                 with reporting(endpoint, f"acknowledging up to id {last}"):
-                    ack_upto(client, last)
+                    client.ack_upto(last, receipt="upto")
+                    client.wait_receipt("upto")
 
             self._link(endpoint).run(ack)
             self._acked[endpoint.label] = last
