@@ -59,8 +59,14 @@ class LocalBroker:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        """Return once the broker says where it listens; its other output is kept for errors."""
-        self.port = self.child.start(["-cap", self.cap, "-addr", "127.0.0.1:0", "-file", str(self.log), *self.flags])
+        """Return once the broker says where it listens; its other output is kept for errors.
+        A restart listens on the port of the first start, so clients find it where it was."""
+        address = f"127.0.0.1:{self.port}"
+        self.port = self.child.start(["-cap", self.cap, "-addr", address, "-file", str(self.log), *self.flags])
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, with no chance to sync or say goodbye."""
+        self.child.kill()
 
     def stop(self) -> None:
         """SIGTERM: the broker drains its syncs and receipts and exits."""

@@ -12,9 +12,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from curb.scan import LogReader
-from curb.spark.schema import LOG_SCHEMA, record_batch
-
-ROWS_PER_BATCH = 4096
+from curb.spark.schema import LOG_SCHEMA, ROWS_PER_BATCH, record_batch
 
 
 class LogFileReader(DataSourceReader):

@@ -1,8 +1,9 @@
 """Options of the `curb` Spark format, parsed and checked before any connection is made.
 
 Spark hands options over as a case-insensitive map of strings. Every mistake becomes an
-`OptionError` whose message names the option, so a query fails at start with a reason a
-user can act on instead of a connection error later.
+`OptionError` whose one-line message names the option and what it accepts, so a query fails
+at `load()` (or when the writer is made) instead of with a connection error later. An option
+the chosen mode does not know is a mistake too: a typo must not run with defaults.
 """
 
 from __future__ import annotations
@@ -13,14 +14,22 @@ from dataclasses import dataclass
 
 from curb.addr import parse_addr
 
-DEFAULT_BATCH_SIZE = 1000
-DEFAULT_POLL_MS = 100
 DEFAULT_WINDOW = 1000
-DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_TIMEOUT_S = 30
+DEFAULT_RECONNECT_TIMEOUT_S = 60
+DEFAULT_ROWS_PER_PARTITION = 25_000
+MAX_ROWS_NONE = 0  # maxRowsPerBatch 0: each micro-batch takes everything available
+
+# Names as the README's option table spells them; Spark matches them case-insensitively.
+CONNECTION_OPTIONS = ("endpoints", "login", "passcode", "heartbeat", "timeout")
+SOURCE_OPTIONS = (*CONNECTION_OPTIONS, "reconnectTimeout", "maxRowsPerBatch", "rowsPerPartition")
+SINK_OPTIONS = (*CONNECTION_OPTIONS, "window", "key")
+# What Spark itself may add to a data source's options.
+SPARK_OPTIONS = ("path", "paths", "checkpointLocation")
 
 
 class OptionError(ValueError):
-    """A `curb` format option is missing or malformed; the message names the option."""
+    """A `curb` format option is missing or malformed; the one-line message names the option."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +55,9 @@ class Connection:
 class SourceOptions:
     endpoints: tuple[Endpoint, ...]
     connection: Connection
-    batch_size: int
-    prefetch: int
-    poll_ms: int
+    reconnect_timeout_s: float  # how long an endpoint may be unreachable before the query fails
+    max_rows_per_batch: int  # per endpoint and micro-batch; MAX_ROWS_NONE for no limit
+    rows_per_partition: int  # the id span one Spark task reads
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,28 +100,29 @@ def parse_endpoints(options: Mapping[str, str]) -> tuple[Endpoint, ...]:
 
 
 def parse_source(options: Mapping[str, str]) -> SourceOptions:
-    lowered = _lowered(options)
-    batch_size = _positive_int(lowered, "batchSize", DEFAULT_BATCH_SIZE)
-    prefetch = _positive_int(lowered, "prefetch", 2 * batch_size)
-    if prefetch < 2 * batch_size:
+    lowered = _known(options, SOURCE_OPTIONS, "a streaming read (spark.readStream)")
+    max_rows = _int(lowered, "maxRowsPerBatch", MAX_ROWS_NONE)
+    if max_rows < 0:
         raise OptionError(
-            f"curb option 'prefetch' ({prefetch}) must be at least twice 'batchSize' ({batch_size}): "
-            "the broker must be able to deliver the next batch while the current one awaits its commit"
+            f"curb option 'maxRowsPerBatch' must be 0 (no limit) or a positive number of rows, got {max_rows}"
         )
     return SourceOptions(
         parse_endpoints(options),
         _connection(lowered),
-        batch_size,
-        prefetch,
-        _positive_int(lowered, "pollMs", DEFAULT_POLL_MS),
+        float(_positive_int(lowered, "reconnectTimeout", DEFAULT_RECONNECT_TIMEOUT_S, "seconds")),
+        max_rows,
+        _positive_int(lowered, "rowsPerPartition", DEFAULT_ROWS_PER_PARTITION, "message ids"),
     )
 
 
 def parse_sink(options: Mapping[str, str]) -> SinkOptions:
-    lowered = _lowered(options)
+    lowered = _known(options, SINK_OPTIONS, "a write (df.write or df.writeStream)")
     key = lowered.get("key") or None
     return SinkOptions(
-        parse_endpoints(options), _connection(lowered), _positive_int(lowered, "window", DEFAULT_WINDOW), key
+        parse_endpoints(options),
+        _connection(lowered),
+        _positive_int(lowered, "window", DEFAULT_WINDOW, "receipts"),
+        key,
     )
 
 
@@ -130,23 +140,33 @@ def parse_paths(options: Mapping[str, str]) -> list[str]:
             "curb: a batch read needs log files: spark.read.format('curb').load('path/to/curb.log'); "
             "to consume a live queue use spark.readStream with option 'endpoints'"
         )
+    _known(options, (), "a batch read of log files (spark.read.load(path))")
     return paths
+
+
+def _known(options: Mapping[str, str], names: tuple[str, ...], mode: str) -> dict[str, str]:
+    """The options lower-cased, once every name is one `mode` knows; OptionError naming the first stranger."""
+    lowered = _lowered(options)
+    allowed = {name.lower() for name in (*names, *SPARK_OPTIONS)}
+    for name in options:
+        if name.lower() not in allowed:
+            listed = ", ".join(names) if names else "none but the path"
+            raise OptionError(f"curb option {name!r} is unknown for {mode}; the options are: {listed}")
+    return lowered
 
 
 def _connection(lowered: Mapping[str, str]) -> Connection:
     heartbeat = _int(lowered, "heartbeat", 0)
     if heartbeat < 0:
         raise OptionError(f"curb option 'heartbeat' must be 0 (off) or a number of milliseconds, got {heartbeat}")
-    timeout = _int(lowered, "timeout", int(DEFAULT_TIMEOUT_S))
-    if timeout <= 0:
-        raise OptionError(f"curb option 'timeout' must be a positive number of seconds, got {timeout}")
+    timeout = _positive_int(lowered, "timeout", DEFAULT_TIMEOUT_S, "seconds")
     return Connection(lowered.get("login"), lowered.get("passcode"), heartbeat, float(timeout))
 
 
-def _positive_int(lowered: Mapping[str, str], name: str, default: int) -> int:
+def _positive_int(lowered: Mapping[str, str], name: str, default: int, unit: str) -> int:
     value = _int(lowered, name, default)
     if value <= 0:
-        raise OptionError(f"curb option '{name}' must be a positive integer, got {value}")
+        raise OptionError(f"curb option '{name}' must be a positive number of {unit}, got {value}")
     return value
 
 

@@ -12,7 +12,6 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     BinaryType,
-    BooleanType,
     IntegerType,
     LongType,
     MapType,
@@ -22,6 +21,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+# Rows per Arrow batch a reader hands Spark: large enough to amortise the hand-over, small
+# enough that a task's memory does not grow with its partition.
+ROWS_PER_BATCH = 4096
+
 HEADERS = MapType(StringType(), StringType())
 
 MESSAGE_SCHEMA = StructType(
@@ -29,7 +32,6 @@ MESSAGE_SCHEMA = StructType(
         StructField("endpoint", StringType(), False),
         StructField("seq", LongType(), False),
         StructField("message_id", StringType(), False),
-        StructField("redelivered", BooleanType(), False),
         StructField("headers", HEADERS, False),
         StructField("body", BinaryType(), False),
     ]

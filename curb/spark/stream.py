@@ -1,204 +1,214 @@
-"""Curb as a Spark Structured Streaming source, at least once.
+"""Curb as a Spark Structured Streaming source, exactly once into an idempotent sink.
 
-Spark runs this reader in one long-lived driver-side process per query run, so it keeps one
-STOMP connection per endpoint across micro-batches (opened lazily: the reader is also pickled
-by a planner process). A message is ACKed only once the micro-batch holding it is in Spark's
-commit log, which is the case for every batch up to `start` when Spark asks for the next batch
-in `read(start)`, and up to `end` in `commit(end)`. Spark does not call `commit` for the last
-batch of an `availableNow` run, so `read` acknowledges too. The final ACK of each round carries
-a receipt and is awaited, so an acknowledgement is durable in Curb before the batch after it runs.
+The offset is, per endpoint, the highest message id a batch covers (JSON: {"host:port": id}).
+Message ids only grow and are never reused, so a batch is the id range (start, end] of each
+endpoint, fixed when the driver plans it:
 
-The offset is, per endpoint, how many messages this query has taken from it: it only grows,
-so a batch with rows always moves it. Nothing is replayed from an offset: when a query dies,
-its connections drop and Curb redelivers every message not yet ACKed to the restarted query.
+- `latestOffset` asks each endpoint for its highest id (a browse that returns only its end
+  marker), at most `maxRowsPerBatch` ids past the start, and at most what was there when an
+  availableNow run began.
+- `partitions` cuts each range into spans of `rowsPerPartition` ids, and `read` runs on the
+  executors: each task opens its own connection and browses its span. A browse changes
+  nothing in the broker, so a batch replayed after a failure reads exactly the same rows.
+- `commit(end)` acknowledges every message up to `end` (`ACK curb-upto`) and waits for the
+  receipt: only then are they gone, and only once Spark has the batch in its commit log.
+  Spark asks for the next batch from a committed offset only, so `latestOffset` acknowledges
+  up to its start too: a driver killed between the commit log and `commit` leaves nothing behind.
+
+The rule this needs: the query is the only consumer of those brokers. Messages another
+consumer acknowledges before a batch reads them are not in the batch (at most once for
+them); a message cannot appear in a range already planned, since new messages get higher ids.
+A new query starts just before the lowest live id (a binary search by browse), so it reads
+what is queued; an endpoint added to an existing query joins at its highest id (later messages).
 """
 
 from __future__ import annotations
 
-import time
-from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pyarrow as pa
-from pyspark.sql.datasource import SimpleDataSourceStreamReader
-from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from curb.client import Client
-from curb.frame import Frame
-from curb.spark.connection import EndpointError, open_client, reporting
-from curb.spark.options import Endpoint, SourceOptions
-from curb.spark.schema import MESSAGE_SCHEMA, record_batch
-
-QUEUE_SUBSCRIPTION = "queue"
-COUNT_SUBSCRIPTION = "count"
-# Headers the broker adds to a MESSAGE; the rest are the producer's and go to the `headers` column.
-BROKER_HEADERS = frozenset(
-    {"subscription", "message-id", "ack", "destination", "content-length", "redelivered", "curb-deliveries"}
-)
-# How long one wait on one endpoint may block while others may have messages.
-WAIT_SLICE_S = 0.01
-# A pause this long ends a burst of frames: what came so far makes the batch.
-GAP_S = 0.005
+from curb.spark.browse import BROKER_HEADERS, browse, first_live_id
+from curb.spark.connection import EndpointLost, Link, reporting
+from curb.spark.options import MAX_ROWS_NONE, Endpoint, SourceOptions
+from curb.spark.schema import MESSAGE_SCHEMA, ROWS_PER_BATCH, record_batch
 
 
-class _Consumer:
-    """One endpoint: its connection, messages received but not yet in a batch, and batches awaiting ACK."""
+@dataclass(frozen=True)
+class IdSpan(InputPartition):
+    """What one Spark task reads: the live messages of `endpoint` with `after` < id <= `last`."""
 
-    def __init__(self, endpoint: Endpoint, client: Client, prefetch: int) -> None:
-        self.endpoint = endpoint
-        self.client = client
-        self.received: deque[Frame] = deque()
-        # (the endpoint's offset at the end of a batch, the ack ids of that batch), oldest first
-        self.unacked: deque[tuple[int, list[str]]] = deque()
-        self.ready: int | None = None  # the broker's rdy count, once subscribed to ./count
-        self.receipts = 0
-        with reporting(endpoint, "subscribing"):
-            client.subscribe(sub_id=QUEUE_SUBSCRIPTION, ack="client-individual", prefetch=prefetch)
-
-    def receive(self, limit: int, timeout: float) -> None:
-        """Take frames until `limit` messages wait, the first frame took longer than `timeout`,
-        or a later one longer than GAP_S."""
-        with reporting(self.endpoint, "receiving"):
-            while len(self.received) < limit:
-                frame = self.client.receive(timeout)
-                if frame is None:
-                    return
-                self._take(frame)
-                timeout = GAP_S
-
-    def _take(self, frame: Frame) -> None:
-        if frame.command != "MESSAGE":
-            return
-        subscription = frame.headers.get("subscription")
-        if subscription == QUEUE_SUBSCRIPTION:
-            self.received.append(frame)
-        elif subscription == COUNT_SUBSCRIPTION:
-            self.ready = int(frame.headers["rdy"])
-
-    def ack_through(self, offset: int) -> None:
-        """ACK every emitted batch that ends at or before `offset`; the last ACK's RECEIPT is awaited."""
-        ids: list[str] = []
-        while self.unacked and self.unacked[0][0] <= offset:
-            ids.extend(self.unacked.popleft()[1])
-        if not ids:
-            return
-        self.receipts += 1
-        receipt = f"ack-{self.receipts}"
-        with reporting(self.endpoint, "acknowledging"):
-            for ack_id in ids[:-1]:
-                self.client.ack(ack_id)
-            self.client.ack(ids[-1], receipt=receipt)
-            for frame in self.client.wait_receipt(receipt):
-                self._take(frame)
-
-    def count(self) -> int:
-        """Subscribe to ./count and return how many messages are ready for this query right now."""
-        with reporting(self.endpoint, "subscribing to ./count"):
-            self.client.subscribe(sub_id=COUNT_SUBSCRIPTION, destination="./count", ack="auto")
-            while self.ready is None:
-                frame = self.client.receive(self.client.timeout)
-                if frame is None:
-                    raise EndpointError(
-                        f"curb endpoint {self.endpoint.label}: no reply on ./count within {self.client.timeout:.0f}s"
-                    )
-                self._take(frame)
-        return self.ready + len(self.received)
-
-    def drained(self) -> bool:
-        return self.ready == 0 and not self.received
-
-    def emit(self, limit: int, offset: int, columns: list[list]) -> int:
-        """Move up to `limit` received messages into `columns`; record them as a batch ending past `offset`."""
-        taken = min(limit, len(self.received))
-        if not taken:
-            return 0
-        ids = []
-        for _ in range(taken):
-            frame = self.received.popleft()
-            headers = frame.headers
-            ids.append(headers["ack"])
-            row = (
-                self.endpoint.label,
-                int(headers["message-id"]),
-                headers["message-id"],
-                headers.get("redelivered") == "true",
-                {name: value for name, value in headers.items() if name not in BROKER_HEADERS},
-                frame.body,
-            )
-            for column, value in zip(columns, row, strict=True):
-                column.append(value)
-        self.unacked.append((offset + taken, ids))
-        return taken
+    endpoint: Endpoint
+    after: int
+    last: int
 
 
-class CurbStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
+def spans(endpoint: Endpoint, after: int, last: int, size: int) -> list[IdSpan]:
+    """(after, last] cut into consecutive spans of at most `size` ids."""
+    return [IdSpan(endpoint, start, min(start + size, last)) for start in range(after, last, size)]
+
+
+class CurbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
-        self._consumers: list[_Consumer] | None = None
-        # messages each endpoint may still give in an availableNow run (None: no such limit)
-        self._remaining: dict[str, int] | None = None
+        self._links: dict[str, Link] = {}  # driver side, opened on first use
+        self._acked: dict[str, int] = {}  # per endpoint, the highest id acknowledged by this process
+        self._available_now: dict[str, int] | None = None  # the highest ids when an availableNow run began
 
     def __getstate__(self) -> dict:
-        return {"options": self.options, "_consumers": None, "_remaining": None}
+        """Executors and Spark's planner get the options only, never the driver's connections."""
+        return {"options": self.options, "_links": {}, "_acked": {}, "_available_now": None}
 
     def initialOffset(self) -> dict:
-        return {endpoint.label: 0 for endpoint in self.options.endpoints}
+        return {endpoint.label: self._before_lowest_live(endpoint) for endpoint in self.options.endpoints}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_rows_per_batch == MAX_ROWS_NONE:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.options.max_rows_per_batch * len(self.options.endpoints))
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._remaining = {consumer.endpoint.label: consumer.count() for consumer in self._connected()}
+        self._available_now = {endpoint.label: self._highest(endpoint) for endpoint in self.options.endpoints}
 
-    def read(self, start: dict) -> tuple[Iterator[pa.RecordBatch], dict]:
-        consumers = self._connected()
-        for consumer in consumers:
-            consumer.ack_through(start.get(consumer.endpoint.label, 0))
-        self._wait_for_messages(consumers)
-        columns: list[list] = [[] for _ in MESSAGE_SCHEMA.fields]
-        end = dict(start)
-        for consumer in consumers:
-            label = consumer.endpoint.label
-            taken = consumer.emit(self._limit(consumer), start.get(label, 0), columns)
-            end[label] = start.get(label, 0) + taken
-            if self._remaining is not None:
-                self._remaining[label] -= taken
-        if not columns[0]:
-            return iter([]), start
-        return iter([record_batch(MESSAGE_SCHEMA, columns)]), end
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        self._acknowledge(start)
+        per_endpoint = None
+        if isinstance(limit, ReadMaxRows):
+            per_endpoint = max(1, limit.max_rows // len(self.options.endpoints))
+        end = {}
+        for endpoint in self.options.endpoints:
+            highest = self._highest(endpoint)
+            if self._available_now is not None:
+                highest = min(highest, self._available_now[endpoint.label])
+            if endpoint.label not in start:
+                end[endpoint.label] = highest
+                continue
+            first = start[endpoint.label]
+            if per_endpoint is not None:
+                highest = min(highest, first + per_endpoint)
+            end[endpoint.label] = max(first, highest)
+        return end
 
-    def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[tuple]:
-        """Replay of a batch that was planned but not committed before a restart: nothing.
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        planned: list[InputPartition] = []
+        for endpoint in self.options.endpoints:
+            last = end.get(endpoint.label)
+            if last is None:
+                continue
+            planned += spans(endpoint, start.get(endpoint.label, last), last, self.options.rows_per_partition)
+        return planned
 
-        Its messages were never ACKed, so Curb redelivers them and they come in a later batch."""
-        return iter([])
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """On an executor: the span's messages as Arrow batches, from a connection of this task's own."""
+        assert isinstance(partition, IdSpan)
+        link = Link(partition.endpoint, self.options.connection, self.options.reconnect_timeout_s)
+        try:
+            yield from _browse_span(link, partition)
+        finally:
+            link.close()
 
     def commit(self, end: dict) -> None:
-        for consumer in self._connected():
-            consumer.ack_through(end.get(consumer.endpoint.label, 0))
+        self._acknowledge(end)
 
-    def _connected(self) -> list[_Consumer]:
-        if self._consumers is None:
-            self._consumers = [
-                _Consumer(endpoint, open_client(endpoint, self.options.connection), self.options.prefetch)
-                for endpoint in self.options.endpoints
-            ]
-        return self._consumers
+    def stop(self) -> None:
+        for link in self._links.values():
+            link.close()
 
-    def _limit(self, consumer: _Consumer) -> int:
-        """How many messages the next batch may take from this consumer's endpoint."""
-        if self._remaining is None:
-            return self.options.batch_size
-        return min(self.options.batch_size, self._remaining[consumer.endpoint.label])
+    def _link(self, endpoint: Endpoint) -> Link:
+        link = self._links.get(endpoint.label)
+        if link is None:
+            link = self._links[endpoint.label] = Link(
+                endpoint, self.options.connection, self.options.reconnect_timeout_s
+            )
+        return link
 
-    def _wait_for_messages(self, consumers: list[_Consumer]) -> None:
-        """Take in what has arrived; if that gives no row, wait: up to `pollMs` in a continuous
-        query, until every endpoint is drained or exhausted in an availableNow run."""
-        for consumer in consumers:
-            consumer.receive(self._limit(consumer), 0)
-        deadline = time.monotonic() + self.options.poll_ms / 1000
-        while not any(min(len(consumer.received), self._limit(consumer)) for consumer in consumers):
-            if self._remaining is None:
-                if time.monotonic() >= deadline:
-                    return
-            elif all(consumer.drained() or not self._limit(consumer) for consumer in consumers):
-                return
-            for consumer in consumers:
-                consumer.receive(self._limit(consumer), WAIT_SLICE_S)
+    def _highest(self, endpoint: Endpoint) -> int:
+        def ask(client: Client) -> int:
+            with reporting(endpoint, "asking for the highest message id"):
+                return client.last_id()
+
+        return self._link(endpoint).run(ask)
+
+    def _acknowledge(self, offset: dict) -> None:
+        """ACK every message up to `offset` on each endpoint it moves past what this process acknowledged."""
+        for endpoint in self.options.endpoints:
+            last = offset.get(endpoint.label, 0)
+            if last <= self._acked.get(endpoint.label, 0):
+                continue
+
+            def ack(client: Client, endpoint: Endpoint = endpoint, last: int = last) -> None:
+                """ACK curb-upto, returning once its RECEIPT says the acknowledgement is durable."""
+                with reporting(endpoint, f"acknowledging up to id {last}"):
+                    client.ack_upto(last, receipt="upto")
+                    client.wait_receipt("upto")
+
+            self._link(endpoint).run(ack)
+            self._acked[endpoint.label] = last
+
+    def _before_lowest_live(self, endpoint: Endpoint) -> int:
+        """The id just below the lowest live message (the highest id if none is live).
+
+        A browse lists messages in log order, which is id order except where compaction moved
+        a message, so the first one listed is only an upper bound: a binary search narrows
+        (no live id <= low, a live id at high) with browses that stop at their first message."""
+        link = self._link(endpoint)
+        high = self._highest(endpoint)
+
+        def first_at_most(last: int) -> int | None:
+            def probe(client: Client) -> int | None:
+                with reporting(endpoint, "looking for the lowest live message id"):
+                    return first_live_id(client, last)
+
+            try:
+                return link.run(probe)
+            finally:
+                link.close()  # the browse is still streaming: this connection is done
+
+        found = first_at_most(high) if high else None
+        if found is None:
+            return high
+        low, high = 0, found
+        while high - low > 1:
+            middle = (low + high) // 2
+            found = first_at_most(middle)
+            low, high = (middle, high) if found is None else (low, found)
+        return high - 1
+
+
+def _browse_span(link: Link, span: IdSpan) -> Iterator[pa.RecordBatch]:
+    """The span's rows in batches of ROWS_PER_BATCH. After an outage the browse starts over and
+    skips the ids already given: a retried browse lists the same messages, maybe in another order."""
+    label = span.endpoint.label
+    given: set[int] = set()
+    columns: list[list] = [[] for _ in MESSAGE_SCHEMA.fields]
+    endpoints, seqs, message_ids, header_maps, bodies = columns
+    while True:
+        try:
+            with reporting(span.endpoint, f"reading ids {span.after + 1}..{span.last}"):
+                for frame in browse(link.client(), span.after + 1, span.last):
+                    headers = frame.headers
+                    message_id = headers["message-id"]
+                    seq = int(message_id)
+                    if seq in given:
+                        continue
+                    given.add(seq)
+                    endpoints.append(label)
+                    seqs.append(seq)
+                    message_ids.append(message_id)
+                    header_maps.append({name: value for name, value in headers.items() if name not in BROKER_HEADERS})
+                    bodies.append(frame.body)
+                    if len(seqs) == ROWS_PER_BATCH:
+                        yield record_batch(MESSAGE_SCHEMA, columns)
+                        columns = [[] for _ in MESSAGE_SCHEMA.fields]
+                        endpoints, seqs, message_ids, header_maps, bodies = columns
+        except EndpointLost as err:
+            link.lost(err)
+            continue
+        link.working()
+        break
+    if seqs:
+        yield record_batch(MESSAGE_SCHEMA, columns)

@@ -2,11 +2,12 @@
 with tests/ on the path).
 
 For 1 and 2 local brokers, preloads N messages per broker and measures rows/s
-- through the source's reader alone, called as Spark calls it but without Spark (its own cost,
-  with the broker's),
+- through the source's reader alone, called as Spark calls it but without Spark, every
+  partition read in turn in this one process (its own cost, with the broker's),
 - through the source in an availableNow query into a `noop` sink and into parquet,
 - through the sink (a batch write of N rows per broker).
-Each run starts from fresh log files, after one unmeasured warm-up query.
+Each run starts from fresh log files, after one unmeasured warm-up query. The source runs
+with its default options; `--cores` sets Spark's local[N] (executor cores reading partitions).
 """
 
 from __future__ import annotations
@@ -19,30 +20,29 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 from pyspark.sql.functions import col, format_string, lpad
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from curb.spark.local import LocalBroker, local_spark
 from curb.spark.options import parse_source
 from curb.spark.stream import CurbStreamReader
 
 
-def reader_alone(endpoints: str, batch_size: int, expected: int) -> None:
-    """Drive the source's reader as Spark's driver-side source process does: read, then read on from the end."""
-    reader = CurbStreamReader(parse_source({"endpoints": endpoints, "batchSize": str(batch_size)}))
+def reader_alone(endpoints: str, expected: int) -> None:
+    """Plan one batch of everything as the driver does, read its partitions here, then commit."""
+    reader = CurbStreamReader(parse_source({"endpoints": endpoints}))
     reader.prepareForTriggerAvailableNow()
-    offset, rows = reader.initialOffset(), 0
-    while True:
-        batches, end = reader.read(offset)
-        if end == offset:
-            break
-        rows += sum(batch.num_rows for batch in batches)
-        offset = end
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    rows = sum(batch.num_rows for partition in reader.partitions(start, end) for batch in reader.read(partition))
+    reader.commit(end)
+    reader.stop()
     if rows != expected:
         raise RuntimeError(f"the reader gave {rows} rows, expected {expected}")
 
 
-def source_query(spark: SparkSession, endpoints: str, batch_size: int, sink: str, work: Path) -> float:
+def source_query(spark: SparkSession, endpoints: str, sink: str, work: Path) -> float:
     """Run an availableNow query to the end; return the seconds its micro-batches took (start-up excluded)."""
-    reader = spark.readStream.format("curb").option("endpoints", endpoints).option("batchSize", batch_size).load()
+    reader = spark.readStream.format("curb").option("endpoints", endpoints).load()
     writer = reader.writeStream.trigger(availableNow=True).option("checkpointLocation", str(work / "checkpoint"))
     writer = writer.format("parquet").option("path", str(work / "out")) if sink == "parquet" else writer.format("noop")
     query = writer.start()
@@ -82,9 +82,9 @@ def paths(
     """What is measured, by name: (messages preloaded per broker, run(endpoints, work)), `total`
     messages in all."""
     return {
-        "reader alone": (args.messages, lambda e, w: reader_alone(e, args.batch_size, total)),
-        "source -> noop": (args.messages, lambda e, w: source_query(spark, e, args.batch_size, "noop", w)),
-        "source -> parquet": (args.messages, lambda e, w: source_query(spark, e, args.batch_size, "parquet", w)),
+        "reader alone": (args.messages, lambda e, w: reader_alone(e, total)),
+        "source -> noop": (args.messages, lambda e, w: source_query(spark, e, "noop", w)),
+        "source -> parquet": (args.messages, lambda e, w: source_query(spark, e, "parquet", w)),
         "sink (batch write)": (0, lambda e, w: sink_write(spark, e, total, args.size)),
     }
 
@@ -95,14 +95,15 @@ def main() -> None:
     )
     parser.add_argument("--messages", type=int, default=100_000, help="messages per broker (default 100000)")
     parser.add_argument("--size", type=int, default=100, help="body bytes (default 100)")
-    parser.add_argument("--batch-size", type=int, default=10_000, help="source batchSize (default 10000)")
+    parser.add_argument("--cores", type=int, default=2, help="Spark's local[N] (default 2)")
     args = parser.parse_args()
-    spark = local_spark("curb-bench")
+    spark = local_spark("curb-bench", cores=args.cores)
     with tempfile.TemporaryDirectory() as temp:  # the first query pays for warming up the JVM: not measured
-        measure(Path(temp), 1, 1000, args.size, lambda e, w: source_query(spark, e, args.batch_size, "noop", w))
+        measure(Path(temp), 1, 1000, args.size, lambda e, w: source_query(spark, e, "noop", w))
     print(
-        f"{args.messages} messages of {args.size} bytes per broker, batchSize {args.batch_size}; rows/s from "
-        "start to end (query start-up included), per broker, and within micro-batches (start-up excluded)"
+        f"{args.messages} messages of {args.size} bytes per broker, default source options, local[{args.cores}]; "
+        "rows/s from start to end (query start-up included), per broker, and within micro-batches "
+        "(start-up excluded)"
     )
     print(f"{'path':<22}{'brokers':>8}{'rows':>8}{'seconds':>9}{'rows/s':>8}{'/broker':>8}{'in batches':>11}")
     for brokers in (1, 2):

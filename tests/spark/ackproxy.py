@@ -1,5 +1,5 @@
-"""A TCP proxy in front of a broker that notes, for every ACK frame on its way to the broker,
-which Spark batches were in the checkpoint's commit log at that moment.
+"""A TCP proxy in front of a broker that notes, for every `ACK curb-upto` on its way to the
+broker, which Spark batches were in the checkpoint's commit log at that moment.
 
 The commit log is read before the ACK is forwarded, so a batch listed for an ACK was
 committed before the broker could act on it: a direct check of "ACK only after commit".
@@ -18,7 +18,7 @@ from curb.frame import FrameParser
 
 @dataclass(frozen=True)
 class SeenAck:
-    message_id: int
+    upto: int  # the ACK's curb-upto
     committed: frozenset[int]  # batch ids in the commit log when the ACK passed
 
 
@@ -62,7 +62,7 @@ class AckProxy:
                 if to_broker:
                     for frame in parser.feed(data):
                         if frame.command == "ACK":
-                            seen = SeenAck(int(frame.headers["id"]), self._committed())
+                            seen = SeenAck(int(frame.headers["curb-upto"]), self._committed())
                             with self._lock:
                                 self.acks.append(seen)
                 target.sendall(data)

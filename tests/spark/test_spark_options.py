@@ -1,8 +1,19 @@
-"""Option parsing of the `curb` format: defaults, case-insensitivity, and errors that name the option."""
+"""Option parsing of the `curb` format: defaults, case-insensitivity, unknown names, and
+one-line errors that name the option."""
 
 import pytest
 
-from curb.spark.options import Endpoint, OptionError, parse_endpoints, parse_paths, parse_sink, parse_source
+from curb.spark.options import (
+    DEFAULT_RECONNECT_TIMEOUT_S,
+    DEFAULT_ROWS_PER_PARTITION,
+    MAX_ROWS_NONE,
+    Endpoint,
+    OptionError,
+    parse_endpoints,
+    parse_paths,
+    parse_sink,
+    parse_source,
+)
 
 
 @pytest.mark.parametrize(
@@ -38,29 +49,32 @@ def test_bad_endpoints_name_the_option(options, fragment):
     assert fragment in str(raised.value)
 
 
-def test_source_defaults_keep_the_prefetch_window_twice_the_batch():
-    options = parse_source({"endpoints": "h:1", "batchSize": "50"})
-    assert (options.batch_size, options.prefetch) == (50, 100)
-    assert options.connection.heartbeat_ms == 0
-    assert options.connection.login is None
+def test_source_defaults():
+    options = parse_source({"endpoints": "h:1"})
+    assert options.reconnect_timeout_s == DEFAULT_RECONNECT_TIMEOUT_S
+    assert options.max_rows_per_batch == MAX_ROWS_NONE
+    assert options.rows_per_partition == DEFAULT_ROWS_PER_PARTITION
+    assert (options.connection.heartbeat_ms, options.connection.login) == (0, None)
 
 
 def test_option_names_are_case_insensitive():
-    options = parse_source({"ENDPOINTS": "h:1", "batchsize": "7", "PreFetch": "30", "Login": "u", "passCode": "p"})
-    assert (options.batch_size, options.prefetch) == (7, 30)
+    options = parse_source(
+        {"ENDPOINTS": "h:1", "maxrowsperbatch": "7", "RowsPerPartition": "30", "Login": "u", "passCode": "p"}
+    )
+    assert (options.max_rows_per_batch, options.rows_per_partition) == (7, 30)
     assert (options.connection.login, options.connection.passcode) == ("u", "p")
 
 
 @pytest.mark.parametrize(
     "name, value, fragment",
     [
-        ("batchSize", "many", "option 'batchSize' must be an integer, got 'many'"),
-        ("batchSize", "0", "option 'batchSize' must be a positive integer"),
-        ("prefetch", "-3", "option 'prefetch' must be a positive integer"),
-        ("prefetch", "1999", "option 'prefetch' (1999) must be at least twice 'batchSize' (1000)"),
-        ("pollMs", "0", "option 'pollMs' must be a positive integer"),
+        ("maxRowsPerBatch", "many", "option 'maxRowsPerBatch' must be an integer, got 'many'"),
+        ("maxRowsPerBatch", "-1", "option 'maxRowsPerBatch' must be 0 (no limit) or a positive number of rows"),
+        ("rowsPerPartition", "0", "option 'rowsPerPartition' must be a positive number of message ids"),
+        ("reconnectTimeout", "0", "option 'reconnectTimeout' must be a positive number of seconds"),
         ("heartbeat", "-1", "option 'heartbeat' must be 0 (off) or a number of milliseconds"),
         ("timeout", "0", "option 'timeout' must be a positive number of seconds"),
+        ("timeout", "1.5", "option 'timeout' must be an integer, got '1.5'"),
     ],
 )
 def test_bad_source_numbers_name_the_option(name, value, fragment):
@@ -69,11 +83,35 @@ def test_bad_source_numbers_name_the_option(name, value, fragment):
     assert fragment in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    "parse, name, allowed",
+    [
+        (
+            parse_source,
+            "batch_size",
+            "endpoints, login, passcode, heartbeat, timeout, reconnectTimeout, maxRowsPerBatch",
+        ),
+        (parse_source, "batchSize", "rowsPerPartition"),
+        (parse_source, "window", "maxRowsPerBatch"),
+        (parse_sink, "maxRowsPerBatch", "endpoints, login, passcode, heartbeat, timeout, window, key"),
+        (parse_paths, "batchSize", "none but the path"),
+    ],
+)
+def test_an_unknown_option_is_refused_naming_the_allowed_ones(parse, name, allowed):
+    with pytest.raises(OptionError) as raised:
+        parse(
+            {"endpoints": "h:1", "path": "a.log", name: "1"} if parse is not parse_paths else {"path": "a", name: "1"}
+        )
+    message = str(raised.value)
+    assert message.startswith(f"curb option {name!r} is unknown")
+    assert allowed in message and "\n" not in message
+
+
 def test_sink_options():
     options = parse_sink({"endpoints": "h:1,h:2", "window": "10", "key": "user"})
     assert (len(options.endpoints), options.window, options.key) == (2, 10, "user")
     assert parse_sink({"endpoints": "h:1"}).key is None
-    with pytest.raises(OptionError, match="option 'window' must be a positive integer"):
+    with pytest.raises(OptionError, match="option 'window' must be a positive number of receipts"):
         parse_sink({"endpoints": "h:1", "window": "0"})
 
 
@@ -81,4 +119,4 @@ def test_paths_come_from_load():
     assert parse_paths({"path": "a.log"}) == ["a.log"]
     assert parse_paths({"paths": '["a.log", "b.log"]'}) == ["a.log", "b.log"]
     with pytest.raises(OptionError, match="needs log files"):
-        parse_paths({"endpoints": "h:1"})
+        parse_paths({})
