@@ -188,7 +188,7 @@ class Client:
             self._inbox.extendleft(reversed(aside))
 
     def last_id(self, destination: str = DEFAULT_DESTINATION) -> int:
-        """The highest message id assigned so far: a browse of an empty range."""
+        """The highest message id on disk (fsynced): a browse of an empty range."""
         for _ in self.browse(from_id=1 << 62, destination=destination, sub_id="last-id"):
             pass
         return self.last_browsed
