@@ -117,13 +117,15 @@ def test_killed_drivers_and_a_killed_broker_lose_and_repeat_nothing(spark, broke
             driver = Driver(endpoints, checkpoint, sink, trigger, log)
             try:
                 committed = batch_files(checkpoint, "commits")
-                driver.wait_until(lambda: batch_files(checkpoint, "commits") > committed, "a batch to commit")
+                driver.wait_until(lambda seen=committed: batch_files(checkpoint, "commits") > seen, "a batch to commit")
                 if number == BROKER_KILL_AT:
                     brokers[0].kill()
                     time.sleep(1)
                     brokers[0].start()
                     committed = batch_files(checkpoint, "commits")
-                    driver.wait_until(lambda: batch_files(checkpoint, "commits") > committed, "a commit after it")
+                    driver.wait_until(
+                        lambda seen=committed: batch_files(checkpoint, "commits") > seen, "a commit after it"
+                    )
                 if number % 2:  # in the middle of a batch: planned, not yet committed
                     driver.wait_until(
                         lambda: batch_files(checkpoint, "offsets") > batch_files(checkpoint, "commits"),

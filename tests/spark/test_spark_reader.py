@@ -40,7 +40,9 @@ def rows(reader: CurbStreamReader, start: dict, end: dict) -> list[tuple[str, in
     found: list[tuple[str, int, bytes]] = []
     for partition in reader.partitions(start, end):
         for batch in CurbStreamReader(reader.options).read(partition):
-            found += zip(batch["endpoint"].to_pylist(), batch["seq"].to_pylist(), batch["body"].to_pylist())
+            found += zip(
+                batch["endpoint"].to_pylist(), batch["seq"].to_pylist(), batch["body"].to_pylist(), strict=True
+            )
     return found
 
 

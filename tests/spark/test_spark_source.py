@@ -5,6 +5,7 @@ naming them), and options refused at load()."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -191,7 +192,7 @@ def test_an_unreachable_endpoint_fails_the_query_at_start(spark, tmp_path):
         spark, "127.0.0.1:1", tmp_path / "checkpoint", tmp_path / "sink", options={"reconnectTimeout": "1"}
     )
     try:
-        with pytest.raises(StreamingQueryException, match="curb endpoint 127.0.0.1:1: unreachable for 1 s"):
+        with pytest.raises(StreamingQueryException, match=re.escape("curb endpoint 127.0.0.1:1: unreachable for 1 s")):
             query.awaitTermination(DEADLINE_S)
     finally:
         query.stop()
