@@ -129,13 +129,29 @@ def test_mutual_tls_logs_in_by_certificate_cn_and_refuses_other_cas(curb_broker,
     assert mallory.wait_error().headers["message"] == "access refused"
 
     # Signed by another CA, or no certificate at all: the handshake fails, no STOMP at all.
+    # (A raw socket: with TLS 1.3 the server's refusal comes after the client's handshake
+    # is done, and stomp.py then does not always report the close.)
     for client in (stranger.client("alice"), None):
-        try:
-            conn, refused = tls_conn(stomp_conn, broker.port, certs.ca_file, client)
-        except stomp.exception.ConnectFailedException:
-            continue
-        refused.wait_disconnected()
-        assert refused.connected is None
+        assert refused_handshake(broker.port, certs.ca_file, client)
+
+
+def refused_handshake(port: int, ca: Path, client: tuple[Path, Path] | None) -> str:
+    """Why the broker ended a TLS connection that sent a CONNECT: the TLS error, or the end
+    of the stream; fails if a STOMP answer came instead."""
+    context = ssl.create_default_context(cafile=str(ca))
+    if client is not None:
+        context.load_cert_chain(str(client[0]), str(client[1]))
+    try:
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+        ):
+            tls.sendall(b"CONNECT\naccept-version:1.2\nhost:curb\n\n\0")
+            answer = tls.recv(4096)
+    except (ssl.SSLError, ConnectionError) as err:
+        return f"TLS refused: {err}"
+    assert answer == b"", f"a refused client got an answer: {answer!r}"
+    return "closed"
 
 
 def test_sighup_reloads_the_certificate_for_new_connections_and_keeps_old_ones(
