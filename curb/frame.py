@@ -55,6 +55,10 @@ class ProtocolError(Exception):
 def decimal(text: str, name: str, maximum: int) -> int:
     """A header's non-negative decimal integer, at most `maximum`; leading zeros are allowed
     and never make int() slow. ValueError (naming the header and the bound) otherwise."""
+    if 0 < len(text) < 10 and text.isascii() and text.isdigit():  # the common case, at once
+        value = int(text)
+        if value <= maximum:
+            return value
     digits = text.lstrip("0") or ("0" if text else "")
     if not (digits.isdigit() and digits.isascii()):
         raise ValueError(f"{name} must be a decimal integer from 0 to {maximum}, not {text[:40]!r}")
@@ -189,6 +193,7 @@ class FrameParser:
         append = frames.append
         head = self._head
         searched = self._searched
+        max_body = self.max_body_bytes
         while pos < end:
             if head is None:
                 if buf[pos] <= 13:  # maybe LF or CR: heart-beats
@@ -226,7 +231,8 @@ class FrameParser:
                     self._check_unsized(searched, body_offset, headers)
                     head = (command, headers, body_offset, length)
                     break
-                self._check_unsized(nul - pos, body_offset, headers)
+                if nul - pos - body_offset > max_body or nul - pos > self.max_frame_bytes:
+                    self._check_unsized(nul - pos, body_offset, headers)
             else:
                 nul = pos + body_offset + length
                 if nul >= end:
@@ -234,8 +240,11 @@ class FrameParser:
                     break
                 if buf[nul]:
                     raise ProtocolError("body is not followed by NUL at content-length", headers.get("receipt"))
-            # One copy of the body: slicing the pending bytearray would copy it once more.
-            append(Frame(command, headers, bytes(memoryview(buf)[pos + body_offset : nul])))
+            # One copy of each body: a slice of bytes is one, of the pending bytearray two.
+            start = pos + body_offset
+            append(
+                Frame(command, headers, buf[start:nul] if isinstance(buf, bytes) else bytes(memoryview(buf)[start:nul]))
+            )
             searched = 0
             pos = nul + 1
             if len(frames) == limit:

@@ -18,10 +18,21 @@ class PayloadError(ValueError):
     """Bytes that are not a stored payload (no empty line after the header lines)."""
 
 
+def header_lines(headers: dict[str, str]) -> bytes:
+    """The kept header lines of a SEND with these headers, escaped, each ending in LF."""
+    if headers.keys() <= NOT_STORED:  # the common case: nothing but one-hop headers
+        return b""
+    kept = [(k, v) for k, v in headers.items() if k not in NOT_STORED]
+    lines = "".join([f"{k}:{v}\n" for k, v in kept])
+    # Usually nothing needs escaping: one colon and one LF a line, no CR or backslash.
+    if lines.count(":") != len(kept) or lines.count("\n") != len(kept) or "\\" in lines or "\r" in lines:
+        lines = "".join([f"{escape(k)}:{escape(v)}\n" for k, v in kept])
+    return lines.encode()
+
+
 def encode(headers: dict[str, str], body: bytes) -> bytes:
     """The payload the log stores for a SEND with these headers and body."""
-    lines = "".join(f"{escape(k)}:{escape(v)}\n" for k, v in headers.items() if k not in NOT_STORED)
-    return lines.encode() + b"\n" + body
+    return header_lines(headers) + b"\n" + body
 
 
 def split(payload: bytes | bytearray | memoryview) -> tuple[bytes, bytes]:

@@ -52,26 +52,37 @@ class RecordReader:
     def header(self, pos: int, limit: int) -> RecordHeader | None:
         """The well-formed header of a record at pos that fits before `limit` and under the
         size bound; None otherwise. The CRC is not checked (see `intact`)."""
+        found = self._header(pos, limit)
+        return None if found is None else found[0]
+
+    def intact(self, pos: int, limit: int) -> tuple[RecordHeader, bytes, int] | None:
+        """(header, buffer, index) of an intact record at pos ending by `limit`, else None."""
+        found = self._header(pos, limit)
+        if found is None:
+            return None
+        hdr, size, buf, off = found
+        if off + size > len(buf):
+            buf, off = self.window(pos, size, limit)
+        if not fmt.check_payload(buf, off, hdr):
+            return None
+        return hdr, buf, off
+
+    def _header(self, pos: int, limit: int) -> tuple[RecordHeader, int, bytes, int] | None:
+        """(header, record size, buffer, index) for `header`, the window read inline: the
+        read cursor calls this once a message."""
         if pos + RECORD_HEADER > limit:
             return None
-        buf, off = self.window(pos, RECORD_HEADER, limit)
+        buf, off = self.buf, pos - self.base
+        if off < 0 or off + RECORD_HEADER > len(buf):
+            buf, off = self.window(pos, RECORD_HEADER, limit)
         try:
             hdr = fmt.parse_header(buf, off)
         except FormatError:
             return None
-        if hdr.size > self.max_size or pos + hdr.size > limit:
+        size = RECORD_HEADER + hdr.length + 1
+        if size > self.max_size or pos + size > limit:
             return None
-        return hdr
-
-    def intact(self, pos: int, limit: int) -> tuple[RecordHeader, bytes, int] | None:
-        """(header, buffer, index) of an intact record at pos ending by `limit`, else None."""
-        hdr = self.header(pos, limit)
-        if hdr is None:
-            return None
-        buf, off = self.window(pos, hdr.size, limit)
-        if not fmt.check_payload(buf, off, hdr):
-            return None
-        return hdr, buf, off
+        return hdr, size, buf, off
 
     def past_damage(self, pos: int, limit: int, after: int, before: int, head: int) -> int:
         """Where a reader of the ring goes on after damaged bytes at pos: the next intact

@@ -23,6 +23,7 @@ left from an earlier lap (the state is outside the CRC) is caught by its id and 
 
 from __future__ import annotations
 
+import struct
 import zlib
 from dataclasses import dataclass
 
@@ -48,6 +49,9 @@ TORN_STATES = {STATE_RDY[:k] + STATE_ACK[k:]: STATE_RDY for k in (1, 2)} | {
     STATE_ACK[:k] + STATE_RDY[k:]: STATE_RDY for k in (1, 2)
 }
 COPY_FLAG = 1 << 47
+# The header's hex fields after the state as bytes: deliveries (2), id, write sequence and
+# time (6 each, as 2 + 4), length and CRC (4 each).
+_FIELDS = struct.Struct(">HHIHIHIII")
 
 
 class FormatError(Exception):
@@ -93,34 +97,41 @@ def parse_header(buf, pos: int) -> RecordHeader:
     if len(buf) < pos + RECORD_HEADER or buf[pos + RECORD_HEADER - 1] != 10:
         raise FormatError("incomplete or malformed record header")
     state = bytes(buf[pos : pos + 3])
-    if state not in (STATE_RDY, STATE_ACK, STATE_PAD):
+    if state != STATE_RDY and state != STATE_ACK and state != STATE_PAD:
         state = TORN_STATES.get(state, b"")
         if not state:
             raise FormatError(f"unknown record state {bytes(buf[pos : pos + 3])!r}")
+    # Fixed-width fields: one space before each, then an even number of hex digits, so
+    # with the spaces in place the digits decode as 28 big-endian bytes in one call.
+    if (
+        buf[pos + 3] != 32
+        or buf[pos + 8] != 32
+        or buf[pos + 21] != 32
+        or buf[pos + 34] != 32
+        or buf[pos + 47] != 32
+        or buf[pos + 56] != 32
+    ):
+        raise FormatError("malformed record header")
     try:
-        stamp = int(buf[pos + 35 : pos + 47], 16)
-        header = RecordHeader(
-            state,
-            int(buf[pos + 4 : pos + 8], 16),
-            int(buf[pos + 9 : pos + 21], 16),
-            int(buf[pos + 22 : pos + 34], 16),
-            stamp & ~COPY_FLAG,
-            int(buf[pos + 48 : pos + 56], 16),
-            int(buf[pos + 57 : pos + 65], 16),
-            bool(stamp & COPY_FLAG),
+        deliveries, id_hi, id_lo, wseq_hi, wseq_lo, stamp_hi, stamp_lo, length, crc = _FIELDS.unpack(
+            bytes.fromhex(buf[pos + 4 : pos + 65].decode("ascii"))
         )
-    except ValueError:
+    except (ValueError, struct.error):  # not ASCII, not hex digits, or too few of them
         raise FormatError("malformed record header") from None
-    if (state == STATE_PAD) != (header.id == 0 and header.length == 0):
+    msg_id = id_hi << 32 | id_lo
+    if (state == STATE_PAD) != (msg_id == 0 and length == 0):
         # The state is outside the CRC: a write torn at a sector boundary can leave a
         # lap's old `pad` on a new message, or a message's old `rdy` on a new pad.
         raise FormatError("record state does not match its id and length")
-    return header
+    stamp = stamp_hi << 32 | stamp_lo
+    return RecordHeader(
+        state, deliveries, msg_id, wseq_hi << 32 | wseq_lo, stamp & ~COPY_FLAG, length, crc, bool(stamp & COPY_FLAG)
+    )
 
 
 def check_payload(buf, pos: int, header: RecordHeader) -> bool:
     """True if the record at buf[pos:] is complete and its CRC matches."""
-    end = pos + header.size
+    end = pos + RECORD_HEADER + header.length + 1
     if len(buf) < end or buf[end - 1] != 10:
         return False
     crc = zlib.crc32(buf[pos + 9 : pos + 56])

@@ -406,9 +406,10 @@ class Session:
         self._close("close")
 
     def on_send(self, frame: Frame) -> None:
-        headers = frame.headers
-        data = payload.encode(headers, frame.body)
-        problem = message_limits.send_problem(data[: len(data) - len(frame.body) - 1], len(data), self.broker.max_frame)
+        headers, body = frame.headers, frame.body
+        lines = payload.header_lines(headers)
+        data = lines + b"\n" + body
+        problem = message_limits.send_problem(lines, len(data), self.broker.max_frame)
         if problem is not None:
             raise Refused(*problem)
         receipt = headers.get("receipt")

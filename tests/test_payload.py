@@ -1,8 +1,11 @@
 """The stored payload codec: what a SEND leaves in the log comes back the same."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from curb import payload
+from curb.frame import escape
 
 CASES = {
     "no headers": ({}, b"body"),
@@ -36,3 +39,10 @@ def test_first_of_repeated_headers_wins_and_a_bad_escape_is_kept_as_is():
 def test_a_payload_without_its_empty_line_is_refused():
     with pytest.raises(payload.PayloadError):
         payload.split(b"a:1\nno end")
+
+
+@given(st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=6))
+def test_header_lines_escape_exactly_when_needed(headers):
+    """The fast path (no escaping needed) and the escaping path write the same lines."""
+    kept = [(k, v) for k, v in headers.items() if k not in payload.NOT_STORED]
+    assert payload.header_lines(headers) == "".join(f"{escape(k)}:{escape(v)}\n" for k, v in kept).encode()
