@@ -76,6 +76,8 @@ class Frame:
 
 def escape(text: str) -> str:
     """Escape a header name or value for the wire (STOMP 1.2)."""
+    if text.isalnum():  # the common case: nothing to escape
+        return text
     return text.replace("\\", "\\\\").replace("\r", "\\r").replace("\n", "\\n").replace(":", "\\c")
 
 

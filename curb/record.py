@@ -83,6 +83,8 @@ def encode_record(
     stamp = timestamp_ms | COPY_FLAG if copy else timestamp_ms
     mid = b"%012x %012x %012x %08x" % (msg_id, wseq, stamp, len(payload))
     crc = zlib.crc32(payload, zlib.crc32(mid))
+    if not deliveries and state == STATE_RDY:  # every new message
+        return b"rdy 0000 %s %08x\n" % (mid, crc)
     return b"%s %04x %s %08x\n" % (state, min(deliveries, MAX_DELIVERIES), mid, crc)
 
 

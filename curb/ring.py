@@ -42,7 +42,8 @@ class Ring:
 
     def free(self) -> int:
         """Bytes not in the durable region (some may be unusable, after a pad)."""
-        return self.capacity - self.distance(self.tail, self.head)
+        head, tail = self.head, self.tail
+        return tail - head if head < tail else self.end - RING_START - (head - tail)
 
     def place(self, size: int) -> tuple[int, bool] | None:
         """(offset, wraps) for a record of `size` bytes at the head, or None while the

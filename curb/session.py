@@ -475,9 +475,9 @@ class Session:
         self._receipt_now(frame)
 
     def on_ack(self, frame: Frame) -> None:
-        upto = _message_id(frame.headers, "curb-upto")
-        if upto is not None:
-            self._ack_upto(frame, upto)
+        raw_upto = frame.headers.get("curb-upto")
+        if raw_upto is not None:
+            self._ack_upto(frame, _id_value(raw_upto, "curb-upto"))
             return
         msg_id = self._ack_id(frame)
         if msg_id is not None:
@@ -668,11 +668,15 @@ def _receipt(receipt_id: str) -> bytes:
 def _message_id(headers: dict[str, str], name: str) -> int | None:
     """A header holding a message id (a non-negative integer), or None when absent."""
     raw = headers.get(name)
-    if raw is None:
-        return None
-    if not (raw.isascii() and raw.isdigit()):
-        raise QueueError(f"bad {name} {raw[:40]!r}: use a message id, a non-negative integer")
-    return int(raw)
+    return None if raw is None else _id_value(raw, name)
+
+
+def _id_value(raw: str, name: str) -> int:
+    """A message id header's value (a non-negative integer)."""
+    try:
+        return decimal(raw, name, MAX_MESSAGE_ID)
+    except ValueError:
+        raise QueueError(f"bad {name} {raw[:40]!r}: use a message id, a non-negative integer") from None
 
 
 def _prefetch(headers: dict[str, str]) -> int | None:

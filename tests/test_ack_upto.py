@@ -85,6 +85,7 @@ def test_upto_removes_messages_waiting_for_redelivery() -> None:
         ("x", "bad curb-upto"),
         ("-1", "bad curb-upto"),
         ("", "bad curb-upto"),
+        ("1" * 5000, "bad curb-upto"),  # more digits than int() converts: an ERROR, not a crash
     ],
 )
 def test_bad_upto_is_an_error(value: str, words: str) -> None:

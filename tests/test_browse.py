@@ -96,7 +96,14 @@ def test_empty_queue_answers_only_the_end_marker(world: MemWorld) -> None:
 
 @pytest.mark.parametrize(
     ("header", "value"),
-    [("curb-from-id", "abc"), ("curb-from-id", "-1"), ("curb-to-id", "1.5"), ("curb-to-id", ""), ("curb-from-id", "٣")],
+    [
+        ("curb-from-id", "abc"),
+        ("curb-from-id", "-1"),
+        ("curb-to-id", "1.5"),
+        ("curb-to-id", ""),
+        ("curb-from-id", "٣"),
+        ("curb-to-id", "9" * 5000),
+    ],
 )
 def test_bad_range_header_is_an_error_naming_it(world: MemWorld, header: str, value: str) -> None:
     peer = world.peer()
