@@ -85,6 +85,8 @@ INLINE_SYNC_OPS = 4
 MARK_EVERY = 1024  # a browse may start at every this many'th message written
 MARKS_KEPT = 4096
 ID_RESERVE = 1 << 16  # ids a checkpoint reserves: at most this gap in ids after a crash
+# The state patch an ACK writes, for messages delivered up to a few times (most are).
+ACK_PATCHES = tuple(fmt.state_patch(STATE_ACK, deliveries) for deliveries in range(8))
 Done = Callable[[str | None], None]
 
 
@@ -410,7 +412,9 @@ class LogCore:
         rec.acked = True
         self._cursor.settled(rec)
         self._classes.remove(rec.size)
-        self._patches.append((rec.offset, fmt.state_patch(STATE_ACK, rec.deliveries)))
+        deliveries = rec.deliveries
+        patch = ACK_PATCHES[deliveries] if deliveries < len(ACK_PATCHES) else fmt.state_patch(STATE_ACK, deliveries)
+        self._patches.append((rec.offset, patch))
         self._schedule()
 
     def ack_upto(self, upto: int, done: Done | None = None) -> None:

@@ -482,7 +482,8 @@ class Session:
         msg_id = self._ack_id(frame)
         if msg_id is not None:
             self.broker.ack(self, msg_id)
-        self._receipt_durable(frame)
+        if "receipt" in frame.headers:
+            self._receipt_durable(frame)
 
     def _ack_upto(self, frame: Frame, upto: int) -> None:
         """ACK curb-upto: its RECEIPT waits until the acknowledgement is durable."""
@@ -504,7 +505,8 @@ class Session:
         msg_id = self._ack_id(frame)
         if msg_id is not None:
             self.broker.nack(self, msg_id)
-        self._receipt_durable(frame)
+        if "receipt" in frame.headers:
+            self._receipt_durable(frame)
 
     def on_disconnect(self, frame: Frame) -> None:
         self.state = CLOSING
