@@ -5,12 +5,14 @@ runs are opt-in; this one only guards the tool itself."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from torture import disk_bytes
 
 TORTURE = Path(__file__).with_name("torture.py")
 
@@ -48,3 +50,18 @@ def test_three_kill_cycles_at_256kib_keep_every_promise(tmp_path: Path, free_por
     assert summary["corrupt"] == summary["unexpected_errors"] == 0, shown
     assert 512 <= summary["max_file_bytes"] <= summary["cap_bytes"] == 256 * 1024, shown
     assert summary["seconds"] < 40, shown
+
+
+def test_data_bytes_leave_out_the_file_systems_own_blocks(tmp_path: Path) -> None:
+    """A fallocated file written in scattered pieces has all of its bytes allocated to
+    data, whatever blocks the file system adds to track the pieces."""
+    path = tmp_path / "log"
+    with path.open("wb") as file:
+        os.posix_fallocate(file.fileno(), 0, 1 << 20)
+        for offset in range(0, 1 << 20, 100_000):
+            os.pwrite(file.fileno(), b"w" * 4096, offset)
+        os.fsync(file.fileno())
+    size, data, blocks = disk_bytes(path)
+    assert (size, data) == (1 << 20, 1 << 20)
+    assert blocks >= data
+    assert disk_bytes(tmp_path / "none") == (0, 0, 0)
