@@ -57,6 +57,7 @@ BROWSE_END = "browse-end"  # the message-id of a browse's end marker
 SERVER = f"curb/{__version__}"
 MAX_PREFETCH = 1_000_000  # unacked messages one subscription may hold
 MAX_MESSAGE_ID = (1 << 48) - 1  # a record holds its id in 12 hex digits
+MAX_ID_HEADER = (1 << 64) - 1  # an id range's bound may lie beyond every id (Client.last_id)
 BEAT_EARLY = 0.9  # send our heart-beat a little before it is due, so it is never late
 
 NEW, OPEN, CLOSING = "before CONNECT", "after CONNECT", "closing"
@@ -676,7 +677,7 @@ def _message_id(headers: dict[str, str], name: str) -> int | None:
 def _id_value(raw: str, name: str) -> int:
     """A message id header's value (a non-negative integer)."""
     try:
-        return decimal(raw, name, MAX_MESSAGE_ID)
+        return decimal(raw, name, MAX_ID_HEADER)
     except ValueError:
         raise QueueError(f"bad {name} {raw[:40]!r}: use a message id, a non-negative integer") from None
 

@@ -39,6 +39,8 @@ def world() -> MemWorld:
         ({"curb_from_id": "7", "curb_to_id": "7"}, ["7"], "7"),
         ({"curb_from_id": "0", "curb_to_id": "2"}, ["1", "2"], "2"),
         ({"curb_from_id": "11"}, [], "10"),
+        ({"curb_from_id": str(1 << 62)}, [], "10"),  # Client.last_id: beyond every id there can be
+        ({"curb_from_id": str((1 << 64) - 1)}, [], "10"),
         ({"curb_from_id": "6", "curb_to_id": "5"}, [], "5"),
         ({"curb_to_id": "99"}, [str(i) for i in range(1, 11)], "99"),
     ],
@@ -103,6 +105,7 @@ def test_empty_queue_answers_only_the_end_marker(world: MemWorld) -> None:
         ("curb-to-id", ""),
         ("curb-from-id", "٣"),
         ("curb-to-id", "9" * 5000),
+        ("curb-from-id", str(1 << 64)),  # above the largest bound an id range may name
     ],
 )
 def test_bad_range_header_is_an_error_naming_it(world: MemWorld, header: str, value: str) -> None:
