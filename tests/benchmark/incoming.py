@@ -13,7 +13,7 @@ import re
 
 from benchmark.target import BrokerError
 from curb.client import Client, StompError, error_reason
-from curb.frame import Frame, FrameParser, ProtocolError, encode
+from curb.frame import FRAME_END, Frame, FrameParser, ProtocolError, encode
 
 # RECEIPTs with only a receipt-id, as Curb, RabbitMQ and ActiveMQ send them.
 _RECEIPTS = re.compile(rb"(?:\n*RECEIPT\nreceipt-id:[^\n\r\\:\0]*\n\n\0)+")
@@ -124,7 +124,7 @@ def _plain_messages(data: bytes) -> tuple[list[tuple[bytes, bytes]], int]:
 def ack_frame(ack_id: bytes, receipt: str | None = None) -> bytes:
     """The ACK of a message by its ack id: a byte template for a plain id without a receipt."""
     if receipt is None and _PLAIN_ID.fullmatch(ack_id):
-        return b"ACK\nid:%s\n\n\0" % ack_id
+        return b"ACK\nid:%s\n\n%s" % (ack_id, FRAME_END)
     headers = {"id": ack_id.decode()}
     if receipt is not None:
         headers["receipt"] = receipt
