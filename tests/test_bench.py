@@ -44,6 +44,24 @@ def test_body_reader_returns_the_seq_of_a_good_body_and_counts_the_rest():
     assert (reader.foreign, reader.altered) == (1, 2)
 
 
+def test_body_reader_accepts_exactly_the_bodies_that_were_made():
+    reader = BodyReader("r", 12)
+    for seq in (0, 7, 123456789012):
+        assert reader.seq(make_body("r", seq, 12)) == seq
+    made = make_body("r", 42, 12)
+    for bad in (
+        b"r:042:......",
+        b"r:42:........",
+        b"r:42:......",
+        b"r:42:...x...",
+        b"r:42........",
+        b"r::.........",
+        b"r:+4:.......",
+    ):
+        assert bad != made and reader.seq(bad) is None
+    assert (reader.foreign, reader.altered) == (0, 7)
+
+
 def test_tally_finds_lost_duplicated_and_unexpected_messages():
     tally = Tally({0: 3, 2: 2})
     tally.add([0, 2, 2, 2 * SEQ_STRIDE + 1, 5, SEQ_STRIDE])
