@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 from benchmark.bodies import SEQ_STRIDE, BodyReader, Tally, make_body
+from benchmark.incoming import Incoming, ack_frame, messages, receipt_ids
+from benchmark.target import BrokerError
 
+from curb.client import StompError
 from curb.frame import FrameParser, encode
 
 TESTS = Path(__file__).resolve().parent
@@ -39,6 +42,24 @@ def test_body_reader_returns_the_seq_of_a_good_body_and_counts_the_rest():
     assert reader.seq(make_body("run1", 7, 40)[:-1] + b"x") is None
     assert reader.seq(b"run1:x:") is None
     assert (reader.foreign, reader.altered) == (1, 2)
+
+
+def test_body_reader_accepts_exactly_the_bodies_that_were_made():
+    reader = BodyReader("r", 12)
+    for seq in (0, 7, 123456789012):
+        assert reader.seq(make_body("r", seq, 12)) == seq
+    made = make_body("r", 42, 12)
+    for bad in (
+        b"r:042:......",
+        b"r:42:........",
+        b"r:42:......",
+        b"r:42:...x...",
+        b"r:42........",
+        b"r::.........",
+        b"r:+4:.......",
+    ):
+        assert bad != made and reader.seq(bad) is None
+    assert (reader.foreign, reader.altered) == (0, 7)
 
 
 def test_tally_finds_lost_duplicated_and_unexpected_messages():
@@ -189,3 +210,46 @@ def test_quick_run_against_curb_prints_the_table(tmp_path):
     ):
         row = next(line for line in lines if line.startswith(label))
         assert row.split()[-1][0].isdigit(), row
+
+
+class ChunkedClient:
+    """Stands in for a Client's raw reads: hands out the given chunks, keeps what is unread."""
+
+    def __init__(self, *chunks: bytes):
+        self.chunks = list(chunks)
+        self.unread_bytes = b""
+
+    def receive_bytes(self, timeout: float) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+    def unread(self, data: bytes) -> None:
+        self.unread_bytes += data
+
+
+def test_messages_of_any_shape_give_body_and_ack_id_across_reads():
+    plain = encode("MESSAGE", {"subscription": "0", "message-id": "7", "ack": "a7"}, b"x\0y")
+    unsized = b"MESSAGE\nmessage-id:8\n\nbody8\0\n"
+    escaped = encode("MESSAGE", {"message-id": "ID:host-1:1", "destination": "/q\\b"}, b"e")
+    crlf = b"MESSAGE\r\nmessage-id:9\r\n\r\nc\0"
+    stream = plain + unsized + escaped + crlf + plain
+    incoming = Incoming(ChunkedClient(stream[:30], stream[30:-10], stream[-10:]), 1 << 20)  # type: ignore[arg-type]
+    got = []
+    while (batch := messages(incoming, 0)) is not None:
+        got += batch
+    assert got == [(b"x\0y", b"a7"), (b"body8", b"8"), (b"e", b"ID:host-1:1"), (b"c", b"9"), (b"x\0y", b"a7")]
+    assert ack_frame(b"ID:host-1:1") == encode("ACK", {"id": "ID:host-1:1"})
+    assert ack_frame(b"8") == encode("ACK", {"id": "8"})
+
+
+def test_receipts_are_read_in_runs_and_other_frames_fail():
+    stream = b"".join(encode("RECEIPT", {"receipt-id": str(n)}) for n in range(3))
+    incoming = Incoming(ChunkedClient(stream[:-3], stream[-3:] + encode("ERROR", {"message": "full"})), 1 << 20)  # type: ignore[arg-type]
+    assert receipt_ids(incoming, 0) == [b"0", b"1"]
+    with pytest.raises(StompError, match="full"):
+        receipt_ids(incoming, 0)
+    incoming = Incoming(ChunkedClient(stream[:5]), 1 << 20)  # type: ignore[arg-type]
+    assert receipt_ids(incoming, 0) == []  # the cut frame is kept
+    with pytest.raises(BrokerError, match="no frame"):
+        receipt_ids(incoming, 0)
+    incoming.hand_back()
+    assert incoming.client.unread_bytes == stream[:5]  # type: ignore[attr-defined]

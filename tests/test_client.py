@@ -429,3 +429,42 @@ def test_no_deadlock_when_both_sides_write_a_lot():
             before = client.wait_receipt("all", timeout=30)
             client.close()
     assert [int(frame.headers["message-id"]) for frame in before] == list(range(count))
+
+
+def test_receive_bytes_returns_the_raw_stream_and_unread_hands_the_rest_back():
+    message = encode("MESSAGE", {"message-id": "1"}, b"one")
+
+    def script(peer):
+        peer.handshake()
+        subscribe = peer.read_frame()
+        peer.conn.sendall(message + message[:5])
+        peer.read_until_closed()
+        assert subscribe.command == "SUBSCRIBE"
+
+    with scripted_server(script) as (host, port):
+        with Client(host, port) as client:
+            client.subscribe("sub-1")  # flushed by receive_bytes
+            data = client.receive_bytes(timeout=5)
+            client.close()
+    assert data == message + message[:5]
+
+
+def test_unread_bytes_are_parsed_before_the_socket():
+    message = encode("MESSAGE", {"message-id": "2"}, b"two")
+
+    def script(peer):
+        peer.handshake()
+        peer.read_frame()  # sent after the client's unread
+        peer.conn.sendall(message[4:])
+        peer.read_until_closed()
+
+    with scripted_server(script) as (host, port):
+        with Client(host, port) as client:
+            client.unread(message[:4])
+            client.subscribe("sub-2")
+            frame = client.receive(timeout=5)
+            with pytest.raises(StompError, match="pending"):
+                client.unread(message[:4])
+                client.receive_bytes(timeout=0.01)
+            client.close()
+    assert frame is not None and (frame.command, frame.body) == ("MESSAGE", b"two")

@@ -34,16 +34,24 @@ class BodyReader:
         self.altered = 0  # bodies of this run whose content is not what was sent
 
     def seq(self, body: bytes) -> int | None:
-        """The seq of a good body of this run, else None (and the body is counted)."""
+        """The seq of a good body of this run, else None (and the body is counted). Checked in
+        place, not against a rebuilt body: a consumer checks every message it receives."""
         if not body.startswith(self._prefix):
             self.foreign += 1
             return None
-        digits = body[len(self._prefix) : body.find(b":", len(self._prefix))]
-        seq = int(digits) if digits.isdigit() else -1
-        if seq < 0 or body != make_body(self.run_id, seq, self.size):
+        start = len(self._prefix)
+        colon = body.find(b":", start)
+        digits = body[start:colon]
+        if (
+            colon < 0
+            or not digits.isdigit()
+            or (digits[0] == 48 and len(digits) > 1)  # no leading zero: one spelling per seq
+            or len(body) != max(self.size, colon + 1)
+            or body.count(b".", colon + 1) != len(body) - colon - 1
+        ):
             self.altered += 1
             return None
-        return seq
+        return int(digits)
 
 
 @dataclass(frozen=True, slots=True)

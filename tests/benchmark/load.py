@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from benchmark.bodies import SEQ_STRIDE, BodyReader, make_body
 from benchmark.crew import Worker
-from benchmark.target import BrokerError, Target, ack, close, next_frame, wait_receipt
+from benchmark.incoming import Incoming, ack_frame, messages, receipt_ids
+from benchmark.target import BrokerError, Target, ack, close, max_frame_bytes, next_frame, wait_receipt
 from curb.client import StompError
 from curb.frame import Frame
 
@@ -63,7 +64,8 @@ def produce(
     frames = [frame(index) for index in range(count)] if count is not None else None
     limit = count if count is not None else float("inf")
     me = worker.index
-    outstanding: set[str] = set()
+    incoming = Incoming(conn, max_frame_bytes(size))
+    outstanding: set[bytes] = set()
     sent = 0
     start = worker.start()
     deadline = start + seconds if seconds is not None else None
@@ -75,7 +77,7 @@ def produce(
             if gate is not None and not gate.may_send(worker):
                 break
             conn.write(frames[sent] if frames is not None else frame(sent))
-            outstanding.add(str(sent))
+            outstanding.add(b"%d" % sent)
             sent += 1
             worker.sent[me] = sent
         if not outstanding:
@@ -84,17 +86,29 @@ def produce(
             conn.flush()
             time.sleep(GATE_SLEEP_SECONDS)
             continue
-        receipt = next_frame(conn, timeout)
-        receipt_id = receipt.headers.get("receipt-id")
-        if receipt.command != "RECEIPT" or receipt_id not in outstanding:
-            raise BrokerError(
-                f"producer {producer}: expected a RECEIPT for an outstanding SEND, got {receipt.command} {receipt_id!r}"
-            )
-        outstanding.remove(receipt_id)
-        worker.done[me] += 1
+        try:
+            ids = receipt_ids(incoming, timeout)
+        except BrokerError as err:
+            raise BrokerError(f"producer {producer}: {err}") from None
+        settle(outstanding, ids, producer)
+        worker.done[me] += len(ids)
     end = time.monotonic()
+    incoming.hand_back()
     close(conn)
     return {"producer": producer, "sent": sent, "start": start, "end": end}
+
+
+def settle(outstanding: set[bytes], ids: list[bytes], producer: int) -> None:
+    """Remove the receipted SENDs from `outstanding`, one set operation per read; BrokerError
+    if some receipt-id was not outstanding (unknown, or receipted twice)."""
+    left = len(outstanding) - len(ids)
+    outstanding.difference_update(ids)
+    if len(outstanding) != left:
+        shown = ", ".join(repr(i.decode(errors="replace")) for i in ids[:8])
+        raise BrokerError(
+            f"producer {producer}: {len(outstanding) - left} of {len(ids)} RECEIPTs in one read "
+            f"for no outstanding SEND (unknown or repeated ids; the first: {shown})"
+        )
 
 
 def consume(
@@ -127,15 +141,15 @@ def consume(
     received = before_deadline = 0
 
     def take_and_ack(message: Frame) -> None:
-        take(message)
-        ack(conn, message)
-
-    def take(message: Frame) -> None:
-        nonlocal received, quiet
         if message.command != "MESSAGE":
             raise BrokerError(f"consumer: expected MESSAGE, got {message.command}")
+        take(message.body)
+        ack(conn, message)
+
+    def take(body: bytes) -> None:
+        nonlocal received, quiet
         received += 1
-        seq = reader.seq(message.body)
+        seq = reader.seq(body)
         if seq is not None:
             seqs.append(seq)
             if want:
@@ -143,36 +157,48 @@ def consume(
                 if not want:
                     quiet = min(quiet, GRACE_SECONDS)
 
+    incoming = Incoming(conn, max_frame_bytes(size))
     start = worker.start()
     if subscribe_at_start:
         target.subscribe(conn, prefetch)
     deadline = start + seconds if seconds is not None else None
     last = start
-    while True:
+    finished = False
+    while not finished:
         try:
-            message = next_frame(conn, timeout) if count is not None else conn.receive(POLL_SECONDS)
+            batch = messages(incoming, timeout if count is not None else POLL_SECONDS)
+            if batch is None and count is not None:
+                raise BrokerError(f"no frame from the broker for {timeout:g} s")
         except (BrokerError, StompError) as err:
             raise BrokerError(f"consumer, after {received:,} messages: {err}") from None
         now = time.monotonic()
-        if message is None:
+        if batch is None:
             if (deadline is None or now >= deadline) and now - last >= quiet:
                 break
             continue
         last = now
-        take(message)
-        if deadline is not None and now < deadline:
-            before_deadline += 1
-            if gate is not None:
-                conn.flush()
-                while not gate.may_ack(worker) and time.monotonic() < deadline:
-                    time.sleep(GATE_SLEEP_SECONDS)
-        if count is not None and received >= count:
-            ack(conn, message, receipt="last")
-            wait_receipt(conn, "last", take_and_ack)
-            last = time.monotonic()
-            break
-        ack(conn, message)
+        acks: list[bytes] = []  # written at once, after the read's messages are checked
+        for body, ack_id in batch:
+            take(body)
+            if deadline is not None and now < deadline:
+                before_deadline += 1
+                if gate is not None:
+                    conn.write(b"".join(acks))
+                    acks.clear()
+                    conn.flush()
+                    while not gate.may_ack(worker) and time.monotonic() < deadline:
+                        time.sleep(GATE_SLEEP_SECONDS)
+            if count is not None and received >= count and not finished:
+                acks.append(ack_frame(ack_id, receipt="last"))
+                finished = True
+            else:
+                acks.append(ack_frame(ack_id))
+        conn.write(b"".join(acks))
         worker.done[me] = received
+    incoming.hand_back()
+    if finished:
+        wait_receipt(conn, "last", take_and_ack)
+        last = time.monotonic()
     close(conn, take_and_ack)
     return {
         "seqs": seqs.tobytes(),

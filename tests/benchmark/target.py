@@ -47,7 +47,7 @@ class Target:
             passcode=self.passcode,
             timeout=timeout,
             virtual_host="/",
-            max_frame_bytes=max(DEFAULT_MAX_FRAME, 2 * max_body),
+            max_frame_bytes=max_frame_bytes(max_body),
         )
         return client, client.connect()
 
@@ -58,6 +58,11 @@ class Target:
         headers = {self.prefetch_header: str(prefetch)} if prefetch is not None else {}
         headers.update(self.sub_headers)
         client.subscribe(sub_id, self.dest, ack, headers=headers)
+
+
+def max_frame_bytes(max_body: int) -> int:
+    """The largest frame a load process accepts from the broker, for bodies of up to `max_body` bytes."""
+    return max(DEFAULT_MAX_FRAME, 2 * max_body)
 
 
 def next_frame(client: Client, timeout: float) -> Frame:
