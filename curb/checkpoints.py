@@ -20,6 +20,9 @@ sequence. Recovery trusts it, so it may only name what is already on disk:
    snapshot's next id plus `reserve`, and the log assigns no id at or above the
    reservation of the newest durable checkpoint (`id_limit`). Only the final checkpoint
    of a clean stop reserves nothing, so ids go on without a gap after it.
+6. An ACK of the oldest message in flight writes nothing: the next checkpoint's tail
+   passes the message, and that retires it. A snapshot counts such ACKs (`retired`, in
+   memory only), so the log knows which of them a durable checkpoint covers.
 """
 
 from __future__ import annotations
@@ -34,13 +37,14 @@ from curb.disk import Disk
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """What a checkpoint records: the live region, the next id and write sequence, and
-    the ack-up-to watermark."""
+    the ack-up-to watermark; and how many ACKs its tail retired in this run (rule 6)."""
 
     tail: int
     head: int
     next_id: int
     next_wseq: int
     acked_upto: int = 0
+    retired: int = 0
 
 
 class Checkpoints:

@@ -3,7 +3,9 @@
 The file is a header (magic and two checkpoint slots) followed by a ring of records
 (curb.record). New records go at the head (curb.ring); the queue is read from the tail
 in file order by the read cursor (curb.cursor), so the broker keeps only a read position
-and its in-flight records in memory. ACK flips a record's state in place.
+and its in-flight records in memory. ACK flips a record's state in place, except for the
+oldest message in flight, which the next checkpoint's tail retires with no write at all
+(consumers ACK in order, so that is nearly every ACK).
 
 `LogCore` does every step without threads, timers or an event loop of its own, so the
 crash simulator in the tests drives it over a simulated disk; `Log` is the same core run
@@ -17,6 +19,14 @@ Invariants, each kept in one place:
 - A copy made by compaction has the message's id and a new write sequence; the last copy
   in write order is the message (curb.cursor, curb.scan). ACK and requeue patch the
   record's current copy only, so older copies stay `rdy` and dead.
+- An ACK of the oldest message held (the first of the cursor's `behind`, whose offset is
+  the logical tail) is *retired*: no patch is written, and the next snapshot's tail lies
+  past the message, so the first durable checkpoint after it makes the ACK durable
+  (curb.checkpoints, rule 6). Until then a crash brings the message back, as a lost
+  patch would. Whoever waits for durability (`on_durable`: ACK, NACK and DISCONNECT
+  receipts) waits for that checkpoint too, and while retired ACKs are not covered a
+  checkpoint is written at every flush the pipeline allows, so they become durable
+  within the same few sync cycles as a patch would.
 - Admission (`append`) accepts a message only if the live bytes leave room for it and
   the headroom compaction needs (`headroom`); then it is placed after at most a few sync
   and checkpoint cycles, with no new ACKs: compaction copies held messages that pin the
@@ -196,6 +206,8 @@ class LogCore:
         self._roomy = 3 * (self.max_record + PAD_SIZE) + 64
         self._broken: str | None = None
         self._upto_waiters: collections.deque[tuple[int, Done]] = collections.deque()
+        self._retired = 0  # ACKs retired by the tail in this run (curb.checkpoints, rule 6)
+        self._retire_waiters: collections.deque[tuple[int, Done]] = collections.deque()
         self._ids_wanted = False
         self._browses: set[Browse] = set()
         self._marks: list[tuple[int, int, int]] = []  # (id, offset, wseq), ids rising
@@ -349,7 +361,9 @@ class LogCore:
         return 2 * (self._largest(self._classes) + PAD_SIZE)
 
     def _snapshot(self) -> Snapshot:
-        return Snapshot(self._cursor.tail(), self._ring.head, self._next_id, self._next_wseq, self._acked_upto)
+        return Snapshot(
+            self._cursor.tail(), self._ring.head, self._next_id, self._next_wseq, self._acked_upto, self._retired
+        )
 
     # ---------------------------------------------------------------- the broker's calls
 
@@ -406,12 +420,19 @@ class LogCore:
         rec.deliveries += 1
 
     def ack(self, rec: Record) -> None:
-        """The message is done: flip its state on disk; it is never delivered again."""
+        """The message is done: it is never delivered again. The oldest message held is
+        retired by the next checkpoint's tail; any other gets its state flipped on disk."""
         if rec.acked:
             return
         rec.acked = True
-        self._cursor.settled(rec)
+        cur = self._cursor
+        oldest = next(iter(cur.behind), None) == rec.id
+        cur.settled(rec)
         self._classes.remove(rec.size)
+        if oldest:
+            self._retired += 1
+            self._schedule()
+            return
         deliveries = rec.deliveries
         patch = ACK_PATCHES[deliveries] if deliveries < len(ACK_PATCHES) else fmt.state_patch(STATE_ACK, deliveries)
         self._patches.append((rec.offset, patch))
@@ -500,8 +521,22 @@ class LogCore:
         if self._broken:
             done(self._broken)
             return
+        if self._retired > self._checkpoints.durable.retired:
+            done = self._then_retired(self._retired, done)
         self._untagged.append(done)
         self._schedule()
+
+    def _then_retired(self, count: int, done: Done) -> Done:
+        """`done` for on_durable while retired ACKs are not all covered: after its sync,
+        it waits for the first durable checkpoint that counts `count` of them."""
+
+        def synced(err: str | None) -> None:
+            if err is None and self._checkpoints.durable.retired < count:
+                self._retire_waiters.append((count, done))
+            else:
+                done(err)
+
+        return synced
 
     def payload(self, rec: Record) -> bytes:
         """The stored SEND headers and body of a record."""
@@ -539,7 +574,7 @@ class LogCore:
             self._urgent_upto = fno
             self._waiters.extend((fno, done) for done in self._untagged)
             self._untagged.clear()
-        if self._room_wanted or self._upto_waiters or self._ids_wanted:
+        if self._room_wanted or self._upto_waiters or self._ids_wanted or self._retire_waiters:
             self._urgent_upto = fno
         if wrote:
             self._written_no = fno
@@ -549,10 +584,16 @@ class LogCore:
             self.on_written()
 
     def _checkpoint_if_due(self, fno: int, wrote: bool) -> bool:
-        """Write the newest writable checkpoint when the cadence says so or an append
-        waits for room. Returns whether it wrote one."""
+        """Write the newest writable checkpoint when the cadence says so, an append waits
+        for room or retired ACKs wait for one. Returns whether it wrote one."""
         now = self.clock()
-        if not self._room_wanted and not self._upto_waiters and not self._ids_wanted and now < self._ckpt_due:
+        if (
+            not self._room_wanted
+            and not self._upto_waiters
+            and not self._ids_wanted
+            and self._retired <= self._checkpoints.durable.retired
+            and now < self._ckpt_due
+        ):
             return False
         written_no = fno if wrote else self._written_no
         snap = self._checkpoints.writable(self._synced_no, written_no, self._snapshot())
@@ -811,14 +852,20 @@ class LogCore:
         durable = self._checkpoints.synced(target)
         if durable is not None:
             self._durable(durable)
-        if self._pending or self._patches or self._untagged or self._upto_waiters:
+        if (
+            self._pending
+            or self._patches
+            or self._untagged
+            or self._upto_waiters
+            or self._retired > self._checkpoints.durable.retired
+        ):
             self._schedule()
         else:
             self._want_sync()
 
     def _durable(self, durable: Snapshot) -> None:
         """A checkpoint is synced: space behind its tail may be reused, and ACKs up to
-        its watermark are answered."""
+        its watermark, and those its tail retired, are answered."""
         ring = self._ring
         old, ring.tail = ring.tail, durable.tail
         if old != durable.tail:
@@ -827,6 +874,9 @@ class LogCore:
         answered = False
         while self._upto_waiters and self._upto_waiters[0][0] <= durable.acked_upto:
             self._upto_waiters.popleft()[1](None)
+            answered = True
+        while self._retire_waiters and self._retire_waiters[0][0] <= durable.retired:
+            self._retire_waiters.popleft()[1](None)
             answered = True
         if answered:
             self.on_answered()
@@ -840,8 +890,9 @@ class LogCore:
         for done in self._untagged:
             done(reason)
         self._untagged.clear()
-        while self._upto_waiters:
-            self._upto_waiters.popleft()[1](reason)
+        for waiters in (self._upto_waiters, self._retire_waiters):
+            while waiters:
+                waiters.popleft()[1](reason)
         self.on_fatal(reason)
 
     def _busy(self) -> bool:
@@ -850,6 +901,7 @@ class LogCore:
             or self._patches
             or self._untagged
             or self._upto_waiters
+            or self._retire_waiters
             or self._written_no > self._synced_no
             or self._checkpoints.writing is not None
         )

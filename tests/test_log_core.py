@@ -385,3 +385,70 @@ def test_a_lap_old_pad_state_left_on_a_new_message_by_a_torn_write_is_not_a_pad(
         fmt.parse_header(b"rdy" + pad[3:], 0)
     assert fmt.parse_header(pad, 0).state == fmt.STATE_PAD
     assert fmt.parse_header(line + payload + b"\n", 0).id == 37
+
+
+# ---------------------------------------------------------------- ACKs the checkpoint's tail retires
+
+
+def state_on_disk(core: Core, rec: Record) -> bytes:
+    return core.disk.visible_image()[rec.offset : rec.offset + 3]
+
+
+def two_taken(core: Core) -> tuple[Record, Record]:
+    for n in (1, 2):
+        until(core, answered(core.send(body(n))))
+    return core.take(), core.take()
+
+
+def test_an_ack_of_the_oldest_message_held_writes_nothing_and_the_checkpoint_retires_it():
+    core = Core()
+    first, _ = two_taken(core)
+    core.log.ack(first)
+    core.log.flush()
+    assert state_on_disk(core, first) == fmt.STATE_RDY  # no patch
+    answers: list[str | None] = []
+    core.log.on_durable(answers.append)
+    until(core, answered(answers))
+    # Durable now: the message never comes back, whatever the crash.
+    for mode in ("power", "kill"):
+        assert core.crash(mode).drain() == [body(2)]
+
+
+def test_an_ack_out_of_order_is_a_patch():
+    core = Core()
+    first, second = two_taken(core)
+    core.log.ack(second)
+    core.log.flush()
+    assert state_on_disk(core, second) == fmt.STATE_ACK
+    core.ack_durably(first)  # now the oldest: retired, and the tail passes both
+    assert core.crash("power").drain() == []
+
+
+def test_the_answer_for_a_retired_ack_comes_with_the_checkpoint_that_retires_it():
+    """The ACK writes nothing, so a crash before the checkpoint brings the message back
+    (as a lost patch would); on_durable answers only once that checkpoint is synced."""
+    core = Core()
+    first, _ = two_taken(core)
+    core.log.flush()
+    core.log.sync()
+    core.log.ack(first)
+    answers: list[str | None] = []
+    core.log.on_durable(answers.append)
+    assert body(1) in core.crash("kill").drain()  # nothing on disk says it was ACKed yet
+    core.log.flush()  # the checkpoint whose tail passes the message
+    assert answers == []
+    core.log.sync()
+    assert answers == [None]
+    assert core.crash("power").drain() == [body(2)]
+
+
+def test_retired_acks_become_durable_with_no_receipt_asked_and_no_other_traffic():
+    """Nobody waits and nothing else is written: the log still writes and syncs the
+    checkpoint that retires the ACK within a few rounds (the no-receipt promise)."""
+    core = Core()
+    first, second = two_taken(core)
+    core.settle(2)
+    core.log.ack(first)
+    core.log.ack(second)
+    core.settle(2)
+    assert core.crash("power").drain() == []
