@@ -211,8 +211,11 @@ def test_empty_host_listens_on_ipv4_and_ipv6(curb_broker, raw, free_port):
     assert raw(port, "::1").connect().headers["version"] == "1.2"
 
 
-def test_bracketed_ipv6_address_works(curb_broker, raw):
-    broker = curb_broker(addr="[::1]:0")
+def test_bracketed_ipv6_address_works(curb_broker, raw, free_port):
+    # A port free on 127.0.0.1 too: otherwise another program listening there on the
+    # same number would answer the check below.
+    port = dual_stack_port(free_port)
+    broker = curb_broker(addr=f"[::1]:{port}")
     assert raw(broker.port, "::1").connect().headers["version"] == "1.2"
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", broker.port), timeout=2).close()
