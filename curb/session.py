@@ -410,9 +410,10 @@ class Session:
         headers, body = frame.headers, frame.body
         lines = payload.header_lines(headers)
         data = lines + b"\n" + body
-        problem = message_limits.send_problem(lines, len(data), self.broker.max_frame)
-        if problem is not None:
-            raise Refused(*problem)
+        if lines or len(data) - 1 + message_limits.RESERVE > self.broker.max_frame:  # else nothing to check
+            problem = message_limits.send_problem(lines, len(data), self.broker.max_frame)
+            if problem is not None:
+                raise Refused(*problem)
         receipt = headers.get("receipt")
         entry = self._owe() if receipt is not None else None
 
