@@ -586,6 +586,8 @@ class LogCore:
     def _checkpoint_if_due(self, fno: int, wrote: bool) -> bool:
         """Write the newest writable checkpoint when the cadence says so, an append waits
         for room or retired ACKs wait for one. Returns whether it wrote one."""
+        if self._checkpoints.writing is not None:  # one unsynced checkpoint at a time
+            return False
         now = self.clock()
         if (
             not self._room_wanted
@@ -608,9 +610,12 @@ class LogCore:
         """Place and write pending appends in order, stopping at the first that has no
         room yet. Returns how many were placed, and whether anything was written (the
         copies and pads compaction made count: a checkpoint must wait for their sync)."""
+        self._room_wanted = False
+        if not self._pending:  # a flush for ACKs alone: nothing to place, nothing to compact
+            self._pending_largest = 0
+            return 0, False
         runs = WriteRuns([], [])
         written: list[tuple[Record, bytes]] = []
-        self._room_wanted = False
         pending, ring, end = self._pending, self._ring, self.end
         reserve = self._reserve()
         early = self._early(reserve)

@@ -31,31 +31,39 @@ def class_bound(cls: int) -> int:
 class SizeClasses:
     """Counts of records by size class, and the highest class in use."""
 
-    __slots__ = ("counts", "top")
+    __slots__ = ("counts", "top", "total")
 
     def __init__(self) -> None:
         self.counts = [0] * CLASSES
         self.top = 0
+        self.total = 0
 
     def add(self, size: int, n: int = 1) -> None:
         cls = size_class(size)
         self.counts[cls] += n
+        self.total += n
         if cls > self.top:
             self.top = cls
 
     def remove(self, size: int) -> None:
         """Forget one record of `size` (never below zero: a count that damage made
-        wrong only ever errs high)."""
+        wrong only ever errs high). The highest class in use is found again only when
+        its last record goes, and at once when none is left (a queue kept empty)."""
         cls = size_class(size)
         counts = self.counts
         if counts[cls] > 0:
             counts[cls] -= 1
+            self.total -= 1
+        if not self.total:
+            self.top = 0
+            return
         while self.top and counts[self.top] == 0:
             self.top -= 1
 
     def clear(self) -> None:
         self.counts = [0] * CLASSES
         self.top = 0
+        self.total = 0
 
     def largest(self) -> int:
         """An upper bound of the largest size counted; 0 when none is."""
