@@ -764,8 +764,8 @@ class LogCore:
             dist = ring.distance(ring.tail, rec.offset)
             if dist >= span or dist >= used:
                 break
-            spot = ring.place(rec.size)
-            if spot is None or ring.free() - rec.size - PAD_SIZE < keep or not self._move(rec, spot, runs):
+            spot = ring.copy_spot(rec.size, keep)
+            if spot is None or not self._move(rec, spot, runs):
                 break
 
     def _move(self, rec: Record, spot: tuple[int, bool], runs: WriteRuns) -> bool:

@@ -14,6 +14,8 @@ Invariants kept here:
 - Copies need contiguous room: free bytes split between the end of a lap and the start of
   the next may hold no copy of a large record. `clears` answers, without writing, whether
   copying the held records one by one can free a given number of bytes at all.
+- A copy goes only where `copy_spot` says: compaction and admission's walk (`clears`)
+  ask the same rule, so admission never counts on a copy that compaction would not make.
 """
 
 from __future__ import annotations
@@ -60,6 +62,14 @@ class Ring:
             return head, False
         return None
 
+    def copy_spot(self, size: int, keep: int = 0) -> tuple[int, bool] | None:
+        """Where compaction may copy a held record of `size` bytes now (as `place`), if
+        that leaves `keep` free bytes and a pad's worth besides; None otherwise."""
+        spot = self.place(size)
+        if spot is None or self.free() - size - PAD_SIZE < keep:
+            return None
+        return spot
+
     def clears(self, held: Iterable[tuple[int, int]], rest: int, want: int) -> bool:
         """Whether compaction can free `want` bytes: `held` are the (offset, size) of the
         held records that pin the region, oldest first, and `rest` is where the region
@@ -71,7 +81,7 @@ class Ring:
             ring.tail = offset
             if ring.free() >= want:
                 return True
-            spot = ring.place(size)
+            spot = ring.copy_spot(size)
             if spot is None:
                 return False
             ring.head = spot[0] + size

@@ -26,6 +26,22 @@ def test_place(head: int, tail: int, size: int, spot: tuple[int, bool] | None):
 # A ring after a crash amid compaction: its free bytes in two pieces, 100 before the pad
 # that ends the lap and 100 at the start of the next.
 SPLIT = Ring(END, END - PAD_SIZE - 100, R + 100)
+GAP = Ring(R + 8000, R + 1000, R + 1498)  # wrapped: the head is a lap ahead, 498 bytes short of the tail
+
+
+@pytest.mark.parametrize(
+    "size,keep,spot",
+    [
+        (400, 0, (R + 1000, False)),
+        (454, 0, None),  # fits before the tail, but not with a pad's worth besides
+        (400, 31, (R + 1000, False)),
+        (400, 32, None),
+        (500, 0, None),
+    ],
+)
+def test_copy_spot(size: int, keep: int, spot: tuple[int, bool] | None):
+    assert GAP.free() == 498
+    assert GAP.copy_spot(size, keep) == spot
 
 
 @pytest.mark.parametrize(
@@ -42,6 +58,11 @@ SPLIT = Ring(END, END - PAD_SIZE - 100, R + 100)
         (SPLIT, [(R + 100, 40), (R + 250, 150)], R + 500, 400, False),
         # Enough is free before the first copy is needed.
         (SPLIT, [(R + 100, 150)], R + 500, 150, True),
+        # Wrapped, 498 bytes free before the tail: a 454-byte copy would fit, but would
+        # leave less than a pad's worth, and compaction does not make such a copy
+        # (crash simulator seed 1028490).
+        (GAP, [(R + 1498, 454), (R + 5000, 100)], R + 6000, 1000, False),
+        (GAP, [(R + 1498, 400), (R + 5000, 100)], R + 6000, 1000, True),
     ],
 )
 def test_clears(ring: Ring, held: list[tuple[int, int]], rest: int, want: int, clears: bool):
