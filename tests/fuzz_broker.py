@@ -25,7 +25,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from fuzz_codec import CONNECT, make_input, parse, pieces
+from fuzz_codec import CONNECT, make_input, pieces
+from test_frame_props import run as feed_all
 
 from curb.client import Client, StompError
 from curb.spawn import BrokerProcess
@@ -63,7 +64,7 @@ def hostile(port: int, seed: int, worker: int, stop: threading.Event, stats: Sta
     while not stop.is_set():
         data, cuts, connect = make_input(seed, index)
         index += 1_000_000  # each worker its own inputs of the seed
-        frames, _ = parse([data])
+        frames, _ = feed_all([data])
         if any(frame.command == "SUBSCRIBE" for frame in frames):
             with stats.lock:
                 stats.skipped += 1

@@ -23,9 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from simdisk import SimDisk
+from test_frame_props import run as feed_all  # frames and error of one parser, its buffer bounded
 
 from curb.broker import Broker
-from curb.frame import Frame, FrameParser, ProtocolError, encode
+from curb.frame import FrameParser, ProtocolError, encode
 from curb.log import LogCore
 from curb.session import Session
 
@@ -106,18 +107,6 @@ def pieces(data: bytes, cuts: list[int]) -> list[bytes]:
     return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
 
 
-def parse(chunks: list[bytes]) -> tuple[list[Frame], str | None]:
-    """Frames and error of feeding the chunks to one parser; only ProtocolError is caught."""
-    parser = FrameParser()
-    frames: list[Frame] = []
-    for chunk in chunks:
-        try:
-            frames += parser.feed(chunk)
-        except ProtocolError as err:
-            return frames + err.frames, str(err)
-    return frames, None
-
-
 class Harness:
     """One broker over a LogCore on an in-memory disk, a consumer that drains it, and a
     fresh session per input; scheduled callbacks run after every input."""
@@ -175,8 +164,8 @@ def run_one(harness: Harness, seed: int, index: int, totals: Totals) -> None:
     data, cuts, connect = make_input(seed, index)
     chunks = pieces(data, cuts)
     try:
-        whole = parse([data])
-        split = parse(chunks)
+        whole = feed_all([data])
+        split = feed_all(chunks)
         if split != whole:
             raise AssertionError(f"split at {cuts} gave {split!r}, whole gave {whole!r}")
         harness.run(chunks, connect)
