@@ -28,16 +28,16 @@ sequence. Recovery trusts it, so it may only name what is already on disk:
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from curb import record as fmt
 from curb.disk import Disk
 
 
-@dataclass(frozen=True, slots=True)
-class Snapshot:
+class Snapshot(NamedTuple):
     """What a checkpoint records: the live region, the next id and write sequence, and
-    the ack-up-to watermark; and how many ACKs its tail retired in this run (rule 6)."""
+    the ack-up-to watermark; and how many ACKs its tail retired in this run (rule 6).
+    A tuple: one is taken at every flush that writes, and compared with the last."""
 
     tail: int
     head: int
@@ -80,7 +80,7 @@ class Checkpoints:
                 best = self._taken.popleft()[1]
         if best is None:
             best = self.durable
-        best = replace(best, acked_upto=current.acked_upto)
+        best = best._replace(acked_upto=current.acked_upto)
         if best == self.durable:
             return None
         return best

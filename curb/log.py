@@ -186,6 +186,9 @@ class LogCore:
         self.on_fatal: Callable[[str], None] = lambda reason: None
         self.on_answered: Callable[[], None] = lambda: None
         self.on_damage: Callable[[str], None] = lambda text: None
+        # True while the caller is about to flush in the same call (the broker, handling a
+        # connection's frames): a flush asked for meanwhile need not be arranged.
+        self.hold_flush = False
         self._pending: collections.deque[tuple[Record, bytes, Done | None, bool]] = collections.deque()
         self._pending_bytes = 0
         self._patches: list[tuple[int, bytes]] = []
@@ -325,10 +328,6 @@ class LogCore:
         ahead_live = cur.outstanding_bytes - cur.behind_bytes
         return max(0, self._ring.distance(cur.rpos, cur.whead) - cur.unread_bytes - ahead_live)
 
-    def _largest(self, classes: SizeClasses) -> int:
-        """An upper bound (within a quarter) of the largest record counted in `classes`."""
-        return min(self.max_record, classes.largest())
-
     def headroom(self, size: int) -> int:
         """Free bytes a record of `size` needs beside the live bytes, with L the largest
         live or waiting record: 2(L + pad) kept free for compaction's copies (one copy
@@ -357,8 +356,9 @@ class LogCore:
 
     def _reserve(self) -> int:
         """Free bytes placements of new messages leave for compaction's copies of the
-        records in the ring (messages still waiting to be placed are not in it yet)."""
-        return 2 * (self._largest(self._classes) + PAD_SIZE)
+        records in the ring (messages still waiting to be placed are not in it yet): room
+        for two of the largest, bounded within a quarter by their size classes."""
+        return 2 * (min(self.max_record, self._classes.largest) + PAD_SIZE)
 
     def _snapshot(self) -> Snapshot:
         return Snapshot(
@@ -559,14 +559,23 @@ class LogCore:
             return
         self._flush_no += 1
         fno = self._flush_no
+        patches = self._patches
         try:
-            placed, wrote = self._write_appends(fno)
-            wrote = wrote or bool(self._patches)
-            self._unsynced_ops += placed + len(self._patches)
-            for off, patch in self._patches:
-                self.disk.pwrite(patch, off)
-            self._patches.clear()
-            wrote = self._checkpoint_if_due(fno, wrote) or wrote
+            if self._pending:
+                placed, wrote = self._write_appends(fno)
+            else:  # a flush for ACKs alone: nothing to place, nothing to compact
+                self._room_wanted = False
+                self._pending_largest = 0
+                placed, wrote = 0, False
+            self._unsynced_ops += placed
+            if patches:
+                wrote = True
+                self._unsynced_ops += len(patches)
+                for off, patch in patches:
+                    self.disk.pwrite(patch, off)
+                patches.clear()
+            if self._checkpoints.writing is None and self._checkpoint_if_due(fno, wrote):
+                wrote = True
         except OSError as err:
             self._fail(f"cannot write {self.name}: {err.strerror or err}")
             return
@@ -585,9 +594,8 @@ class LogCore:
 
     def _checkpoint_if_due(self, fno: int, wrote: bool) -> bool:
         """Write the newest writable checkpoint when the cadence says so, an append waits
-        for room or retired ACKs wait for one. Returns whether it wrote one."""
-        if self._checkpoints.writing is not None:  # one unsynced checkpoint at a time
-            return False
+        for room or retired ACKs wait for one. Returns whether it wrote one. The caller
+        asks only while no checkpoint write is unsynced (one at a time)."""
         now = self.clock()
         if (
             not self._room_wanted
@@ -611,20 +619,19 @@ class LogCore:
         room yet. Returns how many were placed, and whether anything was written (the
         copies and pads compaction made count: a checkpoint must wait for their sync)."""
         self._room_wanted = False
-        if not self._pending:  # a flush for ACKs alone: nothing to place, nothing to compact
-            self._pending_largest = 0
-            return 0, False
         runs = WriteRuns([], [])
         written: list[tuple[Record, bytes]] = []
-        pending, ring, end = self._pending, self._ring, self.end
-        reserve = self._reserve()
-        early = self._early(reserve)
+        pending, ring, end, capacity = self._pending, self._ring, self.end, self.capacity
+        reserve = early = -1  # computed when first needed, and again once a record outgrows it
         while pending:
             rec, payload, done, urgent = pending[0]
             size = rec.size
-            head = ring.head
+            head, tail = ring.head, ring.tail
+            if reserve < 0:
+                reserve = self._reserve()
+                early = self._early(reserve)
             try:
-                if head >= ring.tail and head + size + PAD_SIZE <= end and ring.free() - size >= early:
+                if head >= tail and head + size + PAD_SIZE <= end and capacity - (head - tail) - size >= early:
                     # The common case: room at the head, far from the tail.
                     if head + size + PAD_SIZE > self._allocated:
                         self._allocate(head + size + PAD_SIZE)
@@ -649,8 +656,7 @@ class LogCore:
             self._pending_bytes -= size
             self._classes.add(size)
             if 2 * (size + PAD_SIZE) > reserve:
-                reserve = self._reserve()
-                early = self._early(reserve)
+                reserve = -1
             written.append((rec, payload))
             if done is not None:
                 self._waiters.append((fno, done))
@@ -935,6 +941,7 @@ class Log(LogCore):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._syncer: Syncer | None = None
         self._flush_handle: asyncio.Handle | None = None
+        self._flush_wanted = False  # asked for while hold_flush: the holder flushes
         self._lazy: asyncio.TimerHandle | None = None
         self._syncing = False
         try:
@@ -950,7 +957,9 @@ class Log(LogCore):
         self._schedule()
 
     def _schedule(self) -> None:
-        if self._flush_handle is None and self._loop is not None:
+        if self.hold_flush:
+            self._flush_wanted = True
+        elif self._flush_handle is None and self._loop is not None:
             self._flush_handle = self._loop.call_soon(self._flush_now)
 
     def _flush_now(self) -> None:
@@ -960,9 +969,14 @@ class Log(LogCore):
     def flush(self) -> None:
         """Write what is pending now rather than later in this loop pass, so that a
         message sent can be delivered in the same pass."""
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-            self._flush_now()
+        handle = self._flush_handle
+        if handle is not None:
+            handle.cancel()
+            self._flush_handle = None
+        elif not self._flush_wanted:
+            return
+        self._flush_wanted = False
+        LogCore.flush(self)
 
     def _want_sync(self) -> None:
         """Sync soon: one loop pass from now when a receipt (or an append waiting for
@@ -1001,7 +1015,7 @@ class Log(LogCore):
         self._end_sync(target, seconds, err)
 
     def _busy(self) -> bool:
-        return self._syncing or self._flush_handle is not None or super()._busy()
+        return self._syncing or self._flush_handle is not None or self._flush_wanted or super()._busy()
 
     async def close(self, timeout: float = 10.0) -> None:
         """Write and sync everything pending, leave a checkpoint naming the final state,

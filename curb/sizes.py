@@ -3,8 +3,8 @@
 Compaction must be able to copy any record that a consumer may come to hold, so the
 log needs a bound on the largest live record at every append. Counting records by
 size class (bit length and the two bits below the top one) gives a bound at most a
-quarter above the truth in constant memory; the highest non-empty class is tracked as
-counts change, so asking costs nothing on the hot path.
+quarter above the truth in constant memory; the highest non-empty class and its bound
+are tracked as counts change, so asking costs nothing on the hot path.
 """
 
 from __future__ import annotations
@@ -29,14 +29,16 @@ def class_bound(cls: int) -> int:
 
 
 class SizeClasses:
-    """Counts of records by size class, and the highest class in use."""
+    """Counts of records by size class, the highest class in use and `largest`, an
+    upper bound of the largest size counted (0 when none is)."""
 
-    __slots__ = ("counts", "top", "total")
+    __slots__ = ("counts", "largest", "top", "total")
 
     def __init__(self) -> None:
         self.counts = [0] * CLASSES
         self.top = 0
         self.total = 0
+        self.largest = 0
 
     def add(self, size: int, n: int = 1) -> None:
         cls = size_class(size)
@@ -44,6 +46,7 @@ class SizeClasses:
         self.total += n
         if cls > self.top:
             self.top = cls
+            self.largest = class_bound(cls)
 
     def remove(self, size: int) -> None:
         """Forget one record of `size` (never below zero: a count that damage made
@@ -55,16 +58,15 @@ class SizeClasses:
             counts[cls] -= 1
             self.total -= 1
         if not self.total:
-            self.top = 0
+            self.top = self.largest = 0
+            return
+        if counts[self.top]:
             return
         while self.top and counts[self.top] == 0:
             self.top -= 1
+        self.largest = class_bound(self.top) if counts[self.top] else 0
 
     def clear(self) -> None:
         self.counts = [0] * CLASSES
-        self.top = 0
+        self.top = self.largest = 0
         self.total = 0
-
-    def largest(self) -> int:
-        """An upper bound of the largest size counted; 0 when none is."""
-        return class_bound(self.top) if self.counts[self.top] else 0
