@@ -58,6 +58,7 @@ class Store(Protocol):
 
     on_written: Callable[[], None]
     on_answered: Callable[[], None]
+    hold_flush: bool
 
     @property
     def unread(self) -> int: ...
@@ -94,9 +95,14 @@ class Refused(Exception):
         self.message = message
 
 
-def _loop_schedule(delay: float, callback: Callable[[], None]) -> object:
-    loop = asyncio.get_running_loop()
-    return loop.call_soon(callback) if delay <= 0 else loop.call_later(delay, callback)
+def loop_schedule(loop: asyncio.AbstractEventLoop) -> Schedule:
+    """A Schedule on an event loop: call_soon for no delay, else call_later."""
+    call_soon, call_later = loop.call_soon, loop.call_later
+
+    def schedule(delay: float, callback: Callable[[], None]) -> object:
+        return call_soon(callback) if delay <= 0 else call_later(delay, callback)
+
+    return schedule
 
 
 class Broker:
@@ -115,7 +121,7 @@ class Broker:
         max_connections: int | None = None,
         metrics: Metrics | None = None,
         events: Callable[..., None] = lambda *a, **k: None,
-        schedule: Schedule = _loop_schedule,
+        schedule: Schedule | None = None,
         offload: Offload | None = None,
     ):
         self.log = log
@@ -132,7 +138,8 @@ class Broker:
         self._timeout_lines = LineLimit(LIMIT_LOG_SECONDS)
         self.metrics = metrics or Metrics()
         self.events = events
-        self.schedule = schedule
+        # Default: the event loop running now (a broker is made inside it).
+        self.schedule = schedule or loop_schedule(asyncio.get_running_loop())
         self.offload: Offload = offload or (lambda work, then: then(work()))
         self._pending_logins = 0
         self.sessions: set[Session] = set()
@@ -142,6 +149,7 @@ class Broker:
         self._pumping = False
         self._pump_wanted = False
         self._dirty: list[Session] = []
+        self._in_frames = False  # between before_frames and after_frames: flush_out follows
         self._browsing: set[Session] = set()
         self._browse_scheduled = False
         log.on_written = self.pump
@@ -326,28 +334,29 @@ class Broker:
     # ---------------------------------------------------------------- delivery and output
 
     def pump(self) -> None:
-        """Hand out every message that some subscription has credit for."""
-        if self._pumping:
-            return
-        self._pumping = True
-        delivered = redelivered = 0
-        payload_of = self.log.payload
-        try:
-            while True:
-                batch = self.queue.deliver()
-                if not batch:
-                    break
+        """Hand out every message that some subscription has credit for. One pass of
+        the queue takes all the credit there is; handing the messages to their sessions
+        changes none, and a pump from within it (none is) would be skipped, so that each
+        session gets its messages in the queue's order."""
+        queue = self.queue
+        if queue.has_credit() and not self._pumping:
+            self._pumping = True
+            try:
+                batch = queue.deliver()
+                delivered = redelivered = 0
+                log = self.log
                 for sub, rec in batch:
-                    self.log.delivered(rec)
-                    sub.conn.deliver(sub, rec, payload_of(rec))
+                    log.delivered(rec)
+                    sub.conn.deliver(sub, rec, log.payload(rec))
                     if sub.ack_mode != "auto":
                         delivered += 1
                     if rec.deliveries > 1:
                         redelivered += 1
-        finally:
-            self._pumping = False
-        self.metrics.delivered += delivered
-        self.metrics.redelivered += redelivered
+            finally:
+                self._pumping = False
+            if batch:
+                self.metrics.delivered += delivered
+                self.metrics.redelivered += redelivered
         if self._counters:
             self.counts_changed()
         if self._browsing:
@@ -373,16 +382,25 @@ class Broker:
         if again:
             self._want_browse()
 
+    def before_frames(self) -> None:
+        """A connection's frames are about to be handled, and `after_frames` follows in
+        the same call (the session makes sure): until then, what they ask of the log and
+        the output they make wait for it, with no loop callback of their own."""
+        self._in_frames = True
+        self.log.hold_flush = True
+
     def after_frames(self) -> None:
         """A connection's frames are handled: write them to the log, deliver what can
         be delivered, and send the answers, all in this loop pass."""
+        self.log.hold_flush = False
         self.log.flush()
         self.pump()
+        self._in_frames = False
         self.flush_out()
 
     def want_flush(self, session: Session) -> None:
         """Gather every connection's output of this loop pass into one write each."""
-        if not self._dirty:
+        if not self._dirty and not self._in_frames:
             self.schedule(0, self.flush_out)
         self._dirty.append(session)
 

@@ -122,15 +122,21 @@ class Session:
             frames = self.parser.feed(data)
         except ProtocolError as err:
             bad, frames = err, err.frames
-        for frame in frames:
-            if self.state is CLOSING:
-                break
-            self.handle(frame)
-        if bad is not None:
-            self.error(
-                str(bad), "The frame is not valid STOMP 1.2 or breaks a limit (README: Limits).", receipt=bad.receipt
-            )
-        self.broker.after_frames()
+        broker = self.broker
+        broker.before_frames()
+        try:
+            for frame in frames:
+                if self.state is CLOSING:
+                    break
+                self.handle(frame)
+            if bad is not None:
+                self.error(
+                    str(bad),
+                    "The frame is not valid STOMP 1.2 or breaks a limit (README: Limits).",
+                    receipt=bad.receipt,
+                )
+        finally:
+            broker.after_frames()
 
     def data_to_send(self, now: float) -> bytes:
         """Everything to write now. Auto-acked messages in it are done from here on."""
