@@ -40,7 +40,9 @@ Invariants, each kept in one place:
   copies compaction makes (`moved`) and of space it may reuse (`freed`). A browse starts
   at the logical tail, or at a *mark* (every MARK_EVERY'th message written, a bounded
   list of (id, offset, write sequence)) with an id at most its from-id, when that mark
-  still lies in the live region and its record is still there.
+  still lies in the live region and its record is still there. A pad drops the marks
+  after it: the end of a lap is an older lap's bytes, intact, and lies in the live
+  region's span, but no reader goes there.
 - Ids are never reused: they stay below the reservation of the newest durable
   checkpoint (curb.checkpoints, rule 5), and recovery resumes at that reservation.
 - Recovery never trusts unsynced bytes twice: it syncs what it found before naming it in
@@ -732,6 +734,9 @@ class LogCore:
             header = fmt.encode_record(STATE_PAD, 0, 0, self._next_wseq, 0, b"")
             self._next_wseq += 1
             runs.add(ring.head, PAD_SIZE, (header, b"\n"))
+            # The bytes after the pad are an older lap's, intact, and read by no one: a
+            # mark there would pass its record check and start a browse past the pad.
+            self._marks = [mark for mark in self._marks if mark[1] < ring.head]
             ring.head = RING_START
         return off
 

@@ -244,6 +244,37 @@ def test_marks_in_reused_space_are_not_trusted() -> None:
         assert steps(log.browse(first, log.last_id)) == [i for i in live if i >= first]
 
 
+def test_marks_past_the_pad_that_ended_a_lap_are_not_trusted() -> None:
+    """The end of a lap after its pad holds an older lap's records, intact and inside the
+    live region's span: a browse must not start at a mark there, or it skips every live
+    record from the tail to that pad."""
+    world = MemWorld(cap=64 * 1024)
+    log, ring = world.log, world.log._ring
+    log.mark_every = 1
+
+    def fill(upto: int, fill: bytes) -> None:
+        while ring.head < upto:
+            log.append(b"\n" + fill * 200)
+            world.settle()
+
+    fill(log.end - 1500, b"a")  # a first lap, all acked: its last records end the ring
+    stale = log.last_id
+    log.ack_upto(stale)
+    world.settle()
+    log.append(b"\n" + b"w" * 2000)  # the next lap, from the ring's start
+    world.settle()
+    assert ring.head < log.end // 2
+    fill(log.end - 12000, b"b")
+    log.ack_upto(log.last_id)
+    world.settle()
+    first_live = log.last_id + 1
+    fill(log.end - 4000, b"c")
+    log.append(b"\n" + b"d" * 4100)  # ends the lap early, before the first lap's last records
+    world.settle()
+    assert ring.head < log.end // 2
+    assert steps(log.browse(stale, log.last_id)) == list(range(first_live, log.last_id + 1))
+
+
 # ---------------------------------------------------------------- the reader under churn
 
 

@@ -81,6 +81,14 @@ REGRESSIONS = {
         "accepted SEND refused later without a disk fault",
     ),
 }
+# Seeds found with the replay steps, played with them.
+REPLAY_REGRESSIONS = {
+    # A browse from id 23 started at a mark past the pad that had ended the last lap: the
+    # bytes there were the lap before's, intact, so the mark's record check passed, and
+    # the browse skipped every record from the tail to that pad (7 of 16 live messages,
+    # held ones among them). Marks in the dead end of a lap are now dropped at the wrap.
+    "browse_starts_at_a_mark_in_the_dead_end_of_a_lap": (1203074, "browse missed a live message"),
+}
 
 
 def test_seeds_in_the_default_range_keep_every_invariant():
@@ -98,6 +106,12 @@ def test_seeds_in_the_default_range_keep_every_invariant():
 @pytest.mark.parametrize("seed,kind", REGRESSIONS.values(), ids=REGRESSIONS.keys())
 def test_a_seed_that_once_failed_keeps_the_invariant(seed: int, kind: str):
     outcome = run_seed(seed, STEPS, replay_steps=False)
+    assert kind not in {f.kind for f in outcome.findings}, outcome.report(STEPS)
+
+
+@pytest.mark.parametrize("seed,kind", REPLAY_REGRESSIONS.values(), ids=REPLAY_REGRESSIONS.keys())
+def test_a_seed_that_once_failed_with_the_replay_steps_keeps_the_invariant(seed: int, kind: str):
+    outcome = run_seed(seed, STEPS)
     assert kind not in {f.kind for f in outcome.findings}, outcome.report(STEPS)
 
 
