@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import ipaddress
 import json
 import os
@@ -60,6 +61,9 @@ BACKLOG = 128
 # listeners, the event loop, -http's connections and a margin.
 FD_HEADROOM = BACKLOG + 64
 ACCEPT_FAILED_LOG_SECONDS = 10.0
+# New container objects between passes of the cyclic garbage collector (Python's
+# default: 700); see _settle_memory.
+GC_EVERY = 50_000
 # What the system says about a log file that it will keep saying until someone changes
 # the file, its directory or the flags; any other error may pass (see the module docstring).
 OPERATOR_ERRNOS = frozenset(
@@ -465,6 +469,7 @@ async def serve(
         raise
     for server in servers:
         await server.start_serving()
+    _settle_memory()
     # Before the `listening` line, which tells the tests and Spark the broker is ready.
     _say_who_may_connect(events, stomp_servers, user_table, users_path, max_connections, fd_limit)
     events("listening", where, addr=names, file=path, cap=cap)
@@ -537,6 +542,19 @@ def _accept_failures_as_lines(events: Callable[..., None]):
             )
 
     return handle
+
+
+def _settle_memory() -> None:
+    """Tune the cyclic garbage collector for serving. A message's objects (its record,
+    frame, receipt callback) are freed by reference counting as soon as it is done; the
+    collector only has to find the rare cycle, such as a closed connection's session and
+    protocol. With Python's default it ran every 700 new objects, hundreds of times a
+    second under load, each time walking the thousands of messages in flight: about 5%
+    of the broker's time per SEND. Run it every GC_EVERY new objects, and never again over
+    what start-up made (modules, the recovered state), which lives as long as the broker."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_EVERY, 20, 10)
 
 
 def _say_who_may_connect(events: Events, servers, table, users_path, max_connections: int, fd_limit: int) -> None:
