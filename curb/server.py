@@ -46,6 +46,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
+        self._deadlines = 0  # the session's `deadlines` when the timer was last armed
         self._reading = True
         self._refused = False
         self._lingering = False
@@ -73,7 +74,8 @@ class Connection(asyncio.Protocol):
             return
         session = self.session
         session.receive_data(data, self._loop.time())
-        self._arm_if_sooner()
+        if session.deadlines != self._deadlines:
+            self._arm_if_sooner()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused:
@@ -108,10 +110,12 @@ class Connection(asyncio.Protocol):
             return
         if session.reading != self._reading:
             self._apply_reading()
-        self._arm_if_sooner()
+        if session.deadlines != self._deadlines:
+            self._arm_if_sooner()
 
     def _arm_if_sooner(self) -> None:
         """A timer that fires early only checks and re-arms; one armed too late is re-armed."""
+        self._deadlines = self.session.deadlines
         deadline = self.session.next_deadline
         if deadline is not None and (self._timer is None or deadline < self._timer.when()):
             self._arm()
@@ -152,6 +156,7 @@ class Connection(asyncio.Protocol):
             return
         if self._timer is not None:
             self._timer.cancel()
+        self._deadlines = self.session.deadlines
         deadline = self.session.next_deadline
         self._timer = None if deadline is None else self._loop.call_at(deadline, self._tick)
 

@@ -4,7 +4,10 @@ The transport (curb.server, for TCP and TLS) feeds received bytes to
 `receive_data(data, now)`, is told through `on_output` that output waits, takes it with
 `data_to_send(now)`, and then reads the events: `close_wanted` (close once the output is
 written, or abort), `reading` (False: stop reading this peer) and `next_deadline` (when
-to call `tick(now)`). The session keeps no clock, no socket and no event loop.
+to call `tick(now)`). Bytes in and out only ever move a deadline later; it can come
+sooner only when `deadlines` changes (heart-beats agreed, a refusal due), so a
+transport re-reads it then, and after each `tick`. The session keeps no clock, no
+socket and no event loop.
 
 Rules:
 - Which frame is allowed when is the table `RULES`, (state, command) -> handler. A frame
@@ -108,6 +111,7 @@ class Session:
         self._browses: dict[str, tuple[Browse, bytes]] = {}  # sub id -> browse, MESSAGE prefix
         self.last_recv = self.last_send = now
         self.send_every = self.expect_every = 0.0
+        self.deadlines = 0  # changes whenever next_deadline may have come sooner
         broker.join(self)
 
     # ---------------------------------------------------------------- the transport's calls
@@ -356,6 +360,7 @@ class Session:
     def _connected(self, theirs: tuple[int, int]) -> None:
         ours = self.broker.heartbeat_ms
         self.send_every, self.expect_every = heartbeat.negotiate((ours, ours), theirs)
+        self.deadlines += 1
         self.state = OPEN
         self.write(
             encode(
@@ -390,6 +395,7 @@ class Session:
             self.broker.access_refused(self, login if login is not None else self.identity)
             self.state = CLOSING
             self._refuse_at = came + self.broker.refuse_delay
+            self.deadlines += 1
             self._wake()  # the glue re-arms its timer for the refusal
             return
         self.user, self.permissions = user.name, user.permissions

@@ -75,6 +75,7 @@ def test_bad_credentials_are_refused_after_the_same_delay(headers, identity):
     session = peer.session
     assert peer.raw(5.0) == b"", "nothing is said before the delay"
     assert session.next_deadline == pytest.approx(5.0 + world.broker.refuse_delay)
+    assert session.deadlines, "the refusal's deadline is sooner than any before: the transport must re-arm"
     peer.feed(b"SEND\ndestination:/q\n\nx\0", now=5.5)
     session.tick(5.9)
     assert peer.raw(5.9) == b""

@@ -507,6 +507,24 @@ def test_output_moves_the_send_deadline():
     assert peer.session.next_deadline == pytest.approx(0.8 + 0.9)
 
 
+def test_deadlines_changes_only_when_a_deadline_may_come_sooner():
+    """The transport re-reads next_deadline only when `deadlines` changes: at the CONNECT
+    that agrees heart-beats, not for the bytes that follow, which only move it later."""
+    world = World(heartbeat_ms=1000)
+    peer = world.session(now=0.0)
+    before = peer.session.deadlines
+    peer.connect(heart_beat="1000,1000")
+    agreed = peer.session.deadlines
+    assert agreed != before
+    armed = peer.session.next_deadline
+    assert armed is not None
+    peer.send("SEND", now=0.3, body=b"x", receipt="r")
+    world.log.sync()
+    peer.frames(now=0.4)
+    assert peer.session.deadlines == agreed
+    assert peer.session.next_deadline is not None and peer.session.next_deadline >= armed
+
+
 def test_shutdown_stops_reading_for_good_and_returns_the_wip():
     world = World()
     peer = world.session()
