@@ -334,10 +334,10 @@ class Broker:
     # ---------------------------------------------------------------- delivery and output
 
     def pump(self) -> None:
-        """Hand out every message that some subscription has credit for. One pass of
-        the queue takes all the credit there is; handing the messages to their sessions
-        changes none, and a pump from within it (none is) would be skipped, so that each
-        session gets its messages in the queue's order."""
+        """Hand out every message that some subscription has credit for. Handing the
+        messages to their sessions changes no credit, so one pass of the queue takes all
+        there is; a pump called from within that pass is skipped, so that each session
+        gets its messages in the queue's order."""
         queue = self.queue
         if queue.has_credit() and not self._pumping:
             self._pumping = True
@@ -393,9 +393,11 @@ class Broker:
         """A connection's frames are handled: write them to the log, deliver what can
         be delivered, and send the answers, all in this loop pass."""
         self.log.hold_flush = False
-        self.log.flush()
-        self.pump()
-        self._in_frames = False
+        try:
+            self.log.flush()
+            self.pump()
+        finally:
+            self._in_frames = False
         self.flush_out()
 
     def want_flush(self, session: Session) -> None:
