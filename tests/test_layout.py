@@ -66,3 +66,21 @@ def test_offline_readers_import_only_the_file_format_modules(module, absent):
     loaded = set(result.stdout.split())
     assert "curb.scan" in loaded
     assert not loaded & set(absent), f"importing {module} loaded {sorted(loaded & set(absent))}"
+
+
+def test_the_readme_code_map_names_every_module():
+    """The README's "Code map" promises one line per module: a module added without
+    its line fails here."""
+    from pathlib import Path
+
+    top = Path(__file__).resolve().parent.parent
+    readme = (top / "README.md").read_text()
+    code_map = readme[readme.index("## Code map") :]
+    package = top / "curb"
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(top).as_posix()
+        in_subpackage = path.parent != package and f"`{path.parent.relative_to(top).as_posix()}/`" in code_map
+        if f"`{relative}`" not in code_map and not (in_subpackage and f"`{path.name}`" in code_map):
+            missing.append(relative)
+    assert not missing, f"modules without a line in the README's Code map: {missing}"
