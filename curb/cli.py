@@ -26,6 +26,7 @@ LogDamaged) and raises plain OSError for what the system refused.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import errno
 import gc
 import ipaddress
@@ -293,8 +294,12 @@ def _tls_files(tls_addr, cert: str | None, key: str | None, ca: str | None) -> t
 
 def main(argv: list[str] | None = None) -> None:
     """The console script: click's command, with usage errors as one line, exit 2."""
+    args = sys.argv[1:] if argv is None else argv
     try:
-        code = command.main(args=argv, prog_name="curb", standalone_mode=False)
+        code = command.main(args=args, prog_name="curb", standalone_mode=False)
+    except click.NoSuchOption as err:
+        click.echo(f"curb: {_unknown_option(err, args)}", err=True)
+        sys.exit(2)
     except click.UsageError as err:
         click.echo(f"curb: {err.format_message()}", err=True)
         sys.exit(2)
@@ -304,6 +309,30 @@ def main(argv: list[str] | None = None) -> None:
     except click.Abort:
         sys.exit(130)
     sys.exit(code or 0)
+
+
+def _unknown_option(err: click.NoSuchOption, args: list[str]) -> str:
+    """Name the flag as typed, with the nearest real ones. Click splits an unknown
+    single-dash flag into short options, so `-caps` alone would be reported as '-c'."""
+    ctx = err.ctx
+    known: dict[str, str] = {}  # name -> the flag as --help shows it first (-cap, not --cap)
+    for param in ctx.command.get_params(ctx) if ctx is not None else []:
+        for flag in param.opts:
+            known.setdefault(flag.lstrip("-"), flag)
+    commands = [command, *command.commands.values()]
+    every = {flag for cmd in commands for param in cmd.params for flag in param.opts} | {"-h", "--help"}
+    typed = err.option_name
+    if not typed.startswith("--"):
+        unknown = [
+            name
+            for name in (arg.split("=", 1)[0] for arg in args)
+            if name.startswith("-") and name not in every and typed[1:] in name[1:]
+        ]
+        typed = unknown[0] if unknown else typed
+    near = difflib.get_close_matches(typed.lstrip("-"), list(known), n=2, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(known[name] for name in near)}?" if near else ""
+    where = ctx.command_path if ctx is not None else "curb"
+    return f"no such option {typed}{hint} (`{where} --help` lists them)"
 
 
 async def serve(

@@ -137,6 +137,25 @@ def start_with_a_failing_log(monkeypatch, capsys, path: Path, error: Exception) 
 
 
 @pytest.mark.parametrize(
+    "args, named, hint",
+    [
+        (["-caps", "1MiB"], "-caps", "did you mean -cap?"),
+        (["-cap", "1MiB", "-heartbeet", "5"], "-heartbeet", "did you mean -heartbeat?"),
+        (["--adr", ":1"], "--adr", "did you mean -addr?"),
+        (["-data", "q.log"], "-data", "`curb --help`"),
+        (["passwd", "-permm", "send", "users", "ann"], "-permm", "did you mean -perm?"),
+    ],
+)
+def test_an_unknown_flag_is_named_as_typed_with_the_nearest_real_one(capsys, args, named, hint):
+    """Click alone reports `-caps` as "No such option '-c'", naming a flag nobody typed."""
+    with pytest.raises(SystemExit) as exit:
+        cli.main(args)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit.value.code == 2 and len(lines) == 1, (exit.value.code, lines)
+    assert lines[0].startswith(f"curb: no such option {named}") and hint in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
     "code", [errno.EIO, errno.ENOSPC, errno.EDQUOT, errno.EMFILE], ids=["EIO", "ENOSPC", "EDQUOT", "EMFILE"]
 )
 def test_io_error_on_the_log_at_start_up_exits_1_so_a_supervisor_retries(monkeypatch, capsys, tmp_path, code):
