@@ -31,6 +31,7 @@ import errno
 import gc
 import ipaddress
 import json
+import math
 import os
 import resource
 import signal
@@ -112,6 +113,14 @@ def _size(ctx, param, value: str) -> int:
         raise click.BadParameter(str(err)) from None
 
 
+def _seconds(ctx, param, value: float) -> float:
+    """A number of seconds: click's range lets nan and inf through, and a deadline of
+    nan makes every timer check fire at once, forever."""
+    if not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a number of seconds: use e.g. 10, or 0 for no limit")
+    return value
+
+
 def _addr(ctx, param, value: str | None):
     if value is None or value == "off":
         return None
@@ -165,6 +174,7 @@ def default_file() -> str:
     default=CONNECT_TIMEOUT_SECONDS,
     show_default=True,
     type=click.FloatRange(0),
+    callback=_seconds,
     help="Seconds a connection has to send CONNECT before it is closed (0: no limit).",
 )
 @click.option(

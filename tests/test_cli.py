@@ -136,6 +136,18 @@ def start_with_a_failing_log(monkeypatch, capsys, path: Path, error: Exception) 
     return code, capsys.readouterr().err.strip().splitlines()
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "1e400"])
+def test_a_connect_timeout_that_is_not_a_number_of_seconds_is_a_usage_error(capsys, tmp_path, value):
+    """With -connect-timeout nan, every connection that had not sent CONNECT yet kept
+    the event loop busy at 100% CPU: a deadline of nan is always due and never met."""
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["-cap", "1MiB", "-addr", "127.0.0.1:0", "-file", str(tmp_path / "q.log"), "-connect-timeout", value])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit.value.code == 2 and len(lines) == 1, (exit.value.code, lines)
+    assert "-connect-timeout" in lines[0] and "0 for no limit" in lines[0], lines[0]
+    assert not (tmp_path / "q.log").exists(), "nothing starts on a bad flag"
+
+
 @pytest.mark.parametrize(
     "args, named, hint",
     [
