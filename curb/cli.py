@@ -45,6 +45,7 @@ import click
 from curb import __version__, systemd, tls, users
 from curb.addr import parse_addr
 from curb.broker import CONNECT_TIMEOUT_SECONDS, Broker
+from curb.heartbeat import MAX_MS as MAX_HEARTBEAT_MS
 from curb.inspect import inspect_command
 from curb.log import Log, LogError, parse_size
 from curb.metrics import Metrics, serve_http
@@ -212,8 +213,8 @@ def default_file() -> str:
     "--heartbeat",
     default=10000,
     show_default=True,
-    type=click.IntRange(0),
-    help="Heart-beat interval offered to clients, in ms (0: none). Silent peers are dropped.",
+    type=click.IntRange(0, MAX_HEARTBEAT_MS),
+    help="Heart-beat interval offered to clients, in ms (0: none; at most a day). Silent peers are dropped.",
 )
 @click.option(
     "-http",

@@ -148,6 +148,16 @@ def test_a_connect_timeout_that_is_not_a_number_of_seconds_is_a_usage_error(caps
     assert not (tmp_path / "q.log").exists(), "nothing starts on a bad flag"
 
 
+def test_a_heart_beat_longer_than_a_day_is_a_usage_error(capsys, tmp_path):
+    """The broker refuses a client's heart-beat over a day (curb.heartbeat.MAX_MS); it
+    offered its own -heartbeat unbounded, up to 23 digits in CONNECTED."""
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["-cap", "1MiB", "-addr", "127.0.0.1:0", "-file", str(tmp_path / "q.log"), "-heartbeat", "86400001"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit.value.code == 2 and len(lines) == 1, (exit.value.code, lines)
+    assert "-heartbeat" in lines[0] and "86400000" in lines[0], lines[0]
+
+
 @pytest.mark.parametrize(
     "args, named, hint",
     [
