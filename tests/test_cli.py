@@ -136,26 +136,35 @@ def start_with_a_failing_log(monkeypatch, capsys, path: Path, error: Exception) 
     return code, capsys.readouterr().err.strip().splitlines()
 
 
+def usage_error(capsys, args: list[str]) -> str:
+    """cli.main(args) as a usage error: exit status 2 and exactly one line on stderr,
+    which is returned."""
+    with pytest.raises(SystemExit) as exit:
+        cli.main(args)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit.value.code == 2 and len(lines) == 1, (exit.value.code, lines)
+    return lines[0]
+
+
+def bad_flag(tmp_path: Path, flag: str, value: str) -> list[str]:
+    """A start-up with one bad flag value. -file names a directory, so that a flag the
+    CLI let through ends start-up at once (on -file) instead of serving."""
+    return ["-cap", "1MiB", "-addr", "127.0.0.1:0", "-file", str(tmp_path), flag, value]
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "1e400"])
 def test_a_connect_timeout_that_is_not_a_number_of_seconds_is_a_usage_error(capsys, tmp_path, value):
     """With -connect-timeout nan, every connection that had not sent CONNECT yet kept
     the event loop busy at 100% CPU: a deadline of nan is always due and never met."""
-    with pytest.raises(SystemExit) as exit:
-        cli.main(["-cap", "1MiB", "-addr", "127.0.0.1:0", "-file", str(tmp_path / "q.log"), "-connect-timeout", value])
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert exit.value.code == 2 and len(lines) == 1, (exit.value.code, lines)
-    assert "-connect-timeout" in lines[0] and "0 for no limit" in lines[0], lines[0]
-    assert not (tmp_path / "q.log").exists(), "nothing starts on a bad flag"
+    line = usage_error(capsys, bad_flag(tmp_path, "-connect-timeout", value))
+    assert "-connect-timeout" in line and "0 for no limit" in line, line
 
 
 def test_a_heart_beat_longer_than_a_day_is_a_usage_error(capsys, tmp_path):
     """The broker refuses a client's heart-beat over a day (curb.heartbeat.MAX_MS); it
     offered its own -heartbeat unbounded, up to 23 digits in CONNECTED."""
-    with pytest.raises(SystemExit) as exit:
-        cli.main(["-cap", "1MiB", "-addr", "127.0.0.1:0", "-file", str(tmp_path / "q.log"), "-heartbeat", "86400001"])
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert exit.value.code == 2 and len(lines) == 1, (exit.value.code, lines)
-    assert "-heartbeat" in lines[0] and "86400000" in lines[0], lines[0]
+    line = usage_error(capsys, bad_flag(tmp_path, "-heartbeat", "86400001"))
+    assert "-heartbeat" in line and "86400000" in line, line
 
 
 @pytest.mark.parametrize(
@@ -170,11 +179,8 @@ def test_a_heart_beat_longer_than_a_day_is_a_usage_error(capsys, tmp_path):
 )
 def test_an_unknown_flag_is_named_as_typed_with_the_nearest_real_one(capsys, args, named, hint):
     """Click alone reports `-caps` as "No such option '-c'", naming a flag nobody typed."""
-    with pytest.raises(SystemExit) as exit:
-        cli.main(args)
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert exit.value.code == 2 and len(lines) == 1, (exit.value.code, lines)
-    assert lines[0].startswith(f"curb: no such option {named}") and hint in lines[0], lines[0]
+    line = usage_error(capsys, args)
+    assert line.startswith(f"curb: no such option {named}") and hint in line, line
 
 
 @pytest.mark.parametrize(
