@@ -31,7 +31,6 @@ import errno
 import gc
 import ipaddress
 import json
-import math
 import os
 import resource
 import signal
@@ -45,6 +44,7 @@ import click
 from curb import __version__, systemd, tls, users
 from curb.addr import parse_addr
 from curb.broker import CONNECT_TIMEOUT_SECONDS, Broker
+from curb.durations import Duration
 from curb.heartbeat import MAX_MS as MAX_HEARTBEAT_MS
 from curb.inspect import inspect_command
 from curb.log import Log, LogError, parse_size
@@ -114,14 +114,6 @@ def _size(ctx, param, value: str) -> int:
         raise click.BadParameter(str(err)) from None
 
 
-def _seconds(ctx, param, value: float) -> float:
-    """A number of seconds: click's range lets nan and inf through, and a deadline of
-    nan makes every timer check fire at once, forever."""
-    if not math.isfinite(value):
-        raise click.BadParameter(f"{value} is not a number of seconds: use e.g. 10, or 0 for no limit")
-    return value
-
-
 def _addr(ctx, param, value: str | None):
     if value is None or value == "off":
         return None
@@ -172,11 +164,10 @@ def default_file() -> str:
 @click.option(
     "-connect-timeout",
     "--connect-timeout",
-    default=CONNECT_TIMEOUT_SECONDS,
+    default=f"{CONNECT_TIMEOUT_SECONDS:g}s",
     show_default=True,
-    type=click.FloatRange(0),
-    callback=_seconds,
-    help="Seconds a connection has to send CONNECT before it is closed (0: no limit).",
+    type=Duration("s", MAX_HEARTBEAT_MS / 1000, zero="no limit"),
+    help="How long a connection has to send CONNECT before it is closed (a plain number is seconds; 0: no limit).",
 )
 @click.option(
     "-max-connections",
@@ -211,10 +202,10 @@ def default_file() -> str:
 @click.option(
     "-heartbeat",
     "--heartbeat",
-    default=10000,
+    default="10s",
     show_default=True,
-    type=click.IntRange(0, MAX_HEARTBEAT_MS),
-    help="Heart-beat interval offered to clients, in ms (0: none; at most a day). Silent peers are dropped.",
+    type=Duration("ms", MAX_HEARTBEAT_MS / 1000, zero="no heart-beats"),
+    help="Heart-beat interval offered (a plain number is ms; 0: none; at most 24h); silent peers are dropped.",
 )
 @click.option(
     "-http",
@@ -271,7 +262,7 @@ def command(
                 path=path or default_file(),
                 prefetch=prefetch,
                 max_frame=max_frame,
-                heartbeat=heartbeat,
+                heartbeat=round(heartbeat * 1000),
                 http=http,
                 events=events,
             )
