@@ -15,6 +15,7 @@ import click
 from curb.scan import Entry, LogError, LogReader, Summary
 
 PREVIEW_BYTES = 64
+DEFAULT_LIMIT = 20
 
 
 @dataclass
@@ -48,24 +49,32 @@ def _scan(reader: LogReader, list_states: set[str], limit: int) -> _Findings:
 @click.command("inspect")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
 @click.option("--messages", is_flag=True, help="Also list the waiting (rdy) messages, in queue order.")
-@click.option("--acked", is_flag=True, help="With --messages, list acked records not yet reclaimed too.")
+@click.option("--acked", is_flag=True, help="List acked records not yet reclaimed too (implies --messages).")
 @click.option(
-    "--limit", type=click.IntRange(min=0), default=20, show_default=True, help="List at most N messages (0: all)."
+    "--limit",
+    type=click.IntRange(min=0),
+    help=f"List at most N messages, 0 for all (implies --messages; default {DEFAULT_LIMIT}).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-def inspect_command(path: str, messages: bool, acked: bool, limit: int, as_json: bool) -> None:
+def inspect_command(path: str, messages: bool, acked: bool, limit: int | None, as_json: bool) -> None:
     """Tell what is in the Curb log file PATH.
 
     Read-only and lock-free, so it is safe on the log of a running broker (whose
-    in-flight messages show as rdy: wip is not kept on disk).
+    in-flight messages show as rdy: wip is not kept on disk). Exits as the broker would
+    on the same file: 2 if it is not a curb log, 3 if its header is damaged, 1 on an
+    I/O error.
     """
+    messages = messages or acked or limit is not None  # asking how to list is asking for a list
+    limit = DEFAULT_LIMIT if limit is None else limit
     try:
         with LogReader(path) as reader:
             summary = reader.summary()
             list_states = ({"rdy", "ack"} if acked else {"rdy"}) if messages else set()
             found = _scan(reader, list_states, limit)
     except LogError as error:
-        raise click.ClickException(str(error)) from None
+        failure = click.ClickException(str(error))
+        failure.exit_code = error.exit_status
+        raise failure from None
     except OSError as error:
         raise click.ClickException(f"cannot read {path}: {error.strerror or error}") from None
     now_ms = time.time_ns() // 1_000_000
@@ -87,8 +96,8 @@ def _summary_text(summary: Summary, found: _Findings, now_ms: int) -> str:
     lines.append(f"  oldest    {'-' if found.oldest is None else _describe(found.oldest, now_ms)}")
     lines.append(f"  retried   {_retried(found)}")
     lines.append(
-        f"  space     live {_size(summary.live_bytes)} ({_percent(summary.live_bytes, summary.cap)} of cap "
-        f"{_size(summary.cap)}), dead {_size(summary.dead_bytes)}, file {_size(summary.file_bytes)}"
+        f"  space     live {_size(summary.live_bytes)} ({_of_cap(summary.live_bytes, summary.cap)}), "
+        f"dead {_size(summary.dead_bytes)}, file {_size(summary.file_bytes)}"
     )
     if summary.torn is None:
         lines.append("  tail      clean")
@@ -222,5 +231,7 @@ def _size(n: int) -> str:
     return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
 
 
-def _percent(part: int, whole: int) -> str:
-    return f"{100 * part / whole:.0f}%" if whole else "-"
+def _of_cap(live: int, cap: int | None) -> str:
+    if cap is None:  # written by a broker from before the header recorded it
+        return "cap not recorded in this file: the broker records it when it next opens the file"
+    return f"{100 * live / cap:.0f}% of cap {_size(cap)}"

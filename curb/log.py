@@ -48,6 +48,8 @@ Invariants, each kept in one place:
 - Recovery never trusts unsynced bytes twice: it syncs what it found before naming it in
   a checkpoint, and moves the write sequence past every value a stale record could hold,
   so bytes left by an earlier run can never continue the chain.
+- The header's cap line (curb.record) names the ring's end of the run that last opened
+  the file: recovery rewrites it when it differs, and nothing but offline readers reads it.
 """
 
 from __future__ import annotations
@@ -231,7 +233,7 @@ class LogCore:
         disk = self.disk
         size = disk.size()
         if size == 0:
-            disk.pwrite(fmt.initial_header(), 0)
+            disk.pwrite(fmt.initial_header(self.end), 0)
             disk.sync()
             size = RING_START
         header = disk.pread(RING_START, 0)
@@ -255,6 +257,9 @@ class LogCore:
                 f"{self.name}: the log's checkpoint is not valid; keep a copy for `curb inspect`, "
                 f"move it away and start again"
             )
+        if fmt.recorded_cap(header) != self.end:
+            # For offline readers only (curb inspect); synced with what recovery found.
+            disk.pwrite(fmt.cap_line(self.end), fmt.CAP_OFFSET)
         scan = Scan(disk, ckpt, self.end)
         scan.run()
         self._next_id = max(ckpt.next_id, scan.max_id + 1, ckpt.acked_upto + 1)

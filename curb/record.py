@@ -16,6 +16,12 @@ count are patched in place, so the CRC covers everything else: id, write sequenc
 time, length and payload. The payload is the SEND's own headers, escaped as on the
 wire, one per line, a blank line, then the body byte for byte.
 
+The file header (the first RING_START bytes) holds the magic line, a note for humans,
+the cap line and the two checkpoint slots. The cap line records the ring's end (-cap
+rounded down to 4 KiB) the broker last opened the file with, so that an offline reader
+can tell how full the file is; nothing in recovery reads it, and a file written before it
+existed has spaces there (`recorded_cap` is then None).
+
 A `pad` record marks the end of a lap of the ring: the next record is at RING_START. It
 has id 0 and no payload, and a message has an id above 0, so a state that a torn write
 left from an earlier lap (the state is outside the CRC) is caught by its id and length.
@@ -33,6 +39,7 @@ HEADER_TEXT = (
     + b"# One durable STOMP queue. Records start at byte 512; each is a line\n"
     + b"# 'state deliveries id wseq time-ms length crc32' (hex), payload, newline.\n"
 )
+CAP_OFFSET = 191  # the cap line's newline; the line itself starts at 192
 SLOT_OFFSETS = (256, 384)
 RING_START = 512
 
@@ -186,11 +193,31 @@ class Checkpoint:
         return cls(*values[:-1])
 
 
-def initial_header() -> bytes:
-    """The first RING_START bytes of a new log: magic, a note for humans, one checkpoint."""
+def cap_line(end: int) -> bytes:
+    """The cap line, on a line of its own, recording the ring's end with a CRC (a torn
+    line reads as none)."""
+    body = b"# cap %016x" % end
+    return b"\n" + body + b" %08x\n" % zlib.crc32(body)
+
+
+def recorded_cap(header: bytes) -> int | None:
+    """The ring's end the file header records, or None if it records none (or a torn one)."""
+    line = header[CAP_OFFSET : CAP_OFFSET + len(cap_line(0))]
+    try:
+        end = int(line[7:23], 16)  # after "\n# cap "
+    except ValueError:
+        return None
+    return end if line == cap_line(end) else None
+
+
+def initial_header(end: int) -> bytes:
+    """The first RING_START bytes of a new log: magic, a note for humans, the ring's end
+    and one checkpoint."""
     first = Checkpoint(1, RING_START, RING_START, 1, 1)
     head = bytearray(b" " * RING_START)
     head[: len(HEADER_TEXT)] = HEADER_TEXT
+    line = cap_line(end)
+    head[CAP_OFFSET : CAP_OFFSET + len(line)] = line
     for off in SLOT_OFFSETS:
         head[off - 1 : off] = b"\n"
     slot = first.encode()

@@ -308,11 +308,12 @@ class Entry:
 
 @dataclass(frozen=True, slots=True)
 class Summary:
-    """What a log file holds. `cap` is the extent of the ring so far (at most -cap)."""
+    """What a log file holds. `cap` is the ring's end the broker last opened it with
+    (-cap rounded down to 4 KiB), None for a file that does not record it."""
 
     path: str
     file_bytes: int
-    cap: int
+    cap: int | None
     messages: int
     acked: int
     live_bytes: int
@@ -331,11 +332,14 @@ class LogReader:
             self.disk = FileDisk(self.path, readonly=True)
         except OSError as err:
             raise LogError(f"cannot read {self.path}: {err.strerror}") from None
+        header = self.disk.pread(RING_START, 0)
         try:
-            self.ckpt = fmt.latest_checkpoint(self.disk.pread(RING_START, 0))
+            self.ckpt = fmt.latest_checkpoint(header)
         except FormatError as err:
             self.disk.close()
-            raise LogError(f"{self.path}: {err}") from None
+            damaged = LogDamaged if header.startswith(fmt.MAGIC) else LogError
+            raise damaged(f"{self.path}: {err}") from None
+        self.cap = fmt.recorded_cap(header)
         self.end = max(self.disk.size(), self.ckpt.head, self.ckpt.tail, RING_START + fmt.PAD_SIZE)
 
     def close(self) -> None:
@@ -378,7 +382,7 @@ class LogReader:
         return Summary(
             self.path,
             scan.file_size,
-            max(scan.file_size, scan.head),
+            self.cap,
             scan.messages,
             scan.acked,
             scan.live_bytes,

@@ -234,7 +234,7 @@ def test_checkpoint_slots_of_the_older_layout_still_recover() -> None:
     line = body + b" %08x\n" % __import__("zlib").crc32(body)
     assert fmt.Checkpoint.decode(line) == old
     assert old.acked_upto == 0
-    header = bytearray(fmt.initial_header())
+    header = bytearray(fmt.initial_header(64 * 1024))
     header[fmt.SLOT_OFFSETS[1] : fmt.SLOT_OFFSETS[1] + len(line)] = line
     disk = SimDisk(random.Random(1), image=bytes(header))
     log = LogCore(disk, 64 * 1024)

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import time
+import urllib.request
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,6 +13,7 @@ from click.testing import CliRunner
 from conftest import CURB
 
 import curb.inspect
+from curb import record as fmt
 from curb.client import Client
 from curb.inspect import inspect_command
 from curb.log import LogReader
@@ -32,12 +34,12 @@ def entry(id, state="rdy", deliveries=0, age_ms=0, headers=None, body=b"x"):
     )
 
 
-def summary(entries, torn=None):
+def summary(entries, torn=None, cap=1 << 20):
     waiting = [e for e in entries if e.state == "rdy"]
     return SimpleNamespace(
         path="/srv/q/curb.log",
         file_bytes=64 * 1024,
-        cap=1 << 20,
+        cap=cap,
         messages=len(waiting),
         acked=len(entries) - len(waiting),
         live_bytes=100 * len(waiting),
@@ -52,7 +54,7 @@ def log_file(tmp_path, monkeypatch):
     """A path whose reading is served by a stand-in LogReader; returns a function that sets what it holds."""
     path = tmp_path / "curb.log"
     path.write_bytes(b"")
-    held: dict[str, Any] = {}  # "entries" and "torn", as holding() was last given them
+    held: dict[str, Any] = {}  # "entries", "torn" and "cap", as holding() was last given them
 
     class FakeReader:
         def __init__(self, given):
@@ -68,12 +70,12 @@ def log_file(tmp_path, monkeypatch):
             return iter(held["entries"])
 
         def summary(self):
-            return summary(held["entries"], held.get("torn"))
+            return summary(held["entries"], held["torn"], held["cap"])
 
     monkeypatch.setattr(curb.inspect, "LogReader", FakeReader)
 
-    def holding(entries, torn=None):
-        held.update(entries=entries, torn=torn)
+    def holding(entries, torn=None, cap=1 << 20):
+        held.update(entries=entries, torn=torn, cap=cap)
         return str(path)
 
     return holding
@@ -183,12 +185,42 @@ def test_json_without_messages_has_only_the_summary(log_file):
     assert json.loads(run(log_file([entry(1)]), "--json").output).keys() == {"summary"}
 
 
-def test_a_file_that_is_not_a_curb_log_is_a_clear_error(tmp_path):
+def test_a_file_that_is_not_a_curb_log_is_a_clear_error_with_the_brokers_exit_status(tmp_path):
     path = tmp_path / "notes.txt"
     path.write_text("001 rdy first\n")
     result = run(path)
-    assert result.exit_code == 1
+    assert result.exit_code == 2, "the broker exits 2 on the same file: a usage error"
     assert result.output.startswith("Error: ") and "not a curb log" in result.output
+
+
+def test_a_curb_log_whose_header_is_damaged_exits_3_as_the_broker_does(tmp_path):
+    path = tmp_path / "curb.log"
+    header = bytearray(fmt.initial_header(1 << 20))
+    for offset in fmt.SLOT_OFFSETS:
+        header[offset : offset + 4] = b"xxxx"
+    path.write_bytes(bytes(header))
+    result = run(path)
+    assert result.exit_code == 3
+    assert "damaged (no intact checkpoint)" in result.output
+
+
+def test_limit_or_acked_without_messages_lists_the_messages(log_file):
+    path = log_file([entry(1, state="ack"), entry(2), entry(3), entry(4)])
+    limited = run(path, "--limit", 2).output
+    assert "#2 rdy" in limited and "#3 rdy" in limited and "#4 rdy" not in limited
+    assert limited.rstrip().endswith("... 1 more not listed (--limit 2; --limit 0 lists all)")
+    assert "#1 ack" in run(path, "--acked").output
+    assert [m["id"] for m in json.loads(run(path, "--json", "--limit", 1).output)["messages"]] == [2]
+    assert "#2 rdy" not in run(path).output, "without any of them, only the summary"
+
+
+def test_a_file_that_does_not_record_its_cap_says_so(log_file):
+    path = log_file([entry(1)], cap=None)
+    assert (
+        "  space     live 100 B (cap not recorded in this file: the broker records it when it next opens the file)"
+        in (run(path).output)
+    )
+    assert json.loads(run(path, "--json").output)["summary"]["cap"] is None
 
 
 def test_a_missing_file_is_a_usage_error(tmp_path):
@@ -255,3 +287,37 @@ def test_reads_the_log_of_a_running_broker_through_the_curb_command(curb_broker)
     assert result.returncode == 0, result.stderr
     assert "  messages  1 rdy," in result.stdout
     send(broker.port, b"still served")
+
+
+def stats(http_port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/stats", timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_space_is_measured_against_the_brokers_cap_not_the_files_size(curb_broker, free_port):
+    http_port = free_port()
+    broker = curb_broker(cap="10MiB", extra_args=("-http", f"127.0.0.1:{http_port}"))
+    send(broker.port, *[bytes(100 * 1024)] * 9)
+    cap = stats(http_port)["cap"]
+    assert cap == 10 << 20
+    text = run(broker.file).output
+    assert "% of cap 10.0 MiB), dead " in text and "  space     live 900." in text and "(9% of cap" in text
+    assert json.loads(run(broker.file, "--json").output)["summary"]["cap"] == cap
+
+    broker.stop()
+    broker.cap = "20MiB"
+    broker.start()
+    assert json.loads(run(broker.file, "--json").output)["summary"]["cap"] == stats(http_port)["cap"] == 20 << 20
+
+
+def test_a_log_from_before_the_cap_was_recorded_says_so_until_a_broker_opens_it(curb_broker, tmp_path):
+    broker = curb_broker(cap="1MiB")
+    send(broker.port, b"kept")
+    assert broker.stop() == 0
+    with open(broker.file, "r+b") as f:  # the header as brokers wrote it before the cap line existed
+        f.seek(fmt.CAP_OFFSET)
+        f.write(b" " * len(fmt.cap_line(0)))
+    document = json.loads(run(broker.file, "--json").output)["summary"]
+    assert document["cap"] is None and document["messages"] == 1
+    broker.start()
+    assert json.loads(run(broker.file, "--json").output)["summary"]["cap"] == 1 << 20

@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable
 
 import pytest
-from simdisk import SimDisk
+from simdisk import Crashed, SimDisk
 
 from curb import record as fmt
 from curb.disk import FileDisk
@@ -452,3 +452,24 @@ def test_retired_acks_become_durable_with_no_receipt_asked_and_no_other_traffic(
     core.log.ack(second)
     core.settle(2)
     assert core.crash("power").drain() == []
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_crash_while_recovery_records_a_new_cap_loses_nothing_and_the_next_start_records_it(seed):
+    """The header's cap line is rewritten when a broker opens the file with another -cap:
+    a crash at each step of that start (before the line is written, before it is synced,
+    before and after the checkpoint) costs no message, and the start after it records
+    the cap it was given."""
+    core = Core(SimDisk(random.Random(seed)))
+    for n in range(5):
+        core.send(body(n))
+    core.settle(2)
+    for step, cap in enumerate([2 * CAP, CAP, 2 * CAP, CAP]):
+        disk = core.disk.crash("kill")
+        disk.arm_crash(step)
+        with pytest.raises(Crashed):
+            LogCore(disk, cap)
+        disk.arm_crash(None)
+        core = Core(disk.crash("power"), cap)
+        assert core.drain() == [body(n) for n in range(5)]
+        assert fmt.recorded_cap(core.disk.visible_image()[:RING_START]) == cap
