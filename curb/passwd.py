@@ -27,8 +27,10 @@ from curb import users
     "--perm",
     "perms",
     multiple=True,
-    type=click.Choice(users.PERMISSIONS),
-    help="A permission to give (repeat for several). Default for an existing user: keep its permissions.",
+    metavar="PERM[,PERM...]",
+    callback=lambda ctx, param, values: _permissions(values),
+    help="Permissions to give: send, consume, count; repeat the flag or list them with commas. "
+    "Default for an existing user: keep its permissions.",
 )
 @click.option(
     "-no-password",
@@ -36,7 +38,7 @@ from curb import users
     is_flag=True,
     help="No password logs this user in: it connects only with a client certificate whose CN is NAME.",
 )
-def passwd_command(path: str, name: str, perms: tuple[str, ...], no_password: bool) -> None:
+def passwd_command(path: str, name: str, perms: frozenset[str], no_password: bool) -> None:
     """Add user NAME to the users file FILE (created if missing), or change its password
     and, with --perm, its permissions. send: SEND; consume: SUBSCRIBE to the queue, ACK,
     NACK; count: SUBSCRIBE to ./count."""
@@ -48,7 +50,7 @@ def passwd_command(path: str, name: str, perms: tuple[str, ...], no_password: bo
     old = table.get(name)
     if old is None and not perms:
         raise click.UsageError(f"{name} is a new user: give its permissions with --perm (send, consume, count)")
-    permissions = frozenset(perms) if perms else old.permissions if old else frozenset()
+    permissions = perms or (old.permissions if old else frozenset())
     stored = users.NO_PASSWORD if no_password else users.hash_password(_password(name))
     table[name] = users.User(name, stored, permissions)
     try:
@@ -57,6 +59,18 @@ def passwd_command(path: str, name: str, perms: tuple[str, ...], no_password: bo
         raise click.ClickException(f"cannot write {path}: {err.strerror or err}") from None
     verb = "changed" if old else "added"
     click.echo(f"curb: {verb} {name} ({', '.join(sorted(permissions)) or 'no permissions'}) in {path}", err=True)
+
+
+def _permissions(values: tuple[str, ...]) -> frozenset[str]:
+    """`--perm send --perm consume` and `--perm send,consume` alike: the file itself
+    stores the comma list."""
+    names = [name.strip() for value in values for name in value.split(",")]
+    if "" in names:
+        raise click.BadParameter(f"empty permission in {','.join(values)!r}: use {', '.join(users.PERMISSIONS)}")
+    try:
+        return users.check_permissions(names)
+    except users.UsersError as err:
+        raise click.BadParameter(str(err)) from None
 
 
 def _read(path: str) -> dict[str, users.User]:
