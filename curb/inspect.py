@@ -12,10 +12,22 @@ from datetime import UTC, datetime
 
 import click
 
-from curb.scan import Entry, LogError, LogReader, Summary
+from curb.scan import Entry, LogDamaged, LogError, LogReader, Summary
 
 PREVIEW_BYTES = 64
 DEFAULT_LIMIT = 20
+
+
+class _Unusable(click.ClickException):
+    """A file that cannot be used (not a curb log, not readable): exit status 2, as the broker's."""
+
+    exit_code = 2
+
+
+class _Damaged(click.ClickException):
+    """A curb log whose header is damaged: exit status 3, as the broker's."""
+
+    exit_code = 3
 
 
 @dataclass
@@ -71,10 +83,10 @@ def inspect_command(path: str, messages: bool, acked: bool, limit: int | None, a
             summary = reader.summary()
             list_states = ({"rdy", "ack"} if acked else {"rdy"}) if messages else set()
             found = _scan(reader, list_states, limit)
+    except LogDamaged as error:
+        raise _Damaged(str(error)) from None
     except LogError as error:
-        failure = click.ClickException(str(error))
-        failure.exit_code = error.exit_status
-        raise failure from None
+        raise _Unusable(str(error)) from None
     except OSError as error:
         raise click.ClickException(f"cannot read {path}: {error.strerror or error}") from None
     now_ms = time.time_ns() // 1_000_000
