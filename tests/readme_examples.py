@@ -27,7 +27,7 @@ Options (a value with spaces goes in double quotes):
 - `certs=DIR`: a CA (DIR/ca.pem) and a server certificate for localhost and 127.0.0.1
   (DIR/tls.pem, DIR/tls.key).
 - `expect="TEXT"`: the block's output (stdout and stderr) holds TEXT.
-- `rdy=N`: the broker holds N waiting messages once the block is done.
+- `rdy=N`: once the block is done and no message is wip, the broker holds N rdy messages.
 
 A block runs in a temporary directory of its own, as written but for these rewrites, made
 in the block and in its marker's values alike:

@@ -254,12 +254,16 @@ def _run_on_a_terminal(command: str, cwd: Path, env: dict[str, str]) -> str:
 
 
 def _rdy(port: int) -> int:
-    """The queue's waiting messages, from its ./count subscription."""
+    """The queue's waiting messages once no message is wip (the block's connections are
+    gone, their ACKs handled), from the ./count subscription."""
     with Client("127.0.0.1", port) as client:
         client.subscribe("count", destination="./count")
-        counts = client.receive(timeout=10)
-        assert counts is not None, "no ./count message"
-        return json.loads(counts.body)["rdy"]
+        deadline = time.monotonic() + RUN_S
+        while (counts := client.receive(timeout=max(0.0, deadline - time.monotonic()))) is not None:
+            current = json.loads(counts.body)
+            if current["wip"] == 0:
+                return current["rdy"]
+        pytest.fail(f"messages still wip {RUN_S:.0f} s after the block ended")
 
 
 # ---------------------------------------------------------------- the helper itself
