@@ -154,7 +154,14 @@ def _certificates(directory: Path) -> None:
 def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> str:
     try:
         done = subprocess.run(
-            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_S
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=RUN_S,
         )
     except subprocess.TimeoutExpired as err:
         pytest.fail(f"{argv[-1]!r} did not finish in {RUN_S:.0f} s; its output:\n{err.stdout!r}\n{err.stderr!r}")
@@ -173,6 +180,7 @@ def _serve(command: str, cwd: Path, env: dict[str, str]) -> str:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        errors="replace",
     )
     assert process.stdout is not None
     lines: list[str] = []
