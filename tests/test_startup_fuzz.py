@@ -137,6 +137,7 @@ class Writer:
         self.path = path
         self.loop = asyncio.new_event_loop()
         self.log = Log(path, cap)
+        self.log.clock = time.monotonic  # the frozen clock (its default was bound at import)
         self.log.start(self.loop)
         self.closed = False
 
