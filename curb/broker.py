@@ -185,7 +185,9 @@ class Broker:
             self.log.append(payload, done, urgent=urgent)
         except TooLarge as err:
             self.metrics.refused_too_large += 1
-            raise Refused("message too large", str(err)) from None
+            raise Refused(
+                "message too large", f"{err}: send a smaller message, or ask the operator for a larger -cap"
+            ) from None
         except QueueFull as err:
             self.metrics.refused_full += 1
             raise Refused("queue full", str(err)) from None
@@ -214,7 +216,9 @@ class Broker:
         if upto > last:
             raise QueueError(
                 f"curb-upto {upto} is above the highest message id so far ({last}): "
-                f"it would acknowledge messages not yet sent"
+                f"it would acknowledge messages not yet sent",
+                "ACK up to an id the broker has assigned: a MESSAGE's message-id or a browse end "
+                "marker's curb-last-id.",
             )
         records = self.queue.ack_upto(upto)
         self.log.ack_upto(upto, done)

@@ -43,17 +43,22 @@ def send_problem(stored_lines: bytes, payload_size: int, max_frame: int) -> tupl
             "too many headers",
             f"The SEND keeps {count} headers; its MESSAGE adds up to {ADDED_HEADERS} and may carry "
             f"{MAX_HEADERS}, so a SEND may carry at most {MAX_HEADERS - ADDED_HEADERS} besides "
-            "destination, content-length, receipt and transaction.",
+            "destination, content-length, receipt and transaction: send fewer, or put them in the body.",
         )
     for line in stored_lines.split(b"\n") if len(stored_lines) > MAX_HEADER_LINE else ():
         problem = line_problem(line)
         if problem is not None:
-            return "header too long", f"A SEND {problem} (a colon, CR, LF or backslash takes two bytes escaped)."
+            return (
+                "header too long",
+                f"A SEND {problem} (a colon, CR, LF or backslash takes two bytes escaped): "
+                "shorten it, or put the value in the body.",
+            )
     size = payload_size - 1 + RESERVE
     if size > max_frame:
         return (
             "message too large",
             f"Its MESSAGE could take {size} bytes, over the frame limit of {max_frame} bytes "
-            f"({RESERVE} of them are kept for the headers the broker adds).",
+            f"({RESERVE} of them are kept for the headers the broker adds): send a smaller body, "
+            "or ask the operator for a larger -max-frame.",
         )
     return None

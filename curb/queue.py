@@ -31,8 +31,13 @@ ACK_MODES = ("auto", "client", "client-individual")
 class QueueError(Exception):
     """A client asked for something the queue state does not allow.
 
-    str() is a short reason, fit for the `message` header of an ERROR frame.
+    str() is a short reason, fit for the `message` header of an ERROR frame; `advice`,
+    for its body, says what the client should do instead (every raise must give one).
     """
+
+    def __init__(self, reason: str, advice: str):
+        super().__init__(reason)
+        self.advice = advice
 
 
 class Message(Protocol):
@@ -115,13 +120,23 @@ class Queue(Generic[C, M]):
         self, conn: C, sub_id: str, ack_mode: str = "auto", prefetch: int | None = None
     ) -> Subscription[C, M]:
         if conn in self._active:
-            raise QueueError(f"already subscribed as {self._active[conn].id!r}; UNSUBSCRIBE first")
+            raise QueueError(
+                f"already subscribed as {self._active[conn].id!r}; UNSUBSCRIBE first",
+                "A connection holds one queue subscription at a time: UNSUBSCRIBE it before "
+                "subscribing again, or open another connection for a second consumer.",
+            )
         if ack_mode not in ACK_MODES:
-            raise QueueError(f"unknown ack mode {ack_mode!r}; use one of {', '.join(ACK_MODES)}")
+            raise QueueError(
+                f"unknown ack mode {ack_mode!r}; use one of {', '.join(ACK_MODES)}",
+                f"Send SUBSCRIBE with an ack header of {', '.join(ACK_MODES)}, or none for auto.",
+            )
         if prefetch is None:
             prefetch = self._default_prefetch
         elif prefetch < 1:
-            raise QueueError(f"prefetch must be at least 1, got {prefetch}")
+            raise QueueError(
+                f"prefetch must be at least 1, got {prefetch}",
+                "Ask for a prefetch-count of 1 or more, or leave it out for the broker's -prefetch.",
+            )
         sub: Subscription[C, M] = Subscription(conn, sub_id, ack_mode, min(prefetch, self._max_prefetch))
         self._active[conn] = sub
         self._refresh(sub)
@@ -131,7 +146,10 @@ class Queue(Generic[C, M]):
         """Pause: no more deliveries; its wip stays and can still be ACKed or NACKed."""
         sub = self._active.get(conn)
         if sub is None or sub.id != sub_id:
-            raise QueueError(f"no active subscription {sub_id!r} on this connection")
+            raise QueueError(
+                f"no active subscription {sub_id!r} on this connection",
+                "UNSUBSCRIBE with the id of this connection's SUBSCRIBE, once; it needs no UNSUBSCRIBE after that.",
+            )
         del self._active[conn]
         sub.active = False
         self._ring.pop(sub, None)
@@ -232,7 +250,12 @@ class Queue(Generic[C, M]):
         """Take the message (cumulatively in "client" mode) out of wip; the caller places it."""
         sub = self._wip.get(message_id)
         if sub is None or sub.conn != conn:
-            raise QueueError(f"message {message_id} is not awaiting ACK or NACK on this connection")
+            raise QueueError(
+                f"message {message_id} is not awaiting ACK or NACK on this connection",
+                "ACK or NACK only the ack header of a MESSAGE this connection received and has not yet "
+                "acknowledged; one acknowledged already (also by ACK curb-upto or a cumulative client "
+                "ACK) or held by another connection is unknown here.",
+            )
         unacked = sub.unacked
         if sub.ack_mode == "client":
             settled = []

@@ -17,6 +17,15 @@ Rules:
 - A frame's RECEIPT leaves once its effect is durable when it changed the log (SEND, ACK,
   NACK, DISCONNECT) and at once otherwise, but never before the receipts owed for earlier
   frames: receipts leave in frame order.
+- The line of owed receipts (`_owed`) is the only way out for what ends a connection: an
+  ERROR, a DISCONNECT's RECEIPT, a shutdown's close. It takes the line's last place (or,
+  when a frame's effect failed to become durable, that frame's place), the session
+  handles no further frame and gets no more messages at once, and the connection closes
+  only once it is written, after the receipts of every earlier frame that became durable.
+  Nothing is written after it. Every place in the line is filled, with a RECEIPT or with
+  an ERROR when the log reports a failure, so the line never blocks for good.
+- Every ERROR has a body that says what happened and what to do: `error` refuses an
+  empty one, QueueError and Refused carry theirs.
 - Heart-beats are negotiated once at CONNECT (curb.heartbeat); their deadlines are data
   derived from when bytes last came and went.
 - An `ack:auto` message is done only once `data_to_send` hands it to the transport; one
@@ -59,6 +68,10 @@ if TYPE_CHECKING:
 BROWSE_END = "browse-end"  # the message-id of a browse's end marker
 SERVER = f"curb/{__version__}"
 MAX_PREFETCH = 1_000_000  # unacked messages one subscription may hold
+PREFETCH_ADVICE = (
+    f"Give prefetch-count (or activemq.prefetchSize) a whole number from 1 to {MAX_PREFETCH}, "
+    "or leave it out for the broker's -prefetch."
+)
 MAX_MESSAGE_ID = (1 << 48) - 1  # a record holds its id in 12 hex digits
 MAX_ID_HEADER = (1 << 64) - 1  # an id range's bound may lie beyond every id (Client.last_id)
 BEAT_EARLY = 0.9  # send our heart-beat a little before it is due, so it is never late
@@ -67,9 +80,11 @@ NEW, OPEN, CLOSING = "before CONNECT", "after CONNECT", "closing"
 Handler = Callable[["Session", Frame], None]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Owed:
-    """A receipt in the line: its bytes once known, and what to do once it is sent."""
+    """A place in the line: its bytes once known (a RECEIPT, an ERROR, or b"" for a plain
+    close), and what to do once they are sent. Places compare by identity, so that a
+    refused frame takes its own place out of the line (`remove`), not an equal one."""
 
     data: bytes | None = None
     then: Callable[[], None] | None = None
@@ -103,6 +118,8 @@ class Session:
         self._woken = False
         self._handoff: list[Record] = []  # auto messages in _out, done once handed over
         self._owed: collections.deque[Owed] = collections.deque()
+        self._last: Owed | None = None  # the place that ends the line, once there is one
+        self._erring = False  # an ERROR is in the line
         self._count_sub: str | None = None
         self._count_prefix = b""
         self._last_counts: dict[str, int] | None = None
@@ -133,10 +150,11 @@ class Session:
                 if self.state is CLOSING:
                     break
                 self.handle(frame)
-            if bad is not None:
+            if bad is not None and self.state is not CLOSING:
                 self.error(
                     str(bad),
-                    "The frame is not valid STOMP 1.2 or breaks a limit (README: Limits).",
+                    "The frame is not valid STOMP 1.2 or breaks one of the broker's limits "
+                    "(README: Limits): fix the frame and reconnect.",
                     receipt=bad.receipt,
                 )
         finally:
@@ -166,8 +184,8 @@ class Session:
         below its low one (True). While it is above, nothing new is made for this peer,
         and its frames are not read, since their answers could not be written."""
         self.writable = writable
-        self.reading = writable and self.close_wanted is None and not self._stopped
-        self.broker.set_writable(self, writable)
+        self.reading = writable and self.state is not CLOSING and not self._stopped
+        self.broker.set_writable(self, writable and self.state is not CLOSING)
         if writable:
             if self._counts_owed:
                 self.send_counts(self.broker.counts())
@@ -189,15 +207,15 @@ class Session:
                 and now >= self.opened_at + self.broker.connect_timeout
             ):
                 self.broker.connect_timed_out(self, now)
-                self.write(
+                self._settle(
+                    self._finish(),
                     encode(
                         "ERROR",
                         {"message": "CONNECT timeout", "content-type": "text/plain"},
                         f"Send CONNECT within {self.broker.connect_timeout:g} s of connecting.\n".encode(),
-                    )
+                    ),
+                    self._hang_up,
                 )
-                self.state = CLOSING
-                self._close("close")
             return
         if self.expect_every and now - self.last_recv > heartbeat.tolerance(self.expect_every):
             self.broker.events("heartbeat_timeout", f"no heart-beat from {self.peer}; closing", peer=self.peer)
@@ -304,9 +322,10 @@ class Session:
         self._wake()
 
     def close(self) -> None:
-        """Close once the output is written."""
-        self.state = CLOSING
-        self._close("close")
+        """Shutdown: close once the receipts owed are written (unless something else
+        already ends the line)."""
+        if self._last is None and not self._gone:
+            self._settle(self._finish(), b"", self._hang_up)
 
     # ---------------------------------------------------------------- frames
 
@@ -331,21 +350,19 @@ class Session:
         try:
             handler(self, frame)
         except QueueError as err:
-            self.error(str(err), "", frame)
+            self.error(str(err), err.advice, frame)
         except Refused as err:
             self.error(err.message, str(err), frame)
 
     def on_connect(self, frame: Frame) -> None:
         versions = frame.headers.get("accept-version", "1.0").split(",")
         if "1.2" not in versions:
-            self.write(
-                encode(
-                    "ERROR",
-                    {"version": "1.2", "content-type": "text/plain", "message": "unsupported protocol version"},
-                    b"Curb speaks STOMP 1.2 only; send accept-version:1.2.\n",
-                )
+            self.error(
+                "unsupported protocol version",
+                "Curb speaks STOMP 1.2 only; send accept-version:1.2.",
+                frame,
+                version="1.2",
             )
-            self._close_after_error("unsupported protocol version")
             return
         try:
             theirs = heartbeat.parse(frame.headers.get("heart-beat", "0,0"))
@@ -431,7 +448,13 @@ class Session:
 
         def stored(err: str | None) -> None:
             if err is not None:
-                self.error("message not stored", err, receipt=receipt)
+                self.error(
+                    "message not stored",
+                    f"{err}. The message was not stored and will not be delivered: send it again "
+                    "once the broker can store it (its log says why not).",
+                    receipt=receipt,
+                    entry=entry,
+                )
             elif entry is not None and receipt is not None:
                 self._settle(entry, _receipt(receipt))
 
@@ -446,7 +469,10 @@ class Session:
         headers = frame.headers
         sub_id = headers.get("id")
         if sub_id is None:
-            raise QueueError("SUBSCRIBE needs an id header")
+            raise QueueError(
+                "SUBSCRIBE needs an id header",
+                "Give SUBSCRIBE an id header (any name); MESSAGEs carry it as subscription and UNSUBSCRIBE names it.",
+            )
         lines = [
             b"subscription:" + escape(sub_id).encode(),
             b"destination:" + escape(headers.get("destination", "/queue/curb")).encode(),
@@ -454,11 +480,15 @@ class Session:
         for line in lines:
             problem = message_limits.line_problem(line, message_limits.MAX_SUBSCRIPTION_LINE)
             if problem is not None:
-                raise QueueError(f"SUBSCRIBE {problem}")
+                raise QueueError(f"SUBSCRIBE {problem}", "Use a shorter subscription id and destination.")
         prefix = b"MESSAGE\n%s\n%s\n" % tuple(lines)
         if headers.get("browser") == "true":
             if sub_id in self._browses:
-                raise QueueError(f"browse {sub_id!r} is still running; UNSUBSCRIBE it or wait for its end")
+                raise QueueError(
+                    f"browse {sub_id!r} is still running; UNSUBSCRIBE it or wait for its end",
+                    "Wait for the browse's end marker (message-id browse-end), UNSUBSCRIBE it, or "
+                    "give the new browse another id.",
+                )
             first = _message_id(headers, "curb-from-id")
             last = _message_id(headers, "curb-to-id")
             browse = self.broker.browse(self, 1 if first is None else first, last)
@@ -477,7 +507,7 @@ class Session:
     def on_unsubscribe(self, frame: Frame) -> None:
         sub_id = frame.headers.get("id")
         if sub_id is None:
-            raise QueueError("UNSUBSCRIBE needs an id header")
+            raise QueueError("UNSUBSCRIBE needs an id header", "Give UNSUBSCRIBE the id header its SUBSCRIBE had.")
         browse = self._browses.pop(sub_id, None)
         if browse is not None:
             self.broker.end_browse(browse[0])
@@ -505,8 +535,8 @@ class Session:
         entry = self._owe() if receipt is not None else None
 
         def answer(err: str | None) -> None:
-            if err is None and entry is not None and receipt is not None:
-                self._settle(entry, _receipt(receipt))
+            if entry is not None and receipt is not None:
+                self._settle_durable(entry, receipt, err, "ACK")
 
         try:
             self.broker.ack_upto(upto, answer)
@@ -523,20 +553,12 @@ class Session:
             self._receipt_durable(frame)
 
     def on_disconnect(self, frame: Frame) -> None:
-        self.state = CLOSING
         receipt = frame.headers.get("receipt")
+        entry = self._finish()
         if receipt is None:
-            self._close("close")
+            self._settle(entry, b"", self._hang_up)
             return
-        entry = self._owe()
-
-        def answer(err: str | None) -> None:
-            if err is None:
-                self._settle(entry, _receipt(receipt), lambda: self._close("close"))
-            else:
-                self._close("close")
-
-        self.broker.when_durable(answer)
+        self.broker.when_durable(lambda err: self._settle_durable(entry, receipt, err, "DISCONNECT", self._hang_up))
 
     def on_transaction(self, frame: Frame) -> None:
         self.error(
@@ -549,13 +571,20 @@ class Session:
         """The message an ACK or NACK names; None for a ./count update, which needs none."""
         raw = frame.headers.get("id")
         if raw is None:
-            raise QueueError(f"{frame.command} needs an id header")
+            raise QueueError(
+                f"{frame.command} needs an id header",
+                f"Give {frame.command} the id header: the ack header of the MESSAGE it answers.",
+            )
         if raw.startswith("count-") and self._count_sub is not None:
             return None
         try:
             return decimal(raw, "ack id", MAX_MESSAGE_ID)
         except ValueError:
-            raise QueueError(f"unknown ack id {raw[:40]!r}") from None
+            raise QueueError(
+                f"unknown ack id {raw[:40]!r}",
+                f"Give {frame.command} the ack header of a MESSAGE this connection received (a "
+                "message id, a decimal number); to ACK up to an id, send ACK with a curb-upto header.",
+            ) from None
 
     # ---------------------------------------------------------------- receipts, in order
 
@@ -569,12 +598,24 @@ class Session:
         if receipt is None:
             return
         entry = self._owe()
+        command = frame.command
+        self.broker.when_durable(lambda err: self._settle_durable(entry, receipt, err, command))
 
-        def answer(err: str | None) -> None:
-            if err is None:
-                self._settle(entry, _receipt(receipt))
-
-        self.broker.when_durable(answer)
+    def _settle_durable(
+        self, entry: Owed, receipt: str, err: str | None, command: str, then: Callable[[], None] | None = None
+    ) -> None:
+        """The log's answer for a frame whose RECEIPT waits for durability: the RECEIPT,
+        or an ERROR in its place when the log could not make its effect durable."""
+        if err is None:
+            self._settle(entry, _receipt(receipt), then)
+        else:
+            self.error(
+                f"{command} not stored",
+                f"{err}. The {command} may not be on disk: after a restart of the broker, expect "
+                "messages it settled to come again (its log says why).",
+                receipt=receipt,
+                entry=entry,
+            )
 
     def _owe(self) -> Owed:
         """A place in this connection's line of receipts, filled in by _settle()."""
@@ -582,21 +623,37 @@ class Session:
         self._owed.append(entry)
         return entry
 
+    def _finish(self) -> Owed:
+        """The line's last place, for what ends the connection."""
+        self._stop()
+        entry = self._last = self._owe()
+        return entry
+
+    def _stop(self) -> None:
+        """The connection is ending: from now on no frame is read or handled, and no
+        message is delivered to it (its wip is returned when it is gone)."""
+        self.state = CLOSING
+        self.reading = False
+        self.broker.set_writable(self, False)
+        self._wake()
+
     def _settle(self, entry: Owed, data: bytes, then: Callable[[], None] | None = None) -> None:
-        """Fill in an owed receipt and send every receipt now at the front of the line."""
+        """Fill in an owed place and send everything now at the front of the line."""
         entry.data, entry.then = data, then
         owed = self._owed
         while owed and (ready := owed[0].data) is not None:
             after = owed.popleft().then
-            self.write(ready)
+            if ready:
+                self.write(ready)
             if after is not None:
                 after()
 
     # ---------------------------------------------------------------- output and errors
 
     def write(self, data: bytes) -> None:
-        """Queue output; the transport takes it once per loop pass."""
-        if self._gone:
+        """Queue output; the transport takes it once per loop pass. Nothing is written
+        once the connection is to close (after an ERROR or a DISCONNECT's RECEIPT)."""
+        if self._gone or self.close_wanted:
             return
         self._out.append(data)
         if not self._woken:  # _wake(), inline: this runs for every message
@@ -608,27 +665,53 @@ class Session:
             self._woken = True
             self.broker.want_flush(self)
 
-    def error(self, message: str, detail: str, frame: Frame | None = None, receipt: str | None = None) -> None:
-        """Send one ERROR frame and close this connection (STOMP 1.2 section ERROR)."""
-        if self._gone or self.close_wanted:
+    def error(
+        self,
+        message: str,
+        detail: str,
+        frame: Frame | None = None,
+        receipt: str | None = None,
+        entry: Owed | None = None,
+        version: str | None = None,
+    ) -> None:
+        """One ERROR frame, then the close (STOMP 1.2 section ERROR), in the line of owed
+        receipts: in the place of `entry` (a frame whose effect the log lost), else in the
+        line's last place, after the receipts of every frame before. `detail` is its body:
+        what happened and what to do. Only the first ERROR of a connection is sent."""
+        if not detail.strip():
+            raise ValueError(f"ERROR {message!r} needs a body that says what to do")
+        if self._gone or self.close_wanted or (entry is None and self._erring):
             return
         headers = {"message": message, "content-type": "text/plain"}
+        if version is not None:
+            headers["version"] = version
         receipt = receipt if receipt is not None else (frame.headers.get("receipt") if frame else None)
         if receipt is not None:
             headers["receipt-id"] = receipt
-        self.write(encode("ERROR", headers, (detail + "\n").encode() if detail else b""))
-        self._close_after_error(message)
+        if entry is None:
+            # The last place, or the one a DISCONNECT or shutdown took: an earlier frame failed,
+            # so the ERROR goes out instead of that RECEIPT.
+            entry = self._last if self._last is not None else self._finish()
+        else:
+            self._stop()
+        self._erring = True
+        self._settle(
+            entry, encode("ERROR", headers, (detail + "\n").encode()), lambda: self._close_after_error(message)
+        )
 
     def _close_after_error(self, reason: str) -> None:
         self.broker.protocol_error(self, reason)
-        self.state = CLOSING
+        self._hang_up()
+
+    def _hang_up(self) -> None:
+        """What ends the line is written: close once the output is."""
         self._close("close")
 
     def _close(self, how: str) -> None:
         if self.close_wanted != "abort":
             self.close_wanted = how
-        self.reading = False
-        self._wake()
+        self._stop()
+        self._owed.clear()
 
 
 def unexpected(session: Session, frame: Frame) -> None:
@@ -692,7 +775,10 @@ def _id_value(raw: str, name: str) -> int:
     try:
         return decimal(raw, name, MAX_ID_HEADER)
     except ValueError:
-        raise QueueError(f"bad {name} {raw[:40]!r}: use a message id, a non-negative integer") from None
+        raise QueueError(
+            f"bad {name} {raw[:40]!r}: use a message id, a non-negative integer",
+            f"Give {name} a message id: a decimal integer from 0 to {MAX_ID_HEADER}, such as a MESSAGE's message-id.",
+        ) from None
 
 
 def _prefetch(headers: dict[str, str]) -> int | None:
@@ -702,7 +788,7 @@ def _prefetch(headers: dict[str, str]) -> int | None:
     try:
         value = decimal(raw, "prefetch", MAX_PREFETCH)
     except ValueError as err:
-        raise QueueError(f"bad prefetch: {err}") from None
+        raise QueueError(f"bad prefetch: {err}", PREFETCH_ADVICE) from None
     if value < 1:
-        raise QueueError(f"bad prefetch {value}: use a positive integer up to {MAX_PREFETCH}")
+        raise QueueError(f"bad prefetch {value}: use a positive integer up to {MAX_PREFETCH}", PREFETCH_ADVICE)
     return value

@@ -9,6 +9,7 @@ import time
 import pytest
 
 import curb
+from curb.frame import encode
 
 QUEUE = "/queue/curb"
 
@@ -532,3 +533,76 @@ def test_pipelined_receipts_come_in_frame_order(broker, raw):
     assert client.closed()
     receipts = [f.headers["receipt-id"] for f in client.frames if f.command == "RECEIPT"]
     assert receipts == ["send-1", "subscribe", "send-2", "disconnect"]
+
+
+# ---------------------------------------------------------------- an ERROR waits for the receipts before it
+
+# Bad frames that follow receipted SENDs, ACKs and a NACK in the same write (a broker
+# with -max-frame 4KiB): each draws an ERROR only after the receipts owed before it.
+BAD_AFTER_RECEIPTS = {
+    "header line without colon": b"SEND\ndestination:/queue/curb\nno-colon-here\n\nhi\0",
+    "unknown command": b"FROB\nreceipt:r-bad\n\n\0",
+    "BEGIN": b"BEGIN\ntransaction:t1\nreceipt:r-bad\n\n\0",
+    "ACK of an unknown id": b"ACK\nid:424242\nreceipt:r-bad\n\n\0",
+    "second SUBSCRIBE": b"SUBSCRIBE\nid:b\ndestination:/queue/curb\nreceipt:r-bad\n\n\0",
+    "content-length not a number": b"SEND\ncontent-length:ten\n\nhi\0",
+    "frame over -max-frame": b"SEND\ncontent-length:8192\n\n" + b"x" * 8192 + b"\0",
+    "CONNECT again": b"CONNECT\naccept-version:1.2\nreceipt:r-bad\n\n\0",
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_AFTER_RECEIPTS))
+def test_an_error_comes_after_the_receipts_of_the_frames_before_it(curb_broker, stomp_conn, raw, name):
+    broker = curb_broker(extra_args=["-max-frame", "4KiB"])
+    produce(stomp_conn, broker.port, ["held 1", "held 2", "held 3"])
+    client = raw(broker.port)
+    client.connect()
+    client.send_frame("SUBSCRIBE", {"id": "s", "destination": QUEUE, "ack": "client-individual"})
+    ids = [client.read_frame().headers["ack"] for _ in range(3)]
+    client.send(
+        b"SEND\ndestination:/queue/curb\nreceipt:s1\n\nnew 1\0"
+        b"ACK\nid:%s\nreceipt:a1\n\n\0"
+        b"SEND\ndestination:/queue/curb\nreceipt:s2\n\nnew 2\0"
+        b"NACK\nid:%s\nreceipt:n2\n\n\0"
+        b"ACK\nid:%s\nreceipt:a3\n\n\0" % tuple(i.encode() for i in ids) + BAD_AFTER_RECEIPTS[name]
+    )
+    assert client.closed()
+    answers = [f for f in client.frames if f.command != "MESSAGE"]
+    assert [f.headers.get("receipt-id") for f in answers[:-1]] == ["s1", "a1", "s2", "n2", "a3"], answers
+    assert answers[-1].command == "ERROR" and answers[-1].body.strip(), answers
+    _, inbox = consume(stomp_conn, broker.port, ack="auto")
+    inbox.wait_messages(3)
+    assert sorted(bodies_of(inbox.quiet())) == ["held 2", "new 1", "new 2"], "the receipted frames took effect"
+
+
+def test_a_pipelined_producer_at_a_full_queue_gets_a_receipt_for_every_stored_message(curb_broker, stomp_conn, raw):
+    broker = curb_broker(cap="64KiB")
+    client = raw(broker.port)
+    client.connect()
+    receipted: list[bytes] = []
+    error = None
+    for batch in range(100):
+        bodies = [b"%03d-%02d " % (batch, n) + b"f" * 1000 for n in range(16)]
+        client.send(
+            b"".join(encode("SEND", {"destination": QUEUE, "receipt": body[:6].decode()}, body) for body in bodies)
+        )
+        for body in bodies:
+            answer = client.read_frame()
+            assert answer is not None, f"no answer to SEND {body[:6]!r}"
+            if answer.command == "ERROR":
+                error = answer
+                break
+            assert answer.headers["receipt-id"] == body[:6].decode(), "receipts in frame order"
+            receipted.append(body)
+        if error is not None:
+            break
+    assert error is not None, "1.6 MB went into a 64 KiB queue without an ERROR"
+    assert "full" in error.headers["message"] or error.headers["message"] == "message not stored"
+    assert client.closed() and not client.frames, "nothing after the ERROR"
+    _, inbox = consume(stomp_conn, broker.port, ack="auto", prefetch=1000, auto_decode=False)
+    inbox.wait_messages(len(receipted))
+    stored = bodies_of(inbox.quiet())
+    assert stored == receipted, (
+        f"{len(stored)} messages stored, {len(receipted)} receipted: "
+        f"{len(set(stored) - set(receipted))} stored without a RECEIPT"
+    )
