@@ -611,8 +611,9 @@ class Session:
         else:
             self.error(
                 f"{command} not stored",
-                f"{err}. The {command} may not be on disk: after a restart of the broker, expect "
-                "messages it settled to come again (its log says why).",
+                f"{err}. The broker could not make this {command} durable and stops serving: "
+                "reconnect once it is back (its log says why), and expect messages this connection "
+                "had acknowledged to come again.",
                 receipt=receipt,
                 entry=entry,
             )
@@ -722,11 +723,15 @@ def unexpected(session: Session, frame: Frame) -> None:
             f"{command} not allowed {session.state}",
             "Send CONNECT (or STOMP) once, first; then any other frame."
             if session.state is NEW
-            else "CONNECT may only be sent once.",
+            else "CONNECT may only be sent once per connection: open a new connection to connect again.",
             frame,
         )
     else:
-        session.error(f"unknown command {command[:40]!r} {session.state}", "Curb speaks STOMP 1.2.", frame)
+        session.error(
+            f"unknown command {command[:40]!r} {session.state}",
+            "Curb speaks STOMP 1.2: send CONNECT (or STOMP), SEND, SUBSCRIBE, UNSUBSCRIBE, ACK, NACK or DISCONNECT.",
+            frame,
+        )
 
 
 # The permission each command needs when Curb has a users file; `./count` frames need
