@@ -95,7 +95,7 @@ ROWS = {
     "too many headers": Row(
         "too many headers",
         "send fewer, or put them in the body",
-        (frame("SEND", **{f"h{i}": "v" for i in range(MAX_HEADERS - ADDED_HEADERS + 1)}),),
+        (frame("SEND", b"", **{f"h{i}": "v" for i in range(MAX_HEADERS - ADDED_HEADERS + 1)}),),
     ),
     "header too long": Row(
         "header too long", "shorten it", (b"SEND\nh:" + b":" * (MAX_HEADER_LINE // 2 + 1) + b"\n\n\0",)
