@@ -23,7 +23,9 @@ Rules:
   handles no further frame and gets no more messages at once, and the connection closes
   only once it is written, after the receipts of every earlier frame that became durable.
   Nothing is written after it. Every place in the line is filled, with a RECEIPT or with
-  an ERROR when the log reports a failure, so the line never blocks for good.
+  an ERROR when the log reports a failure, so the line never blocks for good. Only a
+  lost peer or a heart-beat timeout (an abort) drops the line. Bytes that are no frame,
+  read while frames wait for a login check, wait behind them (UNPARSABLE).
 - Every ERROR has a body that says what happened and what to do: `error` refuses an
   empty one, QueueError and Refused carry theirs.
 - Heart-beats are negotiated once at CONNECT (curb.heartbeat); their deadlines are data
@@ -77,6 +79,10 @@ MAX_ID_HEADER = (1 << 64) - 1  # an id range's bound may lie beyond every id (Cl
 BEAT_EARLY = 0.9  # send our heart-beat a little before it is due, so it is never late
 
 NEW, OPEN, CLOSING = "before CONNECT", "after CONNECT", "closing"
+# The command of a stand-in, among the frames held during a login check, for bytes that
+# were no valid frame (its headers: the reason and the receipt); no parsed frame has it,
+# since a NUL ends a frame.
+UNPARSABLE = "\0unparsable"
 Handler = Callable[["Session", Frame], None]
 
 
@@ -151,12 +157,11 @@ class Session:
                     break
                 self.handle(frame)
             if bad is not None and self.state is not CLOSING:
-                self.error(
-                    str(bad),
-                    "The frame is not valid STOMP 1.2 or breaks one of the broker's limits "
-                    "(README: Limits): fix the frame and reconnect.",
-                    receipt=bad.receipt,
-                )
+                if self._held is not None:  # its ERROR waits behind the frames held for the login
+                    receipt = {} if bad.receipt is None else {"receipt": bad.receipt}
+                    self._held.append(Frame(UNPARSABLE, {"message": str(bad), **receipt}))
+                else:
+                    self.unparsable(str(bad), bad.receipt)
         finally:
             broker.after_frames()
 
@@ -353,6 +358,15 @@ class Session:
             self.error(str(err), err.advice, frame)
         except Refused as err:
             self.error(err.message, str(err), frame)
+
+    def unparsable(self, reason: str, receipt: str | None) -> None:
+        """The ERROR for bytes that are no valid frame."""
+        self.error(
+            reason,
+            "The frame is not valid STOMP 1.2 or breaks one of the broker's limits "
+            "(README: Limits): fix the frame and reconnect.",
+            receipt=receipt,
+        )
 
     def on_connect(self, frame: Frame) -> None:
         versions = frame.headers.get("accept-version", "1.0").split(",")
@@ -716,9 +730,12 @@ class Session:
 
 
 def unexpected(session: Session, frame: Frame) -> None:
-    """The ERROR for any frame the table does not allow in the session's state."""
+    """The ERROR for any frame the table does not allow in the session's state (or for
+    bytes held as UNPARSABLE behind a login check)."""
     command = frame.command
-    if command in KNOWN_COMMANDS:
+    if command == UNPARSABLE:
+        session.unparsable(frame.headers["message"], frame.headers.get("receipt"))
+    elif command in KNOWN_COMMANDS:
         session.error(
             f"{command} not allowed {session.state}",
             "Send CONNECT (or STOMP) once, first; then any other frame."

@@ -234,3 +234,23 @@ def test_past_the_pending_checks_limit_logins_are_refused_unchecked():
     assert len(checks.waiting) == 1, "finished checks make room"
     checks.finish()
     assert commands(late.frames()) == ["CONNECTED"]
+
+
+def test_a_bad_frame_after_connect_waits_for_the_password_check_and_the_frames_before_it():
+    world = world_with_users()
+    checks = Deferred()
+    world.broker.offload = checks
+    peer = world.session()
+    peer.feed(
+        encode("CONNECT", {"accept-version": "1.2", "login": "producer", "passcode": "pw-p"})
+        + encode("SEND", {"destination": "/queue/curb", "receipt": "s"}, b"x")
+        + b"SEND\nno colon\n\n\0"
+    )
+    assert peer.raw() == b"" and peer.session.close_wanted is None, "nothing answered during the check"
+    checks.finish()
+    world.log.sync()
+    frames = peer.frames()
+    assert commands(frames) == ["CONNECTED", "RECEIPT", "ERROR"]
+    assert frames[2].headers["message"] == "header line without a colon"
+    assert world.log.unread == 1
+    assert peer.session.close_wanted == "close"
