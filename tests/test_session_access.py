@@ -192,7 +192,9 @@ class Deferred:
             then(work())
 
 
-def test_frames_after_connect_wait_for_the_password_check_and_then_run_in_order():
+def producer_logging_in(after: bytes):
+    """(world, its deferred password checks, a peer) after one read of a producer's
+    CONNECT, a receipted SEND and `after`: the check is under way."""
     world = world_with_users()
     checks = Deferred()
     world.broker.offload = checks
@@ -200,8 +202,13 @@ def test_frames_after_connect_wait_for_the_password_check_and_then_run_in_order(
     peer.feed(
         encode("CONNECT", {"accept-version": "1.2", "login": "producer", "passcode": "pw-p"})
         + encode("SEND", {"destination": "/queue/curb", "receipt": "s"}, b"x")
-        + encode("DISCONNECT", {"receipt": "bye"})
+        + after
     )
+    return world, checks, peer
+
+
+def test_frames_after_connect_wait_for_the_password_check_and_then_run_in_order():
+    world, checks, peer = producer_logging_in(encode("DISCONNECT", {"receipt": "bye"}))
     assert peer.raw() == b"" and not peer.session.reading, "nothing read or answered during the check"
     assert world.log.unread == 0
     checks.finish()
@@ -237,15 +244,7 @@ def test_past_the_pending_checks_limit_logins_are_refused_unchecked():
 
 
 def test_a_bad_frame_after_connect_waits_for_the_password_check_and_the_frames_before_it():
-    world = world_with_users()
-    checks = Deferred()
-    world.broker.offload = checks
-    peer = world.session()
-    peer.feed(
-        encode("CONNECT", {"accept-version": "1.2", "login": "producer", "passcode": "pw-p"})
-        + encode("SEND", {"destination": "/queue/curb", "receipt": "s"}, b"x")
-        + b"SEND\nno colon\n\n\0"
-    )
+    world, checks, peer = producer_logging_in(b"SEND\nno colon\n\n\0")
     assert peer.raw() == b"" and peer.session.close_wanted is None, "nothing answered during the check"
     checks.finish()
     world.log.sync()
