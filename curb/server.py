@@ -11,6 +11,8 @@ is written and the peer's further bytes are read and dropped for up to LINGER_SE
 (over TLS: close_notify, and the TCP connection aborted after LINGER_SECONDS). A
 plain close with unread input would send a TCP reset, and the peer's system may then
 discard the ERROR before the client reads it (a producer still sending, for example).
+The session asks for the close only once its ERROR (or a DISCONNECT's RECEIPT) is in
+its output, after the receipts it owes (curb.session), so the close never overtakes them.
 
 Connection limit: past `broker.max_connections` open sessions a new connection is closed
 at once (Broker.admit says so, rate-limited), before it costs a session.
