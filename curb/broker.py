@@ -12,11 +12,19 @@ only its window in memory and respects the session's flow control like deliverie
 It also gathers each connection's output of one loop pass into one write (`want_flush`,
 `flush_out`) and coalesces `./count` updates. It needs a scheduler for both and takes it
 as a parameter, so tests drive it without an event loop.
+
+Refusals (a TLS handshake that failed, the connection limit, a connection without CONNECT
+in time, a failed login, a client error such as a missing permission, a SEND the full
+disk refused) are each counted in the metrics and logged by `_refused`: one line naming
+the peer and, once it logged in, the user, at most one per LIMIT_LOG_SECONDS for each
+kind, however many there are; a line that stands for several says how many.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
@@ -41,7 +49,7 @@ COUNT_FRAMES_PER_SECOND = 1000
 CONNECT_TIMEOUT_SECONDS = 10.0
 # How long after a failed CONNECT its "access refused" leaves, whatever the failure was.
 REFUSE_DELAY_SECONDS = 1.0
-# At most one "connection limit" line per this many seconds, however many are refused.
+# At most one line of each kind of refusal per this many seconds, however many there are.
 LIMIT_LOG_SECONDS = 10.0
 Done = Callable[[str | None], None]
 Schedule = Callable[[float, Callable[[], None]], object]
@@ -58,6 +66,7 @@ class Store(Protocol):
 
     on_written: Callable[[], None]
     on_answered: Callable[[], None]
+    on_disk_full: Callable[[int, str], None]
     hold_flush: bool
 
     @property
@@ -123,6 +132,7 @@ class Broker:
         events: Callable[..., None] = lambda *a, **k: None,
         schedule: Schedule | None = None,
         offload: Offload | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.log = log
         self.queue: Queue[Session, Record] = Queue(log, default_prefetch=prefetch)
@@ -134,10 +144,13 @@ class Broker:
         self.connect_timeout = connect_timeout  # 0: no limit
         self.refuse_delay = refuse_delay
         self.max_connections = max_connections  # None: no limit
-        self._limit_lines = LineLimit(LIMIT_LOG_SECONDS)
-        self._timeout_lines = LineLimit(LIMIT_LOG_SECONDS)
+        self.handshaking = 0  # TLS connections admitted whose handshake is under way
         self.metrics = metrics or Metrics()
         self.events = events
+        self.clock = clock  # for the refusal lines of steps that are not given the time
+        self._lines: collections.defaultdict[str, LineLimit] = collections.defaultdict(
+            lambda: LineLimit(LIMIT_LOG_SECONDS)
+        )
         # Default: the event loop running now (a broker is made inside it).
         self.schedule = schedule or loop_schedule(asyncio.get_running_loop())
         self.offload: Offload = offload or (lambda work, then: then(work()))
@@ -154,25 +167,24 @@ class Broker:
         self._browse_scheduled = False
         log.on_written = self.pump
         log.on_answered = self.flush_out
+        log.on_disk_full = self.disk_full
 
     # ---------------------------------------------------------------- a session's steps
 
-    def admit(self, now: float) -> bool:
-        """May one more connection open? At the limit, no: it is counted, and logged at
-        most once per LIMIT_LOG_SECONDS."""
+    def admit(self, now: float, peer: str) -> bool:
+        """May one more connection open? At the limit (open sessions and TLS handshakes
+        under way), no: it is counted and logged as a refusal."""
         limit = self.max_connections
-        if limit is None or len(self.sessions) < limit:
+        if limit is None or len(self.sessions) + self.handshaking < limit:
             return True
         self.metrics.connections_refused += 1
-        refused = self._limit_lines.hit(now)
-        if refused:
-            self.events(
-                "connection_limit",
-                f"{limit} connections open (-max-connections): closed {refused} new ones "
-                f"at once, more are closed without a line for {LIMIT_LOG_SECONDS:g} s",
-                limit=limit,
-                refused=refused,
-            )
+        self._refused(
+            "connection_limit",
+            f"connection from {peer} closed at once: {limit} connections are open (-max-connections)",
+            now,
+            peer=peer,
+            limit=limit,
+        )
         return False
 
     def join(self, session: Session) -> None:
@@ -257,8 +269,19 @@ class Broker:
         self.queue.set_writable(session, writable)
 
     def protocol_error(self, session: Session, reason: str) -> None:
+        """A client's frame was answered with ERROR, and its connection closes."""
         self.metrics.protocol_errors += 1
-        self.events("client_error", f"client error from {session.peer}: {reason}", peer=session.peer, reason=reason)
+        self._refused(
+            "client_error",
+            f"client error from {_who(session)}: {reason}",
+            peer=session.peer,
+            user=session.user,
+            reason=reason,
+        )
+
+    def permission_refused(self, session: Session, permission: str) -> None:
+        """A frame needed a permission its user lacks; its ERROR (a client error) follows."""
+        self.metrics.permissions_refused += 1
 
     def check_login(self, login: str, passcode: str, then: Callable[[User | None], None]) -> None:
         """Check a password against the users file off the loop; `then(user or None)`.
@@ -277,27 +300,58 @@ class Broker:
         self.offload(lambda: users_file.authenticate(table, login, passcode), answer)
 
     def connect_timed_out(self, session: Session, now: float) -> None:
-        """A connection sent no CONNECT in time: counted as a protocol error, logged at
-        most once per LIMIT_LOG_SECONDS (a flood of silent connections is one line)."""
-        self.metrics.protocol_errors += 1
-        closed = self._timeout_lines.hit(now)
-        if closed:
-            self.events(
-                "connect_timeout",
-                f"closed {closed} connections that sent no CONNECT within {self.connect_timeout:g} s "
-                f"(the last from {session.peer}); more are closed without a line for {LIMIT_LOG_SECONDS:g} s",
-                peer=session.peer,
-                closed=closed,
-            )
+        """A connection sent no CONNECT in time."""
+        self.metrics.connect_timeouts += 1
+        self._refused(
+            "connect_timeout",
+            f"closed {session.peer}: no CONNECT within {self.connect_timeout:g} s (-connect-timeout)",
+            now,
+            peer=session.peer,
+        )
 
     def access_refused(self, session: Session, login: str | None) -> None:
+        """A CONNECT did not log in: `login` is its login header (None: it had none, and
+        the client certificate's CN, if any, named no user)."""
         self.metrics.access_refused += 1
-        self.events(
-            "access_refused",
-            f"access refused to {session.peer} (login {login!r})",
-            peer=session.peer,
-            login=login,
+        cn = session.identity
+        if login is not None:
+            tried = f"login {login!r}"
+        elif cn is not None:
+            tried = f"no login, and certificate CN {cn!r} is not a user"
+        else:
+            tried = "no login and no client certificate"
+        self._refused(
+            "access_refused", f"access refused to {session.peer} ({tried})", peer=session.peer, login=login, cn=cn
         )
+
+    def tls_failed(self, peer: str, reason: str, why: str, now: float) -> None:
+        """A TLS handshake failed; `reason` is one of curb.metrics.TLS_FAILURES. A client
+        that closed the connection itself is counted but not logged: load balancers'
+        port checks do that all day, and nothing was refused."""
+        self.metrics.tls_failures[reason] += 1
+        if reason != "closed":
+            self._refused(
+                "tls_failed", f"TLS handshake with {peer} failed: {why}", now, kind=reason, peer=peer, reason=reason
+            )
+
+    def disk_full(self, refused: int, why: str) -> None:
+        """The log could not grow, so it refused the SENDs waiting to be written."""
+        self.metrics.refused_disk_full += refused
+        self._refused(
+            "disk_full",
+            f"disk full: {why}; SENDs are refused (not stored) until space is freed on that file system",
+            reason=why,
+        )
+
+    def _refused(self, event: str, text: str, now: float | None = None, kind: str = "", **fields: object) -> None:
+        """The line for a refusal of this event (and kind), unless one was logged less
+        than LIMIT_LOG_SECONDS ago; a line for several says how many since the last."""
+        count = self._lines[f"{event}:{kind}"].hit(self.clock() if now is None else now)
+        if not count:
+            return
+        if count > 1:
+            text += f" ({count} such since the last line; at most one line per {LIMIT_LOG_SECONDS:g} s)"
+        self.events(event, text, count=count, **fields)
 
     def when_durable(self, done: Done) -> None:
         """Run done(None) once every step asked of the log so far is on disk."""
@@ -453,3 +507,8 @@ class Broker:
             "live_bytes": self.log.live_bytes,
             "cap": self.log.end,
         }
+
+
+def _who(session: Session) -> str:
+    """The peer, and the user once it logged in: '10.0.0.5:51234 (user 'alice')'."""
+    return session.peer if session.user is None else f"{session.peer} (user {session.user!r})"

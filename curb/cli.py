@@ -48,10 +48,11 @@ from curb.durations import Duration
 from curb.heartbeat import MAX_MS as MAX_HEARTBEAT_MS
 from curb.inspect import inspect_command
 from curb.log import Log, LogError, parse_size
+from curb.message_limits import MIN_FRAME, RESERVE
 from curb.metrics import Metrics, serve_http
 from curb.passwd import passwd_command
 from curb.ratelimit import LineLimit
-from curb.server import Connection
+from curb.server import Connection, Handshake
 
 DEFAULT_PORT = 61613
 DRAIN_SECONDS = 5.0
@@ -64,6 +65,8 @@ BACKLOG = 128
 # listeners, the event loop, -http's connections and a margin.
 FD_HEADROOM = BACKLOG + 64
 ACCEPT_FAILED_LOG_SECONDS = 10.0
+# The TLS handshake's time limit with -connect-timeout 0 (asyncio's default).
+TLS_HANDSHAKE_DEFAULT_SECONDS = 60.0
 # New container objects between passes of the cyclic garbage collector (Python's
 # default: 700); see _settle_memory.
 GC_EVERY = 50_000
@@ -112,6 +115,16 @@ def _size(ctx, param, value: str) -> int:
         return parse_size(value)
     except ValueError as err:
         raise click.BadParameter(str(err)) from None
+
+
+def _max_frame(ctx, param, value: str) -> int:
+    size = _size(ctx, param, value)
+    if size < MIN_FRAME:
+        raise click.BadParameter(
+            f"{value!r} is too small: at least {MIN_FRAME} bytes (4KiB), so that a CONNECT and a MESSAGE "
+            f"(the broker adds up to {RESERVE} bytes of headers) fit"
+        )
+    return size
 
 
 def _addr(ctx, param, value: str | None):
@@ -196,8 +209,8 @@ def default_file() -> str:
     "--max-frame",
     default="16MiB",
     show_default=True,
-    callback=_size,
-    help="Largest frame a client may send; larger ones get an ERROR.",
+    callback=_max_frame,
+    help="Largest frame a client may send (at least 4KiB); larger ones get an ERROR.",
 )
 @click.option(
     "-heartbeat",
@@ -370,6 +383,10 @@ async def serve(
         assert broker is not None, "a connection was accepted before the broker existed"
         return Connection(broker)
 
+    def new_tls_session() -> Handshake:
+        assert broker is not None and tls_listener is not None, "a TLS connection came before the broker"
+        return Handshake(broker, tls_listener.context, connect_timeout or TLS_HANDSHAKE_DEFAULT_SECONDS)
+
     inherited = systemd.listen_sockets()
     servers: list[asyncio.Server] = []
     if inherited:
@@ -397,11 +414,9 @@ async def serve(
             "-tls-addr",
             tls_addr,
             lambda: loop.create_server(
-                new_session,
+                new_tls_session,
                 tls_addr[0],
                 tls_addr[1],
-                ssl=tls_listener.context,
-                ssl_handshake_timeout=connect_timeout or None,
                 reuse_address=True,
                 backlog=BACKLOG,
                 start_serving=False,
@@ -422,6 +437,7 @@ async def serve(
             server.close()
         raise
     rec = log.recovery
+    _warn_if_disk_is_short(events, path, cap, log.file_bytes)
     events(
         "recovered",
         f"recovered {rec.messages} messages ({rec.live_bytes} bytes) from {path} "
@@ -492,7 +508,8 @@ async def serve(
         if http is not None:
             web = await _listen("-http", http, lambda: serve_http(http[0] or "", http[1], metrics, broker.gauges))
             servers.append(web)
-            events("http", f"metrics on http://{_sockname(web.sockets[0])}/metrics", addr=_sockname(web.sockets[0]))
+            web_addr = _sockname(web.sockets[0])
+            events("http", f"metrics on http://{web_addr}/metrics (Prometheus) and /stats (JSON)", addr=web_addr)
     except BaseException:
         for server in servers:
             server.close()
@@ -522,14 +539,43 @@ async def serve(
 
 
 def _load_users(path: str) -> dict[str, users.User]:
+    """The users file; a file without users is refused like a broken one: it would let
+    the broker start, and then refuse every CONNECT."""
     try:
         with open(path, encoding="utf-8") as f:
-            return users.parse(f.read())
+            table = users.parse(f.read())
     except (OSError, UnicodeDecodeError, users.UsersError) as err:
         reason = _reason(err) if isinstance(err, OSError) else str(err)
         raise StartError(
             f"cannot use users file {path}: {reason}; fix it (curb passwd) or -users", EXIT_USAGE
         ) from None
+    if not table:
+        raise StartError(
+            f"users file {path} has no users, so every CONNECT would be refused; "
+            f"add one with `curb passwd {path} NAME --perm send --perm consume`",
+            EXIT_USAGE,
+        )
+    return table
+
+
+def _warn_if_disk_is_short(events: Events, path: str, cap: int, file_bytes: int) -> None:
+    """A -cap the log's file system cannot hold is a queue that refuses SENDs as 'disk
+    full' long before it is full: say so at start-up, while the operator is looking."""
+    where = os.path.dirname(os.path.abspath(path))
+    space = os.statvfs(where)
+    free = space.f_bavail * space.f_frsize
+    if cap - file_bytes > free:
+        mib = 1 << 20
+        events(
+            "disk_space",
+            f"WARNING: -cap is {cap / mib:.1f} MiB and the log takes {file_bytes / mib:.1f} MiB, but {where} "
+            f"has only {free / mib:.1f} MiB free: SENDs will be refused as 'disk full' before the queue is "
+            "full; free space there or lower -cap",
+            level="warning",
+            cap=cap,
+            file_bytes=file_bytes,
+            free=free,
+        )
 
 
 def _load_tls(files: tls.TlsFiles) -> tls.Listener:

@@ -190,6 +190,8 @@ class LogCore:
         self.on_fatal: Callable[[str], None] = lambda reason: None
         self.on_answered: Callable[[], None] = lambda: None
         self.on_damage: Callable[[str], None] = lambda text: None
+        # The file system had no room to grow the file: this many pending SENDs were refused.
+        self.on_disk_full: Callable[[int, str], None] = lambda refused, why: None
         # True while the caller is about to flush in the same call (the broker, handling a
         # connection's frames): a flush asked for meanwhile need not be arranged.
         self.hold_flush = False
@@ -648,7 +650,9 @@ class LogCore:
             except OSError as err:
                 if err.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
+                refused = len(pending)
                 self._cancel_pending(f"disk full ({err.strerror}): message not stored")
+                self.on_disk_full(refused, f"cannot grow {self.name}: {err.strerror}")
                 break
             if off is None:
                 self._room_wanted = True
@@ -687,6 +691,8 @@ class LogCore:
         if len(self._marks) > 2 * MARKS_KEPT:
             del self._marks[:MARKS_KEPT]
         if self._pending and self._room_wanted and not self._can_progress():
+            if self.metrics is not None:
+                self.metrics.refused_full += len(self._pending)
             self._cancel_pending("queue full: the log has no room for this message; it was not stored")
         return len(written), bool(runs.runs)
 
@@ -826,8 +832,6 @@ class LogCore:
         while self._pending:
             rec, _, done, _ = self._pending.popleft()
             self._pending_bytes -= rec.size
-            if self.metrics is not None and reason.startswith("queue full"):
-                self.metrics.refused_full += 1
             if done is not None:
                 done(reason)
         self._pending_largest = 0

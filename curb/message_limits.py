@@ -24,6 +24,10 @@ MAX_SUBSCRIPTION_LINE = 1024
 # their longest, the blank line and the NUL LF: 138 bytes, rounded up; and the
 # subscription and destination lines with their LFs.
 RESERVE = 256 + 2 * (MAX_SUBSCRIPTION_LINE + 1)
+# The smallest -max-frame a broker can be used with: the lines the broker adds to a
+# MESSAGE (RESERVE) and 1,790 bytes for a SEND's headers and body, which is also room
+# for any ordinary CONNECT (version, host, login, passcode and heart-beat lines).
+MIN_FRAME = 4096
 
 
 def line_problem(line: bytes, limit: int = MAX_HEADER_LINE) -> str | None:

@@ -28,12 +28,27 @@ COUNTER_NAMES = (
     "redelivered",
     "refused_full",
     "refused_too_large",
+    "refused_disk_full",
     "connections_total",
     "protocol_errors",
     "compactions",
     "access_refused",
     "connections_refused",
     "logins_shed",
+    "connect_timeouts",
+    "permissions_refused",
+)
+# Why a TLS handshake failed, as counted: the label values of curb_tls_handshake_failures_total
+# (curb.tls.handshake_failure sorts an error into one of them).
+TLS_FAILURES = (
+    "no_certificate",
+    "untrusted_certificate",
+    "old_version",
+    "certificate_rejected",
+    "not_tls",
+    "timeout",
+    "closed",
+    "other",
 )
 
 
@@ -43,7 +58,7 @@ class Metrics:
     `fsyncs` is derived from the histogram: call `observe_fsync` once per fsync.
     """
 
-    __slots__ = (*COUNTER_NAMES, "_fsync_counts", "_fsync_seconds")
+    __slots__ = (*COUNTER_NAMES, "tls_failures", "_fsync_counts", "_fsync_seconds")
     # the counters of COUNTER_NAMES, each 0 at first
     sent: int
     delivered: int
@@ -52,16 +67,21 @@ class Metrics:
     redelivered: int
     refused_full: int
     refused_too_large: int
+    refused_disk_full: int
     connections_total: int
     protocol_errors: int
     compactions: int
     access_refused: int
     connections_refused: int
     logins_shed: int
+    connect_timeouts: int
+    permissions_refused: int
+    tls_failures: dict[str, int]
 
     def __init__(self) -> None:
         for name in COUNTER_NAMES:
             setattr(self, name, 0)
+        self.tls_failures = dict.fromkeys(TLS_FAILURES, 0)  # failed TLS handshakes by reason
         self._fsync_counts = [0] * (len(FSYNC_BUCKETS) + 1)
         self._fsync_seconds = 0.0
 
@@ -94,6 +114,7 @@ class Metrics:
             "version": __version__,
             **{key: gauges[key] for key in GAUGE_KEYS},
             **{name: getattr(self, name) for name in COUNTER_NAMES},
+            **{f"tls_failures_{reason}": count for reason, count in self.tls_failures.items()},
             "fsyncs": self.fsyncs,
             "fsync_seconds_sum": self._fsync_seconds,
         }
@@ -134,10 +155,12 @@ def _families(m: Metrics, g: dict[str, int]) -> list[_Family]:
         _Family(
             "curb_sends_refused_total",
             "counter",
-            "SEND frames refused: full (no room now) or too_large (can never fit under -cap).",
+            "SEND frames refused: full (no room now), too_large (can never fit under -cap) "
+            "or disk_full (the file system had no room to grow the log).",
             [
                 ("", (("reason", "full"),), m.refused_full),
                 ("", (("reason", "too_large"),), m.refused_too_large),
+                ("", (("reason", "disk_full"),), m.refused_disk_full),
             ],
         ),
         _counter("curb_connections_accepted_total", "Client connections accepted.", m.connections_total),
@@ -158,6 +181,22 @@ def _families(m: Metrics, g: dict[str, int]) -> list[_Family]:
             "curb_logins_shed_total",
             "CONNECTs refused unchecked because too many password checks were under way.",
             m.logins_shed,
+        ),
+        _counter(
+            "curb_connect_timeouts_total",
+            "Connections closed because they sent no CONNECT within -connect-timeout.",
+            m.connect_timeouts,
+        ),
+        _counter(
+            "curb_permissions_refused_total",
+            "Frames refused (and their connection closed) because the user lacks the permission.",
+            m.permissions_refused,
+        ),
+        _Family(
+            "curb_tls_handshake_failures_total",
+            "counter",
+            "TLS connections closed before their handshake was done, by reason.",
+            [("", (("reason", reason),), count) for reason, count in m.tls_failures.items()],
         ),
         _counter("curb_compaction_moves_total", "Live records copied forward by compaction.", m.compactions),
         _Family(

@@ -6,6 +6,13 @@ when the Broker gathers the output), applies what it asks of the transport (clos
 reading) and arms its timer (CONNECT timeout, refusal delay, heart-beats). Over TLS the
 transport is asyncio's, and a verified client certificate's CN is the session's identity.
 
+TLS: the listener accepts plain TCP and `Handshake` runs the server's handshake itself
+(`loop.start_tls`), because asyncio tells no one of a failed one (it is an OSError, which
+its loop does not log, and a listener's protocol only ever hears of a handshake that
+succeeded). So every failure is one `Broker.tls_failed` call naming the peer and why;
+on success the TLS transport, and the bytes that came with the handshake's last flight,
+go to a Connection.
+
 Closing after an ERROR (or a DISCONNECT): the socket is shut for writing once the output
 is written and the peer's further bytes are read and dropped for up to LINGER_SECONDS
 (over TLS: close_notify, and the TCP connection aborted after LINGER_SECONDS). A
@@ -14,8 +21,9 @@ discard the ERROR before the client reads it (a producer still sending, for exam
 The session asks for the close only once its ERROR (or a DISCONNECT's RECEIPT) is in
 its output, after the receipts it owes (curb.session), so the close never overtakes them.
 
-Connection limit: past `broker.max_connections` open sessions a new connection is closed
-at once (Broker.admit says so, rate-limited), before it costs a session.
+Connection limit: past `broker.max_connections` open sessions (and TLS handshakes under
+way) a new connection is closed at once (Broker.admit says so, rate-limited), before it
+costs a session or a handshake.
 
 Flow control: the transport's unsent output has a high-water mark. Above it, asyncio
 calls `pause_writing`; the session then stops making output for the peer and the peer's
@@ -27,13 +35,14 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from typing import cast
 
 from curb.broker import Broker
 from curb.session import Session
-from curb.tls import peer_name
+from curb.tls import handshake_failure, peer_name
 
-__all__ = ["WRITE_HIGH_WATER", "Broker", "Connection"]
+__all__ = ["WRITE_HIGH_WATER", "Broker", "Connection", "Handshake"]
 
 WRITE_HIGH_WATER = 256 * 1024
 LINGER_SECONDS = 1.0
@@ -42,8 +51,9 @@ LINGER_SECONDS = 1.0
 class Connection(asyncio.Protocol):
     """One TCP connection: its transport and its session."""
 
-    def __init__(self, broker: Broker):
+    def __init__(self, broker: Broker, admitted: bool = False):
         self.broker = broker
+        self._admitted = admitted  # by the Handshake before it: not asked again
         self.session: Session  # set by connection_made, before any other call
         self.transport: asyncio.Transport
         self._loop = asyncio.get_running_loop()
@@ -56,16 +66,15 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream server (create_server) hands its protocols a Transport.
         self.transport = cast(asyncio.Transport, transport)
-        if not self.broker.admit(self._loop.time()):
+        name = peer_address(transport)
+        if not self._admitted and not self.broker.admit(self._loop.time(), name):
             self._refused = True
             self.transport.abort()
             return
-        peer = transport.get_extra_info("peername")
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
-        name = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "local")
         identity = peer_name(transport.get_extra_info("peercert"))
         self.session = Session(self.broker, self._loop.time(), name, identity)
         self.session.on_output = self._output
@@ -167,3 +176,60 @@ class Connection(asyncio.Protocol):
         self.session.tick(self._loop.time())
         if not self.transport.is_closing():
             self._arm()
+
+
+class Handshake(asyncio.Protocol):
+    """A TLS connection until its handshake is done (see the module docstring)."""
+
+    def __init__(self, broker: Broker, context: ssl.SSLContext, timeout: float):
+        self.broker = broker
+        self.context = context
+        self.timeout = timeout  # seconds
+        self._loop = asyncio.get_running_loop()
+        self._early: list[bytes] = []  # application bytes that came with the handshake's end
+        self._lost: list[Exception | None] = []  # the connection ended before the hand-over
+        self._task: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        tcp = cast(asyncio.Transport, transport)
+        tcp.pause_reading()  # start_tls reads the ClientHello; not a byte may come here first
+        peer = peer_address(tcp)
+        if not self.broker.admit(self._loop.time(), peer):
+            tcp.abort()
+            return
+        self.broker.handshaking += 1
+        self._task = self._loop.create_task(self._handshake(tcp, peer))
+
+    async def _handshake(self, tcp: asyncio.Transport, peer: str) -> None:
+        failure: OSError | None = None
+        try:
+            tls = await self._loop.start_tls(
+                tcp, self, self.context, server_side=True, ssl_handshake_timeout=self.timeout
+            )
+        except OSError as err:  # ssl.SSLError, a reset, the timeout (start_tls closed the socket)
+            tls, failure = None, err
+        finally:
+            self.broker.handshaking -= 1
+        if tls is None:
+            reason, why = handshake_failure(failure, self.timeout)
+            self.broker.tls_failed(peer, reason, why, self._loop.time())
+            return
+        connection = Connection(self.broker, admitted=True)
+        tls.set_protocol(connection)
+        connection.connection_made(tls)
+        for data in self._early:
+            connection.data_received(data)
+        for exc in self._lost:
+            connection.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._early.append(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost.append(exc)
+
+
+def peer_address(transport: asyncio.BaseTransport) -> str:
+    """The peer as HOST:PORT for log lines ('local' for a Unix socket's unnamed peer)."""
+    peer = transport.get_extra_info("peername")
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "local")

@@ -345,6 +345,7 @@ class Session:
         if self.permissions is not None:
             needed = permission_needed(frame)
             if needed is not None and needed not in self.permissions:
+                self.broker.permission_refused(self, needed)
                 self.error(
                     f"{needed} permission needed",
                     f"User {self.user!r} may not {frame.command} here without the {needed!r} permission; "
@@ -423,7 +424,7 @@ class Session:
         if self._gone:
             return
         if user is None:
-            self.broker.access_refused(self, login if login is not None else self.identity)
+            self.broker.access_refused(self, login)
             self.state = CLOSING
             self._refuse_at = came + self.broker.refuse_delay
             self.deadlines += 1

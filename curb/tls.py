@@ -8,14 +8,21 @@ set up with; new ones get the new certificate and CA.
 
 Invariants: TLS 1.2 is the oldest version offered; the ciphers are those of
 `ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)`; with a CA file, a client without a
-certificate that CA signed fails the handshake.
+certificate that CA signed fails the handshake. Every failed handshake is sorted into one
+of curb.metrics.TLS_FAILURES by `handshake_failure`, with a sentence for the operator.
 """
 
 from __future__ import annotations
 
+import re
 import ssl
 from dataclasses import dataclass
 from typing import Any
+
+# OpenSSL's reasons (SSLError.reason) that say the client sent no TLS at all, or only
+# versions older than TLS 1.2.
+NOT_TLS = frozenset({"HTTP_REQUEST", "HTTPS_PROXY_REQUEST", "WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL"})
+OLD_VERSION = frozenset({"UNSUPPORTED_PROTOCOL", "TLSV1_ALERT_PROTOCOL_VERSION", "VERSION_TOO_LOW"})
 
 
 class TlsError(ValueError):
@@ -85,3 +92,44 @@ def peer_name(peercert: dict[str, Any] | None) -> str | None:
         return None
     names = [value for rdn in peercert.get("subject", ()) for key, value in rdn if key == "commonName"]
     return names[-1] if names else None
+
+
+def handshake_failure(err: BaseException | None, timeout: float) -> tuple[str, str]:
+    """Why a server-side TLS handshake failed: (a reason of curb.metrics.TLS_FAILURES, a
+    sentence for the operator). `err` is what the handshake raised (None: the connection
+    ended without an error), `timeout` the handshake's time limit in seconds."""
+    if isinstance(err, ConnectionAbortedError):  # asyncio's handshake timeout
+        return "timeout", f"no handshake within {timeout:g} s (-connect-timeout)"
+    if err is None or isinstance(err, (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError)):
+        return "closed", "the client closed the connection during the handshake"
+    if isinstance(err, ssl.SSLCertVerificationError):
+        why = err.verify_message or _ssl_text(err)
+        return (
+            "untrusted_certificate",
+            f"its certificate was not accepted ({why}); -tls-ca must hold the CA that signed it",
+        )
+    reason = getattr(err, "reason", None) or ""
+    text = _ssl_text(err)
+    if reason == "PEER_DID_NOT_RETURN_A_CERTIFICATE":
+        return "no_certificate", "the client sent no certificate, and -tls-ca requires one signed by its CA"
+    if reason in OLD_VERSION:
+        return (
+            "old_version",
+            f"the client offers only TLS versions older than 1.2 ({text}); Curb needs TLS 1.2 or later",
+        )
+    if reason in NOT_TLS:
+        return "not_tls", f"the client does not speak TLS ({text}); plain STOMP goes to -addr"
+    if "ALERT" in reason and ("CERTIFICATE" in reason or reason.endswith("_CA")):
+        return (
+            "certificate_rejected",
+            f"the client rejected the broker's certificate ({text}); clients must trust the CA that "
+            "signed -tls-cert, and the certificate must name the host they connect to",
+        )
+    return "other", text
+
+
+def _ssl_text(err: BaseException) -> str:
+    """OpenSSL's words without their source position: '[SSL: X] words (_ssl.c:1006)' -> 'words'."""
+    text = str(err)
+    found = re.fullmatch(r"\[[^]]*\] (.*?)(?: \(_ssl\.c:\d+\))?", text)
+    return (found.group(1) if found else text) or type(err).__name__

@@ -31,13 +31,14 @@ def test_connections_past_the_limit_are_refused_counted_and_logged_once_per_inte
     said: list[dict] = []
     world.broker.events = lambda event, text, **fields: said.append({"event": event, **fields})
     world.broker.max_connections = 2
-    assert world.broker.admit(0.0)
+    assert world.broker.admit(0.0, "10.0.0.1:1")
     world.session(), world.session()
-    assert [world.broker.admit(t) for t in (1.0, 2.0, 3.0, 11.5)] == [False] * 4
+    peers = [f"10.0.0.2:{port}" for port in range(4)]
+    assert [world.broker.admit(t, peer) for t, peer in zip((1.0, 2.0, 3.0, 11.5), peers, strict=True)] == [False] * 4
     assert world.broker.metrics.connections_refused == 4
     assert said == [
-        {"event": "connection_limit", "limit": 2, "refused": 1},
-        {"event": "connection_limit", "limit": 2, "refused": 3},
+        {"event": "connection_limit", "peer": peers[0], "limit": 2, "count": 1},
+        {"event": "connection_limit", "peer": peers[3], "limit": 2, "count": 3},
     ]
 
 
@@ -79,5 +80,6 @@ def test_connect_timeouts_are_logged_once_per_interval():
         assert error.headers["message"] == "CONNECT timeout"
     late = world.session(now=10.0)
     late.session.tick(11.0)
-    assert [(s["event"], s["closed"]) for s in said] == [("connect_timeout", 1), ("connect_timeout", 3)]
-    assert world.broker.metrics.protocol_errors == 4
+    assert [(s["event"], s["count"]) for s in said] == [("connect_timeout", 1), ("connect_timeout", 3)]
+    assert world.broker.metrics.connect_timeouts == 4
+    assert world.broker.metrics.protocol_errors == 0, "no frame broke the protocol"

@@ -14,7 +14,7 @@ from conftest import free_port, wait_until
 
 from curb import __version__
 from curb.client import Client
-from curb.metrics import Metrics, serve_http
+from curb.metrics import TLS_FAILURES, Metrics, serve_http
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -54,6 +54,8 @@ def test_counters_and_gauges_render_as_typed_prometheus_families():
     metrics.redelivered, metrics.refused_full, metrics.refused_too_large = 2, 3, 4
     metrics.connections_total, metrics.protocol_errors, metrics.compactions = 5, 6, 7
     metrics.access_refused, metrics.connections_refused = 8, 9
+    metrics.connect_timeouts, metrics.permissions_refused, metrics.refused_disk_full = 11, 12, 13
+    metrics.tls_failures["no_certificate"], metrics.tls_failures["timeout"] = 14, 15
     families = parse(metrics.prometheus(GAUGES))
 
     counters = {
@@ -67,12 +69,21 @@ def test_counters_and_gauges_render_as_typed_prometheus_families():
         "curb_compaction_moves": 7,
         "curb_access_refused": 8,
         "curb_connections_refused": 9,
+        "curb_connect_timeouts": 11,
+        "curb_permissions_refused": 12,
     }
     for name, expected in counters.items():
         assert families[name].type == "counter"
         assert value(families, name, name + "_total") == expected
     assert value(families, "curb_sends_refused", "curb_sends_refused_total", reason="full") == 3
     assert value(families, "curb_sends_refused", "curb_sends_refused_total", reason="too_large") == 4
+    assert value(families, "curb_sends_refused", "curb_sends_refused_total", reason="disk_full") == 13
+    tls = "curb_tls_handshake_failures"
+    assert {s.labels["reason"]: s.value for s in families[tls].samples} == {
+        **dict.fromkeys(TLS_FAILURES, 0),
+        "no_certificate": 14,
+        "timeout": 15,
+    }
 
     assert value(families, "curb_messages", "curb_messages", state="rdy") == 12
     assert value(families, "curb_messages", "curb_messages", state="wip") == 3
@@ -127,12 +138,16 @@ def test_stats_is_one_flat_json_object_of_gauges_and_counters():
         "redelivered": 0,
         "refused_full": 0,
         "refused_too_large": 0,
+        "refused_disk_full": 0,
         "connections_total": 0,
         "protocol_errors": 0,
         "compactions": 0,
         "access_refused": 0,
         "connections_refused": 0,
         "logins_shed": 0,
+        "connect_timeouts": 0,
+        "permissions_refused": 0,
+        **{f"tls_failures_{reason}": 0 for reason in TLS_FAILURES},
         "fsyncs": 1,
         "fsync_seconds_sum": 0.5,
     }

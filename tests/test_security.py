@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import stomp
 import trustme
+from conftest import free_port
+from test_metrics import counter, scraped_until
 
 from curb import users
 from curb.frame import FrameParser
@@ -285,7 +287,8 @@ def test_bad_credentials_get_access_refused_and_are_logged(curb_broker, stomp_co
     inbox.wait_disconnected()
     assert inbox.connected is None
     assert "access refused to 127.0.0.1:" in broker.stderr_text()
-    assert f"(login {login!r})" in broker.stderr_text()
+    tried = f"(login {login!r})" if login is not None else "(no login and no client certificate)"
+    assert tried in broker.stderr_text()
 
 
 def test_sighup_rereads_the_users_file_and_keeps_it_if_broken(curb_broker, stomp_conn, tmp_path, wait_until):
@@ -347,7 +350,9 @@ def test_connections_past_the_limit_are_closed_at_once_and_the_others_served(cur
     first.send_frame("SEND", {"destination": "/queue/curb", "receipt": "r"}, b"x")
     receipt = first.read_frame()
     assert receipt is not None and receipt.command == "RECEIPT"
-    assert broker.stderr_text().count("2 connections open (-max-connections)") == 1, "rate-limited"
+    # stderr is read by a thread of the test: wait for the line before counting.
+    assert wait_until(lambda: "2 connections are open (-max-connections)" in broker.stderr_text())
+    assert broker.stderr_text().count("2 connections are open (-max-connections)") == 1, "rate-limited"
     first.close()
 
     def served() -> bool:
@@ -357,6 +362,57 @@ def test_connections_past_the_limit_are_closed_at_once_and_the_others_served(cur
         return frame is not None and frame.command == "CONNECTED"
 
     assert wait_until(served, timeout=10, interval=0.1)
+
+
+def test_every_refused_connection_is_a_line_naming_the_peer_and_a_counter_in_metrics(
+    curb_broker, stomp_conn, raw, tmp_path, wait_until
+):
+    """A failed TLS handshake and a CONNECT timeout left no line of their own or no
+    counter, and a missing permission's line did not name the user."""
+    certs = Certs(tmp_path, "a")
+    assert add_user(tmp_path, "producer", "pp", "send").returncode == 0
+    http_port = free_port()
+    tls_flags = ("-tls-addr", "127.0.0.1:0", "-tls-cert", str(certs.cert), "-tls-key", str(certs.key))
+    broker = curb_broker(
+        extra_args=(
+            *tls_flags,
+            *("-tls-ca", str(certs.ca_file), "-users", "users"),
+            *("-connect-timeout", "1", "-http", f"127.0.0.1:{http_port}"),
+        )
+    )
+    assert refused_handshake(tls_port(broker), certs.ca_file, None)
+
+    silent = raw(broker.port)
+    silent_peer = "%s:%d" % silent.sock.getsockname()[:2]
+    assert silent.read_frame(timeout=5).headers["message"] == "CONNECT timeout"
+
+    stranger, s_inbox = stomp_conn(broker.port, connect=False)
+    stranger.connect("producer", "wrong")
+    assert s_inbox.wait_error().headers["message"] == "access refused"
+
+    producer, p_inbox = stomp_conn(broker.port, connect=False)
+    producer.connect("producer", "pp")
+    p_inbox.wait_connected()
+    producer.subscribe("/queue/curb", id="s")
+    assert p_inbox.wait_error().headers["message"] == "consume permission needed"
+
+    scraped_until(
+        http_port,
+        dict(
+            [
+                (("curb_tls_handshake_failures", "curb_tls_handshake_failures_total", (("reason", "no_certificate"),)), 1),
+                counter("curb_connect_timeouts", 1),
+                counter("curb_access_refused", 1),
+                counter("curb_permissions_refused", 1),
+            ]
+        ),
+    )
+    assert wait_until(lambda: "consume permission needed" in broker.stderr_text())
+    text = broker.stderr_text()
+    assert "TLS handshake with 127.0.0.1:" in text and "failed: the client sent no certificate" in text, text
+    assert f"closed {silent_peer}: no CONNECT within 1 s (-connect-timeout)" in text, text
+    assert "access refused to 127.0.0.1:" in text and "(login 'producer')" in text, text
+    assert "(user 'producer'): consume permission needed" in text, text
 
 
 def test_a_producer_flooding_without_receipts_gets_queue_full_and_others_are_served(curb_broker, raw):

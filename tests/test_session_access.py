@@ -70,7 +70,7 @@ def test_valid_credentials_connect(headers, identity, user):
 def test_bad_credentials_are_refused_after_the_same_delay(headers, identity):
     world = world_with_users()
     refused = []
-    world.broker.events = lambda event, text, **fields: refused.append((event, fields))
+    world.broker.events = lambda event, text, **fields: refused.append((event, text, fields))
     peer = connect(world, identity, now=5.0, **headers)
     session = peer.session
     assert peer.raw(5.0) == b"", "nothing is said before the delay"
@@ -84,8 +84,20 @@ def test_bad_credentials_are_refused_after_the_same_delay(headers, identity):
     assert (error.command, error.headers["message"]) == ("ERROR", "access refused")
     assert session.close_wanted == "close"
     assert world.log.unread == 0, "a refused connection stores nothing"
+    login = headers.get("login")
+    tried = (
+        f"login {login!r}"
+        if login is not None
+        else f"no login, and certificate CN {identity!r} is not a user"
+        if identity is not None
+        else "no login and no client certificate"
+    )
     assert refused == [
-        ("access_refused", {"peer": "test", "login": headers.get("login", identity)}),
+        (
+            "access_refused",
+            f"access refused to test ({tried})",
+            {"count": 1, "peer": "test", "login": login, "cn": identity},
+        ),
     ]
     assert world.broker.metrics.access_refused == 1
 

@@ -27,6 +27,7 @@ class FakeLog:
     def __init__(self) -> None:
         self.on_written: Callable[[], None] = lambda: None
         self.on_answered: Callable[[], None] = lambda: None
+        self.on_disk_full: Callable[[int, str], None] = lambda refused, why: None
         self.hold_flush = False
         self.ready: collections.deque[Record] = collections.deque()
         self.waiting: list[Done] = []

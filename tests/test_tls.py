@@ -1,13 +1,20 @@
-"""curb.tls in process: which name a client certificate logs in as, and the files' errors."""
+"""curb.tls in process: which name a client certificate logs in as, the files' errors, and
+how every failed handshake of real TLS clients is counted and logged (curb.server.Handshake)."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import ssl
 
 import pytest
 import trustme
 
 from curb import tls
+from curb.broker import Broker
+from curb.log import Log
+from curb.metrics import TLS_FAILURES
+from curb.server import Handshake
 
 
 @pytest.mark.parametrize(
@@ -56,3 +63,120 @@ def test_a_bad_file_is_named(tmp_path, cert, key, ca, says):
     assert says in str(raised.value)
     bad = next(name for name in (cert, key, ca) if name in ("missing.pem", "junk.pem"))
     assert bad in str(raised.value)
+
+
+class Pki:
+    """A CA with a server certificate for 127.0.0.1, another CA, and client contexts."""
+
+    def __init__(self) -> None:
+        self.ca, self.other = trustme.CA(), trustme.CA()
+        self.server = self.ca.issue_cert("127.0.0.1")
+
+    def server_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self.server.configure_cert(context)
+        self.ca.configure_trust(context)
+        context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    def client(self, kind: str) -> ssl.SSLContext:
+        context = ssl.create_default_context()
+        (self.other if kind == "distrusts the server" else self.ca).configure_trust(context)
+        if kind in ("good", "distrusts the server"):
+            self.ca.issue_cert("alice.example", common_name="alice").configure_cert(context)
+        elif kind == "other CA":
+            self.other.issue_cert("alice.example", common_name="alice").configure_cert(context)
+        elif kind == "TLS 1.1":
+            context.minimum_version = context.maximum_version = ssl.TLSVersion.TLSv1_1
+            context.set_ciphers("DEFAULT:@SECLEVEL=0")
+        return context
+
+
+def client_run(port: int, pki: Pki, kind: str) -> bytes:
+    """One client of this kind: what it read after sending a CONNECT (b"" if refused)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        if kind == "plain STOMP":
+            raw.sendall(b"CONNECT\naccept-version:1.2\n\n\0")
+            return raw.recv(4096)
+        if kind == "silent":
+            return raw.recv(4096)
+        if kind == "closes at once":
+            return b""
+        try:
+            with pki.client(kind).wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                tls.sendall(b"CONNECT\naccept-version:1.2\n\n\0")
+                return tls.recv(4096)
+        except (ssl.SSLError, ConnectionError):
+            return b""
+
+
+REASONS = {
+    "no certificate": ("no_certificate", "sent no certificate"),
+    "other CA": ("untrusted_certificate", "unable to get local issuer certificate"),
+    "TLS 1.1": ("old_version", "older than 1.2"),
+    "distrusts the server": ("certificate_rejected", "rejected the broker's certificate"),
+    "plain STOMP": ("not_tls", "does not speak TLS"),
+    "silent": ("timeout", "no handshake within 0.5 s"),
+    "closes at once": ("closed", None),
+}
+
+
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1_1 is deprecated:DeprecationWarning")
+def test_every_failed_handshake_is_counted_by_reason_and_logged_with_the_peer(tmp_path):
+    """asyncio reports a failed server handshake to no one: a client without a
+    certificate, with another CA's or speaking TLS 1.1 left no line and no count."""
+    pki = Pki()
+    said: list[tuple[str, str, dict]] = []
+
+    async def run() -> tuple[Broker, dict[str, bytes]]:
+        loop = asyncio.get_running_loop()
+        log = Log(tmp_path / "q.log", 64 * 1024)
+        log.start(loop)
+        broker = Broker(log, events=lambda event, text, **fields: said.append((event, text, fields)))
+        context = pki.server_context()
+        listener = await loop.create_server(lambda: Handshake(broker, context, 0.5), "127.0.0.1", 0)
+        port = listener.sockets[0].getsockname()[1]
+        answers = {kind: await asyncio.to_thread(client_run, port, pki, kind) for kind in [*REASONS, "good"]}
+        await asyncio.sleep(0.1)
+        listener.close()
+        broker.close_sessions()
+        await log.close()
+        return broker, answers
+
+    broker, answers = asyncio.run(run())
+    assert answers["good"].startswith(b"CONNECTED\n"), "a CONNECT sent with the handshake's end is answered"
+    assert broker.metrics.tls_failures == {**dict.fromkeys(TLS_FAILURES, 0), **{r: 1 for r, _ in REASONS.values()}}
+    lines = {fields["reason"]: (text, fields) for event, text, fields in said if event == "tls_failed"}
+    assert set(lines) == {reason for reason, says in REASONS.values() if says}
+    for reason, says in REASONS.values():
+        if says:
+            text, fields = lines[reason]
+            assert text.startswith("TLS handshake with 127.0.0.1:") and says in text, text
+            assert fields["peer"].startswith("127.0.0.1:")
+    assert all(answer == b"" for kind, answer in answers.items() if kind not in ("good", "plain STOMP"))
+
+
+def test_a_tls_connection_past_the_limit_is_closed_before_its_handshake(tmp_path):
+    async def run() -> tuple[Broker, bytes, int]:
+        loop = asyncio.get_running_loop()
+        log = Log(tmp_path / "q.log", 64 * 1024)
+        log.start(loop)
+        broker = Broker(log, max_connections=1)
+        pki = Pki()
+        context = pki.server_context()
+        listener = await loop.create_server(lambda: Handshake(broker, context, 5.0), "127.0.0.1", 0)
+        port = listener.sockets[0].getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)):  # a handshake under way takes the one place
+            await asyncio.sleep(0.1)
+            assert broker.handshaking == 1
+            answer = await asyncio.to_thread(client_run, port, pki, "good")
+            failed = sum(broker.metrics.tls_failures.values())
+        listener.close()
+        await log.close()
+        return broker, answer, failed
+
+    broker, answer, failed = asyncio.run(run())
+    assert answer == b""
+    assert broker.metrics.connections_refused == 1
+    assert failed == 0, "refused before any TLS"
