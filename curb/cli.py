@@ -558,7 +558,7 @@ def _load_users(path: str) -> dict[str, users.User]:
     return table
 
 
-def _warn_if_disk_is_short(events: Events, path: str, cap: int, file_bytes: int) -> None:
+def _warn_if_disk_is_short(events: Callable[..., None], path: str, cap: int, file_bytes: int) -> None:
     """A -cap the log's file system cannot hold is a queue that refuses SENDs as 'disk
     full' long before it is full: say so at start-up, while the operator is looking."""
     where = os.path.dirname(os.path.abspath(path))

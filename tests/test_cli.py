@@ -175,6 +175,47 @@ def test_a_duration_flag_names_its_units(capsys, tmp_path, flag, value):
     assert flag in line and "500ms, 10s, 30m or 2h" in line, line
 
 
+@pytest.mark.parametrize("value", ["0", "4095B", "1KiB"])
+def test_a_max_frame_too_small_for_a_connect_is_a_usage_error(capsys, tmp_path, value):
+    """`-max-frame 0` started a broker that answered every frame, CONNECT included,
+    with `frame exceeds 0 bytes`."""
+    line = usage_error(capsys, bad_flag(tmp_path, "-max-frame", value))
+    assert "-max-frame" in line and value in line and "at least 4096 bytes" in line, line
+
+
+def test_the_smallest_max_frame_serves_a_connect_and_a_message(curb_broker, raw):
+    broker = curb_broker(extra_args=("-max-frame", "4KiB"))
+    client = raw(broker.port)
+    client.connect(login="someone", passcode="x" * 100, heart_beat="0,0")
+    client.send_frame("SEND", {"destination": "/queue/curb", "receipt": "r"}, b"b" * 1000)
+    client.send_frame("SUBSCRIBE", {"id": "s", "destination": "/queue/curb"})
+    frames = {frame.command: frame for frame in (client.read_frame(), client.read_frame()) if frame is not None}
+    assert set(frames) == {"RECEIPT", "MESSAGE"} and frames["MESSAGE"].body == b"b" * 1000
+
+
+def test_a_users_file_without_users_is_a_usage_error_saying_how_to_add_one(capsys, tmp_path):
+    """It started with `0 users` and no warning, then refused every login."""
+    users = tmp_path / "users"
+    users.write_text("# nobody yet\n\n")
+    line = usage_error(capsys, ["-cap", "1MiB", "-addr", "127.0.0.1:0", "-file", str(tmp_path), "-users", str(users)])
+    assert f"users file {users} has no users" in line, line
+    assert f"curb passwd {users} NAME --perm send --perm consume" in line, line
+
+
+def test_a_cap_above_the_free_space_is_a_start_up_warning(tmp_path):
+    """Start-up did not say that the disk would fill before the queue."""
+    said: list[tuple[str, str, dict]] = []
+    space = os.statvfs(tmp_path)
+    free = space.f_bavail * space.f_frsize
+    path = str(tmp_path / "curb.log")
+    for cap in (1 << 20, free + (1 << 30)):
+        cli._warn_if_disk_is_short(lambda event, text, **fields: said.append((event, text, fields)), path, cap, 4096)
+    [(event, text, fields)] = said
+    assert event == "disk_space" and fields["level"] == "warning" and fields["cap"] == free + (1 << 30)
+    assert text.startswith(f"WARNING: -cap is {(free + (1 << 30)) / (1 << 20):.1f} MiB") and str(tmp_path) in text
+    assert "free space there or lower -cap" in text
+
+
 @pytest.mark.parametrize(
     "args, named, hint",
     [

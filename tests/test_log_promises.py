@@ -475,12 +475,14 @@ def test_f_a_full_disk_refuses_sends_clearly_and_room_lets_them_in_again(small_f
     filler = small_fs / "filler"
     filler.write_bytes(b"\0" * FILLER)
     broker = curb_broker(cap="4MiB", file=small_fs / "curb.log")
+    assert "WARNING: -cap is 4.0 MiB" in broker.stderr_text(), "start-up says the file system is too small"
     with Client("127.0.0.1", broker.port, timeout=ANSWER_S) as producer:
         for i in range(20):  # 160 KB, a tenth of the free space
             store(producer, body(i, BIG), f"s{i}", broker)
     stored, refusal = send_until_refused(broker, 20, 400)
     assert refusal is not None, f"{len(stored) + 20} SENDs of {BIG} bytes fit in a {FS_SIZE} file system"
     assert refusal.frame is not None and "disk full" in str(refusal).lower(), f"refused with {refusal}"
+    assert wait_until(lambda: f"disk full: cannot grow {small_fs / 'curb.log'}" in broker.stderr_text())
     filler.unlink()
     again = body(999, BIG)
     assert wait_until(lambda: store_one(broker.port, again), timeout=5), (

@@ -309,6 +309,8 @@ def messages(state: str, number: float) -> tuple[tuple[str, str, tuple], float]:
 def test_counters_and_gauges_move_as_messages_flow_through_a_real_broker(curb_broker):
     http_port = free_port()
     broker = curb_broker(extra_args=("-http", f"127.0.0.1:{http_port}"))
+    # The start-up line named only /metrics.
+    assert f"metrics on http://127.0.0.1:{http_port}/metrics (Prometheus) and /stats (JSON)" in broker.stderr_text()
     scraped_until(http_port, dict([counter("curb_messages_sent", 0), messages("rdy", 0)]))
 
     with Client("127.0.0.1", broker.port) as client:

@@ -1,8 +1,10 @@
 """The wheel carries the units and the console script, and installs into a clean venv."""
 
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -89,3 +91,30 @@ def test_installed_package_carries_the_unit_files(venv):
     assert units.is_relative_to(venv)
     for unit in UNIT_FILES:
         assert (units / unit).read_text() == (SOURCE / "curb" / "units" / unit).read_text()
+
+
+def test_bin_curb_says_when_its_environment_is_not_this_users_to_write():
+    """Run by another user than the one who made it, bin/curb suggested installing
+    python3-venv: the real problem is that the environment's directory is not writable.
+    (As root, the script runs as nobody, since root may write anywhere.)"""
+    with tempfile.TemporaryDirectory() as where:
+        os.chmod(where, 0o755)  # reachable by nobody
+        venv = Path(where) / "venv"
+        venv.mkdir(mode=0o755)  # someone else's environment, not set up yet
+        as_other: list[str] = []
+        if os.geteuid() == 0:
+            as_other = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        else:
+            venv.chmod(0o555)
+        result = subprocess.run(
+            [*as_other, "bash", str(SOURCE / "bin" / "curb"), "--version"],
+            env={"PATH": os.environ["PATH"], "HOME": where, "CURB_VENV": str(venv)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        venv.chmod(0o755)
+    assert result.returncode == 1, result
+    assert f"cannot set up the virtual environment in {venv}: {venv} belongs to" in result.stderr, result.stderr
+    assert "set CURB_VENV to a directory you can write" in result.stderr
+    assert "python3-venv" not in result.stderr

@@ -304,6 +304,10 @@ def test_sighup_rereads_the_users_file_and_keeps_it_if_broken(curb_broker, stomp
     (tmp_path / "users").write_text("broken line\n")
     broker.proc.send_signal(signal.SIGHUP)
     assert wait_until(lambda: "kept the 2 users read before" in broker.stderr_text())
+    (tmp_path / "users").write_text("# everyone left\n")
+    broker.proc.send_signal(signal.SIGHUP)
+    assert wait_until(lambda: "has no users, so every CONNECT would be refused" in broker.stderr_text())
+    assert broker.stderr_text().count("kept the 2 users read before") == 2
     again, again_inbox = stomp_conn(broker.port, connect=False)
     again.connect("alice", "a1")
     again_inbox.wait_connected()
@@ -400,7 +404,14 @@ def test_every_refused_connection_is_a_line_naming_the_peer_and_a_counter_in_met
         http_port,
         dict(
             [
-                (("curb_tls_handshake_failures", "curb_tls_handshake_failures_total", (("reason", "no_certificate"),)), 1),
+                (
+                    (
+                        "curb_tls_handshake_failures",
+                        "curb_tls_handshake_failures_total",
+                        (("reason", "no_certificate"),),
+                    ),
+                    1,
+                ),
                 counter("curb_connect_timeouts", 1),
                 counter("curb_access_refused", 1),
                 counter("curb_permissions_refused", 1),
