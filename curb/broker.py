@@ -279,8 +279,9 @@ class Broker:
             reason=reason,
         )
 
-    def permission_refused(self, session: Session, permission: str) -> None:
-        """A frame needed a permission its user lacks; its ERROR (a client error) follows."""
+    def permission_refused(self) -> None:
+        """A frame needed a permission its user lacks; its ERROR, a client error whose line
+        names the user, follows."""
         self.metrics.permissions_refused += 1
 
     def check_login(self, login: str, passcode: str, then: Callable[[User | None], None]) -> None:

@@ -188,7 +188,7 @@ class Handshake(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._early: list[bytes] = []  # application bytes that came with the handshake's end
         self._lost: list[Exception | None] = []  # the connection ended before the hand-over
-        self._task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None  # held: the loop keeps only a weak reference
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         tcp = cast(asyncio.Transport, transport)

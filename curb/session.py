@@ -345,7 +345,7 @@ class Session:
         if self.permissions is not None:
             needed = permission_needed(frame)
             if needed is not None and needed not in self.permissions:
-                self.broker.permission_refused(self, needed)
+                self.broker.permission_refused()
                 self.error(
                     f"{needed} permission needed",
                     f"User {self.user!r} may not {frame.command} here without the {needed!r} permission; "

@@ -4,6 +4,7 @@ how every failed handshake of real TLS clients is counted and logged (curb.serve
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import ssl
 
@@ -135,11 +136,19 @@ def test_every_failed_handshake_is_counted_by_reason_and_logged_with_the_peer(tm
         log.start(loop)
         broker = Broker(log, events=lambda event, text, **fields: said.append((event, text, fields)))
         context = pki.server_context()
-        listener = await loop.create_server(lambda: Handshake(broker, context, 0.5), "127.0.0.1", 0)
-        port = listener.sockets[0].getsockname()[1]
-        answers = {kind: await asyncio.to_thread(client_run, port, pki, kind) for kind in [*REASONS, "good"]}
+        # A short time limit only for the silent client: the others must not time out on a busy machine.
+        listeners = [
+            await loop.create_server(functools.partial(Handshake, broker, context, limit), "127.0.0.1", 0)
+            for limit in (0.5, 30.0)
+        ]
+        short, long = (listener.sockets[0].getsockname()[1] for listener in listeners)
+        answers = {
+            kind: await asyncio.to_thread(client_run, short if kind == "silent" else long, pki, kind)
+            for kind in [*REASONS, "good"]
+        }
         await asyncio.sleep(0.1)
-        listener.close()
+        for listener in listeners:
+            listener.close()
         broker.close_sessions()
         await log.close()
         return broker, answers
@@ -180,3 +189,37 @@ def test_a_tls_connection_past_the_limit_is_closed_before_its_handshake(tmp_path
     assert answer == b""
     assert broker.metrics.connections_refused == 1
     assert failed == 0, "refused before any TLS"
+
+
+def ssl_error(reason: str, words: str) -> ssl.SSLError:
+    err = ssl.SSLError(1, f"[SSL: {reason}] {words} (_ssl.c:1006)")
+    err.reason = reason
+    return err
+
+
+@pytest.mark.parametrize(
+    "err, reason, says",
+    [
+        (ConnectionAbortedError("SSL handshake is taking longer than 2.5 seconds"), "timeout", "within 2.5 s"),
+        (None, "closed", "closed the connection"),
+        (ConnectionResetError(), "closed", "closed the connection"),
+        (
+            ssl_error("PEER_DID_NOT_RETURN_A_CERTIFICATE", "peer did not return a certificate"),
+            "no_certificate",
+            "-tls-ca",
+        ),
+        (ssl_error("UNSUPPORTED_PROTOCOL", "unsupported protocol"), "old_version", "(unsupported protocol)"),
+        (ssl_error("WRONG_VERSION_NUMBER", "wrong version number"), "not_tls", "plain STOMP goes to -addr"),
+        (ssl_error("SSLV3_ALERT_BAD_CERTIFICATE", "sslv3 alert bad certificate"), "certificate_rejected", "-tls-cert"),
+        (
+            ssl_error("TLSV1_ALERT_UNKNOWN_CA", "tlsv1 alert unknown ca"),
+            "certificate_rejected",
+            "(tlsv1 alert unknown ca)",
+        ),
+        (ssl_error("NO_SHARED_CIPHER", "no shared cipher"), "other", "no shared cipher"),
+    ],
+)
+def test_a_failed_handshake_is_sorted_into_a_reason_with_a_sentence(err, reason, says):
+    sorted_as, sentence = tls.handshake_failure(err, 2.5)
+    assert sorted_as == reason and sorted_as in TLS_FAILURES
+    assert says in sentence and "_ssl.c" not in sentence, sentence
