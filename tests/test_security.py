@@ -387,7 +387,8 @@ def test_every_refused_connection_is_a_line_naming_the_peer_and_a_counter_in_met
     assert refused_handshake(tls_port(broker), certs.ca_file, None)
 
     silent = raw(broker.port)
-    silent_peer = "%s:%d" % silent.sock.getsockname()[:2]
+    host, port = silent.sock.getsockname()[:2]
+    silent_peer = f"{host}:{port}"
     assert silent.read_frame(timeout=5).headers["message"] == "CONNECT timeout"
 
     stranger, s_inbox = stomp_conn(broker.port, connect=False)
