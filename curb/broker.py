@@ -28,11 +28,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
-from curb import users as users_file
 from curb.browse import Browse
 from curb.counts import CountMessages
 from curb.cursor import Record
 from curb.log import QueueFull, TooLarge
+from curb.logins import SHED, Answer, LoginChecks, Offload, run_now
 from curb.metrics import Metrics
 from curb.queue import Queue, QueueError, Subscription
 from curb.ratelimit import LineLimit
@@ -53,12 +53,6 @@ REFUSE_DELAY_SECONDS = 1.0
 LIMIT_LOG_SECONDS = 10.0
 Done = Callable[[str | None], None]
 Schedule = Callable[[float, Callable[[], None]], object]
-# Runs a slow function (a password check) and hands its result to a callback on the
-# broker's thread; the default runs it at once, curb.cli passes a thread pool's.
-Offload = Callable[[Callable[[], "User | None"], Callable[["User | None"], None]], None]
-# Password checks under way at once, at most; more logins are refused unchecked, so a
-# flood of CONNECTs costs bounded CPU and never the event loop's time.
-MAX_PENDING_LOGINS = 4
 
 
 class Store(Protocol):
@@ -140,6 +134,7 @@ class Broker:
         # The largest stored payload the log takes (a sixth of its ring), known at a SEND's head.
         self.max_message: int = min(max_frame, getattr(log, "max_message", max_frame))
         self.heartbeat_ms = heartbeat_ms
+        self.logins = LoginChecks(offload or run_now)
         self.users = users  # None: no users file, every client may do everything
         self.connect_timeout = connect_timeout  # 0: no limit
         self.refuse_delay = refuse_delay
@@ -153,8 +148,6 @@ class Broker:
         )
         # Default: the event loop running now (a broker is made inside it).
         self.schedule = schedule or loop_schedule(asyncio.get_running_loop())
-        self.offload: Offload = offload or (lambda work, then: then(work()))
-        self._pending_logins = 0
         self.sessions: set[Session] = set()
         self._counters: set[Session] = set()
         self.count_messages = CountMessages()
@@ -284,21 +277,41 @@ class Broker:
         names the user, follows."""
         self.metrics.permissions_refused += 1
 
-    def check_login(self, login: str, passcode: str, then: Callable[[User | None], None]) -> None:
-        """Check a password against the users file off the loop; `then(user or None)`.
-        Past MAX_PENDING_LOGINS checks under way, the answer is None without a check."""
-        table = self.users
-        if table is None or self._pending_logins >= MAX_PENDING_LOGINS:
-            self.metrics.logins_shed += 1
-            then(None)
-            return
-        self._pending_logins += 1
+    @property
+    def users(self) -> Mapping[str, User] | None:
+        return self._users
 
-        def answer(user: User | None) -> None:
-            self._pending_logins -= 1
-            then(user)
+    @users.setter
+    def users(self, table: Mapping[str, User] | None) -> None:
+        """A new users table (a reload): logins cached under a changed line are forgotten."""
+        self._users = table
+        self.logins.users = table or {}
 
-        self.offload(lambda: users_file.authenticate(table, login, passcode), answer)
+    def remembered_login(self, login: str, passcode: str) -> User | None:
+        """The user if this login verified before against the current users file, else None."""
+        return self.logins.remembered(login, passcode)
+
+    def check_login(self, session: Session, login: str, passcode: str, then: Callable[[Answer], None]) -> None:
+        """Check a password against the users file off the loop, queued fairly by the
+        session's source address; `then(user, None, or SHED)`, possibly at once."""
+        source = session.peer.rpartition(":")[0] or session.peer
+
+        def answer(result: Answer) -> None:
+            if result is SHED:
+                self._login_shed(session)
+            then(result)
+
+        self.logins.check(session, source, login, passcode, answer)
+
+    def _login_shed(self, session: Session) -> None:
+        self.metrics.logins_shed += 1
+        self._refused(
+            "logins_shed",
+            f"server busy: shed a login from {session.peer} unchecked, "
+            f"{self.logins.queued} password checks waiting",
+            session.last_recv,
+            peer=session.peer,
+        )
 
     def connect_timed_out(self, session: Session, now: float) -> None:
         """A connection sent no CONNECT in time."""
@@ -369,6 +382,7 @@ class Broker:
         self.sessions.discard(session)
         self._counters.discard(session)
         self._browsing.discard(session)
+        self.logins.forget(session)
         self._requeue(self.queue.close(session))
         self.pump()
 

@@ -39,12 +39,15 @@ Rules:
   RECEIPT waits until that is durable, like an ACK's.
 - The queue, the log and the metrics are reached only through the Broker.
 - Access: with a users file (Broker.users), CONNECT must name a user and its password, or
-  come over a connection whose client certificate's CN names a user (`identity`). The
-  password check (scrypt) runs off the event loop (Broker.check_login); until it answers
-  the session reads nothing and holds the frames that came after CONNECT, then handles
-  them in order. A failed CONNECT is answered "access refused" only at a deadline a fixed
-  delay after it came, the same for every failure. Each frame needs at most one permission, named by `PERMISSION`
-  (and `./count` frames need `count`); without a users file everything is allowed.
+  come over a connection whose client certificate's CN names a user (`identity`). A login
+  verified before is known at once (Broker.remembered_login); another password check
+  (scrypt) runs off the event loop (Broker.check_login); until it answers the session
+  reads nothing and holds the frames that came after CONNECT, then handles them in order.
+  A failed CONNECT is answered "access refused" only at a deadline a fixed delay after it
+  came, the same for every failure; a login the broker shed unchecked gets "server busy"
+  at once, never "access refused". Each frame needs at most one permission, named by
+  `PERMISSION` (and `./count` frames need `count`); without a users file everything is
+  allowed.
 - A connection that has not sent CONNECT by `broker.connect_timeout` seconds after it
   opened is answered with an ERROR and closed (a deadline too).
 """
@@ -60,6 +63,7 @@ from curb import __version__, heartbeat, message_limits, payload, users
 from curb.broker import Refused
 from curb.counts import COUNT_DESTINATION, count_prefix
 from curb.frame import FRAME_END, Frame, FrameParser, ProtocolError, decimal, encode, escape
+from curb.logins import Answer, Shed
 from curb.queue import QueueError, Subscription
 
 if TYPE_CHECKING:
@@ -402,27 +406,47 @@ class Session:
         )
 
     def _log_in(self, headers: dict[str, str], theirs: tuple[int, int]) -> None:
-        """Check CONNECT's credentials against the users file: a certificate's CN at once,
-        a password off the loop, holding the frames that follow until it is known."""
+        """Check CONNECT's credentials against the users file: a certificate's CN or a login
+        verified before at once, another password off the loop, holding the frames that
+        follow until it is known."""
         users_by_name = self.broker.users
         assert users_by_name is not None
         login = headers.get("login")
         came = self.last_recv
         if login is None:
-            self._logged_in(users_by_name.get(self.identity) if self.identity is not None else None, None, came, theirs)
+            user = users_by_name.get(self.identity) if self.identity is not None else None
+            self._logged_in(user, self.identity, came, theirs)
+            return
+        passcode = headers.get("passcode", "")
+        known = self.broker.remembered_login(login, passcode)
+        if known is not None:
+            self._logged_in(known, login, came, theirs)
             return
         self._held = []
         self.reading = False
         self._wake()
-        self.broker.check_login(
-            login, headers.get("passcode", ""), lambda user: self._logged_in(user, login, came, theirs)
-        )
+        self.broker.check_login(self, login, passcode, lambda answer: self._checked(answer, login, came, theirs))
 
-    def _logged_in(self, user: users.User | None, login: str | None, came: float, theirs: tuple[int, int]) -> None:
-        """The check's answer: connect and handle the held frames, or refuse at the deadline."""
+    def _checked(self, answer: Answer, login: str, came: float, theirs: tuple[int, int]) -> None:
+        """The password check's answer: handle the held frames once connected."""
         held, self._held = self._held or [], None
         if self._gone:
             return
+        if isinstance(answer, Shed):
+            self._shed()
+            return
+        self._logged_in(answer, login, came, theirs)
+        if answer is None:
+            return
+        self.reading = self.writable and not self._stopped
+        for frame in held:
+            if self.state is CLOSING:
+                break
+            self.handle(frame)
+        self.broker.after_frames()
+
+    def _logged_in(self, user: users.User | None, login: str | None, came: float, theirs: tuple[int, int]) -> None:
+        """Connect as `user`, or refuse at the deadline a fixed delay after CONNECT came."""
         if user is None:
             self.broker.access_refused(self, login)
             self.state = CLOSING
@@ -432,12 +456,19 @@ class Session:
             return
         self.user, self.permissions = user.name, user.permissions
         self._connected(theirs)
-        self.reading = self.writable and not self._stopped
-        for frame in held:
-            if self.state is CLOSING:
-                break
-            self.handle(frame)
-        self.broker.after_frames()
+
+    def _shed(self) -> None:
+        """The login was not checked (too many wait): say so at once, not as a wrong password."""
+        self.write(
+            encode(
+                "ERROR",
+                {"version": "1.2", "content-type": "text/plain", "message": "server busy"},
+                b"Too many logins are waiting for a password check, so this one was not checked. "
+                b"Connect again in a few seconds.\n",
+            )
+        )
+        self.state = CLOSING
+        self._close("close")
 
     def _refuse(self) -> None:
         self._refuse_at = None

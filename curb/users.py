@@ -15,6 +15,9 @@ Invariants:
 - Permissions are a subset of PERMISSIONS.
 - `authenticate` costs one scrypt whether the name exists or not (a dummy hash stands in),
   and compares hashes in constant time, so its time does not tell which names exist.
+- `LoginCache` holds no passcode: only an HMAC of (name, passcode) under a key made at
+  start-up that never leaves memory, compared in constant time, and only while the user's
+  line still has the hash it was verified against.
 This module is pure: it reads and writes text, never files.
 """
 
@@ -70,6 +73,48 @@ def authenticate(users: Mapping[str, User], login: str, passcode: str) -> User |
         verify(_DUMMY_HASH, passcode)
         return None
     return user if verify(user.hash, passcode) else None
+
+
+class LoginCache:
+    """Logins verified since start-up, so that a user's next login costs an HMAC instead
+    of an scrypt: after a restart every client logs in again at once, and only the first
+    login of each user should pay for its check.
+
+    One entry per user name (the last passcode that verified), so it holds at most one
+    entry per line of the users file."""
+
+    def __init__(self, secret: bytes | None = None):
+        self._secret = secret if secret is not None else os.urandom(32)
+        self._verified: dict[str, tuple[str, bytes]] = {}  # name -> (hash verified against, digest)
+
+    def digest(self, login: str, passcode: str) -> bytes:
+        """The keyed digest of a login: equal for equal (login, passcode) pairs only."""
+        name = login.encode()
+        data = b"%d:%s%s" % (len(name), name, passcode.encode())
+        return hmac.new(self._secret, data, hashlib.sha256).digest()
+
+    def get(self, users: Mapping[str, User], login: str, passcode: str) -> User | None:
+        """The user if this login verified before against the user's current hash, else None
+        (not known: check it)."""
+        entry = self._verified.get(login)
+        user = users.get(login)
+        if entry is None or user is None or user.hash != entry[0]:
+            return None
+        return user if hmac.compare_digest(entry[1], self.digest(login, passcode)) else None
+
+    def remember(self, user: User, passcode: str) -> None:
+        """`passcode` just verified against `user`'s hash."""
+        self._verified[user.name] = (user.hash, self.digest(user.name, passcode))
+
+    def retain(self, users: Mapping[str, User]) -> None:
+        """Forget the logins of users gone from `users` or whose hash changed (a reload)."""
+        for name, (stored, _) in list(self._verified.items()):
+            user = users.get(name)
+            if user is None or user.hash != stored:
+                del self._verified[name]
+
+    def __len__(self) -> int:
+        return len(self._verified)
 
 
 def parse(text: str) -> dict[str, User]:

@@ -8,8 +8,7 @@ from collections.abc import Callable
 import pytest
 from test_session_rules import World, commands
 
-from curb import users
-from curb.broker import MAX_PENDING_LOGINS
+from curb import logins, users
 from curb.frame import Frame, encode
 from curb.session import permission_needed
 
@@ -209,7 +208,7 @@ def producer_logging_in(after: bytes):
     CONNECT, a receipted SEND and `after`: the check is under way."""
     world = world_with_users()
     checks = Deferred()
-    world.broker.offload = checks
+    world.broker.logins.offload = checks
     peer = world.session()
     peer.feed(
         encode("CONNECT", {"accept-version": "1.2", "login": "producer", "passcode": "pw-p"})
@@ -232,27 +231,124 @@ def test_frames_after_connect_wait_for_the_password_check_and_then_run_in_order(
 def test_a_slow_check_still_refuses_at_the_deadline_counted_from_connect():
     world = world_with_users()
     checks = Deferred()
-    world.broker.offload = checks
+    world.broker.logins.offload = checks
     peer = connect(world, now=3.0, login="producer", passcode="wrong")
     assert peer.session.next_deadline == pytest.approx(3.0 + world.broker.connect_timeout)
     checks.finish()
     assert peer.session.next_deadline == pytest.approx(3.0 + world.broker.refuse_delay)
 
 
-def test_past_the_pending_checks_limit_logins_are_refused_unchecked():
+def from_address(world: World, address: str, now: float = 0.0, **headers: str):
+    peer = world.session(now)
+    peer.session.peer = f"{address}:40000"
+    peer.feed(encode("CONNECT", {"accept-version": "1.2", **headers}), now)
+    return peer
+
+
+def test_a_login_verified_before_connects_at_once_without_a_check():
     world = world_with_users()
     checks = Deferred()
-    world.broker.offload = checks
-    peers = [connect(world, login="producer", passcode="pw-p") for _ in range(MAX_PENDING_LOGINS + 2)]
-    assert len(checks.waiting) == MAX_PENDING_LOGINS
+    world.broker.logins.offload = checks
+    first = connect(world, login="producer", passcode="pw-p")
+    assert len(checks.waiting) == 1
+    checks.finish()
+    assert commands(first.frames()) == ["CONNECTED"]
+    again = world.session()
+    again.feed(
+        encode("CONNECT", {"accept-version": "1.2", "login": "producer", "passcode": "pw-p"})
+        + encode("SEND", {"destination": "/queue/curb", "receipt": "s"}, b"x")
+    )
+    world.log.sync()
+    assert not checks.waiting, "no second check"
+    assert commands(again.frames()) == ["CONNECTED", "RECEIPT"]
+    wrong = connect(world, now=2.0, login="producer", passcode="pw-p ")
+    assert len(checks.waiting) == 1, "another passcode is checked"
+    checks.finish()
+    assert wrong.session.next_deadline == pytest.approx(2.0 + world.broker.refuse_delay)
+
+
+def test_a_storm_of_the_same_login_costs_one_check():
+    world = world_with_users()
+    checks = Deferred()
+    world.broker.logins.offload = checks
+    peers = [connect(world, login="producer", passcode="pw-p") for _ in range(500)]
+    assert len(checks.waiting) == 1
+    checks.finish()
+    assert all(commands(p.frames()) == ["CONNECTED"] for p in peers)
+    assert world.broker.metrics.logins_shed == 0
+
+
+def test_logins_past_the_queue_bounds_get_server_busy_at_once_and_no_access_refused_line():
+    world = world_with_users()
+    checks = Deferred()
+    world.broker.logins.offload = checks
+    lines = []
+    world.broker.events = lambda event, text, **fields: lines.append(event)
+    bound = logins.MAX_QUEUED_PER_SOURCE + 1  # one runs, the bound wait
+    peers = [from_address(world, "10.0.0.1", login="producer", passcode=f"guess {n}") for n in range(bound + 2)]
+    for peer in peers[-2:]:
+        [error] = peer.frames()
+        assert error.headers["message"] == "server busy"
+        assert "again" in error.body.decode()
+        assert peer.session.close_wanted == "close"
     assert world.broker.metrics.logins_shed == 2
-    assert [p.session.state for p in peers[-2:]] == ["closing", "closing"]
+    assert world.broker.metrics.access_refused == 0
+    assert lines == ["logins_shed"], "one line for both, and no access refused"
+    other = from_address(world, "10.0.0.2", login="producer", passcode="pw-p")
+    assert other.raw() == b"", "another address still gets a place in the queue"
+    checks.finish()  # the running check
+    checks.finish()  # the first address's turn
+    checks.finish()  # the second's: its only check, before the first address's other 31
+    assert commands(other.frames()) == ["CONNECTED"]
+    assert world.broker.logins.queued == logins.MAX_QUEUED_PER_SOURCE - 2  # two ran, one runs
+
+
+def test_a_wrong_passcode_is_refused_at_the_usual_deadline_even_during_a_storm():
+    world = world_with_users()
+    checks = Deferred()
+    world.broker.logins.offload = checks
+    good = [connect(world, login="producer", passcode="pw-p") for _ in range(50)]
+    bad = connect(world, now=0.5, login="producer", passcode="wrong")
+    while checks.waiting:
+        checks.finish()
+    assert all(commands(p.frames()) == ["CONNECTED"] for p in good)
+    assert bad.session.next_deadline == pytest.approx(0.5 + world.broker.refuse_delay)
+    bad.session.tick(0.5 + world.broker.refuse_delay)
+    [error] = bad.frames()
+    assert error.headers["message"] == "access refused"
+
+
+def test_a_connection_gone_while_its_check_waits_takes_the_check_out_of_the_queue():
+    world = world_with_users()
+    checks = Deferred()
+    world.broker.logins.offload = checks
+    running = connect(world, login="producer", passcode="one")
+    queued = connect(world, login="producer", passcode="two")
+    assert world.broker.logins.queued == 1
+    queued.session.connection_lost()
+    assert world.broker.logins.queued == 0
+    running.session.connection_lost()
     checks.finish()
-    assert all(commands(p.frames()) == ["CONNECTED"] for p in peers[:MAX_PENDING_LOGINS])
-    late = connect(world, login="producer", passcode="pw-p")
-    assert len(checks.waiting) == 1, "finished checks make room"
+    assert not checks.waiting, "the forgotten check never runs"
+    assert running.raw() == b"" and queued.raw() == b""
+
+
+def test_a_reload_that_changes_a_password_forgets_its_cached_login():
+    world = world_with_users()
+    checks = Deferred()
+    world.broker.logins.offload = checks
+    connect(world, login="producer", passcode="pw-p")
     checks.finish()
-    assert commands(late.frames()) == ["CONNECTED"]
+    assert world.broker.remembered_login("producer", "pw-p") is not None
+    world.broker.users = {**USERS, "consumer": users.User("consumer", users.hash_password("new", **CHEAP), frozenset())}
+    assert world.broker.remembered_login("producer", "pw-p") is not None, "an unchanged line keeps its login"
+    changed = users.User("producer", users.hash_password("new", **CHEAP), frozenset({"send"}))
+    world.broker.users = {**USERS, "producer": changed}
+    assert world.broker.remembered_login("producer", "pw-p") is None
+    old = connect(world, login="producer", passcode="pw-p")
+    assert len(checks.waiting) == 1, "the old password is checked again"
+    checks.finish()
+    assert old.session.state == "closing" and world.broker.metrics.access_refused == 1
 
 
 def test_a_bad_frame_after_connect_waits_for_the_password_check_and_the_frames_before_it():

@@ -78,3 +78,68 @@ def test_authenticate():
     assert users.authenticate(table, "bob", "pw") is None
     assert users.authenticate(table, "cert", "!") is None
     assert users.authenticate(table, "cert", "") is None
+
+
+ALICE = users.User("alice", users.hash_password("pw", **CHEAP), frozenset({"send"}))
+BOB = users.User("bob", users.hash_password("bw", **CHEAP), frozenset({"send"}))
+NEW_ALICE = users.User("alice", users.hash_password("pw2", **CHEAP), frozenset({"send"}))
+MORE_ALICE = users.User("alice", ALICE.hash, frozenset({"send", "count"}))
+
+
+@pytest.mark.parametrize(
+    "table, login, passcode, found",
+    [
+        ({"alice": ALICE, "bob": BOB}, "alice", "pw", ALICE),
+        ({"alice": ALICE, "bob": BOB}, "alice", "pw ", None),
+        ({"alice": ALICE, "bob": BOB}, "alice", "", None),
+        ({"alice": ALICE, "bob": BOB}, "bob", "bw", None),  # never verified
+        ({"alice": ALICE, "bob": BOB}, "bob", "pw", None),  # another user's passcode
+        ({"alice": MORE_ALICE}, "alice", "pw", MORE_ALICE),  # same hash: today's permissions
+        ({"alice": NEW_ALICE}, "alice", "pw", None),  # a new password
+        ({"alice": NEW_ALICE}, "alice", "pw2", None),  # verified only once checked
+        ({"bob": BOB}, "alice", "pw", None),  # gone from the file
+    ],
+)
+def test_the_login_cache_knows_only_verified_logins_under_the_current_hash(table, login, passcode, found):
+    cache = users.LoginCache()
+    cache.remember(ALICE, "pw")
+    assert cache.get(table, login, passcode) == found
+
+
+@pytest.mark.parametrize(
+    "a, b, same",
+    [
+        (("alice", "pw"), ("alice", "pw"), True),
+        (("alice", "pw"), ("alice", "pw "), False),
+        (("alice", "pw"), ("alic", "epw"), False),  # the split between login and passcode counts
+        (("alice:", "pw"), ("alice", ":pw"), False),
+        (("", ""), ("", ""), True),
+    ],
+)
+def test_the_digest_tells_logins_apart(a, b, same):
+    cache = users.LoginCache()
+    assert (cache.digest(*a) == cache.digest(*b)) is same
+
+
+def test_each_cache_has_its_own_key_and_keeps_no_passcode():
+    one, two = users.LoginCache(), users.LoginCache()
+    assert one.digest("alice", "pw") != two.digest("alice", "pw")
+    one.remember(ALICE, "secret passcode")
+    assert "secret passcode" not in repr(vars(one))
+
+
+@pytest.mark.parametrize(
+    "reloaded, kept",
+    [
+        ({"alice": ALICE, "bob": BOB}, 1),
+        ({"alice": MORE_ALICE}, 1),
+        ({"alice": NEW_ALICE}, 0),
+        ({"bob": BOB}, 0),
+        ({}, 0),
+    ],
+)
+def test_a_reload_forgets_the_logins_it_changed(reloaded, kept):
+    cache = users.LoginCache()
+    cache.remember(ALICE, "pw")
+    cache.retain(reloaded)
+    assert len(cache) == kept
