@@ -134,7 +134,7 @@ class Broker:
         # The largest stored payload the log takes (a sixth of its ring), known at a SEND's head.
         self.max_message: int = min(max_frame, getattr(log, "max_message", max_frame))
         self.heartbeat_ms = heartbeat_ms
-        self.logins = LoginChecks(offload or run_now)
+        self.logins = LoginChecks(offload or run_now, lambda callback: self.schedule(0, callback))
         self.users = users  # None: no users file, every client may do everything
         self.connect_timeout = connect_timeout  # 0: no limit
         self.refuse_delay = refuse_delay

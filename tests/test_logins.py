@@ -128,3 +128,22 @@ def test_a_check_no_one_waits_for_leaves_the_queue_but_one_running_finishes():
     worker.step()
     assert got == [] and not worker.waiting
     assert checks.remembered("a", "a-pw") == TABLE["a"], "the finished check still counts"
+
+
+def test_a_check_many_wait_for_answers_them_a_pass_at_a_time():
+    worker = Worker()
+    passes: list = []
+    checks = logins.LoginChecks(worker, passes.append)
+    checks.users = TABLE
+    got: list[logins.Answer] = []
+    waiters = 2 * logins.ANSWERS_PER_PASS + 1
+    for n in range(waiters):
+        checks.check(n, "x", "a", "a-pw", got.append)
+    worker.step()
+    given = [len(got)]
+    while passes:
+        passes.pop(0)()
+        given.append(len(got))
+    per_pass = logins.ANSWERS_PER_PASS
+    assert given == [per_pass, 2 * per_pass, waiters]
+    assert got == [TABLE["a"]] * waiters
