@@ -34,6 +34,7 @@ import json
 import os
 import resource
 import signal
+import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -58,12 +59,18 @@ DEFAULT_PORT = 61613
 DRAIN_SECONDS = 5.0
 EXIT_IO = 1
 EXIT_USAGE = 2
-# Connections the kernel may queue on a listener, which asyncio then accepts in one go:
-# they hold file descriptors before the connection limit can close them.
-BACKLOG = 128
-# File descriptors -max-connections leaves for one backlog's burst, the log, the
-# listeners, the event loop, -http's connections and a margin.
-FD_HEADROOM = BACKLOG + 64
+# Connections asyncio accepts in one loop pass: they hold file descriptors before the
+# connection limit can close them, and each costs the pass time (a TLS handshake about a
+# millisecond), so a storm of connections is taken in small bites between other clients'
+# frames.
+ACCEPT_BATCH = 16
+# Connections the kernel may queue on a listener: a reconnect storm of thousands must wait
+# there, not lose its SYNs (a client resends one only after a second). Linux caps it at
+# net.core.somaxconn.
+BACKLOG = 4096
+# File descriptors -max-connections leaves for one accept batch, the log, the listeners,
+# the event loop, -http's connections and a margin.
+FD_HEADROOM = 128 + 64
 ACCEPT_FAILED_LOG_SECONDS = 10.0
 # The TLS handshake's time limit with -connect-timeout 0 (asyncio's default).
 TLS_HANDSHAKE_DEFAULT_SECONDS = 60.0
@@ -399,7 +406,7 @@ async def serve(
                 "-addr",
                 addr,
                 lambda: loop.create_server(
-                    new_session, addr[0], addr[1], reuse_address=True, backlog=BACKLOG, start_serving=False
+                    new_session, addr[0], addr[1], reuse_address=True, backlog=ACCEPT_BATCH, start_serving=False
                 ),
             )
         ]
@@ -418,7 +425,7 @@ async def serve(
                 tls_addr[0],
                 tls_addr[1],
                 reuse_address=True,
-                backlog=BACKLOG,
+                backlog=ACCEPT_BATCH,
                 start_serving=False,
             ),
         )
@@ -517,6 +524,7 @@ async def serve(
         raise
     for server in servers:
         await server.start_serving()
+        _widen_backlog(server)
     _settle_memory()
     # Before the `listening` line, which tells the tests and Spark the broker is ready.
     _say_who_may_connect(events, stomp_servers, user_table, users_path, max_connections, fd_limit)
@@ -536,6 +544,17 @@ async def serve(
     checks.shutdown(wait=False, cancel_futures=True)
     events("stopped", "stopped")
     return EXIT_IO if fatal else 0
+
+
+def _widen_backlog(server: asyncio.Server) -> None:
+    """asyncio listens with the backlog it accepts in one go (ACCEPT_BATCH): listen again,
+    on the same sockets, with a kernel queue that holds a reconnect storm (BACKLOG)."""
+    for listening in server.sockets:
+        sock = socket.socket(fileno=listening.fileno())
+        try:
+            sock.listen(BACKLOG)
+        finally:
+            sock.detach()
 
 
 def _load_users(path: str) -> dict[str, users.User]:
