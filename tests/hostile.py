@@ -8,8 +8,9 @@ Run `bin/hostile` for every scenario, or `bin/hostile NAME ...` for some:
   whether a good client is served once the flood's connections close.
 - trickle: a 15 MiB SEND sent in tiny writes; the broker's peak RSS beside the frame size.
 - count: produce throughput with 0 and with 1,000 connections subscribed to ./count.
-- logins: produce throughput while 4 clients keep sending CONNECTs with a wrong password
-  (each costs the broker an scrypt check), beside the same without them.
+- logins: produce throughput while 4 clients from 127.0.0.2 keep sending CONNECTs with
+  wrong passwords (each costs the broker an scrypt check), beside the same without them,
+  and what a good login from 127.0.0.1 gets meanwhile (`bin/bench-logins` measures more).
 - flood: a producer sends receipt-less SENDs into a small log until the queue is full; what
   it gets, and whether another producer and a consumer are still served.
 
@@ -64,8 +65,8 @@ def rss_bytes(pid: int, field: str = "VmRSS") -> int:
 class Client:
     """A blocking STOMP connection, enough for measurements."""
 
-    def __init__(self, port: int, timeout: float = 10.0):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port: int, timeout: float = 10.0, source: str = "127.0.0.1"):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout, source_address=(source, 0))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.parser = FrameParser(max_frame_bytes=64 << 20)
         self.frames: list[Frame] = []
@@ -281,10 +282,12 @@ def flood(workdir: Path) -> None:
 
 
 def _bad_logins(port: int, stop: threading.Event, tried: list[int]) -> None:
+    """CONNECTs from 127.0.0.2 with ever-different wrong passcodes: identical logins would
+    share one check."""
     while not stop.is_set():
         try:
-            client = Client(port)
-            client.send("CONNECT", {"accept-version": "1.2", "login": "producer", "passcode": "wrong"})
+            client = Client(port, source="127.0.0.2")
+            client.send("CONNECT", {"accept-version": "1.2", "login": "producer", "passcode": f"wrong {len(tried)}"})
             tried.append(1)
             time.sleep(0.01)  # the refusal comes a second later; no need to wait for it
             client.close()
@@ -335,7 +338,7 @@ def logins(workdir: Path) -> None:
     broker.stop()
     print(
         f"logins: {quiet:.0f} msg/s produced alone, {busy:.0f} msg/s ({busy / quiet:.2f}) while 4 clients sent "
-        f"{len(tried) / 5.0:.0f} bad logins a second; a good login during the flood got "
+        f"{len(tried) / 5.0:.0f} bad logins a second from 127.0.0.2; a good login from 127.0.0.1 during the flood got "
         f"{answer.command + ' ' + answer.headers.get('message', '') if answer else 'nothing'}; "
         f"{lines} 'access refused' lines logged"
     )

@@ -1,0 +1,129 @@
+"""Logins at once against a real broker: a reconnect storm of valid users is served, a
+login the broker sheds hears "server busy", and a flood of bad logins from one address
+keeps neither connected clients nor another address's users waiting long."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import re
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from curb import users
+from curb.frame import encode
+
+pytestmark = pytest.mark.slow
+
+CHEAP = {"n": 1024, "r": 8, "p": 1}  # a real scrypt check, a few milliseconds
+PERMS = frozenset(users.PERMISSIONS)
+
+
+def write_users(path: Path, names: list[str], **cost: int) -> None:
+    table = [users.User(name, users.hash_password(f"{name}-pw", **cost), PERMS) for name in names]
+    path.write_text(users.format_users(table))
+
+
+async def _log_in(port: int, login: str, passcode: str, source: str) -> str:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+    writer.write(encode("CONNECT", {"accept-version": "1.2", "login": login, "passcode": passcode}))
+    try:
+        data = await asyncio.wait_for(reader.readuntil(b"\0"), 30)
+    except asyncio.IncompleteReadError:
+        return "closed"
+    finally:
+        writer.close()
+    head = data.decode().split("\n\n", 1)[0].split("\n")
+    message = [line[8:] for line in head if line.startswith("message:")]
+    return " ".join([head[0], *message])
+
+
+def log_in_at_once(port: int, logins: list[tuple[str, str]], source: str = "127.0.0.1") -> list[str]:
+    """Open a connection and send CONNECT for each (login, passcode) at once; what each got."""
+
+    async def all_of_them() -> list[str]:
+        return await asyncio.gather(*(_log_in(port, login, passcode, source) for login, passcode in logins))
+
+    return asyncio.run(all_of_them())
+
+
+def test_a_storm_of_valid_logins_is_served_and_a_wrong_one_among_them_refused(curb_broker, tmp_path):
+    names = [f"user{n}" for n in range(10)]
+    write_users(tmp_path / "users", names, **CHEAP)
+    broker = curb_broker(extra_args=("-users", "users"))
+    logins = [(names[n % 10], f"{names[n % 10]}-pw") for n in range(200)]
+    logins.insert(100, ("user3", "wrong"))
+    started = time.monotonic()
+    answers = log_in_at_once(broker.port, logins)
+    assert answers.pop(100) == "ERROR access refused"
+    assert time.monotonic() - started >= 0.9, "a wrong passcode is refused after the usual delay"
+    assert collections.Counter(answers) == {"CONNECTED": 200}
+    log = broker.stderr_text()
+    assert log.count("access refused to") == 1 and "(login 'user3')" in log
+
+
+def test_a_login_the_broker_sheds_hears_server_busy_and_is_not_logged_as_refused(curb_broker, tmp_path):
+    write_users(tmp_path / "users", ["victim"])  # the full scrypt cost: the checks pile up
+    broker = curb_broker(extra_args=("-users", "users", "-http", "127.0.0.1:0"))
+    answers = log_in_at_once(broker.port, [("victim", f"guess {n}") for n in range(60)])
+    got = collections.Counter(answers)
+    assert set(got) == {"ERROR access refused", "ERROR server busy"}, got
+    assert got["ERROR server busy"] >= 60 - 33, "one check runs and 32 wait; the rest are shed"
+    log = broker.stderr_text()
+    assert log.count("access refused to") == got["ERROR access refused"]
+    assert re.search(r"server busy: shed \d+ logins", log)
+    port = int(re.findall(r"metrics on http://127\.0\.0\.1:(\d+)", log)[0])
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        metrics = b"".join(iter(lambda: sock.recv(1 << 16), b"")).decode()
+    assert f"curb_logins_shed_total {got['ERROR server busy']}" in metrics
+
+
+def _round_trip(sock: socket.socket) -> float:
+    started = time.monotonic()
+    sock.sendall(encode("SUBSCRIBE", {"id": "b", "destination": "/queue/curb"}))
+    sock.sendall(encode("UNSUBSCRIBE", {"id": "b", "receipt": "r"}))
+    data = b""
+    while b"RECEIPT" not in data:
+        data += sock.recv(4096)
+    return time.monotonic() - started
+
+
+def test_a_flood_of_bad_logins_from_one_address_keeps_no_other_address_out(curb_broker, tmp_path):
+    names = ["victim", "bystander", *(f"fresh{n}" for n in range(5))]
+    write_users(tmp_path / "users", names)  # the full scrypt cost, as an attacker would meet it
+    broker = curb_broker(extra_args=("-users", "users"))
+    bystander = socket.create_connection(("127.0.0.1", broker.port))
+    bystander.sendall(encode("CONNECT", {"accept-version": "1.2", "login": "bystander", "passcode": "bystander-pw"}))
+    assert bystander.recv(4096).startswith(b"CONNECTED")
+
+    stop = threading.Event()
+    flooded: list[str] = []
+
+    def flood() -> None:
+        while not stop.is_set():
+            answers = log_in_at_once(broker.port, [("victim", f"{len(flooded)} {n}") for n in range(40)], "127.0.0.2")
+            flooded.extend(answers)
+
+    flooder = threading.Thread(target=flood)
+    flooder.start()
+    try:
+        time.sleep(0.5)  # the flood's checks fill its share of the queue
+        waits = []
+        for name in names[2:]:
+            started = time.monotonic()
+            assert log_in_at_once(broker.port, [(name, f"{name}-pw")]) == ["CONNECTED"]
+            waits.append(time.monotonic() - started)
+        trips = [_round_trip(bystander) for _ in range(20)]
+    finally:
+        stop.set()
+        flooder.join()
+    assert "ERROR server busy" in flooded, "the flood was more than the queue takes from one address"
+    # Each first login waits for the check under way and at most one of the flood's (about
+    # 0.1 s each here): far less than the flood's queue, 32 checks deep.
+    assert max(waits) < 32 * 0.05, waits
+    assert max(trips) < 1.0, trips
