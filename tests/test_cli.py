@@ -3,6 +3,7 @@ log file, signals and the lines it logs."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import re
@@ -377,3 +378,29 @@ def test_sigterm_right_after_the_listening_line_is_a_clean_stop(curb_broker):
         assert broker.stop() == 0
         assert broker.stderr_text().rstrip().endswith("curb: stopped"), broker.stderr_text()
         broker.start()
+
+
+def test_a_listener_queues_a_reconnect_storm_in_the_kernel_while_accepting_a_few_per_pass():
+    """asyncio listens with the backlog it accepts per loop pass; the broker listens again
+    with a kernel queue for thousands, so a storm's SYNs are not dropped (a client resends
+    one only after a second). Nothing is accepted here: the loop does not run meanwhile."""
+    storm = 600  # past the old backlog of 128, within the smallest somaxconn of 4096 (Linux 5.4+)
+
+    async def listen_and_connect() -> int:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0, backlog=cli.ACCEPT_BATCH)
+        cli._widen_backlog(server)
+        port = server.sockets[0].getsockname()[1]
+        clients = []
+        try:
+            for _ in range(storm):
+                clients.append(socket.create_connection(("127.0.0.1", port), timeout=0.5))
+        except OSError:
+            pass
+        finally:
+            for client in clients:
+                client.close()
+            server.close()
+        return len(clients)
+
+    assert asyncio.run(listen_and_connect()) == storm
