@@ -414,8 +414,7 @@ class Session:
         login = headers.get("login")
         came = self.last_recv
         if login is None:
-            user = users_by_name.get(self.identity) if self.identity is not None else None
-            self._logged_in(user, self.identity, came, theirs)
+            self._logged_in(users_by_name.get(self.identity) if self.identity is not None else None, None, came, theirs)
             return
         passcode = headers.get("passcode", "")
         known = self.broker.remembered_login(login, passcode)
@@ -448,7 +447,7 @@ class Session:
     def _logged_in(self, user: users.User | None, login: str | None, came: float, theirs: tuple[int, int]) -> None:
         """Connect as `user`, or refuse at the deadline a fixed delay after CONNECT came."""
         if user is None:
-            self.broker.access_refused(self, login)
+            self.broker.access_refused(self, login if login is not None else self.identity)
             self.state = CLOSING
             self._refuse_at = came + self.broker.refuse_delay
             self.deadlines += 1
