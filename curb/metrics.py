@@ -179,7 +179,7 @@ def _families(m: Metrics, g: dict[str, int]) -> list[_Family]:
         ),
         _counter(
             "curb_logins_shed_total",
-            "CONNECTs refused unchecked because too many password checks were under way.",
+            "CONNECTs answered server busy, unchecked, because too many password checks were waiting.",
             m.logins_shed,
         ),
         _counter(
