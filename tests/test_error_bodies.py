@@ -14,6 +14,7 @@ from memworld import MemPeer, MemWorld
 from test_session_access import USERS
 
 from curb.frame import MAX_HEADER_LINE, MAX_HEADERS, Frame, encode
+from curb.logins import MAX_QUEUED_PER_SOURCE
 from curb.message_limits import ADDED_HEADERS, RESERVE
 from curb.session import Session
 
@@ -33,6 +34,14 @@ def later(seconds: float) -> Step:
 def disk_fails(world: MemWorld, session: Session) -> None:
     """Every fdatasync from now on fails (EIO): the log stops for good."""
     world.disk.sync_eio = 1.0
+
+
+def login_queue_full(world: MemWorld, session: Session) -> None:
+    """Password checks stop finishing and fill the queue's share of the session's address."""
+    logins = world.broker.logins
+    logins.offload = lambda work, then: None
+    for n in range(MAX_QUEUED_PER_SOURCE + 1):  # one runs, the rest wait
+        logins.check(n, session.peer, "all", f"guess {n}", lambda answer: None)
 
 
 def frame(command: str, body: bytes = b"", **headers: str) -> bytes:
@@ -74,6 +83,13 @@ ROWS = {
         "access refused",
         "Send the login and passcode of a user",
         (frame("CONNECT", accept_version="1.2", login="all", passcode="wrong"), later(1.5)),
+        connect=False,
+        users=True,
+    ),
+    "server busy": Row(
+        "server busy",
+        "Connect again in a few seconds",
+        (login_queue_full, frame("CONNECT", accept_version="1.2", login="all", passcode="pw-all")),
         connect=False,
         users=True,
     ),
