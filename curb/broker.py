@@ -307,8 +307,7 @@ class Broker:
         self.metrics.logins_shed += 1
         self._refused(
             "logins_shed",
-            f"server busy: shed a login from {session.peer} unchecked, "
-            f"{self.logins.queued} password checks waiting",
+            f"server busy: shed a login from {session.peer} unchecked, {self.logins.queued} password checks waiting",
             session.last_recv,
             peer=session.peer,
         )

@@ -447,7 +447,7 @@ class Session:
     def _logged_in(self, user: users.User | None, login: str | None, came: float, theirs: tuple[int, int]) -> None:
         """Connect as `user`, or refuse at the deadline a fixed delay after CONNECT came."""
         if user is None:
-            self.broker.access_refused(self, login if login is not None else self.identity)
+            self.broker.access_refused(self, login)
             self.state = CLOSING
             self._refuse_at = came + self.broker.refuse_delay
             self.deadlines += 1
