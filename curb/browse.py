@@ -25,6 +25,10 @@ Invariants:
   reads an original above to_id, the only live messages left in range are held ones
   (in memory: the cursor's `behind` and `ahead`) and copies recovery found (`last`):
   those are returned from memory, in write order, and the browse ends.
+- A step's work is bounded like the cursor's: it reads at most `slice_work` (bytes
+  read, plus RECORD_WORK a record) before it returns, whatever it found, so a browse
+  whose range lies far from where it starts crosses the records in between over many
+  steps, each a short one for the event loop.
 - The browse ends at the head once no message with an id up to to_id waits to be
   written; until then it waits for the log to write them.
 """
@@ -35,7 +39,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from curb.cursor import Cursor
+from curb.cursor import RECORD_WORK, SLICE_WORK, Cursor
 from curb.reader import RecordReader
 from curb.record import COPY_FLAG, RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, RecordHeader
 
@@ -61,6 +65,7 @@ class Browse:
         from_id: int,
         to_id: int,
         waits_for: Callable[[int], bool],
+        slice_work: int = SLICE_WORK,
     ):
         self.cursor = cursor
         self.reader = reader
@@ -72,6 +77,7 @@ class Browse:
         self.last_wseq = -1
         self.skip: dict[int, int] = {}  # id -> write sequence of a copy already returned
         self.done = from_id > to_id
+        self.slice_work = slice_work
 
     def start_at(self, pos: int, wseq: int) -> None:
         """Start at the record at `pos` (write sequence `wseq`) instead of the tail: no
@@ -94,14 +100,16 @@ class Browse:
     # ---------------------------------------------------------------- stepping
 
     def step(self, budget: int) -> Step:
-        """Read on until `budget` bytes of messages are found, the head, or the end."""
+        """Read on until `budget` bytes of messages are found, this step's work is done
+        (`slice_work`), the head, or the end."""
         out: list[tuple[int, bytes]] = []
         if self.done:
             return Step(out, done=True)
         cur, reader, skip = self.cursor, self.reader, self.skip
         low, high = self.from_id, self.to_id
         used = 0
-        while used < budget:
+        work = self.slice_work
+        while used < budget and work > 0:
             pos = self.pos
             whead = cur.whead
             if pos == whead:
@@ -111,9 +119,11 @@ class Browse:
             found = self._plain(pos, limit) or reader.intact(pos, limit)
             if found is None or not self.last_wseq < found[0].wseq < cur.next_wseq:
                 self._skip_damage(pos, limit)
+                work -= RECORD_WORK
                 continue
             hdr, buf, off = found
             mid, wseq, state, size = hdr.id, hdr.wseq, hdr.state, hdr.size
+            work -= RECORD_WORK + size
             self.last_wseq = wseq
             if state == STATE_PAD:
                 self.pos = RING_START

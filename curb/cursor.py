@@ -26,6 +26,10 @@ Invariants:
   head (recovery's count can be off only where it skimmed over damage).
 - A message whose id is at most `upto` (the ack-up-to watermark) is dead wherever it is:
   never handed out, and uncounted from `unread` when the cursor passes it.
+- The cursor's work is bounded: it reads on for at most `allowance` work (bytes read
+  plus RECORD_WORK a record) per slice, then stops where it is, sets `stalled` and calls
+  `on_stalled`; its owner (the log) grants the next slice later, from the event loop's
+  next pass, so that passing a million dead records never holds the loop.
 - `is_live` is the one answer, for any other reader of the ring (a browse), to "is this
   record the live occurrence of a message not yet acked?": held messages by their
   current copy's offset, records the cursor has read by whether it holds them, unread
@@ -42,6 +46,11 @@ from curb.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD
 
 KEEP_PAYLOAD = 64 * 1024
 FRESH_BYTES = 1 << 20
+# The work of one slice of reading the ring: bytes read, plus RECORD_WORK for each record
+# (its header's parse and checks cost about what reading 2 KiB does). About 5 ms of
+# small records, so a slice never keeps other clients waiting for long.
+RECORD_WORK = 2048
+SLICE_WORK = 4 << 20
 
 
 class Record:
@@ -102,6 +111,9 @@ class Cursor:
         self.fresh: collections.deque[Record] = collections.deque()
         self.fresh_bytes = 0
         self.on_damage: Callable[[str], None] = lambda text: None
+        self.allowance = SLICE_WORK  # work left in this slice
+        self.stalled = False  # stopped for want of allowance, with records left to read
+        self.on_stalled: Callable[[], None] = lambda: None
 
     def tail(self) -> int:
         """The oldest byte still needed: the first message behind the read position that
@@ -169,21 +181,30 @@ class Cursor:
 
     def next_ready(self) -> Record | None:
         """The next never-delivered message in queue order, now in flight; None when
-        every written record has been handed out."""
+        every written record has been handed out, or when this slice's allowance ran
+        out first (`stalled`)."""
         return self._advance(True)
 
     def pass_dead(self) -> None:
         """Move the read position past dead records (acked, dead copies, damage) up to
-        the next message to hand out, so that the tail can pass them with no consumer."""
+        the next message to hand out, so that the tail can pass them with no consumer;
+        as far as this slice's allowance goes (`stalled` says whether it went all the way)."""
         self._advance(False)
 
     def _advance(self, hand_out: bool) -> Record | None:
         while self.rpos != self.whead:
+            if self.allowance <= 0:
+                if not self.stalled:
+                    self.stalled = True
+                    self.on_stalled()
+                return None
+            self.allowance -= RECORD_WORK
             pos = self.rpos
             fresh = self.fresh
             if fresh and fresh[0].offset == pos:
                 rec = fresh[0]
                 if not hand_out and rec.id > self.upto:
+                    self.allowance += RECORD_WORK
                     return None
                 fresh.popleft()
                 self.max_id = rec.id
@@ -206,6 +227,7 @@ class Cursor:
                 self.reader.drop()
                 continue
             size = hdr.size
+            self.allowance -= size
             self.rpos = pos + size
             mid = hdr.id
             moved = self.ahead.get(mid)
@@ -228,6 +250,9 @@ class Cursor:
                     self._uncount(size)
                 continue
             if hdr.state != STATE_ACK and not hand_out:
+                # Stopped before the message to hand out: not passed, so not charged
+                # (the next slice's hand-out always makes progress).
+                self.allowance += RECORD_WORK + size
                 self.rpos, self.last_wseq = pos, prev_wseq
                 if live_at is not None:
                     self.last[mid] = pos

@@ -38,11 +38,18 @@ Invariants, each kept in one place:
   the checkpoint's next id, every id it finds and the watermark.
 - Browses (curb.browse) read the ring beside the cursor; the log tells each of the
   copies compaction makes (`moved`) and of space it may reuse (`freed`). A browse starts
-  at the logical tail, or at a *mark* (every MARK_EVERY'th message written, a bounded
-  list of (id, offset, write sequence)) with an id at most its from-id, when that mark
-  still lies in the live region and its record is still there. A pad drops the marks
-  after it: the end of a lap is an older lap's bytes, intact, and lies in the live
-  region's span, but no reader goes there.
+  at the logical tail, or at a *mark* (curb.marks: a sparse index from id to record,
+  rebuilt by recovery's walk and kept as records are written) with an id at most its
+  from-id, when that mark still lies in the live region and its record is still there.
+  The marks of space a durable checkpoint frees are dropped with it, so no mark names
+  an older lap's bytes (such as the end of a lap past its pad, which is intact and
+  within the live region's span, but read by no one).
+- No call holds the event loop for long: every walk of the ring (the cursor passing
+  dead records, after an ACK up to an id or before a delivery, and a browse) does at
+  most `slice_work` of reading (curb.cursor's SLICE_WORK, about 5 ms) per call, and goes
+  on in the next slice: the cursor's at the next `flush` (which it asks for when it
+  stalls), a browse's at its next step. Nothing durable waits for a walk: an ACK up to
+  an id is durable once a synced checkpoint carries its watermark, walked or not.
 - Ids are never reused: they stay below the reservation of the newest durable
   checkpoint (curb.checkpoints, rule 5), and recovery resumes at that reservation.
 - Recovery never trusts unsynced bytes twice: it syncs what it found before naming it in
@@ -55,7 +62,6 @@ Invariants, each kept in one place:
 from __future__ import annotations
 
 import asyncio
-import bisect
 import collections
 import errno
 import os
@@ -69,8 +75,9 @@ from typing import Any
 from curb import record as fmt
 from curb.browse import Browse
 from curb.checkpoints import Checkpoints, Snapshot
-from curb.cursor import Cursor, Record
+from curb.cursor import SLICE_WORK, Cursor, Record
 from curb.disk import Disk, FileDisk, LockedError
+from curb.marks import Marks, spacing_for
 from curb.reader import RecordReader
 from curb.record import PAD_SIZE, RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, FormatError
 from curb.ring import Ring
@@ -96,8 +103,6 @@ CHECKPOINT_EVERY = 0.05
 PINNED_FOR = 0.1
 LAZY_SYNC = 0.01
 INLINE_SYNC_OPS = 4
-MARK_EVERY = 1024  # a browse may start at every this many'th message written
-MARKS_KEPT = 4096
 ID_RESERVE = 1 << 16  # ids a checkpoint reserves: at most this gap in ids after a crash
 # The state patch an ACK writes, for messages delivered up to a few times (most are).
 ACK_PATCHES = tuple(fmt.state_patch(STATE_ACK, deliveries) for deliveries in range(8))
@@ -175,6 +180,8 @@ class LogCore:
         metrics: Any = None,
         clock: Callable[[], float] = time.monotonic,
         name: str = "log",
+        slice_work: int = SLICE_WORK,
+        mark_spacing: int | None = None,
     ):
         if cap < MIN_CAP:
             raise LogError(f"-cap {cap} is too small: the log needs at least {MIN_CAP // 1024}KiB")
@@ -219,9 +226,8 @@ class LogCore:
         self._retire_waiters: collections.deque[tuple[int, Done]] = collections.deque()
         self._ids_wanted = False
         self._browses: set[Browse] = set()
-        self._marks: list[tuple[int, int, int]] = []  # (id, offset, wseq), ids rising
-        self._unmarked = 0
-        self.mark_every = MARK_EVERY
+        self.slice_work = slice_work  # the work of one slice of a walk of the ring (curb.cursor)
+        self.marks = Marks(mark_spacing or spacing_for(self.capacity))  # filled by recovery
         self.recovery = self._recover()
         self.next_ready: Callable[[], Record | None] = self._cursor.next_ready
 
@@ -262,7 +268,7 @@ class LogCore:
         if fmt.recorded_cap(header) != self.end:
             # For offline readers only (curb inspect); synced with what recovery found.
             disk.pwrite(fmt.cap_line(self.end), fmt.CAP_OFFSET)
-        scan = Scan(disk, ckpt, self.end)
+        scan = Scan(disk, ckpt, self.end, marks=self.marks)
         scan.run()
         self._next_id = max(ckpt.next_id, scan.max_id + 1, ckpt.acked_upto + 1)
         self._acked_upto = ckpt.acked_upto
@@ -275,16 +281,21 @@ class LogCore:
             reader, self.end, ckpt.tail, scan.head, self._next_wseq, scan.last, scan.messages, scan.live_bytes
         )
         self._cursor.on_damage = self._damaged
+        self._cursor.on_stalled = self._schedule
         self._cursor.upto = ckpt.acked_upto
         durable = Snapshot(ckpt.tail, ckpt.head, ckpt.next_id, ckpt.next_wseq, ckpt.acked_upto)
         self._checkpoints = Checkpoints(disk, ckpt.gen, durable)
+        # Start-up passes the dead records at the tail in one go: nobody waits for it yet.
+        self._cursor.allowance = 1 << 62
         self._cursor.pass_dead()
+        self._cursor.allowance = self.slice_work
         disk.sync()
         self._checkpoints.write(self._snapshot(), 0, ID_RESERVE)
         disk.sync()
         written = self._checkpoints.synced(0)
         assert written is not None, "the checkpoint just written as flush 0 is synced by the sync above"
         self._ring.tail = written.tail
+        self.marks.drop_freed(self._ring.distance, ckpt.tail, written.tail)
         # Every id below the next is on disk now, or will never be assigned.
         self._durable_id = self._next_id - 1
         return Recovery(
@@ -322,6 +333,12 @@ class LogCore:
         range ending there reads the same after a power loss (appends are written in id
         order, and a sync covers every write before it)."""
         return self._durable_id
+
+    @property
+    def walking(self) -> bool:
+        """Whether a walk of the ring waits for its next slice, which the next `flush`
+        grants (until then `next_ready` may say None with messages left to hand out)."""
+        return self._cursor.stalled
 
     @property
     def acked_upto(self) -> int:
@@ -486,7 +503,8 @@ class LogCore:
         """A read of the live messages with ids in [from_id, to_id] (curb.browse); the
         caller steps it and ends it with `end_browse`."""
         cur = self._cursor
-        browse = Browse(cur, RecordReader(self.disk, self.capacity), self.end, from_id, to_id, self._waits_for)
+        reader = RecordReader(self.disk, self.capacity)
+        browse = Browse(cur, reader, self.end, from_id, to_id, self._waits_for, self.slice_work)
         mark = self._mark_before(from_id)
         if mark is not None:
             browse.start_at(mark[1], mark[2])
@@ -496,11 +514,9 @@ class LogCore:
     def _mark_before(self, msg_id: int) -> tuple[int, int, int] | None:
         """The last mark with an id at most `msg_id` that lies in the live region (from the
         logical tail to the head) with its record still there, if it is worth starting at."""
-        marks = self._marks
-        i = bisect.bisect_right(marks, msg_id, key=lambda mark: mark[0])
-        if i == 0:
+        mark = self.marks.before(msg_id)
+        if mark is None:
             return None
-        mark = marks[i - 1]
         cur, ring = self._cursor, self._ring
         tail = cur.tail()
         if not 0 < ring.distance(tail, mark[1]) < ring.distance(tail, cur.whead):
@@ -566,6 +582,7 @@ class LogCore:
         make room), patches, and a checkpoint when one is due and allowed."""
         if self._broken:
             return
+        resumed = self._next_slice()
         self._flush_no += 1
         fno = self._flush_no
         patches = self._patches
@@ -598,8 +615,20 @@ class LogCore:
             self._written_no = fno
             self._checkpoints.taken(fno, self._snapshot())
         self._want_sync()
-        if placed:
+        if placed or resumed:
             self.on_written()
+
+    def _next_slice(self) -> bool:
+        """Grant the cursor its next slice of work, and go on with a walk that stopped
+        for want of it (passing dead records after an ACK up to an id, or the records a
+        delivery had to pass). Returns whether the walk reached a message to hand out."""
+        cursor = self._cursor
+        cursor.allowance = self.slice_work
+        if not cursor.stalled:
+            return False
+        cursor.stalled = False
+        cursor.pass_dead()
+        return not cursor.stalled
 
     def _checkpoint_if_due(self, fno: int, wrote: bool) -> bool:
         """Write the newest writable checkpoint when the cadence says so, an append waits
@@ -678,18 +707,13 @@ class LogCore:
         runs.write(self.disk)
         cursor = self._cursor
         cursor.whead, cursor.next_wseq = self._ring.head, self._next_wseq
-        unmarked, every = self._unmarked, self.mark_every
+        marks = self.marks
         for rec, payload in written:
             cursor.written(rec, payload)
-            unmarked += 1
-            if unmarked >= every:
-                unmarked = 0
-                self._marks.append((rec.id, rec.offset, rec.wseq))
-        self._unmarked = unmarked
+            if marks.due(rec.offset):
+                marks.add(rec.id, rec.offset, rec.wseq)
         if written:
             self._written_ids.append((fno, written[-1][0].id))
-        if len(self._marks) > 2 * MARKS_KEPT:
-            del self._marks[:MARKS_KEPT]
         if self._pending and self._room_wanted and not self._can_progress():
             if self.metrics is not None:
                 self.metrics.refused_full += len(self._pending)
@@ -745,9 +769,6 @@ class LogCore:
             header = fmt.encode_record(STATE_PAD, 0, 0, self._next_wseq, 0, b"")
             self._next_wseq += 1
             runs.add(ring.head, PAD_SIZE, (header, b"\n"))
-            # The bytes after the pad are an older lap's, intact, and read by no one: a
-            # mark there would pass its record check and start a browse past the pad.
-            self._marks = [mark for mark in self._marks if mark[1] < ring.head]
             ring.head = RING_START
         return off
 
@@ -894,6 +915,7 @@ class LogCore:
         ring = self._ring
         old, ring.tail = ring.tail, durable.tail
         if old != durable.tail:
+            self.marks.drop_freed(ring.distance, old, durable.tail)
             for browse in self._browses:
                 browse.freed(ring.distance, old, durable.tail)
         answered = False

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from curb import payload as stored
 from curb import record as fmt
 from curb.disk import Disk, FileDisk
+from curb.marks import Marks
 from curb.reader import RecordReader
 from curb.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, FormatError, RecordHeader
 from curb.sizes import SizeClasses
@@ -57,8 +58,9 @@ class LogDamaged(LogError):
 class Scan:
     """One pass over a log's records, counting what recovery needs to know."""
 
-    def __init__(self, disk: Disk, ckpt: fmt.Checkpoint, end: int):
+    def __init__(self, disk: Disk, ckpt: fmt.Checkpoint, end: int, marks: Marks | None = None):
         self.ckpt = ckpt
+        self.marks = Marks(1 << 62) if marks is None else marks  # filled for the log (curb.marks)
         self.end = end
         self.file_size = disk.size()
         self.reader = RecordReader(disk, end - RING_START)
@@ -157,6 +159,7 @@ class Scan:
                 pos = RING_START
                 continue
             self._first_rdy(hdr)
+            self._mark(pos, hdr)
             self._count(hdr.state, hdr.id, hdr.size, pos, hdr.copy)
             yield pos, hdr, buf, off
             pos += hdr.size
@@ -174,10 +177,16 @@ class Scan:
                 pos = self.head = RING_START
                 continue
             self._first_rdy(hdr)
+            self._mark(pos, hdr)
             self._count(hdr.state, hdr.id, hdr.size, pos, hdr.copy)
             yield pos, hdr, buf, off
             pos = self.head = pos + hdr.size
         self.next_wseq = expect
+
+    def _mark(self, pos: int, hdr: RecordHeader) -> None:
+        """Mark an original whose id is above every id before it, when one is due."""
+        if not hdr.copy and hdr.id > self.max_id and self.marks.due(pos):
+            self.marks.add(hdr.id, pos, hdr.wseq)
 
     def _first_rdy(self, hdr: RecordHeader) -> None:
         if self.oldest_ms is None and hdr.state == STATE_RDY:
@@ -212,7 +221,8 @@ class Scan:
         acked = dead_bytes = 0
         max_id = self.max_id
         upto = self.upto
-        held: tuple[bytes, int, int, int, bool] | None = None  # counted once its successor parses
+        marks = self.marks
+        held: tuple[bytes, int, int, int, bool, int] | None = None  # counted once its successor parses
         odd = False
         while pos != stop and (pos > stop or stop - pos > trust_until):
             odd = True
@@ -226,6 +236,7 @@ class Scan:
                 break
             state = buf[off : off + 3]
             msg_id = size = 0
+            wseq = -1
             if state == pad:
                 if buf[off + 9 : off + 21] != PAD_ID or buf[off + 48 : off + 56] != PAD_LENGTH:
                     break
@@ -237,6 +248,8 @@ class Scan:
                 try:
                     msg_id = int(buf[off + 9 : off + 21], 16)
                     size = RECORD_HEADER + 1 + int(buf[off + 48 : off + 56], 16)
+                    if marks.due(pos):  # the write sequence is read only where a mark is due
+                        wseq = int(buf[off + 22 : off + 34], 16)
                     if self.oldest_ms is None and state == rdy:
                         self.oldest_ms = int(buf[off + 35 : off + 47], 16) & ~fmt.COPY_FLAG
                 except ValueError:
@@ -245,12 +258,14 @@ class Scan:
                     break
             odd = False
             if held is not None:
-                h_state, h_id, h_size, h_pos, h_copy = held
+                h_state, h_id, h_size, h_pos, h_copy, h_wseq = held
                 if h_copy:
                     self.max_id = max_id
                     self._count(h_state, h_id, h_size, h_pos, True)
                 else:
                     if h_id > max_id:
+                        if h_wseq >= 0:
+                            marks.add(h_id, h_pos, h_wseq)
                         max_id = h_id
                     if self.first_fresh is None:
                         self.first_fresh = h_id
@@ -263,7 +278,7 @@ class Scan:
             if state == pad:
                 pos = RING_START
                 continue
-            held = (state, msg_id, size, pos, buf[off + 35] >= 56)  # top time digit 8-f: COPY_FLAG
+            held = (state, msg_id, size, pos, buf[off + 35] >= 56, wseq)  # top time digit 8-f: COPY_FLAG
             pos += size
         self.max_id = max_id
         self.acked += acked
@@ -275,7 +290,7 @@ class Scan:
         if held is not None:
             if odd:
                 return held[3]  # odd bytes after it: the checked path reads it again
-            self._count(*held)  # it ends where the checked path takes over
+            self._count(*held[:5])  # it ends where the checked path takes over
         return pos
 
     def _looks_torn(self, pos: int, expect: int) -> bool:

@@ -27,9 +27,14 @@ The invariants, from the crash model in the design notes:
 - the counts recovery reports are the messages a full read then finds;
 - with the replay steps (on unless --no-replay-steps): an ACK up to an id takes every
   message up to it at once (never delivered, held, or rdy again), its receipt is never
-  undone (the watermark never goes back), ids are never reused across crashes, and a
-  browse returns each message live in its range from its start to its end exactly
-  once, and nothing that is not live.
+  undone (the watermark never goes back), a crash at any point of the walk it starts
+  keeps all of it or none (each message it took that had to survive is back, or none
+  is), ids are never reused across crashes, and a browse returns each message live in
+  its range from its start to its end exactly once, and nothing that is not live. Walks
+  of the ring go in slices of one record, a few, or many (drawn per run, so crashes
+  and other steps fall between slices), and browses start at marks spaced from every
+  record to none; the log's live count may trail an ACK up to an id only while its
+  walk is under way.
 
 The replay steps draw from a random stream of their own, so a seed without them (the
 kept regression seeds) replays exactly as before they existed.
@@ -62,6 +67,7 @@ from typing import NoReturn
 from simdisk import CRASH_MODES, SECTOR, Crashed, SimDisk
 
 from curb.browse import Browse
+from curb.cursor import RECORD_WORK, SLICE_WORK
 from curb.log import LogCore, LogError, QueueFull, Record, TooLarge
 from curb.record import RING_START
 
@@ -260,6 +266,9 @@ class Sim:
         self.xrng = random.Random(f"replay steps of seed {seed}")
         self.id_floor = 0  # every id assigned so far, in this run or an earlier one, is at most this
         self.upto_durable = 0  # the highest watermark whose receipt came
+        # ACKs up to an id since the last restart: (id, the messages it took that had to
+        # survive a crash until then, rot epoch); a crash keeps all of them or none.
+        self.open_uptos: list[tuple[int, list[int], int]] = []
         self.steps = steps
         self.verbose = verbose
         self.out = out
@@ -361,13 +370,26 @@ class Sim:
         """A LogCore recovering from the disk, with faults off during recovery (a start-up
         that fails must be the log's doing, not an injected fault's) but maybe a crash in
         the middle of it, after which recovery starts over on what that crash left."""
+        slice_work, mark_spacing = SLICE_WORK, None
+        if self.replay_steps:
+            # Walks of the ring in slices of a record or a few (so that crashes and other
+            # steps come between them), or in one go; browses start at marks, or at the tail.
+            slice_work = self.xrng.choice((1, 3 * RECORD_WORK, 64 * RECORD_WORK, SLICE_WORK))
+            mark_spacing = self.xrng.choice((1, 200, 1 << 40))
         while True:
             disk = self.disk
             disk.write_eio = disk.sync_eio = 0.0
             if self.faults_on and self.rng.random() < self.cfg.recovery_crash:
                 disk.arm_crash(self.rng.randint(0, 4))
             try:
-                core = LogCore(disk, self.cfg.cap, max_payload=self.cfg.max_payload, clock=self.clock)
+                core = LogCore(
+                    disk,
+                    self.cfg.cap,
+                    max_payload=self.cfg.max_payload,
+                    clock=self.clock,
+                    slice_work=slice_work,
+                    mark_spacing=mark_spacing,
+                )
                 break
             except Crashed:
                 mode = self.rng.choice(CRASH_MODES)
@@ -380,8 +402,6 @@ class Sim:
         if self.faults_on:
             disk.write_eio, disk.sync_eio = self.cfg.write_eio, self.cfg.sync_eio
         core.on_fatal = self._on_fatal
-        if self.replay_steps:
-            core.mark_every = self.xrng.choice((1, 3, 1 << 20))  # browses start at marks, or at the tail
         rec = core.recovery
         self.trace("open: recovered %d messages, %d live bytes, torn %r", rec.messages, rec.live_bytes, rec.torn)
         return core
@@ -457,6 +477,7 @@ class Sim:
                 f"watermark {self.core.acked_upto} after restart, {self.upto_durable} was receipted",
             )
         found = self._drain_recovered()
+        self._check_uptos_whole({tag for _, tag in found})
         self._check_recovered(found)
         if self.rng.random() < 0.5:
             for rec, tag in found:
@@ -475,11 +496,43 @@ class Sim:
         self._check_counts(len(live), live_bytes)
 
     def _drain_recovered(self) -> list[tuple[Record, int]]:
-        found = []
-        while (rec := self.core.next_ready()) is not None:
-            tag = self.check_delivery(rec, recovering=True)
-            found.append((rec, tag))
-        return found
+        return [(rec, self.check_delivery(rec, recovering=True)) for rec in self._ready()]
+
+    def _ready(self) -> Iterator[Record]:
+        """Every message next_ready hands out, granting the log's walk its slices."""
+        core = self.core
+        while True:
+            rec = core.next_ready()
+            if rec is not None:
+                yield rec
+            elif core.walking:
+                core.flush()
+            else:
+                return
+
+    def _check_uptos_whole(self, found: set[int]) -> None:
+        """An ACK up to an id that a crash interrupted (in any slice of its walk) took all
+        of its messages, if the watermark survived, or none: each that had to survive
+        the crash before it is back."""
+        watermark = self.core.acked_upto
+        for upto, survivors, epoch in self.open_uptos:
+            if epoch != self.rot_epoch:
+                continue
+            if watermark >= upto:
+                back = [tag for tag in survivors if tag in found]
+                if back:
+                    self.fail(
+                        "ACK up to an id partly undone", f"watermark {watermark} >= {upto}, yet #{back[0]} is back"
+                    )
+            else:
+                lost = [tag for tag in survivors if tag not in found and not self.messages[tag].acked_durable]
+                if lost:
+                    self.fail(
+                        "ACK up to an id partly durable",
+                        f"watermark {watermark} < {upto}, yet #{lost[0]} (id {self.messages[lost[0]].id}) "
+                        f"and {len(lost) - 1} more it took are gone",
+                    )
+        self.open_uptos.clear()
 
     def _check_recovered(self, found: list[tuple[Record, int]]) -> None:
         tags = {tag for _, tag in found}
@@ -613,7 +666,9 @@ class Sim:
         or the log's count once a disk fault refused appends the model cannot see or rot
         made recovery's count an estimate."""
         core = self.core
-        exact = self.exact and not self.rot_epoch and self.disk.faults == self.disk_faults
+        # While a walk is under way the log counts the messages an ACK up to an id took
+        # until the walk passes them (`check_step`): the log's own count is the one to use.
+        exact = self.exact and not self.rot_epoch and self.disk.faults == self.disk_faults and not core.walking
         live = self.live_bytes if exact else core.live_bytes
         ahead, headroom, capacity = core.ahead_dead_bytes, core.headroom(size), core.capacity
         if live + ahead + size + headroom <= capacity:
@@ -733,6 +788,8 @@ class Sim:
         last = core.last_id
         upto = rng.choice((rng.randint(0, last), last, core.acked_upto, rng.randint(max(0, last - 5), last)))
         covered = [tag for tag in self.live if (self.messages[tag].id or 0) <= upto]
+        survivors = [tag for tag in covered if self.messages[tag].must_survive()]
+        self.open_uptos.append((upto, survivors, self.rot_epoch))
         for tag in covered:
             self.messages[tag].acked_unconfirmed = True
             self.live_bytes -= self.live.pop(tag)
@@ -891,7 +948,16 @@ class Sim:
             self.fail("file past the cap", f"size {size}, cap {self.cfg.cap}, end {self.core.end}")
         if self.disk.faults != self.disk_faults:
             self.exact = False
-        if self.exact and not self.rot_epoch and self.fatal is None and self.core.live_bytes != self.live_bytes:
+        # A walk in slices uncounts the messages an ACK up to an id took as it passes
+        # them: until it is done the log may count more than the model, never less.
+        walking = self.core.walking and self.core.live_bytes > self.live_bytes
+        if (
+            self.exact
+            and not self.rot_epoch
+            and self.fatal is None
+            and self.core.live_bytes != self.live_bytes
+            and not walking
+        ):
             gap = self.core.live_bytes - self.live_bytes
             self.fail(
                 "live bytes",
@@ -922,7 +988,7 @@ class Sim:
         self._ask_durable()
         self.settle(SETTLE_ROUNDS)
         self.check_step()
-        while (rec := self.core.next_ready()) is not None:
+        for rec in self._ready():
             self.check_delivery(rec)
         self.core.flush()
         self.core.sync()
