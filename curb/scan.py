@@ -264,7 +264,7 @@ class Scan:
                     self._count(h_state, h_id, h_size, h_pos, True)
                 else:
                     if h_id > max_id:
-                        if h_wseq >= 0:
+                        if h_wseq >= 0 and marks.due(h_pos):  # (the record before may have taken it)
                             marks.add(h_id, h_pos, h_wseq)
                         max_id = h_id
                     if self.first_fresh is None:
