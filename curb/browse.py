@@ -17,10 +17,10 @@ Invariants:
   the log calls `freed` and the browse moves to the new tail (everything in between
   was dead when that checkpoint was taken). Its window is dropped then and at every pad.
 - A browse may start at a later record than the logical tail (`start_at`, the log's
-  choice: an original of this run whose id is at most from_id). Nothing in range lies
-  before it: every original before it has a lower id, and so has every copy before it
-  (a copy follows its original, and copies recovery found are of messages older than
-  any written in this run).
+  choice: a mark, curb.marks, an original whose id is at most from_id, written in this
+  run or found by recovery). Nothing in range lies before it: every original before it
+  has a lower id, and so has every copy before it (a copy is written after its
+  original, so it is of a message with a lower id than any original written after it).
 - Originals (records that are not copies) are written in id order, so once the browse
   reads an original above to_id, the only live messages left in range are held ones
   (in memory: the cursor's `behind` and `ahead`) and copies recovery found (`last`):
