@@ -499,16 +499,22 @@ class Sim:
         return [(rec, self.check_delivery(rec, recovering=True)) for rec in self._ready()]
 
     def _ready(self) -> Iterator[Record]:
-        """Every message next_ready hands out, granting the log's walk its slices."""
+        """Every message next_ready hands out, granting the log's walk its slices; a
+        walk that goes on for more slices than the ring has records is stuck."""
         core = self.core
+        slices = 0
         while True:
             rec = core.next_ready()
             if rec is not None:
+                slices = 0
                 yield rec
-            elif core.walking:
-                core.flush()
-            else:
+            elif not core.walking:
                 return
+            elif slices > core.capacity // RECORD_OVERHEAD:
+                self.fail("walk makes no progress", f"{slices} slices without a message handed out")
+            else:
+                slices += 1
+                core.flush()
 
     def _check_uptos_whole(self, found: set[int]) -> None:
         """An ACK up to an id that a crash interrupted (in any slice of its walk) took all
