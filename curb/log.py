@@ -46,7 +46,7 @@ Invariants, each kept in one place:
   within the live region's span, but read by no one).
 - No call holds the event loop for long: every walk of the ring (the cursor passing
   dead records, after an ACK up to an id or before a delivery, and a browse) does at
-  most `slice_work` of reading (curb.cursor's SLICE_WORK, about 5 ms) per call, and goes
+  most `slice_work` of reading (curb.cursor's SLICE_WORK, a millisecond or two) per call, and goes
   on in the next slice: the cursor's at the next `flush` (which it asks for when it
   stalls), a browse's at its next step. Nothing durable waits for a walk: an ACK up to
   an id is durable once a synced checkpoint carries its watermark, walked or not.
