@@ -28,9 +28,11 @@ def browse(client: Client, first: int, last: int) -> Iterator[Frame]:
         yield frame
 
 
-def first_live_id(client: Client, last: int) -> int | None:
-    """The id of the first live message (in log order) with id <= `last`, None if there is none.
-    Stops reading there: the caller must close this connection, which still has a browse running."""
-    for frame in browse(client, 1, last):
+def first_live_id(client: Client, after: int, last: int) -> int | None:
+    """The id of the first live message (in log order) with `after` < id <= `last`, None if there
+    is none. Every live id in (after, that id) is one compaction moved behind it. Stops reading
+    there: the caller must close this connection, which still has a browse running (an
+    UNSUBSCRIBE could cross the browse's end marker, and one for an ended browse is an ERROR)."""
+    for frame in browse(client, after + 1, last):
         return int(frame.headers["message-id"])
     return None

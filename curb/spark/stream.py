@@ -5,11 +5,12 @@ Message ids only grow and are never reused, so a batch is the id range (start, e
 endpoint, fixed when the driver plans it:
 
 - `latestOffset` asks each endpoint for its highest id (a browse that returns only its end
-  marker), at most `maxRowsPerBatch` ids past the start, and at most what was there when an
-  availableNow run began.
-- `partitions` cuts each range into spans of `rowsPerPartition` ids, and `read` runs on the
-  executors: each task opens its own connection and browses its span. A browse changes
-  nothing in the broker, so a batch replayed after a failure reads exactly the same rows.
+  marker), at most what was there when an availableNow run began, and at most
+  `maxRowsPerBatch` ids past the first live one after the start.
+- `partitions` cuts each range into spans of `rowsPerPartition` ids from the first live one
+  on, the first span reaching down to the start, and `read` runs on the executors: each task
+  opens its own connection and browses its span. A browse changes nothing in the broker, so
+  a batch replayed after a failure reads exactly the same rows.
 - `commit(end)` acknowledges every message up to `end` (`ACK curb-upto`) and waits for the
   receipt: only then are they gone, and only once Spark has the batch in its commit log.
   Spark asks for the next batch from a committed offset only, so `latestOffset` acknowledges
@@ -18,8 +19,15 @@ endpoint, fixed when the driver plans it:
 The rule this needs: the query is the only consumer of those brokers. Messages another
 consumer acknowledges before a batch reads them are not in the batch (at most once for
 them); a message cannot appear in a range already planned, since new messages get higher ids.
-A new query starts just before the lowest live id (a binary search by browse), so it reads
-what is queued; an endpoint added to an existing query joins at its highest id (later messages).
+A new query starts before every id, so it reads what is queued; an endpoint added to an
+existing query joins at its highest id (later messages). An endpoint whose highest id is below
+the query's offset (its log replaced) fails the query: its ids no longer mean what was read.
+
+Ids have gaps (a restart after a crash skips 65,536; messages acknowledged), so where a range
+is longer than a batch or a partition, one browse from its start, stopped at its first message,
+says where the live ids begin: a gap of any size costs one request, not empty batches or tasks.
+The first message a browse lists is the lowest live id but for ones compaction moved behind it,
+which lie in (start, first] and so stay in the first span.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from curb.client import Client
 from curb.spark.browse import BROKER_HEADERS, browse, first_live_id
-from curb.spark.connection import EndpointLost, Link, reporting
+from curb.spark.connection import EndpointError, EndpointLost, Link, reporting
 from curb.spark.options import MAX_ROWS_NONE, Endpoint, SourceOptions
 from curb.spark.schema import MESSAGE_SCHEMA, ROWS_PER_BATCH, record_batch
 
@@ -47,9 +55,14 @@ class IdSpan(InputPartition):
     last: int
 
 
-def spans(endpoint: Endpoint, after: int, last: int, size: int) -> list[IdSpan]:
-    """(after, last] cut into consecutive spans of at most `size` ids."""
-    return [IdSpan(endpoint, start, min(start + size, last)) for start in range(after, last, size)]
+def spans(endpoint: Endpoint, after: int, skip: int, last: int, size: int) -> list[IdSpan]:
+    """(after, last] to read: spans of at most `size` ids cut from `skip` (just below the first
+    live id) on, the first reaching down to `after` for the live ids compaction moved behind
+    that one; none when `skip` is `last` (nothing live)."""
+    cut = [IdSpan(endpoint, start, min(start + size, last)) for start in range(skip, last, size)]
+    if cut:
+        cut[0] = IdSpan(endpoint, after, cut[0].last)
+    return cut
 
 
 class CurbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -58,13 +71,15 @@ class CurbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._links: dict[str, Link] = {}  # driver side, opened on first use
         self._acked: dict[str, int] = {}  # per endpoint, the highest id acknowledged by this process
         self._available_now: dict[str, int] | None = None  # the highest ids when an availableNow run began
+        self._first_live: dict[str, tuple[int, int]] = {}  # per endpoint, (after, the first live id after it)
 
     def __getstate__(self) -> dict:
         """Executors and Spark's planner get the options only, never the driver's connections."""
-        return {"options": self.options, "_links": {}, "_acked": {}, "_available_now": None}
+        return {"options": self.options, "_links": {}, "_acked": {}, "_available_now": None, "_first_live": {}}
 
     def initialOffset(self) -> dict:
-        return {endpoint.label: self._before_lowest_live(endpoint) for endpoint in self.options.endpoints}
+        """Before every id: the first batch skips to the live ones (`latestOffset`, `partitions`)."""
+        return {endpoint.label: 0 for endpoint in self.options.endpoints}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_rows_per_batch == MAX_ROWS_NONE:
@@ -75,31 +90,38 @@ class CurbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now = {endpoint.label: self._highest(endpoint) for endpoint in self.options.endpoints}
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        highest = {
+            endpoint.label: self._highest(endpoint, start.get(endpoint.label)) for endpoint in self.options.endpoints
+        }
         self._acknowledge(start)
         per_endpoint = None
         if isinstance(limit, ReadMaxRows):
             per_endpoint = max(1, limit.max_rows // len(self.options.endpoints))
         end = {}
         for endpoint in self.options.endpoints:
-            highest = self._highest(endpoint)
+            last = highest[endpoint.label]
             if self._available_now is not None:
-                highest = min(highest, self._available_now[endpoint.label])
-            if endpoint.label not in start:
-                end[endpoint.label] = highest
-                continue
-            first = start[endpoint.label]
-            if per_endpoint is not None:
-                highest = min(highest, first + per_endpoint)
-            end[endpoint.label] = max(first, highest)
+                last = min(last, self._available_now[endpoint.label])
+            first = start.get(endpoint.label)
+            if first is not None and per_endpoint is not None and last - first > per_endpoint:
+                live = self._first_live_after(endpoint, first, last)
+                if live is not None:
+                    last = min(last, live - 1 + per_endpoint)
+            end[endpoint.label] = last if first is None else max(first, last)
         return end
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        size = self.options.rows_per_partition
         planned: list[InputPartition] = []
         for endpoint in self.options.endpoints:
             last = end.get(endpoint.label)
             if last is None:
                 continue
-            planned += spans(endpoint, start.get(endpoint.label, last), last, self.options.rows_per_partition)
+            after = skip = start.get(endpoint.label, last)
+            if last - after > size:
+                live = self._first_live_after(endpoint, after, last)
+                skip = last if live is None else live - 1
+            planned += spans(endpoint, after, skip, last, size)
         return planned
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -126,12 +148,21 @@ class CurbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
         return link
 
-    def _highest(self, endpoint: Endpoint) -> int:
+    def _highest(self, endpoint: Endpoint, offset: int | None = None) -> int:
+        """The endpoint's highest message id; EndpointError if it is below `offset`, this query's."""
+
         def ask(client: Client) -> int:
             with reporting(endpoint, "asking for the highest message id"):
                 return client.last_id()
 
-        return self._link(endpoint).run(ask)
+        highest = self._link(endpoint).run(ask)
+        if offset is not None and highest < offset:
+            raise EndpointError(
+                f"curb endpoint {endpoint.label}: its highest message id is {highest}, below this query's "
+                f"offset {offset}: its log was replaced or reset, so its ids are not the ones this query "
+                "read; restore that log, or read this one with a new query (a new checkpointLocation)"
+            )
+        return highest
 
     def _acknowledge(self, offset: dict) -> None:
         """ACK every message up to `offset` on each endpoint it moves past what this process acknowledged."""
@@ -149,34 +180,25 @@ class CurbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._link(endpoint).run(ack)
             self._acked[endpoint.label] = last
 
-    def _before_lowest_live(self, endpoint: Endpoint) -> int:
-        """The id just below the lowest live message (the highest id if none is live).
-
-        A browse lists messages in log order, which is id order except where compaction moved
-        a message, so the first one listed is only an upper bound: a binary search narrows
-        (no live id <= low, a live id at high) with browses that stop at their first message."""
+    def _first_live_after(self, endpoint: Endpoint, after: int, last: int) -> int | None:
+        """The first live id a browse of (after, last] lists, None if there is none; one browse,
+        whose answer the same batch's `partitions` reuses."""
+        known = self._first_live.get(endpoint.label)
+        if known is not None and known[0] == after and known[1] <= last:
+            return known[1]
         link = self._link(endpoint)
-        high = self._highest(endpoint)
 
-        def first_at_most(last: int) -> int | None:
-            def probe(client: Client) -> int | None:
-                with reporting(endpoint, "looking for the lowest live message id"):
-                    return first_live_id(client, last)
+        def probe(client: Client) -> int | None:
+            with reporting(endpoint, f"looking for the first live message id after {after}"):
+                return first_live_id(client, after, last)
 
-            try:
-                return link.run(probe)
-            finally:
-                link.close()  # the browse is still streaming: this connection is done
-
-        found = first_at_most(high) if high else None
-        if found is None:
-            return high
-        low, high = 0, found
-        while high - low > 1:
-            middle = (low + high) // 2
-            found = first_at_most(middle)
-            low, high = (middle, high) if found is None else (low, found)
-        return high - 1
+        try:
+            found = link.run(probe)
+        finally:
+            link.close()  # the browse is still streaming: this connection is done
+        if found is not None:
+            self._first_live[endpoint.label] = (after, found)
+        return found
 
 
 def _browse_span(link: Link, span: IdSpan) -> Iterator[pa.RecordBatch]:

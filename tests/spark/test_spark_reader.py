@@ -47,17 +47,25 @@ def rows(reader: CurbStreamReader, start: dict, end: dict) -> list[tuple[str, in
 
 
 @pytest.mark.parametrize(
-    "after, last, size, expected",
+    "after, skip, last, size, expected",
     [
-        (0, 0, 10, []),
-        (0, 10, 10, [(0, 10)]),
-        (0, 25, 10, [(0, 10), (10, 20), (20, 25)]),
-        (7, 8, 10, [(7, 8)]),
+        (0, 0, 0, 10, []),
+        (0, 0, 10, 10, [(0, 10)]),
+        (0, 0, 25, 10, [(0, 10), (10, 20), (20, 25)]),
+        (7, 7, 8, 10, [(7, 8)]),
+        (0, 65_540, 65_560, 10, [(0, 65_550), (65_550, 65_560)]),
+        (5, 30, 30, 10, []),
     ],
 )
-def test_a_range_is_cut_into_spans(after, last, size, expected):
+def test_a_range_is_cut_into_spans_from_its_first_live_id(after, skip, last, size, expected):
     endpoint = parse_source({"endpoints": "h:1"}).endpoints[0]
-    assert [(span.after, span.last) for span in spans(endpoint, after, last, size)] == expected
+    assert [(span.after, span.last) for span in spans(endpoint, after, skip, last, size)] == expected
+
+
+def probes(broker: FakeBroker) -> list[tuple[int, int]]:
+    """The browses that were not asking for the highest id (those start above every id): before
+    any span is read, the driver's probes for the first live id."""
+    return [(first, last) for first, last in broker.browses if first < 1 << 62]
 
 
 @pytest.mark.parametrize(
@@ -66,17 +74,28 @@ def test_a_range_is_cut_into_spans(after, last, size, expected):
     ids=["ascending", "descending", "shuffled"],
 )
 @pytest.mark.parametrize("acked", [0, 1, 37, 99, 100])
-def test_a_new_query_starts_just_below_the_lowest_live_id(fakes, order, acked):
+def test_a_new_query_finds_its_start_in_one_browse_and_reads_every_live_message(fakes, order, acked):
+    """However far up the live ids begin, and in whatever order compaction left them."""
     broker = fake(fakes, order)
-    broker.add(100)
-    for number in range(1, acked + 1):
+    broker.highest = 1_000_000  # ids below were acknowledged long ago
+    ids = broker.add(100)
+    for number in ids[:acked]:
         del broker.messages[number]
-    assert reader_for(broker).initialOffset() == {broker.endpoint: min(acked, 100) if acked < 100 else 100}
+    reader = reader_for(broker, rowsPerPartition="10")
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end == {broker.endpoint: 1_000_100}
+    assert len(reader.partitions(start, end)) <= 11
+    assert len(probes(broker)) == 1, "finding where the live ids begin takes one browse"
+    assert sorted(seq for _, seq, _ in rows(reader, start, end)) == ids[acked:]
 
 
 def test_an_empty_broker_starts_at_zero(fakes):
     broker = fake(fakes)
-    assert reader_for(broker).initialOffset() == {broker.endpoint: 0}
+    reader = reader_for(broker)
+    start = reader.initialOffset()
+    assert start == {broker.endpoint: 0}
+    assert reader.latestOffset(start, ReadAllAvailable()) == start
 
 
 def test_a_batch_covers_up_to_the_highest_id_and_replays_the_same_rows(fakes):
@@ -128,6 +147,53 @@ def test_max_rows_per_batch_limits_each_endpoint(fakes):
     start = reader.initialOffset()
     assert reader.latestOffset(start, ReadMaxRows(20)) == {a.endpoint: 10, b.endpoint: 3}
     assert reader.latestOffset(start, ReadAllAvailable()) == {a.endpoint: 50, b.endpoint: 3}
+
+
+@pytest.mark.parametrize("gap", [65_536, 10**12])
+def test_a_gap_in_the_ids_costs_one_batch_not_one_per_max_rows(fakes, gap):
+    """A restart after a crash moves ids up by 65,536: the batch after it reaches the next live id."""
+    broker = fake(fakes)
+    broker.add(5)
+    broker.highest += gap
+    after_gap = broker.add(3)
+    reader = reader_for(broker, maxRowsPerBatch="2", rowsPerPartition="10")
+    limit = reader.getDefaultReadLimit()
+    start = {broker.endpoint: 5}
+    end = reader.latestOffset(start, limit)
+    assert end == {broker.endpoint: after_gap[1]}
+    assert len(reader.partitions(start, end)) == 1
+    assert len(probes(broker)) == 1, "partitions reuse the probe latestOffset made"
+    assert [seq for _, seq, _ in rows(reader, start, end)] == after_gap[:2]
+    assert reader.latestOffset(end, limit) == {broker.endpoint: after_gap[2]}
+
+
+def test_a_range_with_nothing_live_gets_no_partitions(fakes):
+    broker = fake(fakes)
+    broker.highest = 100_000
+    reader = reader_for(broker, rowsPerPartition="10")
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    assert end == {broker.endpoint: 100_000}
+    assert reader.partitions(start, end) == []
+
+
+def test_an_endpoint_whose_ids_went_backwards_fails_with_one_line_naming_it(fakes):
+    """Its log replaced under a running query: the highest id is below the offset it committed."""
+    broker = fake(fakes)
+    broker.add(500)
+    reader = reader_for(broker)
+    end = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    reader.commit(end)
+    broker.highest = 0  # a new, empty log
+    broker.add(10)
+    with pytest.raises(EndpointError) as raised:
+        reader.latestOffset(end, ReadAllAvailable())
+    message = str(raised.value)
+    assert message.startswith(
+        f"curb endpoint {broker.endpoint}: its highest message id is 10, below this query's offset 500"
+    )
+    assert "\n" not in message
+    assert sorted(broker.messages) == list(range(1, 11)), "nothing of the new log is acknowledged"
 
 
 def test_available_now_stops_at_what_was_there_when_it_began(fakes):
@@ -184,7 +250,7 @@ def test_an_endpoint_that_stays_away_fails_with_one_line_naming_it(fakes):
     reader = reader_for(broker, reconnectTimeout="1")
     broker.close()
     with pytest.raises(EndpointError) as raised:
-        reader.initialOffset()
+        reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
     message = str(raised.value)
     assert message.startswith(f"curb endpoint {broker.endpoint}: unreachable for 1 s (option 'reconnectTimeout')")
     assert "\n" not in message

@@ -140,6 +140,55 @@ def test_a_restarted_broker_costs_a_reconnect_not_the_query(spark, brokers, tmp_
     assert sorted(row.body for row in rows) == sorted(bodies("a", 50) + bodies("b", 50))
 
 
+def planned_batches(checkpoint: Path) -> int:
+    return len(list((checkpoint / "offsets").glob("[0-9]*")))
+
+
+def test_after_a_broker_crash_a_new_message_waits_for_no_empty_batches(spark, brokers, tmp_path):
+    """A broker killed with -9 resumes its ids 65,536 higher; with maxRowsPerBatch 100 a source
+    stepping by ids would plan 656 empty batches before reaching what was sent after the restart."""
+    a = brokers[0]
+    checkpoint = tmp_path / "checkpoint"
+    a.send(bodies("a", 5))
+    query = start_job(spark, a.endpoint, checkpoint, tmp_path / "sink", options={"maxRowsPerBatch": "100"})
+    try:
+        wait_until(lambda: a.is_empty(), "the query to consume the queue")
+        a.kill()
+        a.start()
+        time.sleep(1)  # the query may plan a batch of the gap alone meanwhile
+        before = planned_batches(checkpoint)
+        a.send(bodies("b", 3))
+        wait_until(lambda: a.is_empty() or planned_batches(checkpoint) > before + 20, "the new messages or 20 batches")
+        assert a.is_empty() and planned_batches(checkpoint) <= before + 2, (
+            f"{planned_batches(checkpoint) - before} batches to reach the messages sent after the restart"
+        )
+    finally:
+        query.stop()
+    rows = parquet_rows(spark, tmp_path / "sink")
+    assert sorted(row.body for row in rows) == sorted(bodies("a", 5) + bodies("b", 3))
+
+
+def test_a_broker_whose_log_was_replaced_fails_the_query_naming_it(spark, brokers, tmp_path):
+    """Its ids start again from 1, below what the query has committed: no silent empty batches."""
+    a = brokers[0]
+    a.send(bodies("a", 20))
+    query = start_job(spark, a.endpoint, tmp_path / "checkpoint", tmp_path / "sink")
+    try:
+        wait_until(lambda: a.is_empty(), "the query to consume the queue")
+        a.stop()
+        a.log.unlink()
+        a.start()
+        a.send(bodies("b", 3))
+        expected = (
+            rf"curb endpoint {re.escape(a.endpoint)}: its highest message id is \d+, below this query's offset 20"
+        )
+        with pytest.raises(StreamingQueryException, match=expected):
+            query.awaitTermination(60)
+    finally:
+        query.stop()
+    assert len(a.drain()) == 3, "the new log's messages are left alone"
+
+
 def test_a_broker_that_stays_away_fails_the_query_naming_it(spark, brokers, tmp_path):
     a = brokers[0]
     a.send(bodies("a", 10))
