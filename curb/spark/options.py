@@ -1,9 +1,11 @@
 """Options of the `curb` Spark format, parsed and checked before any connection is made.
 
-Spark hands options over as a case-insensitive map of strings. Every mistake becomes an
-`OptionError` whose one-line message names the option and what it accepts, so a query fails
-at `load()` (or when the writer is made) instead of with a connection error later. An option
-the chosen mode does not know is a mistake too: a typo must not run with defaults.
+Spark hands options over as a case-insensitive map of strings, with names lower-cased. Every
+mistake becomes an `OptionError` whose one-line message names the option (as the README
+spells it, when it is one Curb knows) and what it accepts, so a query fails at `load()` (or
+when the writer is made) instead of with a connection error later. An option the chosen mode
+does not know is a mistake too: a typo must not run with defaults, and an option of an older
+source names what took its place.
 """
 
 from __future__ import annotations
@@ -26,6 +28,16 @@ SOURCE_OPTIONS = (*CONNECTION_OPTIONS, "reconnectTimeout", "maxRowsPerBatch", "r
 SINK_OPTIONS = (*CONNECTION_OPTIONS, "window", "key")
 # What Spark itself may add to a data source's options.
 SPARK_OPTIONS = ("path", "paths", "checkpointLocation")
+# Options of the source before it read by browse, lower-cased: how they were spelled, and what now.
+REMOVED_SOURCE_OPTIONS = {
+    "batchsize": ("batchSize", "use 'maxRowsPerBatch' instead (the most rows a micro-batch takes from each endpoint)"),
+    "prefetch": ("prefetch", "remove it: the source reads by browse and holds no messages ahead"),
+    "pollms": ("pollMs", "remove it: the query's trigger sets how often it asks (trigger(processingTime=...))"),
+}
+# Spark passes names lower-cased; errors spell them as the README does.
+SPELLINGS = {name.lower(): name for name in (*SOURCE_OPTIONS, *SINK_OPTIONS, *SPARK_OPTIONS)} | {
+    key: spelling for key, (spelling, _) in REMOVED_SOURCE_OPTIONS.items()
+}
 
 
 class OptionError(ValueError):
@@ -100,7 +112,7 @@ def parse_endpoints(options: Mapping[str, str]) -> tuple[Endpoint, ...]:
 
 
 def parse_source(options: Mapping[str, str]) -> SourceOptions:
-    lowered = _known(options, SOURCE_OPTIONS, "a streaming read (spark.readStream)")
+    lowered = _known(options, SOURCE_OPTIONS, "a streaming read (spark.readStream)", REMOVED_SOURCE_OPTIONS)
     max_rows = _int(lowered, "maxRowsPerBatch", MAX_ROWS_NONE)
     if max_rows < 0:
         raise OptionError(
@@ -144,14 +156,22 @@ def parse_paths(options: Mapping[str, str]) -> list[str]:
     return paths
 
 
-def _known(options: Mapping[str, str], names: tuple[str, ...], mode: str) -> dict[str, str]:
-    """The options lower-cased, once every name is one `mode` knows; OptionError naming the first stranger."""
+def _known(
+    options: Mapping[str, str], names: tuple[str, ...], mode: str, removed: Mapping[str, tuple[str, str]] = {}
+) -> dict[str, str]:
+    """The options lower-cased, once every name is one `mode` knows; OptionError naming the first
+    stranger, and for one in `removed` what to do instead."""
     lowered = _lowered(options)
     allowed = {name.lower() for name in (*names, *SPARK_OPTIONS)}
     for name in options:
-        if name.lower() not in allowed:
-            listed = ", ".join(names) if names else "none but the path"
-            raise OptionError(f"curb option {name!r} is unknown for {mode}; the options are: {listed}")
+        key = name.lower()
+        if key in allowed:
+            continue
+        if key in removed:
+            spelling, instead = removed[key]
+            raise OptionError(f"curb option {spelling!r} was removed: {instead}")
+        listed = ", ".join(names) if names else "none but the path"
+        raise OptionError(f"curb option {SPELLINGS.get(key, name)!r} is unknown for {mode}; the options are: {listed}")
     return lowered
 
 

@@ -91,7 +91,6 @@ def test_bad_source_numbers_name_the_option(name, value, fragment):
             "batch_size",
             "endpoints, login, passcode, heartbeat, timeout, reconnectTimeout, maxRowsPerBatch",
         ),
-        (parse_source, "batchSize", "rowsPerPartition"),
         (parse_source, "window", "maxRowsPerBatch"),
         (parse_sink, "maxRowsPerBatch", "endpoints, login, passcode, heartbeat, timeout, window, key"),
         (parse_paths, "batchSize", "none but the path"),
@@ -105,6 +104,28 @@ def test_an_unknown_option_is_refused_naming_the_allowed_ones(parse, name, allow
     message = str(raised.value)
     assert message.startswith(f"curb option {name!r} is unknown")
     assert allowed in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("batchsize", "curb option 'batchSize' was removed: use 'maxRowsPerBatch' instead"),
+        ("PREFETCH", "curb option 'prefetch' was removed: remove it: the source reads by browse"),
+        ("pollms", "curb option 'pollMs' was removed: remove it: the query's trigger sets how often"),
+    ],
+)
+def test_a_removed_option_is_spelled_as_documented_and_names_what_took_its_place(name, expected):
+    """Spark lower-cases option names before the source sees them."""
+    with pytest.raises(OptionError) as raised:
+        parse_source({"endpoints": "h:1", name: "1000"})
+    assert str(raised.value).startswith(expected)
+
+
+def test_an_option_of_the_other_mode_is_spelled_as_documented():
+    with pytest.raises(OptionError, match=r"^curb option 'maxRowsPerBatch' is unknown for a write"):
+        parse_sink({"endpoints": "h:1", "maxrowsperbatch": "10"})
+    with pytest.raises(OptionError, match=r"^curb option 'batchSize' is unknown for a write"):
+        parse_sink({"endpoints": "h:1", "batchsize": "10"})
 
 
 def test_sink_options():

@@ -226,6 +226,10 @@ def test_with_heartbeat_a_frozen_broker_fails_the_query(spark, tmp_path):
         ({"endpoints": "localhost"}, "curb option 'endpoints': 'localhost' is not HOST:PORT"),
         ({"endpoints": "127.0.0.1:1", "batch_size": "abc"}, "curb option 'batch_size' is unknown"),
         ({"endpoints": "127.0.0.1:1", "maxRowsPerBatch": "lots"}, "option 'maxRowsPerBatch' must be an integer"),
+        (
+            {"endpoints": "127.0.0.1:1", "batchSize": "1000"},
+            "curb option 'batchSize' was removed: use 'maxRowsPerBatch'",
+        ),
     ],
 )
 def test_bad_options_fail_at_load_in_a_short_message(spark, options, fragment):
