@@ -1,4 +1,4 @@
-"""Curb for Apache Spark (`pip install curb[spark]`): a PySpark data source named `curb`.
+"""Curb for Apache Spark (`pip install '.[spark]'` in a checkout): a PySpark data source named `curb`.
 
 from curb.spark import CurbDataSource
 spark.dataSource.register(CurbDataSource)

@@ -20,10 +20,11 @@ from curb.spawn import BrokerProcess
 STARTUP_S = 30.0
 
 
-def local_spark(app: str, cores: int = 2) -> SparkSession:
-    """A local[cores] session on 127.0.0.1 without web UI or progress bars; Python workers use this interpreter."""
+def local_spark(app: str, cores: int = 2, workers_python: str = sys.executable) -> SparkSession:
+    """A local[cores] session on 127.0.0.1 without web UI or progress bars; Python workers run
+    `workers_python` (this interpreter unless told: it has Curb)."""
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_PYTHON"] = workers_python
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     spark = (
         SparkSession.builder.master(f"local[{cores}]")

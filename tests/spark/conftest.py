@@ -13,8 +13,8 @@ import pytest
 
 from curb.frame import Frame
 
-pytest.importorskip("pyspark", reason="PySpark is not installed (pip install 'curb[spark]')")
-pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install 'curb[spark]')")
+pytest.importorskip("pyspark", reason="PySpark is not installed (pip install '.[spark]' in the checkout)")
+pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install '.[spark]' in the checkout)")
 if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
     pytest.skip("Java is not installed: PySpark needs a JVM (Java 17 or later)", allow_module_level=True)
 
