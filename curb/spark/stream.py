@@ -27,7 +27,7 @@ Ids have gaps (a restart after a crash skips 65,536; messages acknowledged), so 
 is longer than a batch or a partition, one browse from its start, stopped at its first message,
 says where the live ids begin: a gap of any size costs one request, not empty batches or tasks.
 The first message a browse lists is the lowest live id but for ones compaction moved behind it,
-which lie in (start, first] and so stay in the first span.
+which lie in (start, first) and so stay in the first span.
 """
 
 from __future__ import annotations
