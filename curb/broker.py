@@ -84,7 +84,7 @@ class Store(Protocol):
     def browse(self, from_id: int, to_id: int) -> Browse: ...
     def end_browse(self, browse: Browse) -> None: ...
     def on_durable(self, done: Done) -> None: ...
-    def payload(self, rec: Record) -> bytes: ...
+    def payload(self, rec: Record) -> bytes | memoryview: ...
     def next_ready(self) -> Record | None: ...
     def flush(self) -> None: ...
 
@@ -155,6 +155,7 @@ class Broker:
         self._pumping = False
         self._pump_wanted = False
         self._dirty: list[Session] = []
+        self._flushing = False  # in flush_out, which pumps after the sessions' output
         self._in_frames = False  # between before_frames and after_frames: flush_out follows
         self._browsing: set[Session] = set()
         self._browse_scheduled = False
@@ -255,7 +256,10 @@ class Broker:
             self.queue.ack(session, rec.id)
             self.log.ack(rec)
         self.metrics.delivered += len(records)
-        self._pump_wanted = True
+        if not self._pump_wanted:
+            self._pump_wanted = True
+            if not self._flushing:  # a transport that drained took it: pump in this pass
+                self.schedule(0, self.flush_out)
 
     def set_writable(self, session: Session, writable: bool) -> None:
         """Back-pressure: a session whose transport is full gets no more messages."""
@@ -406,18 +410,19 @@ class Broker:
     # ---------------------------------------------------------------- delivery and output
 
     def pump(self) -> None:
-        """Hand out every message that some subscription has credit for. Handing the
-        messages to their sessions changes no credit, so one pass of the queue takes all
-        there is; a pump called from within that pass is skipped, so that each session
-        gets its messages in the queue's order."""
+        """Hand out messages, one at a time, while some subscription has credit and its
+        session can take output: a session stops taking once its unsent output passes
+        its bound (curb.session), so a pass makes at most about that much per
+        connection, whatever the prefetch or the message size. A pump called from within
+        a pass is skipped, so that each session gets its messages in the queue's order."""
         queue = self.queue
         if queue.has_credit() and not self._pumping:
             self._pumping = True
+            delivered = redelivered = 0
             try:
-                batch = queue.deliver()
-                delivered = redelivered = 0
                 log = self.log
-                for sub, rec in batch:
+                while (got := queue.next_delivery()) is not None:
+                    sub, rec = got
                     log.delivered(rec)
                     sub.conn.deliver(sub, rec, log.payload(rec))
                     if sub.ack_mode != "auto":
@@ -426,7 +431,6 @@ class Broker:
                         redelivered += 1
             finally:
                 self._pumping = False
-            if batch:
                 self.metrics.delivered += delivered
                 self.metrics.redelivered += redelivered
         if self._counters:
@@ -480,8 +484,12 @@ class Broker:
 
     def flush_out(self) -> None:
         dirty, self._dirty = self._dirty, []
-        for session in dirty:
-            session.on_output()
+        self._flushing = True
+        try:
+            for session in dirty:
+                session.output_due()
+        finally:
+            self._flushing = False
         if self._pump_wanted:
             self._pump_wanted = False
             self.pump()

@@ -44,6 +44,9 @@ from collections.abc import Callable
 from curb.reader import RecordReader
 from curb.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD
 
+# A payload up to this size stays with its record while the message is held (for
+# redelivery and compaction); a larger one only from its read or write until its
+# delivery takes it (Log.payload), so that messages in flight do not pin their bytes.
 KEEP_PAYLOAD = 64 * 1024
 FRESH_BYTES = 1 << 20
 # The work of one slice of reading the ring: bytes read, plus RECORD_WORK for each record
@@ -67,7 +70,7 @@ class Record:
         size: int,
         deliveries: int,
         timestamp_ms: int,
-        payload: bytes | None,
+        payload: bytes | memoryview | None,
         wseq: int = 0,
     ):
         self.id = msg_id
@@ -132,8 +135,7 @@ class Cursor:
         if self.fresh_bytes + rec.size > FRESH_BYTES:
             self.fresh.clear()
             self.fresh_bytes = 0
-        if rec.size <= KEEP_PAYLOAD:
-            rec.payload = payload
+        rec.payload = payload
         self.fresh.append(rec)
         self.fresh_bytes += rec.size
 
@@ -261,7 +263,10 @@ class Cursor:
             self.max_id = max(self.max_id, mid)
             if hdr.state == STATE_ACK:
                 continue
-            payload = bytes(buf[off + RECORD_HEADER : off + size - 1]) if size <= KEEP_PAYLOAD else None
+            # A small payload is copied out of the window (it may stay long); a large one
+            # is a view of the bytes just read and CRC-checked, taken by its delivery.
+            start, stop = off + RECORD_HEADER, off + size - 1
+            payload = bytes(buf[start:stop]) if size <= KEEP_PAYLOAD else memoryview(buf)[start:stop]
             return self._hand_out(Record(mid, pos, size, hdr.deliveries, hdr.timestamp_ms, payload, hdr.wseq))
         # Every written record is handed out: the counts are exact again, whatever
         # damage made recovery's estimate of them wrong.

@@ -75,7 +75,7 @@ from typing import Any
 from curb import record as fmt
 from curb.browse import Browse
 from curb.checkpoints import Checkpoints, Snapshot
-from curb.cursor import SLICE_WORK, Cursor, Record
+from curb.cursor import KEEP_PAYLOAD, SLICE_WORK, Cursor, Record
 from curb.disk import Disk, FileDisk, LockedError
 from curb.marks import Marks, spacing_for
 from curb.reader import RecordReader
@@ -563,11 +563,16 @@ class LogCore:
 
         return synced
 
-    def payload(self, rec: Record) -> bytes:
-        """The stored SEND headers and body of a record."""
-        if rec.payload is not None:
-            return rec.payload
-        return self.disk.pread(rec.size, rec.offset)[RECORD_HEADER:-1]
+    def payload(self, rec: Record) -> bytes | memoryview:
+        """The stored SEND headers and body of a record, as written or read (a view, never
+        a copy). One larger than KEEP_PAYLOAD stays with its record only until this call
+        takes it for a delivery, so that a held message does not pin its bytes."""
+        data = rec.payload
+        if data is None:
+            return memoryview(self.disk.pread(rec.size, rec.offset))[RECORD_HEADER:-1]
+        if rec.size > KEEP_PAYLOAD:
+            rec.payload = None
+        return data
 
     # ---------------------------------------------------------------- writing
 
@@ -814,8 +819,10 @@ class LogCore:
     def _move(self, rec: Record, spot: tuple[int, bool], runs: WriteRuns) -> bool:
         """Copy a held message to the head: same id, current delivery count, new write
         sequence. Its old copy is dead from now on; the cursor knows the new one."""
-        payload = rec.payload
-        if payload is None:
+        kept = rec.payload  # a held message keeps only a small payload, as bytes
+        if kept is not None:
+            payload = bytes(kept)
+        else:
             raw = self.disk.pread(rec.size, rec.offset)
             try:
                 hdr = fmt.parse_header(raw, 0)

@@ -9,8 +9,15 @@ hop (destination, content-length, receipt, transaction) are not kept.
 
 from __future__ import annotations
 
+import re
+from typing import TypeVar
+
 from curb.frame import ProtocolError, escape, unescape
 
+Stored = TypeVar("Stored", bytes, memoryview)
+# The end of the header lines: escaped lines hold no empty line, so the first one found
+# is it, and a search stops there, before the body.
+_BLANK_LINE = re.compile(b"\n\n")
 NOT_STORED = frozenset(("destination", "content-length", "receipt", "transaction"))
 
 
@@ -35,15 +42,16 @@ def encode(headers: dict[str, str], body: bytes) -> bytes:
     return header_lines(headers) + b"\n" + body
 
 
-def split(payload: bytes | bytearray | memoryview) -> tuple[bytes, bytes]:
-    """(escaped header lines, each ending in LF, ready for the wire; body)."""
-    data = bytes(payload)
-    if data[:1] == b"\n":
-        return b"", data[1:]
-    end = data.find(b"\n\n")
-    if end < 0:
+def split(payload: Stored) -> tuple[bytes, Stored]:
+    """(escaped header lines, each ending in LF, ready for the wire; body). The body is a
+    slice of the payload's own type: of a memoryview, a view of the same bytes."""
+    if payload[:1] == b"\n":
+        return b"", payload[1:]
+    blank = _BLANK_LINE.search(payload)
+    if blank is None:
         raise PayloadError("payload without the empty line that ends its headers")
-    return data[: end + 1], data[end + 2 :]
+    end = blank.start()
+    return bytes(payload[: end + 1]), payload[end + 2 :]
 
 
 def decode_headers(lines: bytes) -> dict[str, str]:
@@ -59,7 +67,7 @@ def decode_headers(lines: bytes) -> dict[str, str]:
     return headers
 
 
-def decode(payload: bytes | bytearray | memoryview) -> tuple[dict[str, str], bytes]:
+def decode(payload: bytes) -> tuple[dict[str, str], bytes]:
     """(kept headers, body) of a stored payload."""
     lines, body = split(payload)
     return decode_headers(lines), body

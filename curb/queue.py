@@ -167,30 +167,31 @@ class Queue(Generic[C, M]):
             self._refresh(sub)
 
     def deliver(self) -> list[tuple[Subscription[C, M], M]]:
-        """Hand out as many messages as credit allows: redeliveries (oldest first), then new ones.
+        """Hand out as many messages as credit allows (see `next_delivery`)."""
+        return list(iter(self.next_delivery, None))
 
-        Subscriptions take turns one message at a time, each up to its credit.
-        """
-        delivered: list[tuple[Subscription[C, M], M]] = []
+    def next_delivery(self) -> tuple[Subscription[C, M], M] | None:
+        """Hand out one message, or None when no subscription could take one or none is
+        rdy: redeliveries (oldest first), then new ones. Subscriptions take turns, one
+        message each, up to their credit; between calls a connection may become blocked
+        (`set_writable`), and then gets nothing more."""
         ring = self._ring
         if not ring:
-            return delivered
-        redeliver, wip, source = self._redeliver, self._wip, self._source
+            return None
+        redeliver = self._redeliver
         message: M | None
-        while ring:
-            if redeliver:
-                message = heapq.heappop(redeliver)[1]
-            else:
-                message = source.next_ready()
-                if message is None:
-                    break
-            sub = ring.popitem(last=False)[0]
-            delivered.append((sub, message))
-            sub.unacked[message.id] = message
-            wip[message.id] = sub
-            if len(sub.unacked) < sub.prefetch:
-                ring[sub] = None
-        return delivered
+        if redeliver:
+            message = heapq.heappop(redeliver)[1]
+        else:
+            message = self._source.next_ready()
+            if message is None:
+                return None
+        sub = ring.popitem(last=False)[0]
+        sub.unacked[message.id] = message
+        self._wip[message.id] = sub
+        if len(sub.unacked) < sub.prefetch:
+            ring[sub] = None
+        return sub, message
 
     def ack(self, conn: C, message_id: int) -> list[M]:
         """Finish the message (in "client" mode also the earlier wip of its subscription).

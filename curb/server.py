@@ -25,10 +25,14 @@ Connection limit: past `broker.max_connections` open sessions (and TLS handshake
 way) a new connection is closed at once (Broker.admit says so, rate-limited), before it
 costs a session or a handshake.
 
-Flow control: the transport's unsent output has a high-water mark. Above it, asyncio
-calls `pause_writing`; the session then stops making output for the peer and the peer's
-bytes are no longer read, since their answers could not be written either. So a client
-that does not read costs the broker at most about the mark plus one pass's output.
+Flow control: the session holds the output (curb.session bounds it by bytes) and this
+module hands it to the transport piece by piece, only while the transport's own buffer
+is empty: its high-water mark is 0, so asyncio calls `pause_writing` as soon as a write
+leaves bytes the socket did not take, and `resume_writing` once they are all sent. The
+transport therefore copies at most the unsent rest of one piece, and never moves a
+backlog around; the session stops making messages for a paused transport, and stops
+reading the peer once its own unsent output passes its bound. A session that closes
+hands its remaining output over at once (bounded by the same limit), then lingers.
 """
 
 from __future__ import annotations
@@ -42,9 +46,8 @@ from curb.broker import Broker
 from curb.session import Session
 from curb.tls import handshake_failure, peer_name
 
-__all__ = ["WRITE_HIGH_WATER", "Broker", "Connection", "Handshake"]
+__all__ = ["Broker", "Connection", "Handshake"]
 
-WRITE_HIGH_WATER = 256 * 1024
 LINGER_SECONDS = 1.0
 
 
@@ -60,6 +63,7 @@ class Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._deadlines = 0  # the session's `deadlines` when the timer was last armed
         self._reading = True
+        self._can_write = True  # the transport's buffer is empty
         self._refused = False
         self._lingering = False
 
@@ -74,7 +78,10 @@ class Connection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        # Pause as soon as anything is left unsent: asyncio's TCP transport pauses above
+        # its mark, its TLS transport at or above it.
+        tls = transport.get_extra_info("ssl_object") is not None
+        self.transport.set_write_buffer_limits(high=1 if tls else 0)
         identity = peer_name(transport.get_extra_info("peercert"))
         self.session = Session(self.broker, self._loop.time(), name, identity)
         self.session.on_output = self._output
@@ -97,12 +104,13 @@ class Connection(asyncio.Protocol):
         self.session.connection_lost()
 
     def pause_writing(self) -> None:
+        self._can_write = False
         self.session.set_writable(False)
-        self._apply_reading()
 
     def resume_writing(self) -> None:
+        self._can_write = True
         self.session.set_writable(True)
-        self._apply_reading()
+        self._output()
 
     def _output(self) -> None:
         """The session has output or an event: write, then do what it asks."""
@@ -110,15 +118,18 @@ class Connection(asyncio.Protocol):
         if transport.is_closing() or self._lingering:
             session.discard_output()
             return
-        data = session.data_to_send(self._loop.time())
-        if data:
-            transport.write(data)
-        if session.close_wanted is not None:
-            if session.close_wanted == "abort":
-                transport.abort()
-            else:
-                self._linger()
+        if session.close_wanted == "abort":
+            transport.abort()
             return
+        now = self._loop.time()
+        if session.close_wanted is not None:
+            data = session.data_to_send(now)
+            if data:
+                transport.write(data)
+            self._linger()
+            return
+        while self._can_write and (piece := session.next_output(now)) is not None:
+            transport.write(piece)  # pause_writing runs in here if the socket took less
         if session.reading != self._reading:
             self._apply_reading()
         if session.deadlines != self._deadlines:

@@ -1,8 +1,9 @@
 """One STOMP 1.2 connection's rules, sans I/O: bytes in, bytes out, events for the transport.
 
 The transport (curb.server, for TCP and TLS) feeds received bytes to
-`receive_data(data, now)`, is told through `on_output` that output waits, takes it with
-`data_to_send(now)`, and then reads the events: `close_wanted` (close once the output is
+`receive_data(data, now)`, is told through `on_output` that output waits, takes it piece
+by piece with `next_output(now)` while it can write (or all at once with
+`data_to_send(now)`), and then reads the events: `close_wanted` (close once the output is
 written, or abort), `reading` (False: stop reading this peer) and `next_deadline` (when
 to call `tick(now)`). Bytes in and out only ever move a deadline later; it can come
 sooner only when `deadlines` changes (heart-beats agreed, a refusal due), so a
@@ -30,8 +31,16 @@ Rules:
   empty one, QueueError and Refused carry theirs.
 - Heart-beats are negotiated once at CONNECT (curb.heartbeat); their deadlines are data
   derived from when bytes last came and went.
-- An `ack:auto` message is done only once `data_to_send` hands it to the transport; one
-  the transport never took is rdy again when the connection goes.
+- An `ack:auto` message is done only once its frame is handed to the transport; one the
+  transport never took is rdy again when the connection goes.
+- Output is bounded by bytes: while OUTPUT_LIMIT bytes or more wait unsent, or the
+  transport can take nothing now (`set_writable(False)`), the broker makes no more
+  messages for the peer; while OUTPUT_LIMIT bytes or more wait, none of the peer's frames
+  are read. So what waits for a connection is at most OUTPUT_LIMIT plus one frame,
+  whatever the message size or the prefetch. Output is a list of pieces that are never
+  joined past PIECE_BYTES: a large body goes out as a view of the bytes read from the
+  log, and the transport takes it piece by piece (`next_output`), so the work per piece
+  does not grow with what waits behind it.
 - A browse (SUBSCRIBE with browser:true) sends the live messages of an id range and
   then one end marker (message-id BROWSE_END, browser:end); it changes no state. Its
   messages are made only while the transport takes output (`browse_more`).
@@ -81,6 +90,17 @@ PREFETCH_ADVICE = (
 MAX_MESSAGE_ID = (1 << 48) - 1  # a record holds its id in 12 hex digits
 MAX_ID_HEADER = (1 << 64) - 1  # an id range's bound may lie beyond every id (Client.last_id)
 BEAT_EARLY = 0.9  # send our heart-beat a little before it is due, so it is never late
+# Unsent output per connection past which the broker makes no more for it and reads none
+# of its frames (README: Limits).
+OUTPUT_LIMIT = 256 * 1024
+# A body at least this long goes out as a view of the payload read from the log, never
+# copied into its frame; shorter ones are cheaper to copy than to send apart.
+VIEW_BODY = 64 * 1024
+# The most output handed to the transport at once: small frames are joined up to it,
+# larger pieces are cut to it, so that what a socket does not take at once is small.
+PIECE_BYTES = 256 * 1024
+
+Piece = bytes | memoryview
 
 NEW, OPEN, CLOSING = "before CONNECT", "after CONNECT", "closing"
 # The command of a stand-in, among the frames held during a login check, for bytes that
@@ -124,9 +144,13 @@ class Session:
         self.writable = True
         self._stopped = False  # shutdown: read nothing more
         self._gone = False
-        self._out: list[bytes] = []
+        self._out: collections.deque[Piece] = collections.deque()
+        self._made = 0  # bytes of output ever queued
+        self._taken = 0  # bytes of output ever handed to the transport
+        self._transport_ok = True  # the transport can take output now
         self._woken = False
-        self._handoff: list[Record] = []  # auto messages in _out, done once handed over
+        # auto messages in _out, done once handed over: (value of _made after its frame, record)
+        self._handoff: collections.deque[tuple[int, Record]] = collections.deque()
         self._owed: collections.deque[Owed] = collections.deque()
         self._last: Owed | None = None  # the place that ends the line, once there is one
         self._erring = False  # an ERROR is in the line
@@ -169,36 +193,82 @@ class Session:
         finally:
             broker.after_frames()
 
-    def data_to_send(self, now: float) -> bytes:
-        """Everything to write now. Auto-acked messages in it are done from here on."""
+    def output_due(self) -> None:
+        """The broker tells the transport that output or an event waits (`on_output`)."""
         self._woken = False
-        if not self._out:
-            return b""
-        data = b"".join(self._out)
-        self._out.clear()
+        self.on_output()
+
+    def next_output(self, now: float) -> Piece | None:
+        """The next piece of output to write, or None when there is none: a run of small
+        frames joined, or at most PIECE_BYTES of a larger one (a view, not a copy).
+        Auto-acked messages are done once their frame is handed over."""
+        out = self._out
+        if not out:
+            return None
+        piece = out.popleft()
+        size = len(piece)
+        if size > PIECE_BYTES:
+            view = memoryview(piece)
+            out.appendleft(view[PIECE_BYTES:])
+            piece, size = view[:PIECE_BYTES], PIECE_BYTES
+        elif out and size + len(out[0]) <= PIECE_BYTES:
+            run = [piece]
+            while out and size + len(out[0]) <= PIECE_BYTES:
+                nxt = out.popleft()
+                run.append(nxt)
+                size += len(nxt)
+            piece = b"".join(run)
+        self._taken += size
         self.last_send = now
-        if self._handoff:
-            handoff, self._handoff = self._handoff, []
-            self.broker.handed_off(self, handoff)
-        return data
+        handoff = self._handoff
+        if handoff and handoff[0][0] <= self._taken:
+            done = []
+            while handoff and handoff[0][0] <= self._taken:
+                done.append(handoff.popleft()[1])
+            self.broker.handed_off(self, done)
+        if not self.writable and self._made - self._taken < OUTPUT_LIMIT:
+            self._flow()
+        return piece
+
+    def data_to_send(self, now: float) -> bytes:
+        """All of the output at once (a transport that is closing, and tests)."""
+        self._woken = False
+        return b"".join(iter(lambda: self.next_output(now), None))
+
+    @property
+    def unsent(self) -> int:
+        """Bytes of output queued and not yet handed to the transport."""
+        return self._made - self._taken
 
     def discard_output(self) -> None:
         """The transport can take nothing more (it is closing)."""
         self._woken = False
         self._out.clear()
+        self._taken = self._made
         self._handoff.clear()
 
     def set_writable(self, writable: bool) -> None:
-        """The transport's unsent output crossed its high-water mark (False) or drained
-        below its low one (True). While it is above, nothing new is made for this peer,
-        and its frames are not read, since their answers could not be written."""
-        self.writable = writable
-        self.reading = writable and self.state is not CLOSING and not self._stopped
-        self.broker.set_writable(self, writable and self.state is not CLOSING)
-        if writable:
-            if self._counts_owed:
-                self.send_counts(self.broker.counts())
-            self.broker.pump()
+        """The transport can take more output now (True) or not (False). While it cannot,
+        nothing new is made for this peer; its frames are read until OUTPUT_LIMIT bytes
+        wait, since their answers wait here."""
+        self._transport_ok = writable
+        self._flow()
+
+    def _flow(self) -> None:
+        """Recompute `writable` (messages may be made for the peer) and `reading` from the
+        transport's state, the bytes waiting and whether the connection is ending; a
+        change is told to the broker."""
+        room = self._made - self._taken < OUTPUT_LIMIT
+        going_on = self.state is not CLOSING
+        self.reading = room and going_on and not self._stopped and self._held is None
+        writable = room and going_on and self._transport_ok
+        if writable != self.writable:
+            self.writable = writable
+            self.broker.set_writable(self, writable)
+            if writable:
+                if self._counts_owed:
+                    self.send_counts(self.broker.counts())
+                self.broker.pump()
 
     def tick(self, now: float) -> None:
         """A deadline came: refuse a failed CONNECT, drop a peer that never sent CONNECT or
@@ -263,20 +333,25 @@ class Session:
 
     # ---------------------------------------------------------------- the broker's calls
 
-    def deliver(self, sub: Subscription[Session, Record], rec: Record, data: bytes) -> None:
+    def deliver(self, sub: Subscription[Session, Record], rec: Record, data: Piece) -> None:
         """Write one MESSAGE of the stored payload `data`: the cached prefix of its
         subscription, then the message."""
-        stored, body = payload.split(data)
+        stored, body = payload.split(memoryview(data))
         extra = b"redelivered:true\ncurb-deliveries:%d\n" % rec.deliveries if rec.deliveries > 1 else b""
+        ack = b"" if sub.ack_mode == "auto" else b"ack:%d\n" % rec.id
+        self._write_message(b"%smessage-id:%d\n%s%s%s" % (self._prefixes[sub], rec.id, ack, extra, stored), body)
         if sub.ack_mode == "auto":
-            ack = b""
-            self._handoff.append(rec)
+            self._handoff.append((self._made, rec))
+
+    def _write_message(self, head: bytes, body: Piece) -> None:
+        """A MESSAGE whose head (up to its own headers) is `head`: a large body is written
+        as its own piece, uncopied."""
+        if len(body) < VIEW_BODY:
+            self.write(b"%scontent-length:%d\n\n%s%s" % (head, len(body), body, FRAME_END))
         else:
-            ack = b"ack:%d\n" % rec.id
-        self.write(
-            b"%smessage-id:%d\n%s%s%scontent-length:%d\n\n%s%s"
-            % (self._prefixes[sub], rec.id, ack, extra, stored, len(body), body, FRAME_END)
-        )
+            self.write(b"%scontent-length:%d\n\n" % (head, len(body)))
+            self.write(body)
+            self.write(FRAME_END)
 
     @property
     def browsing(self) -> bool:
@@ -295,11 +370,8 @@ class Session:
         for sub_id, (browse, prefix) in list(self._browses.items()):
             step = browse.step(budget)
             for msg_id, data in step.messages:
-                stored, body = payload.split(data)
-                self.write(
-                    b"%smessage-id:%d\n%scontent-length:%d\n\n%s%s"
-                    % (prefix, msg_id, stored, len(body), body, FRAME_END)
-                )
+                stored, body = payload.split(memoryview(data))
+                self._write_message(b"%smessage-id:%d\n%s" % (prefix, msg_id, stored), body)
             if step.done:
                 self.write(
                     b"%smessage-id:%s\nbrowser:end\ncurb-last-id:%d\ncontent-length:0\n\n%s"
@@ -679,8 +751,7 @@ class Session:
         """The connection is ending: from now on no frame is read or handled, and no
         message is delivered to it (its wip is returned when it is gone)."""
         self.state = CLOSING
-        self.reading = False
-        self.broker.set_writable(self, False)
+        self._flow()  # reads nothing more, and gets no message
         self._wake()
 
     def _settle(self, entry: Owed, data: bytes, then: Callable[[], None] | None = None) -> None:
@@ -696,12 +767,15 @@ class Session:
 
     # ---------------------------------------------------------------- output and errors
 
-    def write(self, data: bytes) -> None:
-        """Queue output; the transport takes it once per loop pass. Nothing is written
-        once the connection is to close (after an ERROR or a DISCONNECT's RECEIPT)."""
+    def write(self, data: Piece) -> None:
+        """Queue output; the transport takes it piece by piece. Nothing is written once
+        the connection is to close (after an ERROR or a DISCONNECT's RECEIPT)."""
         if self._gone or self.close_wanted:
             return
         self._out.append(data)
+        self._made += len(data)
+        if self._made - self._taken >= OUTPUT_LIMIT and (self.writable or self.reading):
+            self._flow()
         if not self._woken:  # _wake(), inline: this runs for every message
             self._woken = True
             self.broker.want_flush(self)

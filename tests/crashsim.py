@@ -937,7 +937,7 @@ class Sim:
         return tag
 
     def _check_payload(self, rec: Record, tag: int | None) -> int:
-        payload = self.core.payload(rec)
+        payload = bytes(self.core.payload(rec))
         found = payload_tag(payload)
         msg = self.messages.get(found) if found is not None else None
         if found is None or msg is None or payload != msg.payload or (tag is not None and found != tag):

@@ -74,7 +74,7 @@ class Core:
     def drain(self) -> list[bytes]:
         out = []
         while (rec := self.log.next_ready()) is not None:
-            out.append(self.log.payload(rec)[1:])
+            out.append(bytes(self.log.payload(rec)[1:]))
         return out
 
 

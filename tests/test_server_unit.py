@@ -74,7 +74,14 @@ class FakeTransport(asyncio.Transport):
         pass
 
 
-def test_the_glue_stops_reading_while_the_output_is_above_its_mark_and_closes_when_asked(tmp_path):
+def test_the_glue_stops_reading_while_the_unsent_output_is_above_its_bound_and_closes_when_asked(tmp_path):
+    long_receipt = "r" * 15000
+    answers = b"".join(
+        b"SUBSCRIBE\nid:s\ndestination:/queue/q\nreceipt:%s\n\n\0UNSUBSCRIBE\nid:s\nreceipt:%s\n\n\0"
+        % (long_receipt.encode(), long_receipt.encode())
+        for _ in range(10)
+    )
+
     async def run() -> tuple[FakeTransport, list[bool]]:
         log = Log(tmp_path / "q.log", 64 * 1024)
         log.start(asyncio.get_running_loop())
@@ -84,19 +91,23 @@ def test_the_glue_stops_reading_while_the_output_is_above_its_mark_and_closes_wh
         connection.data_received(b"CONNECT\naccept-version:1.2\n\n\0")
         seen = []
         connection.pause_writing()
+        seen.append(transport.reading)  # a full socket alone does not stop reading
+        connection.data_received(answers)  # 300 KB of receipts, none of them written
+        await asyncio.sleep(0)
         seen.append(transport.reading)
+        written_while_paused = len(transport.sent)
         connection.resume_writing()
         seen.append(transport.reading)
         connection.data_received(b"FROB\n\n\0")
         await asyncio.sleep(0)
         connection.connection_lost(None)
         await log.close()
-        return transport, seen
+        return transport, seen + [written_while_paused < 1000]
 
     transport, seen = asyncio.run(run())
-    assert seen == [False, True]
-    assert transport.sent.startswith(b"CONNECTED") and b"ERROR" in transport.sent
-    assert transport.closed
+    assert seen == [True, False, True, True]
+    assert transport.sent.startswith(b"CONNECTED") and transport.sent.count(b"RECEIPT") == 20
+    assert b"ERROR" in transport.sent and transport.closed
 
 
 def test_after_an_error_the_glue_shuts_writing_drops_input_and_closes_after_the_linger(tmp_path, monkeypatch):

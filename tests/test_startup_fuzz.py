@@ -222,7 +222,7 @@ class Workload:
     def ack(self, recs: list) -> None:
         for rec in recs:
             self.writer.log.ack(rec)
-            self.acked.add(self.writer.log.payload(rec))
+            self.acked.add(bytes(self.writer.log.payload(rec)))
 
     def live(self) -> frozenset[bytes]:
         return frozenset(set(self.sent) - self.acked)
@@ -628,7 +628,7 @@ def drain(log: Log, known: Known, acks: int) -> int:
     seen: set[bytes] = set()
     first: list[Record] = []
     while (rec := log.next_ready()) is not None:
-        body = log.payload(rec)
+        body = bytes(log.payload(rec))
         if body not in known.payloads:
             raise Broken("delivered a payload that was never sent")
         if body in seen:
