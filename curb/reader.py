@@ -62,7 +62,9 @@ class RecordReader:
             return None
         hdr, size, buf, off = found
         if off + size > len(buf):
-            buf, off = self.window(pos, size, limit)
+            # Read the record and the next one's header: a reader of records larger than
+            # a CHUNK then reads each once, not once for its header and once whole.
+            buf, off = self.window(pos, min(size + RECORD_HEADER, limit - pos), limit)
         if not fmt.check_payload(buf, off, hdr):
             return None
         return hdr, buf, off
