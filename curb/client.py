@@ -208,7 +208,7 @@ class Client:
         for a caller that parses a fast stream itself at less cost per frame (the benchmark's
         load). Buffered writes go out first. Only between frames, and without heart-beat duties:
         bytes the caller leaves unparsed go back through `unread` before `receive` is used again."""
-        if self._inbox or self._parser.buffered:
+        if self.holds_input:
             raise StompError("parsed frames are pending: receive() them first")
         _, poll = self._connection()
         self.flush()
@@ -220,6 +220,12 @@ class Client:
             data = self._recv()
             if data:
                 return data
+
+    @property
+    def holds_input(self) -> bool:
+        """Whether frames (or the start of one) read from the server wait for `receive`:
+        a send that waits for the socket reads meanwhile, so that neither side stalls."""
+        return bool(self._inbox or self._parser.buffered)
 
     def unread(self, data: bytes) -> None:
         """Hand back bytes from `receive_bytes` that the caller did not parse (the start of a

@@ -143,8 +143,9 @@ def check_payload(buf, pos: int, header: RecordHeader) -> bool:
     end = pos + RECORD_HEADER + header.length + 1
     if len(buf) < end or buf[end - 1] != 10:
         return False
-    crc = zlib.crc32(buf[pos + 9 : pos + 56])
-    return zlib.crc32(buf[pos + RECORD_HEADER : end - 1], crc) == header.crc
+    view = memoryview(buf)  # the CRC reads the bytes where they are: no copy of the payload
+    crc = zlib.crc32(view[pos + 9 : pos + 56])
+    return zlib.crc32(view[pos + RECORD_HEADER : end - 1], crc) == header.crc
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from benchmark.workloads import WORKLOAD_NAMES, Bench, Settings, Side
 from curb.addr import parse_addr
 from curb.client import StompError
 from curb.frame import ProtocolError
-from curb.log import LogError
+from curb.log import LogError, parse_size
 
 CREW_SIZE = 8  # the most load processes one workload uses (4 producers + 4 consumers)
 
@@ -34,10 +34,21 @@ class Preset(TypedDict, total=False):
     queued: int
     fill_cap: str
     disk_seconds: float
+    body_bytes: int
+    loopback_seconds: float
 
 
 QUICK: Preset = dict(
-    runs=1, seconds=0.5, messages=400, pings=200, warmup=20, queued=2_000, fill_cap="2MiB", disk_seconds=0.2
+    runs=1,
+    seconds=0.5,
+    messages=400,
+    pings=200,
+    warmup=20,
+    queued=2_000,
+    fill_cap="2MiB",
+    disk_seconds=0.2,
+    body_bytes=8 << 20,
+    loopback_seconds=0.2,
 )
 FULL: Preset = dict(queued=1_000_000)
 
@@ -49,6 +60,17 @@ def parse_target_addr(text: str) -> tuple[str, int]:
     except ValueError as err:
         raise click.BadParameter(str(err)) from None
     return host or "127.0.0.1", port
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """Comma-separated sizes with B, KiB, MiB suffixes (as -cap takes them)."""
+    try:
+        sizes = tuple(parse_size(part.strip()) for part in text.split(",") if part.strip())
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+    if not sizes or min(sizes) < 1:
+        raise click.BadParameter(f"{text!r}: give sizes of at least 1 byte, e.g. 100,4KiB,64KiB,1MiB")
+    return sizes
 
 
 def parse_headers(pairs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
@@ -123,6 +145,12 @@ def make_side(name: str, options: dict, prefix: str) -> Side | None:
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--runs", type=click.IntRange(1), help="runs of every workload  [default: 3; --quick: 1]")
 @click.option("--bytes", "size", type=click.IntRange(1), default=100, show_default=True, help="message body size")
+@click.option(
+    "--body-sizes",
+    default="100,4KiB,64KiB,1MiB",
+    show_default=True,
+    help="body sizes of the `bodies` workloads (produce and consume at each, beside the loopback ceiling)",
+)
 @click.option("--seconds", type=click.FloatRange(0.1), help="length of the timed workloads  [default: 10]")
 @click.option(
     "--messages",
@@ -162,6 +190,7 @@ def make_side(name: str, options: dict, prefix: str) -> Side | None:
 def main(
     runs,
     size,
+    body_sizes,
     seconds,
     messages,
     pings,
@@ -188,7 +217,14 @@ def main(
                 f"unknown workload(s) {', '.join(sorted(unknown))}; choose from {', '.join(WORKLOAD_NAMES)}",
                 param_hint="--only",
             )
-    settings = Settings(size=size, cap=cap, timeout=timeout, quiet=min(Settings.quiet, timeout), broker_args=broker_arg)
+    settings = Settings(
+        size=size,
+        cap=cap,
+        timeout=timeout,
+        quiet=min(Settings.quiet, timeout),
+        broker_args=broker_arg,
+        body_sizes=parse_sizes(body_sizes),
+    )
     for preset, chosen in ((QUICK, quick), (FULL, full)):  # --full's queued wins over --quick's
         if chosen:
             settings = replace(settings, **preset)
@@ -214,6 +250,7 @@ def main(
     notes = [
         *bench.notes.values(),
         *report.disk_shares(samples, names),
+        *report.loopback_shares(samples, names, settings),
         *(f"duplicates (allowed: at least once): {count:,} in {what}" for what, count in bench.duplicates.items()),
     ]
     click.echo(

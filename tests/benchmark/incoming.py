@@ -25,6 +25,8 @@ _MESSAGE = re.compile(
     rb"|(?!ack:|message-id:|content-length:)[^\n\r\\:\0]+:[^\n\r\\\0]*)\n)*\n"
 )
 _PLAIN_ID = re.compile(rb"[^\n\r\\:]*")  # an ack id that needs no escaping
+_LEADING_BEATS = re.compile(rb"\n*")
+_CONTENT_LENGTH = re.compile(rb"\ncontent-length:([0-9]{1,9})\n")
 
 
 class Incoming:
@@ -35,14 +37,21 @@ class Incoming:
         self.client = client
         self._max_frame_bytes = max_frame_bytes
         self._carry = b""
+        self._needed = 0  # bytes the cut frame in _carry needs in all, when its head tells
 
     def read(self, timeout: float) -> bytes:
-        """Received bytes, starting at a frame boundary; b"" if nothing came within `timeout`."""
+        """Received bytes, starting at a frame boundary; b"" if nothing came within `timeout`.
+        A frame cut by the last read is completed first when its head gives its length, in
+        one join: large frames then cost one copy, not one per read."""
         data = self.client.receive_bytes(timeout)
-        if data and self._carry:
-            data = self._carry + data
-            self._carry = b""
-        return data
+        if not data or not self._carry:
+            return data
+        parts, have = [self._carry, data], len(self._carry) + len(data)
+        while have < self._needed and (more := self.client.receive_bytes(timeout)):
+            parts.append(more)
+            have += len(more)
+        self._carry = b""
+        return b"".join(parts)
 
     def parse(self, data: bytes, pos: int) -> list[Frame]:
         """The complete frames in data[pos:] by the full parser (an ERROR raises StompError);
@@ -56,6 +65,7 @@ class Incoming:
             raise BrokerError(f"bad frame from the broker: {err}") from None
         if parser.buffered:
             self._carry = data[len(data) - parser.buffered :]
+            self._needed = _frame_length(self._carry)
         for frame in frames:
             if frame.command == "ERROR":
                 raise StompError(error_reason(frame), frame)
@@ -70,13 +80,24 @@ class Incoming:
 def receipt_ids(incoming: Incoming, timeout: float) -> list[bytes]:
     """The receipt-ids of the RECEIPTs in the next read; BrokerError if nothing comes within
     `timeout` seconds or another frame comes."""
-    data = incoming.read(timeout)
-    if not data:
-        raise BrokerError(f"no frame from the broker for {timeout:g} s")
-    run = _RECEIPTS.match(data)
-    end = run.end() if run else 0
-    ids = _RECEIPT_ID.findall(data, 0, end)
-    for frame in incoming.parse(data, end):
+    client = incoming.client
+    if client.holds_input:  # read while a large SEND waited for the socket
+        held = []
+        while client.holds_input:
+            frame = client.receive(timeout)
+            if frame is None:
+                raise BrokerError(f"no frame from the broker for {timeout:g} s")
+            held.append(frame)
+        data, end, ids = b"", 0, []
+    else:
+        data = incoming.read(timeout)
+        if not data:
+            raise BrokerError(f"no frame from the broker for {timeout:g} s")
+        run = _RECEIPTS.match(data)
+        end = run.end() if run else 0
+        ids = _RECEIPT_ID.findall(data, 0, end)
+        held = []
+    for frame in held + incoming.parse(data, end):
         if frame.command != "RECEIPT":
             raise BrokerError(f"expected a RECEIPT, got {frame.command}")
         ids.append(frame.headers.get("receipt-id", "").encode())
@@ -119,6 +140,16 @@ def _plain_messages(data: bytes) -> tuple[list[tuple[bytes, bytes]], int]:
         found.append((data[start:end], ack_id))
         pos = end + 1
     return found, pos
+
+
+def _frame_length(start: bytes) -> int:
+    """The length of the frame that `start` begins, NUL included, when its head is complete
+    and has content-length; else 0 (unknown)."""
+    lead = _LEADING_BEATS.match(start)
+    first = lead.end() if lead else 0
+    end = start.find(b"\n\n", first)
+    length = _CONTENT_LENGTH.search(start, first, end + 1) if end >= 0 else None
+    return end + 2 + int(length[1]) + 1 if length else 0
 
 
 def ack_frame(ack_id: bytes, receipt: str | None = None) -> bytes:

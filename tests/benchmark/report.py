@@ -8,9 +8,18 @@ from dataclasses import asdict
 from statistics import median
 from typing import Any
 
-from benchmark.workloads import MACHINE_ROWS, ROWS, Settings
+from benchmark.workloads import MACHINE_ROWS, Settings, all_rows
 
-FORMATS = {"msg/s": "{:,.0f}", "rec/s": "{:,.0f}", "us": "{:,.0f}", "MiB": "{:,.1f}", "s": "{:.2f}", "ratio": "{:.2f}"}
+FORMATS = {
+    "MB/s": "{:,.0f}",
+    "msg/s": "{:,.0f}",
+    "rec/s": "{:,.0f}",
+    "us": "{:,.0f}",
+    "MiB": "{:,.1f}",
+    "s": "{:.2f}",
+    "ratio": "{:.2f}",
+}
+LARGE_BODY = 64 * 1024  # bodies from this size on are set against the loopback ceiling
 # Rows whose rate is set against what the disk allows: (row, disk row, how the disk is used).
 DISK_SHARES = (
     ("produce-w1", "disk-1", "one fdatasync per record"),
@@ -27,7 +36,7 @@ def tabulate(samples: dict[str, dict[str, list[float]]], side_names: list[str], 
     when not measurable there), and the spread of the per-run ratio first side / second
     side. Rows about the machine rather than a broker carry the first side only."""
     rows = []
-    for key, (label, unit) in ROWS.items():
+    for key, (label, unit) in all_rows(settings).items():
         by_side = samples.get(key)
         if not by_side:
             continue
@@ -52,6 +61,22 @@ def disk_shares(samples: dict[str, dict[str, list[float]]], side_names: list[str
             rates = samples.get(row, {}).get(name)
             if disk and rates:
                 lines.append(f"{name} {row}: {median(rates) / median(disk):.0%} of the disk's rate with {how}")
+    return lines
+
+
+def loopback_shares(samples: dict[str, dict[str, list[float]]], side_names: list[str], settings: Settings) -> list[str]:
+    """Each side's consume rate of bodies of 64 KiB and more, in body bytes, against what
+    one loopback connection moves on this machine (its ceiling)."""
+    ceiling = samples.get("loopback", {}).get(side_names[0])
+    lines = []
+    for size in settings.body_sizes:
+        for name in side_names:
+            rates = samples.get(f"consume-b{size}", {}).get(name)
+            if ceiling and rates and size >= LARGE_BODY:
+                share = median(rates) * size / (median(ceiling) * 1e6)
+                lines.append(
+                    f"{name} consume-b{size}: {median(rates) * size / 1e6:,.0f} MB/s of bodies, {share:.0%} of loopback"
+                )
     return lines
 
 

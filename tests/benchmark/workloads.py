@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from benchmark import load
+from benchmark import load, loopback
 from benchmark.bodies import Tally, VerificationError
 from benchmark.broker import CurbBroker, rss_bytes
 from benchmark.crew import Crew
@@ -34,6 +34,10 @@ FILL_FRACTION = 0.9
 CALIBRATION_MESSAGES = 1000  # sent first to learn how many bytes a message takes in the log
 DISK_RECORD_OVERHEAD = 64  # bytes a log record adds to a body, roughly, for the disk probe
 RSS_SAMPLE_SECONDS = 0.01
+BODY_SIZES = (100, 4096, 65536, 1 << 20)  # --body-sizes: the body-size workloads' bodies
+BODY_PRODUCERS = 2
+BODY_PREFETCH = 64
+BODY_WINDOW_BYTES = 16 * MIB  # a body-size producer has at most this many bytes unreceipted
 
 ROWS: dict[str, tuple[str, str]] = {
     "produce-w1": ("produce, receipt each, 1 producer, window 1", "msg/s"),
@@ -54,7 +58,34 @@ ROWS: dict[str, tuple[str, str]] = {
     "disk-64": ("disk: append + fdatasync, 64 records per sync", "rec/s"),
 }
 
-MACHINE_ROWS = frozenset({"disk-1", "disk-64"})  # figures of the machine, not of a broker
+
+def all_rows(settings: Settings) -> dict[str, tuple[str, str]]:
+    """Every row in table order: the fixed ones, then the body-size workloads' rows for
+    the sizes chosen and the loopback ceiling they are set against."""
+    return {
+        **ROWS,
+        **body_rows(settings.body_sizes),
+        "loopback": ("loopback: one connection, trivial sender and reader", "MB/s"),
+    }
+
+
+def body_rows(sizes: tuple[int, ...]) -> dict[str, tuple[str, str]]:
+    """The rows of the body-size workloads, for these body sizes."""
+    rows = {}
+    for size in sizes:
+        rows[f"produce-b{size}"] = (
+            f"produce {size:,} B bodies, {BODY_PRODUCERS} producers, receipt each, window {body_window(size)}",
+            "msg/s",
+        )
+        rows[f"consume-b{size}"] = (f"consume + ACK {size:,} B bodies, prefetch {BODY_PREFETCH}, prefilled", "msg/s")
+    return rows
+
+
+def body_window(size: int) -> int:
+    return max(1, min(PIPELINE_WINDOW, BODY_WINDOW_BYTES // size))
+
+
+MACHINE_ROWS = frozenset({"disk-1", "disk-64", "loopback"})  # figures of the machine, not of a broker
 
 
 @dataclass(frozen=True)
@@ -72,6 +103,9 @@ class Settings:
     quiet: float = 5.0  # how long a final drain waits for messages still missing
     disk_seconds: float = 2.0
     broker_args: tuple[str, ...] = ()
+    body_sizes: tuple[int, ...] = BODY_SIZES
+    body_bytes: int = 256 * MIB  # at most this many body bytes per body-size measurement
+    loopback_seconds: float = 2.0
 
 
 @dataclass
@@ -189,35 +223,41 @@ class Bench:
             raise
         broker.stop()
 
-    def produce_task(self, target: Target, run_id: str, producer: int, window: int, **kwargs):
+    def produce_task(self, target: Target, run_id: str, producer: int, window: int, size: int | None = None, **kwargs):
         return load.produce, dict(
             target=target,
             run_id=run_id,
             producer=producer,
-            size=self.settings.size,
+            size=size or self.settings.size,
             window=window,
             timeout=self.settings.timeout,
             **kwargs,
         )
 
-    def consume_task(self, target: Target, run_id: str, prefetch: int, **kwargs):
+    def consume_task(self, target: Target, run_id: str, prefetch: int, size: int | None = None, **kwargs):
         return load.consume, dict(
             target=target,
             run_id=run_id,
-            size=self.settings.size,
+            size=size or self.settings.size,
             prefetch=prefetch,
             timeout=self.settings.timeout,
             **kwargs,
         )
 
     def prefill(
-        self, target: Target, run_id: str, count: int, first_producer: int = PREFILL_PRODUCER
+        self,
+        target: Target,
+        run_id: str,
+        count: int,
+        first_producer: int = PREFILL_PRODUCER,
+        size: int | None = None,
     ) -> dict[int, int]:
         """Queue `count` messages (untimed, two pipelined producers); returns what each sent."""
         shares = [share for share in (count - count // 2, count // 2) if share]
+        window = body_window(size) if size else PIPELINE_WINDOW
         results = self.crew.run(
             [
-                self.produce_task(target, run_id, first_producer + index, PIPELINE_WINDOW, count=share)
+                self.produce_task(target, run_id, first_producer + index, window, size, count=share)
                 for index, share in enumerate(shares)
             ]
         )
@@ -252,7 +292,14 @@ class Bench:
         return rate, {result["producer"]: result["sent"] for result in results[:producers]}, consumed
 
     def check(
-        self, what: str, side: Side, target: Target, run_id: str, sent: dict[int, int], received: list[dict]
+        self,
+        what: str,
+        side: Side,
+        target: Target,
+        run_id: str,
+        sent: dict[int, int],
+        received: list[dict],
+        size: int | None = None,
     ) -> None:
         """Drain the queue and verify: every sent message came back intact, nothing else came."""
         tally = Tally(sent)
@@ -262,7 +309,12 @@ class Bench:
         [drained] = self.crew.run(
             [
                 self.consume_task(
-                    target, run_id, DRAIN_PREFETCH, wanted=tally.missing().tobytes(), quiet=self.settings.quiet
+                    target,
+                    run_id,
+                    DRAIN_PREFETCH,
+                    size,
+                    wanted=tally.missing().tobytes(),
+                    quiet=self.settings.quiet,
                 )
             ]
         )
@@ -419,6 +471,41 @@ def disk_limits(bench: Bench, side: Side, wanted: set[str]) -> dict[str, float]:
     return {f"disk-{batch}": synced_appends_per_second(bench.workdir, record, batch, seconds) for batch in (1, 64)}
 
 
+def body_sizes(bench: Bench, side: Side, wanted: set[str]) -> dict[str, float]:
+    """Produce and consume at each body size: a fresh broker per measurement, at most
+    `body_bytes` of bodies each; the consumer takes a prefilled queue with prefetch 64."""
+    settings = bench.settings
+    figures = {}
+    for size in settings.body_sizes:
+        count = max(4, min(settings.messages, settings.body_bytes // size))
+        share = max(1, count // BODY_PRODUCERS)
+        key = f"produce-b{size}"
+        with bench.broker(side, key) as (target, _):
+            run_id = bench.new_run_id()
+            results = bench.crew.run(
+                [
+                    bench.produce_task(target, run_id, producer, body_window(size), size, count=share)
+                    for producer in range(BODY_PRODUCERS)
+                ]
+            )
+            bench.check(key, side, target, run_id, {r["producer"]: r["sent"] for r in results}, [], size)
+        figures[key] = BODY_PRODUCERS * share / (max(r["end"] for r in results) - results[0]["start"])
+        key = f"consume-b{size}"
+        with bench.broker(side, key) as (target, _):
+            run_id = bench.new_run_id()
+            sent = bench.prefill(target, run_id, count, size=size)
+            [result] = bench.crew.run(
+                [bench.consume_task(target, run_id, BODY_PREFETCH, size, count=count, subscribe_at_start=True)]
+            )
+            bench.check(key, side, target, run_id, sent, [result], size)
+        figures[key] = count / (result["end"] - result["start"])
+    return figures
+
+
+def loopback_limit(bench: Bench, side: Side, wanted: set[str]) -> dict[str, float]:
+    return {"loopback": loopback.bytes_per_second(bench.crew, bench.settings.loopback_seconds) / 1e6}
+
+
 GROUPS = (
     Group(frozenset({"produce-w1"}), produce_one_at_a_time),
     Group(frozenset({"produce-4x256"}), produce_pipelined),
@@ -428,5 +515,7 @@ GROUPS = (
     Group(frozenset({"rss", "startup"}), queued),
     Group(frozenset({"fill90"}), fill90),
     Group(frozenset({"disk"}), disk_limits, per_side=False),
+    Group(frozenset({"bodies"}), body_sizes),
+    Group(frozenset({"bodies"}), loopback_limit, per_side=False),
 )
 WORKLOAD_NAMES = tuple(name for group in GROUPS for name in sorted(group.names))
