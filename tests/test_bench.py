@@ -215,6 +215,8 @@ def test_quick_run_against_curb_prints_the_table(tmp_path):
 class ChunkedClient:
     """Stands in for a Client's raw reads: hands out the given chunks, keeps what is unread."""
 
+    holds_input = False  # no frames parsed by the client itself
+
     def __init__(self, *chunks: bytes):
         self.chunks = list(chunks)
         self.unread_bytes = b""
@@ -239,6 +241,15 @@ def test_messages_of_any_shape_give_body_and_ack_id_across_reads():
     assert got == [(b"x\0y", b"a7"), (b"body8", b"8"), (b"e", b"ID:host-1:1"), (b"c", b"9"), (b"x\0y", b"a7")]
     assert ack_frame(b"ID:host-1:1") == encode("ACK", {"id": "ID:host-1:1"})
     assert ack_frame(b"8") == encode("ACK", {"id": "8"})
+
+
+def test_a_large_message_cut_by_reads_is_completed_in_one_read_call():
+    body = b"b" * (1 << 20)
+    frame = encode("MESSAGE", {"message-id": "1", "ack": "1"}, body)
+    chunks = [frame[:100]] + [frame[i : i + 65536] for i in range(100, len(frame), 65536)]
+    incoming = Incoming(ChunkedClient(*chunks), 2 << 20)  # type: ignore[arg-type]
+    assert messages(incoming, 0) == []  # its head came: the frame's length is known
+    assert messages(incoming, 0) == [(body, b"1")]  # the rest gathered, joined once
 
 
 def test_receipts_are_read_in_runs_and_other_frames_fail():
