@@ -151,3 +151,18 @@ def test_the_glue_writes_bounded_pieces_only_into_an_empty_transport_buffer():
     assert max(transport.writes) <= PIECE_BYTES
     assert max(transport.copied_per_write) <= PIECE_BYTES and transport.peak_buffer <= PIECE_BYTES
     assert max(held) <= OUTPUT_LIMIT + FRAME, "unsent output, the session's and the transport's, stays bounded"
+
+
+def test_draining_the_output_of_a_closing_session_makes_no_message_after_its_error():
+    world = World()
+    peer = world.session()
+    peer.connect()
+    queue_large(world, 10)
+    peer.send("SUBSCRIBE", id="s", destination="/queue/curb", ack="client-individual", prefetch_count="64")
+    world.run_scheduled()
+    assert not peer.session.writable, "the bound stopped the deliveries"
+    peer.feed(b"FROB\n\n\0")  # a bad frame: ERROR, then the output is drained at once
+    world.run_scheduled()
+    frames = FrameParser(max_frame_bytes=2 * MB).feed(peer.session.data_to_send(0.0))
+    assert [f.command for f in frames] == ["MESSAGE", "ERROR"]
+    assert world.broker.queue.wip_count == 1
