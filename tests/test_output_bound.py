@@ -130,16 +130,16 @@ def test_the_glue_writes_bounded_pieces_only_into_an_empty_transport_buffer():
     async def run() -> tuple[ShortTransport, list[int]]:
         world = World()
         world.broker = Broker(world.log, heartbeat_ms=0)  # on this event loop
-        queue_large(world, 80)
+        queue_large(world, 24)
         connection = Connection(world.broker)
-        transport = ShortTransport(connection, room=100_000)
+        transport = ShortTransport(connection, room=200_000)
         connection.connection_made(transport)
         connection.data_received(
             b"CONNECT\naccept-version:1.2\n\n\0"
-            b"SUBSCRIBE\nid:s\ndestination:/queue/curb\nack:client-individual\nprefetch-count:64\n\n\0"
+            b"SUBSCRIBE\nid:s\ndestination:/queue/curb\nack:client-individual\nprefetch-count:16\n\n\0"
         )
         held = []
-        for _ in range(2000):  # a slow reader: 100 KB a turn
+        for _ in range(150):  # a slow reader: 200 KB a turn, 30 MB in all
             await asyncio.sleep(0)
             held.append(connection.session.unsent + len(transport.buffer))
             transport.drain()
@@ -147,7 +147,7 @@ def test_the_glue_writes_bounded_pieces_only_into_an_empty_transport_buffer():
 
     transport, held = asyncio.run(run())
     frames = FrameParser(max_frame_bytes=2 * MB).feed(bytes(transport.sent))
-    assert [f.headers["message-id"] for f in frames[1:]] == [str(i) for i in range(1, 65)]
+    assert [f.headers["message-id"] for f in frames[1:]] == [str(i) for i in range(1, 17)]
     assert max(transport.writes) <= PIECE_BYTES
     assert max(transport.copied_per_write) <= PIECE_BYTES and transport.peak_buffer <= PIECE_BYTES
     assert max(held) <= OUTPUT_LIMIT + FRAME, "unsent output, the session's and the transport's, stays bounded"
