@@ -326,10 +326,13 @@ class Session:
         self._gone = True
         self.state = CLOSING
         self.discard_output()
+        self._end_browses()
+        self.broker.gone(self)
+
+    def _end_browses(self) -> None:
         for browse, _ in self._browses.values():
             self.broker.end_browse(browse)
         self._browses.clear()
-        self.broker.gone(self)
 
     # ---------------------------------------------------------------- the broker's calls
 
@@ -362,9 +365,7 @@ class Session:
         Returns whether some browse could go on at once. A closing session ends them:
         nothing may follow an ERROR or a DISCONNECT's RECEIPT."""
         if self.state is CLOSING:
-            for browse, _ in self._browses.values():
-                self.broker.end_browse(browse)
-            self._browses.clear()
+            self._end_browses()
             return False
         more = False
         for sub_id, (browse, prefix) in list(self._browses.items()):
@@ -752,6 +753,7 @@ class Session:
         message is delivered to it (its wip is returned when it is gone)."""
         self.state = CLOSING
         self._flow()  # reads nothing more, and gets no message
+        self._end_browses()  # nothing may follow an ERROR or a DISCONNECT's RECEIPT
         self._wake()
 
     def _settle(self, entry: Owed, data: bytes, then: Callable[[], None] | None = None) -> None:

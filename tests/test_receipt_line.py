@@ -364,7 +364,7 @@ def crash_after_receipts(seed: int) -> tuple[int, int]:
     after = world.crash(rng.choice(["kill", "power"]))
     bodies = set()
     while (rec := after.log.next_ready()) is not None:
-        bodies.add(split_payload(after.log.payload(rec))[1])
+        bodies.add(split_payload(bytes(after.log.payload(rec)))[1])
     for receipt in receipted:
         if receipt in sends:
             assert sends[receipt] in bodies, f"{receipt} got its RECEIPT and was lost in the crash"
