@@ -27,6 +27,11 @@ Invariants, each kept in one place:
   receipts) waits for that checkpoint too, and while retired ACKs are not covered a
   checkpoint is written at every flush the pipeline allows, so they become durable
   within the same few sync cycles as a patch would.
+- `on_durable` covers every append accepted before it, written or still pending: while
+  appends wait for room, its callback waits (`_after_appends`, by the id of the last one
+  accepted) until none of them is pending, and fails with the reason if they are
+  refused, after their own callbacks ran. So a RECEIPT for a NACK, ACK or DISCONNECT
+  never leaves before a receipt-less SEND that came before it is stored.
 - Admission (`append`) accepts a message only if the live bytes leave room for it and
   the headroom compaction needs (`headroom`); then it is placed after at most a few sync
   and checkpoint cycles, with no new ACKs: compaction copies held messages that pin the
@@ -207,6 +212,8 @@ class LogCore:
         self._patches: list[tuple[int, bytes]] = []
         self._waiters: collections.deque[tuple[int, Done]] = collections.deque()
         self._untagged: list[Done] = []
+        # on_durable callbacks waiting for pending appends: (the last id accepted, done).
+        self._after_appends: collections.deque[tuple[int, Done]] = collections.deque()
         self._flush_no = 0
         self._written_ids: collections.deque[tuple[int, int]] = collections.deque()  # (flush, its last id)
         self._durable_id = 0
@@ -478,6 +485,9 @@ class LogCore:
                 self._pending_bytes -= rec.size
                 if sent is not None:
                     self._upto_waiters.append((upto, sent))
+            after = self._after_appends
+            while after and after[0][0] <= upto:  # their last appends now wait for the watermark
+                self._upto_waiters.append((upto, after.popleft()[1]))
             if not pending:
                 self._pending_largest = 0
             cur = self._cursor
@@ -541,14 +551,17 @@ class LogCore:
         self._schedule()
 
     def on_durable(self, done: Done) -> None:
-        """Run done(None) once everything asked of the log so far (appends excepted,
-        which have their own callback) is on disk."""
+        """Run done(None) once everything asked of the log so far is on disk, every append
+        accepted so far included; done(reason) if one of those appends is refused."""
         if self._broken:
             done(self._broken)
             return
         if self._retired > self._checkpoints.durable.retired:
             done = self._then_retired(self._retired, done)
-        self._untagged.append(done)
+        if self._pending:
+            self._after_appends.append((self._pending[-1][0].id, done))
+        else:
+            self._untagged.append(done)
         self._schedule()
 
     def _then_retired(self, count: int, done: Done) -> Done:
@@ -610,6 +623,9 @@ class LogCore:
         except OSError as err:
             self._fail(f"cannot write {self.name}: {err.strerror or err}")
             return
+        after = self._after_appends
+        while after and not self._waits_for(after[0][0]):  # its appends are written now
+            self._untagged.append(after.popleft()[1])
         if self._untagged:
             self._urgent_upto = fno
             self._waiters.extend((fno, done) for done in self._untagged)
@@ -863,6 +879,8 @@ class LogCore:
             if done is not None:
                 done(reason)
         self._pending_largest = 0
+        while self._after_appends:
+            self._after_appends.popleft()[1](reason)
 
     # ---------------------------------------------------------------- syncing
 

@@ -17,6 +17,8 @@ The invariants, from the crash model in the design notes:
 - a SEND whose done(None) ran is delivered after every restart, unless an ACK took it;
   so is one a restart recovered (recovery syncs what it finds) or a full sync covered;
 - an ACK whose on_durable ran with None is never undone: the message never comes back;
+  and every SEND accepted before that on_durable is delivered after every restart, unless
+  an ACK took it (on_durable covers appends still waiting for room, receipt or not);
 - next_ready never hands out a message twice in one run of the log;
 - every payload delivered is byte for byte one that was appended, under its own id;
 - the file never grows past the cap, nor past the log's own `end`;
@@ -361,6 +363,7 @@ class Sim:
         self.waiting_durable = 0
         self.acks: list[int] = []
         self.confirmed = 0
+        self.sends_covered = len(self.messages)  # tags from here on are appended in this run
         self.fatal: str | None = None
         self.disk_faults = self.disk.faults
         self.exact = True
@@ -758,17 +761,24 @@ class Sim:
 
     def _ask_durable(self) -> None:
         """A RECEIPT for an ACK, NACK or DISCONNECT: on_durable covers every ACK so far."""
-        upto, run = len(self.acks), self.run
+        upto, sent, run = len(self.acks), len(self.messages), self.run
         self.waiting_durable += 1
-        self.core.on_durable(lambda reason: self._durable_done(upto, run, reason))
+        self.core.on_durable(lambda reason: self._durable_done(upto, sent, run, reason))
 
-    def _durable_done(self, upto: int, run: int, reason: str | None) -> None:
+    def _durable_done(self, upto: int, sent: int, run: int, reason: str | None) -> None:
         if run != self.run:
             return
         self.waiting_durable -= 1
         self.trace("ack receipt for %d acks: %s", upto, reason or "durable")
         if reason is not None:
             return
+        if self.disk.faults == self.disk_faults:  # else appends nobody waits for may be refused unseen
+            for tag in range(self.sends_covered, sent):
+                msg = self.messages[tag]
+                if not msg.rejected and msg.refused_run != run:
+                    msg.durable_by = msg.durable_by or "on_durable"
+                    msg.promise(self.rot_epoch)
+        self.sends_covered = max(self.sends_covered, sent)
         for tag in self.acks[self.confirmed : upto]:
             self.messages[tag].acked_durable = True
             self.messages[tag].promise(self.rot_epoch)

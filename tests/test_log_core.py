@@ -473,3 +473,52 @@ def test_a_crash_while_recovery_records_a_new_cap_loses_nothing_and_the_next_sta
         core = Core(disk.crash("power"), cap)
         assert core.drain() == [body(n) for n in range(5)]
         assert fmt.recorded_cap(core.disk.visible_image()[:RING_START]) == cap
+
+
+# ---------------------------------------------------------------- on_durable covers pending appends
+
+
+def full_ring_all_acked(core: Core) -> None:
+    """Messages up to the admission limit, written, synced, taken and ACKed: the ring has
+    no room at the head until a synced checkpoint moves its tail past them."""
+    n = 0
+    while True:
+        try:
+            core.send(body(n, 1500))
+        except QueueFull:
+            break
+        n += 1
+    core.log.flush()
+    core.log.sync()
+    for _ in range(n):
+        core.log.ack(core.take())
+
+
+def test_on_durable_waits_for_a_receiptless_append_still_waiting_for_room():
+    """A SEND with no receipt waits for room, then a DISCONNECT asks for its RECEIPT:
+    the answer comes only once that SEND is on disk, whatever the crash after it."""
+    core = Core()
+    full_ring_all_acked(core)
+    sent = []
+    while not sent or sent[-1][1].offset >= 0:  # until one is not written: it waits for room
+        payload = b"\n" + body(len(sent), core.log.max_message - 1)
+        sent.append((payload[1:], core.log.append(payload, None, urgent=False)))
+        core.log.flush()
+    answers: list[str | None] = []
+    core.log.on_durable(answers.append)
+    until(core, answered(answers))
+    for mode in ("power", "kill"):
+        assert core.crash(mode).drain() == [each for each, _ in sent]
+
+
+def test_on_durable_fails_after_the_append_it_covers_is_refused():
+    """The pending append is refused (disk full): its own callback says so first, then
+    the on_durable callback gets the same reason instead of None."""
+    disk = SimDisk(random.Random(3), free_bytes=8192)
+    core = Core(disk, cap=1 << 20)
+    until(core, answered(core.send(body(1, 1000))))
+    answers: list[str | None] = []
+    core.log.append(b"\n" + body(2, 8000), lambda err: answers.append(f"send: {err}"), urgent=False)
+    core.log.on_durable(lambda err: answers.append(f"durable: {err}"))
+    until(core, lambda: len(answers) == 2)
+    assert answers[0].startswith("send: disk full") and answers[1].startswith("durable: disk full")

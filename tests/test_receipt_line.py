@@ -380,3 +380,54 @@ def test_a_crash_after_a_receipt_keeps_the_frames_effect(block):
         receipts, frames = crash_after_receipts(seed)
         seen, sent = seen + receipts, sent + frames
     assert 0 < seen < sent, "the crashes should fall both before and after some receipts"
+
+
+# ---------------------------------------------------------------- a DISCONNECT after a SEND with no receipt
+
+
+def producer_with_a_send_waiting_for_room() -> tuple[MemWorld, MemPeer, list[bytes]]:
+    """A producer whose last SEND, with no receipt, waits for room in the ring: every
+    message before it is ACKed, but their room comes back only with a synced checkpoint."""
+    world = MemWorld(cap=64 * 1024)
+    log = world.log
+    while True:
+        try:
+            log.append(b"\nold".ljust(1500, b"o"))
+        except QueueFull:
+            break
+    world.settle(1)
+    while (rec := log.next_ready()) is not None:
+        log.ack(rec)
+    producer, sent = world.peer(), []
+    while not log._pending:  # until a SEND is not written at once
+        sent.append(b"new %d ".ljust(log.max_message - 100, b"n") % len(sent))
+        producer.send("SEND", sent[-1], destination="/queue/curb")
+        log.flush()
+    return world, producer, sent
+
+
+def test_a_disconnect_receipt_waits_for_a_receiptless_send_still_waiting_for_room():
+    world, producer, sent = producer_with_a_send_waiting_for_room()
+    producer.send("DISCONNECT", receipt="bye")
+    for _ in range(30):
+        got = [f.command for f in producer.frames()]
+        if got:
+            break
+        world.settle(1)
+    assert got == ["RECEIPT"]
+    for mode in ("kill", "power"):
+        after, bodies = world.crash(mode), []
+        while (rec := after.log.next_ready()) is not None:
+            bodies.append(split_payload(after.log.payload(rec))[1])
+        assert bodies == sent, "the RECEIPT left before every SEND before it was on disk"
+
+
+def test_a_disconnect_after_a_receiptless_send_that_is_refused_gets_message_not_stored():
+    world = MemWorld(cap=1 << 20, disk=SimDisk(random.Random(3), free_bytes=8192))
+    producer = world.peer()
+    producer.send("SEND", b"x" * 8000, destination="/queue/curb")  # the file cannot grow for it
+    producer.send("DISCONNECT", receipt="bye")
+    world.settle(2)
+    [error] = producer.frames()
+    assert error.command == "ERROR" and error.headers["message"] == "message not stored"
+    assert b"disk full" in error.body
