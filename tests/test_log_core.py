@@ -499,7 +499,7 @@ def test_on_durable_waits_for_a_receiptless_append_still_waiting_for_room():
     the answer comes only once that SEND is on disk, whatever the crash after it."""
     core = Core()
     full_ring_all_acked(core)
-    sent = []
+    sent: list[tuple[bytes, Record]] = []
     while not sent or sent[-1][1].offset >= 0:  # until one is not written: it waits for room
         payload = b"\n" + body(len(sent), core.log.max_message - 1)
         sent.append((payload[1:], core.log.append(payload, None, urgent=False)))
@@ -517,7 +517,7 @@ def test_on_durable_fails_after_the_append_it_covers_is_refused():
     disk = SimDisk(random.Random(3), free_bytes=8192)
     core = Core(disk, cap=1 << 20)
     until(core, answered(core.send(body(1, 1000))))
-    answers: list[str | None] = []
+    answers: list[str] = []
     core.log.append(b"\n" + body(2, 8000), lambda err: answers.append(f"send: {err}"), urgent=False)
     core.log.on_durable(lambda err: answers.append(f"durable: {err}"))
     until(core, lambda: len(answers) == 2)

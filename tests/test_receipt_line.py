@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-from memworld import MemWorld
+from memworld import MemPeer, MemWorld
 from simdisk import Crashed, SimDisk
 from test_frame_props import settings  # its profiles: quick by default, CURB_HYPOTHESIS_PROFILE=thorough
 from test_session_rules import FakeLog
@@ -398,7 +398,7 @@ def producer_with_a_send_waiting_for_room() -> tuple[MemWorld, MemPeer, list[byt
     world.settle(1)
     while (rec := log.next_ready()) is not None:
         log.ack(rec)
-    producer, sent = world.peer(), []
+    producer, sent = world.peer(), list[bytes]()
     while not log._pending:  # until a SEND is not written at once
         sent.append(b"new %d ".ljust(log.max_message - 100, b"n") % len(sent))
         producer.send("SEND", sent[-1], destination="/queue/curb")
