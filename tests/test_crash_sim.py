@@ -93,6 +93,10 @@ REPLAY_REGRESSIONS = {
     # stalled again: every slice read the same record and none handed it out. Stopping
     # before a message now costs nothing.
     "a_slice_stopping_at_a_message_spends_the_next_one": (0, "walk makes no progress"),
+    # An ACK's receipt (on_durable) came while a SEND with no receipt accepted before it
+    # still waited for room in the ring; a crash then lost that SEND. on_durable now
+    # waits for every append accepted before it.
+    "on_durable_before_a_pending_send": (48, "SEND made durable by on_durable lost"),
 }
 
 
