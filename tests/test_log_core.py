@@ -183,10 +183,9 @@ def test_one_held_message_does_not_make_the_queue_full():
 # ---------------------------------------------------------------- finding 4: no hang after a restart
 
 
-def test_a_restart_after_acks_that_no_checkpoint_recorded_frees_their_room():
-    """Everything ACKed (durably) within the last checkpoint interval, then kill -9:
-    the restarted log frees that room without a consumer, so SENDs are answered."""
-    core = Core()
+def full_ring_all_acked(core: Core) -> int:
+    """Messages up to the admission limit, written, synced, taken and ACKed: the ring has
+    no room at the head until a synced checkpoint moves its tail past them. Returns how many."""
     n = 0
     while True:
         try:
@@ -198,6 +197,14 @@ def test_a_restart_after_acks_that_no_checkpoint_recorded_frees_their_room():
     core.log.sync()
     for _ in range(n):
         core.log.ack(core.take())
+    return n
+
+
+def test_a_restart_after_acks_that_no_checkpoint_recorded_frees_their_room():
+    """Everything ACKed (durably) within the last checkpoint interval, then kill -9:
+    the restarted log frees that room without a consumer, so SENDs are answered."""
+    core = Core()
+    n = full_ring_all_acked(core)
     core.log.flush()
     core.log.sync()  # the ACKs are durable; no checkpoint has named the new tail
     core = core.crash("kill")
@@ -476,22 +483,6 @@ def test_a_crash_while_recovery_records_a_new_cap_loses_nothing_and_the_next_sta
 
 
 # ---------------------------------------------------------------- on_durable covers pending appends
-
-
-def full_ring_all_acked(core: Core) -> None:
-    """Messages up to the admission limit, written, synced, taken and ACKed: the ring has
-    no room at the head until a synced checkpoint moves its tail past them."""
-    n = 0
-    while True:
-        try:
-            core.send(body(n, 1500))
-        except QueueFull:
-            break
-        n += 1
-    core.log.flush()
-    core.log.sync()
-    for _ in range(n):
-        core.log.ack(core.take())
 
 
 def test_on_durable_waits_for_a_receiptless_append_still_waiting_for_room():
