@@ -29,9 +29,10 @@ Invariants, each kept in one place:
   within the same few sync cycles as a patch would.
 - `on_durable` covers every append accepted before it, written or still pending: while
   appends wait for room, its callback waits (`_after_appends`, by the id of the last one
-  accepted) until none of them is pending, and fails with the reason if they are
-  refused, after their own callbacks ran. So a RECEIPT for a NACK, ACK or DISCONNECT
-  never leaves before a receipt-less SEND that came before it is stored.
+  accepted) until none of them is pending (those an ACK up to an id took unwritten: until
+  the watermark is durable), and fails with the reason if they are refused, after their
+  own callbacks ran. So a RECEIPT for a NACK, ACK or DISCONNECT never leaves before a
+  receipt-less SEND that came before it is stored.
 - Admission (`append`) accepts a message only if the live bytes leave room for it and
   the headroom compaction needs (`headroom`); then it is placed after at most a few sync
   and checkpoint cycles, with no new ACKs: compaction copies held messages that pin the
