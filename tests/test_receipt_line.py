@@ -422,11 +422,19 @@ def test_a_disconnect_receipt_waits_for_a_receiptless_send_still_waiting_for_roo
         assert bodies == sent, "the RECEIPT left before every SEND before it was on disk"
 
 
-def test_a_disconnect_after_a_receiptless_send_that_is_refused_gets_message_not_stored():
+@pytest.mark.parametrize("command", ["DISCONNECT", "NACK"])
+def test_a_receipt_after_a_receiptless_send_that_is_refused_is_message_not_stored(command):
     world = MemWorld(cap=1 << 20, disk=SimDisk(random.Random(3), free_bytes=8192))
     producer = world.peer()
+    producer.send("SEND", b"held", destination="/queue/curb")
+    world.settle(1)
+    producer.send("SUBSCRIBE", id="s", destination="/queue/curb", ack="client-individual")
+    [held] = producer.frames()
     producer.send("SEND", b"x" * 8000, destination="/queue/curb")  # the file cannot grow for it
-    producer.send("DISCONNECT", receipt="bye")
+    if command == "NACK":
+        producer.send("NACK", id=held.headers["ack"], receipt="r")
+    else:
+        producer.send("DISCONNECT", receipt="r")
     world.settle(2)
     [error] = producer.frames()
     assert error.command == "ERROR" and error.headers["message"] == "message not stored"
