@@ -96,7 +96,7 @@ REPLAY_REGRESSIONS = {
     # An ACK's receipt (on_durable) came while a SEND with no receipt accepted before it
     # still waited for room in the ring; a crash then lost that SEND. on_durable now
     # waits for every append accepted before it.
-    "on_durable_before_a_pending_send": (48, "SEND made durable by on_durable lost"),
+    "on_durable_before_a_pending_send": (90, "SEND made durable by on_durable lost"),
 }
 
 
