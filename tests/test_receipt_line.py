@@ -418,7 +418,7 @@ def test_a_disconnect_receipt_waits_for_a_receiptless_send_still_waiting_for_roo
     for mode in ("kill", "power"):
         after, bodies = world.crash(mode), []
         while (rec := after.log.next_ready()) is not None:
-            bodies.append(split_payload(after.log.payload(rec))[1])
+            bodies.append(split_payload(bytes(after.log.payload(rec)))[1])
         assert bodies == sent, "the RECEIPT left before every SEND before it was on disk"
 
 
