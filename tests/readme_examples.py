@@ -14,6 +14,11 @@ Kinds:
   the test reports it as skipped, with the reason.
 - `text reason="..."`: not a command or a program (a diagram, a frame's layout, the
   contents of a file): not run.
+- `spark`: a ```python block of the Spark section, for a Spark session `spark` and brokers
+  at h1:61613 and h2:61613. tests/spark/test_spark_readme_examples.py runs these blocks in
+  order, in one namespace, against two local brokers (h1:61613 and h2:61613 become their
+  addresses, the relative paths given to the options `path` and `checkpointLocation` move
+  into a temporary directory) and checks what they did; tests/test_readme_examples.py reports them skipped.
 
 Options (a value with spaces goes in double quotes):
 - `broker` or `broker="FLAGS"`: a curb broker serves the block's STOMP port first, with FLAGS.
@@ -51,7 +56,7 @@ README = TOP / "README.md"
 PASSWORD = "correct horse"
 PORTS = ("61613", "61614", "8161")
 SYSTEM_DIRS = ("/etc/curb", "/var/lib/curb")
-KINDS = ("python", "shell", "skip", "text")
+KINDS = ("python", "shell", "skip", "text", "spark")
 OPTIONS = ("broker", "serves", "skip", "reason", "terminal", "env", "users", "certs", "expect", "rdy")
 FLAG_OPTIONS = ("broker", "serves", "terminal")  # may be given without a value
 SHELL_FENCES = ("", "sh", "bash", "shell", "console")
@@ -170,8 +175,10 @@ def _check(found: Example) -> None:
     block, kind, options = found.block, found.kind, found.options
     if (kind in ("skip", "text") or "skip" in options) and not options.get("reason"):
         raise MarkerError(f'{block.describe()}: say why it is not run: reason="..."')
-    if kind == "python" and block.fence != "python":
-        raise MarkerError(f"{block.describe()}: a python example must be a ```python block")
+    if kind in ("python", "spark") and block.fence != "python":
+        raise MarkerError(f"{block.describe()}: a {kind} example must be a ```python block")
+    if kind == "spark" and options:
+        raise MarkerError(f"{block.describe()}: a spark example takes no options (its test starts the brokers)")
     if kind == "shell" and block.fence not in (None, *SHELL_FENCES):
         raise MarkerError(f"{block.describe()}: a shell example must be indented or a ```sh block")
     if kind != "shell" and {"serves", "skip", "terminal"} & options.keys():

@@ -45,6 +45,7 @@ from curb.client import Client
 from curb.spawn import LISTENING
 
 RUN_S = 30.0  # at most, for one block; they take about a second each
+SPARK_TEST = "tests/spark/test_spark_readme_examples.py"
 
 
 def _examples() -> list[Example]:
@@ -59,7 +60,7 @@ def _cases() -> list:
     """One test per block that runs, and one per example (or command) that is skipped."""
     cases = []
     for ex in _examples():
-        if ex.kind == "skip":
+        if ex.kind in ("skip", "spark"):
             cases.append(pytest.param(ex, False, id=_name(ex, ex.block.text)))
         elif ex.kind == "python":
             cases.append(pytest.param(ex, True, id=_name(ex, ex.block.text)))
@@ -87,8 +88,14 @@ def test_every_block_says_how_it_runs():
     assert not problems, "\n".join(problems)
 
 
+def test_the_spark_examples_have_the_test_that_runs_them():
+    assert any(ex.kind == "spark" for ex in _examples()) <= (TOP / SPARK_TEST).is_file()
+
+
 @pytest.mark.parametrize("ex, runs", _cases())
 def test_readme_example(ex: Example, runs: bool, tmp_path: Path, curb_broker: Callable) -> None:
+    if ex.kind == "spark":
+        pytest.skip(f"run by {SPARK_TEST}")
     if not runs:
         pytest.skip(f"not run: {ex.options['reason']}")
     rewrite = Rewrite(tmp_path, {port: free_port() for port in PORTS})
@@ -324,6 +331,7 @@ def test_blocks_finds_fenced_and_indented_blocks_with_their_markers():
         ('shell skip="systemctl"', 'reason="..."'),
         ("shell expect", "needs a value"),
         ("python broker", "must be a ```python block"),
+        ("spark", "a spark example must be a ```python block"),
         ("shell rdy=1", "rdy=N needs a number and the broker option"),
         ('shell reason="unclosed', "No closing quotation"),
     ],

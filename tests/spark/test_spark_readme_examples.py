@@ -1,0 +1,98 @@
+"""The README's Spark examples (the blocks marked `<!-- example: spark -->`) run as written.
+
+They run in order, in one namespace that holds the shared `spark` session, against two
+local brokers: `h1:61613` and `h2:61613` become the brokers' addresses, and the relative
+paths given to `path` and `checkpointLocation` move into the test's temporary directory;
+nothing else of the text changes. Then the test checks what they did: the batch write's row
+and the streaming write's rows reach the brokers, and the consuming query writes each of
+them, once, to the parquet output.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from pathlib import Path
+
+from readme_examples import README, Block, blocks, example
+
+DEADLINE_S = 180.0
+LEAST_SENT = 20  # rows the streaming write must have committed before it is stopped
+
+_ENDPOINT = re.compile(r"\bh([12]):61613\b")
+_PATH_OPTION = re.compile(r'(\.option\("(?:path|checkpointLocation)", ")([^"/][^"]*)(")')
+
+
+def spark_examples() -> list[Block]:
+    return [block for block in blocks(README.read_text()) if example(block).kind == "spark"]
+
+
+def rewrite(text: str, endpoints: list[str], root: Path) -> str:
+    """The block as it runs here: brokers h1 and h2 at `endpoints`, relative paths under `root`."""
+    text = _ENDPOINT.sub(lambda m: endpoints[int(m.group(1)) - 1], text)
+    return _PATH_OPTION.sub(lambda m: f"{m.group(1)}{root / m.group(2)}{m.group(3)}", text)
+
+
+def wait_for(condition, what: str, queries=()) -> None:
+    """Poll `condition` for DEADLINE_S at most; a query that died fails the test at once."""
+    deadline = time.monotonic() + DEADLINE_S
+    while not condition():
+        for query in queries:
+            assert query.isActive, f"query stopped while waiting for {what}: {query.exception()}"
+        assert time.monotonic() < deadline, f"gave up waiting: {what}"
+        time.sleep(0.5)
+
+
+def committed_rows(query) -> int:
+    return sum(progress["numInputRows"] for progress in query.recentProgress)
+
+
+def test_the_rewrite_changes_only_the_endpoints_and_relative_paths(tmp_path):
+    text = '.option("endpoints", "h1:61613,h2:61613").option("path", "out").option("checkpointLocation", "ckpt")'
+    assert rewrite(text, ["127.0.0.1:1", "127.0.0.1:2"], tmp_path) == (
+        f'.option("endpoints", "127.0.0.1:1,127.0.0.1:2").option("path", "{tmp_path}/out")'
+        f'.option("checkpointLocation", "{tmp_path}/ckpt")'
+    )
+    assert rewrite('h11:61613 h1:616130 .option("path", "/data/out")', ["x", "y"], tmp_path) == (
+        'h11:61613 h1:616130 .option("path", "/data/out")'
+    )
+
+
+def test_the_spark_examples_run_as_written(spark, brokers, tmp_path):
+    a, b = brokers
+    examples = spark_examples()
+    assert len(examples) == 4, "register, consume, a batch write and a streaming write"
+    namespace: dict = {"spark": spark}
+    try:
+        for block in examples:
+            exec(compile(rewrite(block.text, [a.endpoint, b.endpoint], tmp_path), block.describe(), "exec"), namespace)
+        query, sending = namespace["query"], namespace["sending"]
+        assert namespace["df"].count() == 1
+        wait_for(lambda: committed_rows(sending) >= LEAST_SENT, f"{LEAST_SENT} rows sent", [query, sending])
+        sending.stop()
+        sent = committed_rows(sending)  # the rate source counts from 0, with no gaps between batches
+        output = tmp_path / "out"
+
+        def consumed() -> list:
+            return spark.read.parquet(str(output)).collect() if (output / "_spark_metadata").exists() else []
+
+        def everything_arrived() -> bool:
+            bodies = {row.body for row in consumed()}
+            return b"hello" in bodies and {str(n).encode() for n in range(sent)} <= bodies
+
+        wait_for(everything_arrived, "every sent row in the parquet output", [query])
+        query.processAllAvailable()
+        query.stop()
+        wait_for(lambda: a.is_empty() and b.is_empty(), "both queues acknowledged")
+    finally:
+        for active in spark.streams.active:
+            active.stop()
+    rows = consumed()
+    assert Counter(row.body for row in rows).most_common(1)[0][1] == 1, "each row once"
+    hello = [row for row in rows if row.body == b"hello"]
+    assert len(hello) == 1 and hello[0].endpoint in (a.endpoint, b.endpoint)
+    counter = [row for row in rows if row.body != b"hello"]
+    assert {row.endpoint for row in counter} == {a.endpoint}, "the streaming write goes to h1 only"
+    assert len(counter) >= sent >= LEAST_SENT
+    assert {str(n).encode() for n in range(sent)} <= {row.body for row in counter}
