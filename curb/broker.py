@@ -3,7 +3,13 @@
 Sessions say what a client did (send, subscribe, ack, nack, went away, was handed a
 message); only this module turns that into calls on the queue state machine, the log and
 the metrics, so each step is written once: an ACK is `queue.ack` then `log.ack`, and every
-message that is rdy again (NACK, a connection gone, shutdown) goes back through `_requeue`.
+message that comes back unfinished (NACK, an ack deadline passed, a connection gone or
+silent past its heart-beat, shutdown) goes through `_requeue`, the one place that decides
+where it goes: today rdy again, at the front of the line, in the queue and in the log.
+
+Ack deadlines are kept by the queue; this module arms one timer (on `loop`, the event
+loop unless a test gives its own) for the earliest of them, re-arms it only when a
+sooner one appears, and when it fires returns what is due through `_requeue`.
 
 Browses (SUBSCRIBE with browser:true) are stepped here, a bounded number of bytes per
 loop pass for each session that can take output, so that a browse of any length holds
@@ -15,7 +21,8 @@ as a parameter, so tests drive it without an event loop.
 
 Refusals (a TLS handshake that failed, the connection limit, a connection without CONNECT
 in time, a failed login, a client error such as a missing permission, a SEND the full
-disk refused) are each counted in the metrics and logged by `_refused`: one line naming
+disk refused), and deliveries past their ack deadline and the ACKs, NACKs and touches
+that came after it, are each counted in the metrics and logged by `_refused`: one line naming
 the peer and, once it logged in, the user, at most one per LIMIT_LOG_SECONDS for each
 kind, however many there are; a line that stands for several says how many.
 """
@@ -34,7 +41,7 @@ from curb.cursor import Record
 from curb.log import QueueFull, TooLarge
 from curb.logins import SHED, Answer, LoginChecks, Offload, run_now
 from curb.metrics import Metrics
-from curb.queue import Queue, QueueError, Subscription
+from curb.queue import Late, Queue, QueueError, Subscription
 from curb.ratelimit import LineLimit
 from curb.users import User
 
@@ -47,12 +54,26 @@ BROWSE_STEP_BYTES = 256 * 1024  # a browse's output per session per loop pass
 # and with a thousand subscribers at every 50 ms those calls took half the loop's time.
 COUNT_FRAMES_PER_SECOND = 1000
 CONNECT_TIMEOUT_SECONDS = 10.0
+# How long a delivered message may wait for its ACK or NACK before it goes back to the
+# queue, unless the SUBSCRIBE says otherwise (curb-ack-timeout).
+ACK_TIMEOUT_SECONDS = 30 * 60.0
 # How long after a failed CONNECT its "access refused" leaves, whatever the failure was.
 REFUSE_DELAY_SECONDS = 1.0
 # At most one line of each kind of refusal per this many seconds, however many there are.
 LIMIT_LOG_SECONDS = 10.0
 Done = Callable[[str | None], None]
 Schedule = Callable[[float, Callable[[], None]], object]
+
+
+class Timer(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Loop(Protocol):
+    """What the broker needs to keep ack deadlines: an asyncio event loop has both."""
+
+    def time(self) -> float: ...
+    def call_at(self, when: float, callback: Callable[[], None]) -> Timer: ...
 
 
 class Store(Protocol):
@@ -122,14 +143,16 @@ class Broker:
         connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
         refuse_delay: float = REFUSE_DELAY_SECONDS,
         max_connections: int | None = None,
+        ack_timeout: float = ACK_TIMEOUT_SECONDS,
         metrics: Metrics | None = None,
         events: Callable[..., None] = lambda *a, **k: None,
         schedule: Schedule | None = None,
         offload: Offload | None = None,
         clock: Callable[[], float] = time.monotonic,
+        loop: Loop | None = None,
     ):
         self.log = log
-        self.queue: Queue[Session, Record] = Queue(log, default_prefetch=prefetch)
+        self.queue: Queue[Session, Record] = Queue(log, default_prefetch=prefetch, ack_timeout=ack_timeout)
         self.max_frame = max_frame
         # The largest stored payload the log takes (a sixth of its ring), known at a SEND's head.
         self.max_message: int = min(max_frame, getattr(log, "max_message", max_frame))
@@ -148,6 +171,13 @@ class Broker:
         )
         # Default: the event loop running now (a broker is made inside it).
         self.schedule = schedule or loop_schedule(asyncio.get_running_loop())
+        # The ack deadlines' time and timer. Default: the event loop running now.
+        self.loop: Loop = loop or asyncio.get_running_loop()
+        # Read once per pump pass: an asyncio loop's time() is a Python call around
+        # time.monotonic, so take that C function directly when it is the loop's clock.
+        self._time = time.monotonic if type(self.loop).time is asyncio.BaseEventLoop.time else self.loop.time
+        self._deadline_timer: Timer | None = None
+        self._deadline_at: float | None = None  # when the deadline timer fires
         self.sessions: set[Session] = set()
         self._counters: set[Session] = set()
         self.count_messages = CountMessages()
@@ -202,16 +232,22 @@ class Broker:
             self.counts_changed()
 
     def subscribe(
-        self, session: Session, sub_id: str, ack_mode: str, prefetch: int | None
+        self, session: Session, sub_id: str, ack_mode: str, prefetch: int | None, ack_timeout: float | None = None
     ) -> Subscription[Session, Record]:
-        return self.queue.subscribe(session, sub_id, ack_mode, prefetch)
+        return self.queue.subscribe(session, sub_id, ack_mode, prefetch, ack_timeout)
 
     def unsubscribe(self, session: Session, sub_id: str) -> None:
         self.queue.unsubscribe(session, sub_id)
 
     def ack(self, session: Session, msg_id: int) -> None:
-        """The client is done with the message (and, in client mode, the earlier ones)."""
-        for rec in self.queue.ack(session, msg_id):
+        """The client is done with the message (and, in client mode, the earlier ones).
+        Late (counted and logged) when its ack deadline passed: nothing changes."""
+        try:
+            records = self.queue.ack(session, msg_id)
+        except Late:
+            self._late(session, msg_id, "ACK")
+            raise
+        for rec in records:
             self.log.ack(rec)
             self.metrics.acked += 1
 
@@ -245,9 +281,36 @@ class Broker:
         self.log.end_browse(browse)
 
     def nack(self, session: Session, msg_id: int) -> None:
-        records = self.queue.nack(session, msg_id)
+        try:
+            records = self.queue.nack(session, msg_id)
+        except Late:
+            self._late(session, msg_id, "NACK")
+            raise
         self.metrics.nacked += len(records)
         self._requeue(records)
+
+    def touch(self, session: Session, msg_id: int, seconds: float) -> None:
+        """The message's ack deadline is `seconds` from now (Late as for a NACK)."""
+        try:
+            self.queue.touch(session, msg_id, self.loop.time() + seconds)
+        except Late:
+            self._late(session, msg_id, "touch")
+            raise
+        self._arm_deadline(self.queue.soonest)
+
+    def _late(self, session: Session, msg_id: int, what: str) -> None:
+        """Count and log (as a refusal line) a settlement that came after its message's
+        ack deadline."""
+        self.metrics.late_acks += 1
+        self._refused(
+            "late_ack",
+            f"late {what} from {_who(session)}: message {msg_id} passed its ack deadline and went back to the "
+            "queue before it; the frame changed nothing",
+            self.loop.time(),
+            peer=session.peer,
+            user=session.user,
+            message_id=msg_id,
+        )
 
     def handed_off(self, session: Session, records: list[Record]) -> None:
         """Messages of an auto subscription went to the connection's transport: only now
@@ -360,10 +423,12 @@ class Broker:
             reason=why,
         )
 
-    def _refused(self, event: str, text: str, now: float | None = None, kind: str = "", **fields: object) -> None:
-        """The line for a refusal of this event (and kind), unless one was logged less
-        than LIMIT_LOG_SECONDS ago; a line for several says how many since the last."""
-        count = self._lines[f"{event}:{kind}"].hit(self.clock() if now is None else now)
+    def _refused(
+        self, event: str, text: str, now: float | None = None, kind: str = "", times: int = 1, **fields: object
+    ) -> None:
+        """The line for `times` refusals of this event (and kind), unless one was logged
+        less than LIMIT_LOG_SECONDS ago; a line for several says how many since the last."""
+        count = self._lines[f"{event}:{kind}"].hit(self.clock() if now is None else now, times)
         if not count:
             return
         if count > 1:
@@ -390,9 +455,49 @@ class Broker:
         self.pump()
 
     def _requeue(self, records: list[Record]) -> None:
-        """The one place a message becomes rdy again in the log."""
+        """The one place that decides where a message that came back unfinished goes
+        (NACK, ack deadline, connection gone, shutdown): rdy again, at the front of the
+        line, in the queue and in the log (which keeps its delivery count)."""
+        self.queue.requeue(records)
         for rec in records:
             self.log.requeue(rec)
+
+    # ---------------------------------------------------------------- ack deadlines
+
+    def _arm_deadline(self, deadline: float | None) -> None:
+        """Arm the one deadline timer for `deadline`, unless it is armed for that or
+        sooner: a timer that fires early finds nothing due and re-arms for the earliest.
+        So a delivery costs a comparison here, not a look at every deadline."""
+        if deadline is None or (self._deadline_at is not None and self._deadline_at <= deadline):
+            return
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        self._deadline_at = deadline
+        self._deadline_timer = self.loop.call_at(deadline, self._deadline_passed)
+
+    def _deadline_passed(self) -> None:
+        """The timer fired: every delivery due by now goes back to the queue, as a NACK's
+        would; the connections that held them are untouched."""
+        armed_for, self._deadline_at, self._deadline_timer = self._deadline_at, None, None
+        now = self.loop.time()
+        # A loop may fire a timer a clock tick early: what it was armed for is due.
+        expired = self.queue.expire(max(now, armed_for or now))
+        self._arm_deadline(self.queue.next_deadline())  # before the pump, whose deliveries may come sooner
+        if expired:
+            self.metrics.ack_timeouts += len(expired)
+            sub, rec = expired[-1]
+            self._refused(
+                "ack_timeout",
+                f"ack deadline passed: {len(expired)} delivered messages went back to the queue (the last: "
+                f"message {rec.id}, held by {_who(sub.conn)})",
+                now,
+                times=len(expired),
+                peer=sub.conn.peer,
+                user=sub.conn.user,
+                message_id=rec.id,
+            )
+            self._requeue([rec for _, rec in expired])
+            self.pump()
 
     # ---------------------------------------------------------------- shutdown
 
@@ -421,7 +526,8 @@ class Broker:
             delivered = redelivered = 0
             try:
                 log = self.log
-                while (got := queue.next_delivery()) is not None:
+                now = self._time()
+                while (got := queue.next_delivery(now)) is not None:
                     sub, rec = got
                     log.delivered(rec)
                     sub.conn.deliver(sub, rec, log.payload(rec))
@@ -433,6 +539,9 @@ class Broker:
                 self._pumping = False
                 self.metrics.delivered += delivered
                 self.metrics.redelivered += redelivered
+            soonest = queue.soonest
+            if soonest is not None and (self._deadline_at is None or soonest < self._deadline_at):
+                self._arm_deadline(soonest)
         if self._counters:
             self.counts_changed()
         if self._browsing:

@@ -44,8 +44,8 @@ import click
 
 from curb import __version__, systemd, tls, users
 from curb.addr import parse_addr
-from curb.broker import CONNECT_TIMEOUT_SECONDS, Broker
-from curb.durations import Duration
+from curb.broker import ACK_TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS, Broker
+from curb.durations import Duration, format_seconds
 from curb.heartbeat import MAX_MS as MAX_HEARTBEAT_MS
 from curb.inspect import inspect_command
 from curb.log import Log, LogError, parse_size
@@ -228,6 +228,15 @@ def default_file() -> str:
     help="Heart-beat interval offered (a plain number is ms; 0: none; at most 24h); silent peers are dropped.",
 )
 @click.option(
+    "-ack-timeout",
+    "--ack-timeout",
+    default=format_seconds(ACK_TIMEOUT_SECONDS),
+    show_default=True,
+    type=Duration("s", MAX_HEARTBEAT_MS / 1000, zero="no deadline"),
+    help="How long a delivered message waits for its ACK or NACK before it goes back to the queue "
+    "(a plain number is seconds; 0: no deadline; at most 24h). SUBSCRIBE may set its own (curb-ack-timeout).",
+)
+@click.option(
     "-http",
     "--http",
     default=None,
@@ -259,6 +268,7 @@ def command(
     prefetch,
     max_frame,
     heartbeat,
+    ack_timeout,
     http,
     log_format,
 ):
@@ -283,6 +293,7 @@ def command(
                 prefetch=prefetch,
                 max_frame=max_frame,
                 heartbeat=round(heartbeat * 1000),
+                ack_timeout=ack_timeout,
                 http=http,
                 events=events,
             )
@@ -372,6 +383,7 @@ async def serve(
     users_path: str | None = None,
     connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
     max_connections: int | None = None,
+    ack_timeout: float = ACK_TIMEOUT_SECONDS,
 ) -> int:
     """Recover the log, listen, serve until SIGINT/SIGTERM, then drain. Returns the exit code."""
     loop = asyncio.get_running_loop()
@@ -472,6 +484,7 @@ async def serve(
         users=user_table,
         connect_timeout=connect_timeout,
         max_connections=max_connections,
+        ack_timeout=ack_timeout,
         metrics=metrics,
         events=events,
     )

@@ -37,6 +37,8 @@ COUNTER_NAMES = (
     "logins_shed",
     "connect_timeouts",
     "permissions_refused",
+    "ack_timeouts",
+    "late_acks",
 )
 # Why a TLS handshake failed, as counted: the label values of curb_tls_handshake_failures_total
 # (curb.tls.handshake_failure sorts an error into one of them).
@@ -77,6 +79,8 @@ class Metrics:
     connect_timeouts: int
     permissions_refused: int
     tls_failures: dict[str, int]
+    ack_timeouts: int
+    late_acks: int
 
     def __init__(self) -> None:
         for name in COUNTER_NAMES:
@@ -197,6 +201,16 @@ def _families(m: Metrics, g: dict[str, int]) -> list[_Family]:
             "counter",
             "TLS connections closed before their handshake was done, by reason.",
             [("", (("reason", reason),), count) for reason, count in m.tls_failures.items()],
+        ),
+        _counter(
+            "curb_ack_timeouts_total",
+            "Deliveries not ACKed or NACKed by their ack deadline: the message went back to the queue.",
+            m.ack_timeouts,
+        ),
+        _counter(
+            "curb_late_acks_total",
+            "ACK, NACK or touch frames that came after their message's ack deadline; they changed nothing.",
+            m.late_acks,
         ),
         _counter("curb_compaction_moves_total", "Live records copied forward by compaction.", m.compactions),
         _Family(

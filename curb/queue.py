@@ -2,8 +2,11 @@
 
 Rules (pure state, no sockets, no files):
 - A message is rdy, wip on exactly one subscription, or done. The source hands out
-  never-delivered rdy messages in FIFO order; NACKed messages and the wip of a closed
-  connection are rdy again and wait in a heap, oldest id first, ahead of the source.
+  never-delivered rdy messages in FIFO order; messages put back with `requeue` wait in a
+  heap, oldest id first, ahead of the source.
+- Taking a message out of wip without finishing it (NACK, `close`, `expire`) does not
+  place it: those calls return it, and the caller's one policy point decides where it
+  goes (today always `requeue`: rdy again at the front of the line).
 - A subscription holds at most `prefetch` wip messages. ACK and NACK free credit; in
   "client" mode they are cumulative over the subscription's wip in delivery order.
 - "auto" subscriptions hold wip and credit like the others: the caller ACKs a message for
@@ -14,9 +17,26 @@ Rules (pure state, no sockets, no files):
 - ACK up to an id (`ack_upto`) finishes every message with an id up to it, wherever it
   is: wip on any connection or waiting for redelivery. A later ACK or NACK of such a
   message by its holder gets the answer of any unknown id (QueueError).
+- Ack deadlines: a delivery to a subscription with an ack timeout must be ACKed or
+  NACKed by `now` plus it (`next_delivery(now)` stamps it; `touch` moves it), in whole
+  milliseconds. `expire(now)` takes every delivery past its deadline out of wip, and only
+  those: the subscription's other wip stays and its credit is freed. A later ACK or NACK
+  of such a message by the connection that held it raises `Late` (the last LATE_KEPT of
+  them per connection, or its subscription's prefetch if larger, are remembered), not the
+  error of an unknown id, and changes nothing. The queue keeps no clock: callers pass
+  `now` (seconds).
+- Deadlines are kept per millisecond: a heap of the distinct deadlines, and for each
+  the ids given it, in delivery order. An entry goes stale when its delivery is settled
+  or touched (a dict says which deadline is current), so a delivery costs two dict
+  look-ups and a list append (most deliveries of a pass share one millisecond, and so one
+  heap entry), settling costs a dict removal, and `expire` looks only at the milliseconds
+  that are due, never at the rest of the wip. Stale entries are not removed one by one:
+  the buckets are rebuilt from the current deadlines when they outnumber them, so they
+  hold at most about twice the timed wip. A caller keeping one timer compares `soonest`
+  with the time it is armed for.
 - Competing subscriptions take turns, one message each, in a ring that persists across
   calls. The ring holds exactly the subscriptions that could take a message now (active,
-  writable, with credit), so `deliver()` is O(1) when nothing can be delivered.
+  writable, with credit), so `next_delivery` is O(1) when nothing can be delivered.
 """
 
 import heapq
@@ -26,6 +46,12 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 ACK_MODES = ("auto", "client", "client-individual")
+# Late ACKs recognised per connection: the ids of its last deliveries whose deadline
+# passed (at least this many, or its subscription's prefetch if larger, so that a whole
+# window that expired at once is recognised).
+LATE_KEPT = 1024
+# Stale heap entries tolerated before the deadline heap is rebuilt, beyond one per live one.
+DEADLINE_SLACK = 1024
 
 
 class QueueError(Exception):
@@ -38,6 +64,12 @@ class QueueError(Exception):
     def __init__(self, reason: str, advice: str):
         super().__init__(reason)
         self.advice = advice
+
+
+class Late(QueueError):
+    """An ACK, NACK or touch of a message whose ack deadline passed while this connection
+    held it: the message is back in the queue (or with another consumer) and this
+    changes nothing."""
 
 
 class Message(Protocol):
@@ -73,6 +105,7 @@ class Subscription(Generic[C, M]):
     id: str
     ack_mode: str
     prefetch: int
+    ack_timeout_ms: int = 0  # how long a delivery may stay unsettled; 0: no deadline
     active: bool = True
     unacked: OrderedDict[int, M] = field(default_factory=OrderedDict, repr=False)
 
@@ -83,17 +116,29 @@ class Subscription(Generic[C, M]):
 class Queue(Generic[C, M]):
     """Subscriptions, their wip and credit, and the redelivery list, over a source of new ones."""
 
-    def __init__(self, source: Source[M], default_prefetch: int = 100, max_prefetch: int = 10000):
+    def __init__(
+        self, source: Source[M], default_prefetch: int = 100, max_prefetch: int = 10000, ack_timeout: float = 0.0
+    ):
         if not 1 <= default_prefetch <= max_prefetch:
             raise ValueError(f"need 1 <= default_prefetch ({default_prefetch}) <= max_prefetch ({max_prefetch})")
+        if ack_timeout < 0:
+            raise ValueError(f"ack_timeout must be at least 0, got {ack_timeout}")
         self._source = source
         self._default_prefetch = default_prefetch
         self._max_prefetch = max_prefetch
+        self._default_ack_timeout_ms = _ms(ack_timeout)
         self._active: dict[C, Subscription[C, M]] = {}  # each connection's active subscription
         self._paused: dict[C, set[Subscription[C, M]]] = {}  # unsubscribed but still holding wip
         self._blocked: set[C] = set()  # connections whose send buffer is full
         self._wip: dict[int, Subscription[C, M]] = {}  # message id -> the subscription holding it
         self._redeliver: list[tuple[int, M]] = []  # heap of (id, message), rdy again
+        self._due: dict[int, int] = {}  # wip message id -> its delivery's ack deadline, ms
+        self._buckets: dict[int, list[int]] = {}  # deadline ms -> ids given it, some stale
+        self._deadlines: list[int] = []  # heap of the buckets' deadlines, each once
+        self._entries = 0  # ids in the buckets, stale ones included
+        # The soonest deadline (seconds) deliver or touch set since next_deadline was asked.
+        self.soonest: float | None = None
+        self._late: dict[C, dict[int, None]] = {}  # per connection: ids whose deadline passed there
         # subscriptions that could take a message now, the next turn first
         self._ring: OrderedDict[Subscription[C, M], None] = OrderedDict()
 
@@ -117,8 +162,15 @@ class Queue(Generic[C, M]):
         return bool(self._ring)
 
     def subscribe(
-        self, conn: C, sub_id: str, ack_mode: str = "auto", prefetch: int | None = None
+        self,
+        conn: C,
+        sub_id: str,
+        ack_mode: str = "auto",
+        prefetch: int | None = None,
+        ack_timeout: float | None = None,
     ) -> Subscription[C, M]:
+        """A subscription; `ack_timeout` None takes the queue's default, and an "auto"
+        subscription has no deadline (its messages are done once handed over)."""
         if conn in self._active:
             raise QueueError(
                 f"already subscribed as {self._active[conn].id!r}; UNSUBSCRIBE first",
@@ -137,7 +189,15 @@ class Queue(Generic[C, M]):
                 f"prefetch must be at least 1, got {prefetch}",
                 "Ask for a prefetch-count of 1 or more, or leave it out for the broker's -prefetch.",
             )
-        sub: Subscription[C, M] = Subscription(conn, sub_id, ack_mode, min(prefetch, self._max_prefetch))
+        if ack_timeout is not None and ack_timeout < 0:
+            raise QueueError(
+                f"ack timeout must be at least 0, got {ack_timeout}",
+                "Ask for an ack timeout of 0 (no deadline) or more, or leave it out for the broker's -ack-timeout.",
+            )
+        timeout_ms = self._default_ack_timeout_ms if ack_timeout is None else _ms(ack_timeout)
+        if ack_mode == "auto":
+            timeout_ms = 0
+        sub: Subscription[C, M] = Subscription(conn, sub_id, ack_mode, min(prefetch, self._max_prefetch), timeout_ms)
         self._active[conn] = sub
         self._refresh(sub)
         return sub
@@ -166,15 +226,16 @@ class Queue(Generic[C, M]):
         if sub is not None:
             self._refresh(sub)
 
-    def deliver(self) -> list[tuple[Subscription[C, M], M]]:
+    def deliver(self, now: float) -> list[tuple[Subscription[C, M], M]]:
         """Hand out as many messages as credit allows (see `next_delivery`)."""
-        return list(iter(self.next_delivery, None))
+        return list(iter(lambda: self.next_delivery(now), None))
 
-    def next_delivery(self) -> tuple[Subscription[C, M], M] | None:
+    def next_delivery(self, now: float) -> tuple[Subscription[C, M], M] | None:
         """Hand out one message, or None when no subscription could take one or none is
         rdy: redeliveries (oldest first), then new ones. Subscriptions take turns, one
         message each, up to their credit; between calls a connection may become blocked
-        (`set_writable`), and then gets nothing more."""
+        (`set_writable`), and then gets nothing more. A message delivered to a
+        subscription with an ack timeout is due back by `now` plus it."""
         ring = self._ring
         if not ring:
             return None
@@ -187,8 +248,12 @@ class Queue(Generic[C, M]):
             if message is None:
                 return None
         sub = ring.popitem(last=False)[0]
-        sub.unacked[message.id] = message
-        self._wip[message.id] = sub
+        message_id = message.id
+        sub.unacked[message_id] = message
+        self._wip[message_id] = sub
+        timeout = sub.ack_timeout_ms
+        if timeout:
+            self._set_deadline(message_id, round(now * 1000) + timeout)  # _ms(now), inline
         if len(sub.unacked) < sub.prefetch:
             ring[sub] = None
         return sub, message
@@ -201,11 +266,58 @@ class Queue(Generic[C, M]):
         return self._settle(conn, message_id)
 
     def nack(self, conn: C, message_id: int) -> list[M]:
-        """Like ack, but the messages become rdy again, ahead of never-delivered ones."""
-        messages = self._settle(conn, message_id)
+        """Like ack, but the messages are not done: the caller places them (`requeue`)."""
+        return self._settle(conn, message_id)
+
+    def requeue(self, messages: list[M]) -> None:
+        """The messages are rdy again, ahead of never-delivered ones, oldest first."""
+        redeliver = self._redeliver
         for message in messages:
-            heapq.heappush(self._redeliver, (message.id, message))
-        return messages
+            heapq.heappush(redeliver, (message.id, message))
+
+    def touch(self, conn: C, message_id: int, deadline: float) -> None:
+        """Move one wip message's ack deadline to `deadline` (later or sooner), whether or
+        not its subscription has a timeout; in "client" mode too, only that message."""
+        sub = self._wip.get(message_id)
+        if sub is None or sub.conn != conn:
+            raise self._not_wip(conn, message_id)
+        self._set_deadline(message_id, _ms(deadline))
+
+    def next_deadline(self) -> float | None:
+        """The earliest ack deadline of a wip message, or None when none has one. Resets
+        `soonest`: deadlines set from now on are compared with this one."""
+        self.soonest = None
+        deadlines, due = self._deadlines, self._due
+        while deadlines:
+            deadline = deadlines[0]
+            if any(due.get(message_id) == deadline for message_id in self._buckets[deadline]):
+                return deadline / 1000
+            heapq.heappop(deadlines)
+            self._entries -= len(self._buckets.pop(deadline))
+        return None
+
+    def expire(self, now: float) -> list[tuple[Subscription[C, M], M]]:
+        """Take every delivery whose ack deadline is at or before `now` out of wip, freeing
+        its subscription's credit, and return it with the subscription that held it (the
+        caller places the message, as for a NACK). Nothing else changes."""
+        expired: list[tuple[Subscription[C, M], M]] = []
+        deadlines, due, now_ms = self._deadlines, self._due, _ms(now)
+        while deadlines and deadlines[0] <= now_ms:
+            deadline = heapq.heappop(deadlines)
+            bucket = self._buckets.pop(deadline)
+            self._entries -= len(bucket)
+            for message_id in bucket:
+                if due.get(message_id) != deadline:
+                    continue  # settled or touched since
+                del due[message_id]
+                sub = self._wip.pop(message_id)
+                expired.append((sub, sub.unacked.pop(message_id)))
+                late = self._late.setdefault(sub.conn, {})
+                late[message_id] = None
+                if len(late) > max(LATE_KEPT, sub.prefetch):
+                    del late[next(iter(late))]
+                self._after_settle(sub)
+        return expired
 
     def ack_upto(self, upto: int) -> list[M]:
         """Finish every wip or rdy-again message with an id up to `upto`, on every
@@ -215,12 +327,10 @@ class Queue(Generic[C, M]):
         for message_id in [i for i in self._wip if i <= upto]:
             sub = self._wip.pop(message_id)
             finished.append(sub.unacked.pop(message_id))
+            self._due.pop(message_id, None)
             touched.add(sub)
         for sub in touched:
-            if sub.active:
-                self._refresh(sub)
-            elif not sub.unacked:
-                self._forget_paused(sub)
+            self._after_settle(sub)
         if self._redeliver and self._redeliver[0][0] <= upto:
             finished.extend(message for i, message in self._redeliver if i <= upto)
             self._redeliver = [entry for entry in self._redeliver if entry[0] > upto]
@@ -228,11 +338,10 @@ class Queue(Generic[C, M]):
         return finished
 
     def close(self, conn: C) -> list[M]:
-        """The connection is gone: its subscriptions vanish and all its wip is rdy again.
-
-        Returns that wip.
-        """
+        """The connection is gone: its subscriptions vanish. Returns all its wip, for the
+        caller to place (`requeue`)."""
         self._blocked.discard(conn)
+        self._late.pop(conn, None)
         subs = self._paused.pop(conn, set())
         active = self._active.pop(conn, None)
         if active is not None:
@@ -240,10 +349,11 @@ class Queue(Generic[C, M]):
             self._ring.pop(active, None)
             subs.add(active)
         returned: list[M] = []
+        due = self._due
         for sub in subs:
             for message in sub.unacked.values():
                 del self._wip[message.id]
-                heapq.heappush(self._redeliver, (message.id, message))
+                due.pop(message.id, None)
                 returned.append(message)
         return returned
 
@@ -251,29 +361,75 @@ class Queue(Generic[C, M]):
         """Take the message (cumulatively in "client" mode) out of wip; the caller places it."""
         sub = self._wip.get(message_id)
         if sub is None or sub.conn != conn:
-            raise QueueError(
-                f"message {message_id} is not awaiting ACK or NACK on this connection",
-                "ACK or NACK only the ack header of a MESSAGE this connection received and has not yet "
-                "acknowledged; one acknowledged already (also by ACK curb-upto or a cumulative client "
-                "ACK) or held by another connection is unknown here.",
-            )
-        unacked = sub.unacked
+            raise self._not_wip(conn, message_id)
+        unacked, due = sub.unacked, self._due
         if sub.ack_mode == "client":
             settled = []
             while True:
                 settled_id, message = unacked.popitem(last=False)
                 del self._wip[settled_id]
+                due.pop(settled_id, None)
                 settled.append(message)
                 if settled_id == message_id:
                     break
         else:
             settled = [unacked.pop(message_id)]
             del self._wip[message_id]
-        if sub.active:
+            due.pop(message_id, None)
+        if sub.active:  # _after_settle(sub), inline: this runs for every ACK
             self._refresh(sub)
         elif not unacked:
             self._forget_paused(sub)
         return settled
+
+    def _not_wip(self, conn: C, message_id: int) -> QueueError:
+        """The error for a message that is not wip on `conn`: Late if its deadline passed there."""
+        late = self._late.get(conn)
+        if late is not None and message_id in late:
+            return Late(
+                f"message {message_id} passed its ack deadline on this connection and went back to the queue",
+                "Nothing to do: the message will be, or was, delivered again. ACK or NACK in time, or extend "
+                "the deadline with NACK curb-touch:<ms> while working on it.",
+            )
+        return QueueError(
+            f"message {message_id} is not awaiting ACK or NACK on this connection",
+            "ACK or NACK only the ack header of a MESSAGE this connection received and has not yet "
+            "acknowledged; one acknowledged already (also by ACK curb-upto or a cumulative client "
+            "ACK) or held by another connection is unknown here.",
+        )
+
+    def _after_settle(self, sub: Subscription[C, M]) -> None:
+        """A message left the subscription's wip: its credit is free (or a paused one with
+        nothing left is forgotten)."""
+        if sub.active:
+            self._refresh(sub)
+        elif not sub.unacked:
+            self._forget_paused(sub)
+
+    def _set_deadline(self, message_id: int, deadline_ms: int) -> None:
+        """The wip message is due back at `deadline_ms`; an entry it had before goes stale."""
+        self._due[message_id] = deadline_ms
+        self._bucket(deadline_ms).append(message_id)
+        self._entries += 1
+        if self.soonest is None or deadline_ms / 1000 < self.soonest:
+            self.soonest = deadline_ms / 1000
+        if self._entries > 2 * len(self._due) + DEADLINE_SLACK:
+            self._rebuild_deadlines()
+
+    def _bucket(self, deadline_ms: int) -> list[int]:
+        """The ids given this deadline, a new bucket (and heap entry) if it has none."""
+        bucket = self._buckets.get(deadline_ms)
+        if bucket is None:
+            bucket = self._buckets[deadline_ms] = []
+            heapq.heappush(self._deadlines, deadline_ms)
+        return bucket
+
+    def _rebuild_deadlines(self) -> None:
+        """Drop the stale entries of the deadline buckets."""
+        self._buckets, self._deadlines, self._entries = {}, [], 0
+        for message_id, deadline in self._due.items():
+            self._bucket(deadline).append(message_id)
+        self._entries = len(self._due)
 
     def _forget_paused(self, sub: Subscription[C, M]) -> None:
         paused = self._paused[sub.conn]
@@ -287,3 +443,8 @@ class Queue(Generic[C, M]):
             self._ring[sub] = None
         else:
             self._ring.pop(sub, None)
+
+
+def _ms(seconds: float) -> int:
+    """Seconds as whole milliseconds, the deadlines' unit."""
+    return round(seconds * 1000)

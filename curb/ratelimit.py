@@ -6,16 +6,17 @@ from __future__ import annotations
 
 
 class LineLimit:
-    """`hit(now)` counts one occurrence; it returns how many occurred since the last line
-    when a line is due (the first one at once, then one per `seconds`), else 0."""
+    """`hit(now, times)` counts `times` occurrences (one by default); it returns how many
+    occurred since the last line when a line is due (the first one at once, then one per
+    `seconds`), else 0."""
 
     def __init__(self, seconds: float):
         self.seconds = seconds
         self._last: float | None = None
         self._pending = 0
 
-    def hit(self, now: float) -> int:
-        self._pending += 1
+    def hit(self, now: float, times: int = 1) -> int:
+        self._pending += times
         if self._last is not None and now - self._last < self.seconds:
             return 0
         self._last = now

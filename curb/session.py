@@ -46,6 +46,12 @@ Rules:
   messages are made only while the transport takes output (`browse_more`).
 - ACK with curb-upto:<n> acknowledges every message up to n on every connection; its
   RECEIPT waits until that is durable, like an ACK's.
+- Ack deadlines: SUBSCRIBE may set its own (`curb-ack-timeout`, ms, 0 for none), and a
+  NACK with `curb-touch:<ms>` does not NACK but moves that delivery's deadline to ms from
+  now (a NACK is the safe carrier: a broker that ignores the header redelivers, an ACK
+  would lose the message). An ACK, NACK or touch that came after its message's deadline
+  passed on this connection changes nothing and is not an error: its RECEIPT, if it
+  asked for one, carries `curb-late:true`.
 - The queue, the log and the metrics are reached only through the Broker.
 - Access: with a users file (Broker.users), CONNECT must name a user and its password, or
   come over a connection whose client certificate's CN names a user (`identity`). A login
@@ -73,7 +79,7 @@ from curb.broker import Refused
 from curb.counts import COUNT_DESTINATION, count_prefix
 from curb.frame import FRAME_END, Frame, FrameParser, ProtocolError, decimal, encode, escape
 from curb.logins import Answer, Shed
-from curb.queue import QueueError, Subscription
+from curb.queue import Late, QueueError, Subscription
 
 if TYPE_CHECKING:
     from curb.broker import Broker
@@ -89,6 +95,7 @@ PREFETCH_ADVICE = (
 )
 MAX_MESSAGE_ID = (1 << 48) - 1  # a record holds its id in 12 hex digits
 MAX_ID_HEADER = (1 << 64) - 1  # an id range's bound may lie beyond every id (Client.last_id)
+MAX_DEADLINE_MS = heartbeat.MAX_MS  # curb-ack-timeout and curb-touch, at most a day
 BEAT_EARLY = 0.9  # send our heart-beat a little before it is due, so it is never late
 # Unsent output per connection past which the broker makes no more for it and reads none
 # of its frames (README: Limits).
@@ -618,7 +625,18 @@ class Session:
             self.broker.watch_counts(self, True)
             self.send_counts(self.broker.counts())
         else:
-            sub = self.broker.subscribe(self, sub_id, headers.get("ack", "auto"), _prefetch(headers))
+            raw_timeout = headers.get("curb-ack-timeout")
+            try:
+                timeout = None if raw_timeout is None else _milliseconds(raw_timeout, "curb-ack-timeout", 0)
+            except ValueError as err:
+                self.error(
+                    "bad curb-ack-timeout header",
+                    f"{err}: give the milliseconds a delivered message may wait for its ACK or NACK before it "
+                    f"goes back to the queue, from 0 (no deadline) to {MAX_DEADLINE_MS} (a day).",
+                    frame,
+                )
+                return
+            sub = self.broker.subscribe(self, sub_id, headers.get("ack", "auto"), _prefetch(headers), timeout)
             self._prefixes[sub] = prefix
         self._receipt_now(frame)
 
@@ -643,7 +661,11 @@ class Session:
             return
         msg_id = self._ack_id(frame)
         if msg_id is not None:
-            self.broker.ack(self, msg_id)
+            try:
+                self.broker.ack(self, msg_id)
+            except Late:
+                self._answer_late(frame)
+                return
         if "receipt" in frame.headers:
             self._receipt_durable(frame)
 
@@ -665,10 +687,44 @@ class Session:
 
     def on_nack(self, frame: Frame) -> None:
         msg_id = self._ack_id(frame)
+        raw_touch = frame.headers.get("curb-touch")
+        if raw_touch is not None:
+            self._touch(frame, msg_id, raw_touch)
+            return
         if msg_id is not None:
-            self.broker.nack(self, msg_id)
+            try:
+                self.broker.nack(self, msg_id)
+            except Late:
+                self._answer_late(frame)
+                return
         if "receipt" in frame.headers:
             self._receipt_durable(frame)
+
+    def _touch(self, frame: Frame, msg_id: int | None, raw: str) -> None:
+        """NACK with curb-touch: the delivery stays, due `raw` ms from now; nothing to sync."""
+        try:
+            seconds = _milliseconds(raw, "curb-touch", 1)
+        except ValueError as err:
+            self.error(
+                "bad curb-touch header",
+                f"{err}: give the milliseconds from now by which the message must be ACKed or NACKed, "
+                f"from 1 to {MAX_DEADLINE_MS} (a day).",
+                frame,
+            )
+            return
+        if msg_id is not None:
+            try:
+                self.broker.touch(self, msg_id, seconds)
+            except Late:
+                self._answer_late(frame)
+                return
+        self._receipt_now(frame)
+
+    def _answer_late(self, frame: Frame) -> None:
+        """An ACK, NACK or touch after the message's deadline: a RECEIPT saying so, in line."""
+        receipt = frame.headers.get("receipt")
+        if receipt is not None:
+            self._settle(self._owe(), _late_receipt(receipt))
 
     def on_disconnect(self, frame: Frame) -> None:
         receipt = frame.headers.get("receipt")
@@ -891,6 +947,19 @@ KNOWN_COMMANDS = frozenset(command for _, command in RULES)
 
 def _receipt(receipt_id: str) -> bytes:
     return b"RECEIPT\nreceipt-id:%s\n\n%s" % (escape(receipt_id).encode(), FRAME_END)
+
+
+def _late_receipt(receipt_id: str) -> bytes:
+    return b"RECEIPT\nreceipt-id:%s\ncurb-late:true\n\n%s" % (escape(receipt_id).encode(), FRAME_END)
+
+
+def _milliseconds(raw: str, name: str, least: int) -> float:
+    """Seconds in a header of milliseconds from `least` to MAX_DEADLINE_MS; ValueError
+    naming the header otherwise."""
+    value = decimal(raw, name, MAX_DEADLINE_MS)
+    if value < least:
+        raise ValueError(f"{name} must be at least {least}, not {value}")
+    return value / 1000
 
 
 def _message_id(headers: dict[str, str], name: str) -> int | None:

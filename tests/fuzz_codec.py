@@ -6,7 +6,10 @@ truncations, inserted delimiters, numbers made huge or zero-padded), then:
   out, and every split must give the same frames and the same error as the whole;
 - fed, in the same pieces and mostly after a valid CONNECT, to a Session of one Broker
   over a LogCore on an in-memory disk, which a well-behaved consumer drains: nothing may
-  raise, and everything the broker writes must parse as STOMP.
+  raise, and everything the broker writes must parse as STOMP. Simulated time passes
+  10 ms per step, and a slow consumer with a 15 ms ack deadline settles what it got one
+  input later (touching some first), so deadlines pass, messages come back, and late
+  ACKs and NACKs meet the fuzzed frames; a late one must never be an ERROR.
 Input i is made from the seed and i alone, so `--seed S --only I` replays one finding.
 
     bin/fuzz codec --inputs 1000000 --seed 1
@@ -22,11 +25,12 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from simclock import SimClock
 from simdisk import SimDisk
 from test_frame_props import run as feed_all  # frames and error of one parser, its buffer bounded
 
 from curb.broker import Broker
-from curb.frame import FrameParser, ProtocolError, encode
+from curb.frame import Frame, FrameParser, ProtocolError, encode
 from curb.log import LogCore
 from curb.session import Session
 
@@ -34,6 +38,11 @@ COMMANDS = ["SEND", "SUBSCRIBE", "UNSUBSCRIBE", "ACK", "NACK", "BEGIN", "DISCONN
 DELIMITERS = [b"\0", b"\n", b"\r", b"\r\n", b":", b"\\", b"\n\n", b"\n\r\n", b"\xff", b"\\c"]
 NUMBERS = [b"0", b"5", b"000000000000000000005", b"9" * 25, b"-1", b"1," + b"9" * 400, b"18446744073709551616"]
 CONNECT = encode("CONNECT", {"accept-version": "1.2", "host": "fuzz"})
+SLOW_SUBSCRIBE = encode(
+    "SUBSCRIBE",
+    {"id": "slow", "destination": "/queue/curb", "ack": "client-individual", "prefetch-count": "2",
+     "curb-ack-timeout": "15"},
+)  # fmt: skip
 
 
 def valid_frame(rng: random.Random) -> bytes:
@@ -49,6 +58,10 @@ def valid_frame(rng: random.Random) -> bytes:
         headers["ack"] = rng.choice(["auto", "client", "client-individual"])
         if rng.random() < 0.3:
             headers["prefetch-count"] = str(rng.choice([1, 5, 1000001]))
+        if rng.random() < 0.3:
+            headers["curb-ack-timeout"] = rng.choice(["0", "5", "20", "86400001"])
+    if command == "NACK" and rng.random() < 0.3:
+        headers["curb-touch"] = rng.choice(["0", "1", "30", "86400000"])
     if command in ("CONNECT", "STOMP"):
         headers["accept-version"] = "1.2"
         headers["heart-beat"] = rng.choice(["0,0", "100,100", "0,86400000"])
@@ -109,37 +122,68 @@ def pieces(data: bytes, cuts: list[int]) -> list[bytes]:
 
 class Harness:
     """One broker over a LogCore on an in-memory disk, a consumer that drains it, and a
-    fresh session per input; scheduled callbacks run after every input."""
+    fresh session per input; scheduled callbacks run after every input, and 10 ms of
+    simulated time pass, so that ack deadlines of a few ms pass and fire."""
 
     def __init__(self, seed: int) -> None:
         self.later: list[Callable[[], None]] = []
-        self.now = 0.0
-        self.core = LogCore(SimDisk(random.Random(seed)), 1 << 20, clock=lambda: self.now)
-        self.broker = Broker(self.core, heartbeat_ms=0, schedule=lambda delay, callback: self.later.append(callback))
+        self.clock = SimClock()
+        self.core = LogCore(SimDisk(random.Random(seed)), 1 << 20, clock=self.clock.time)
+        self.broker = Broker(
+            self.core,
+            heartbeat_ms=0,
+            ack_timeout=0.015,
+            schedule=lambda delay, callback: self.later.append(callback),
+            clock=self.clock.time,
+            loop=self.clock,
+        )
         self.consumer = Session(self.broker, 0.0, "consumer")
         self.check_output(self.consumer, CONNECT + encode("SUBSCRIBE", {"id": "0", "destination": "/queue/curb"}))
+        self.slow = Session(self.broker, 0.0, "slow")
+        self.check_output(self.slow, CONNECT + SLOW_SUBSCRIBE)
+        self.held: list[str] = []  # ack ids the slow consumer got and has not settled
+        self.late = 0  # RECEIPTs with curb-late:true the slow consumer got
 
-    def check_output(self, session: Session, data: bytes = b"") -> None:
+    def check_output(self, session: Session, data: bytes = b"") -> list[Frame]:
         """Feed bytes (if any), run what is due, and parse what the session wrote."""
         if data:
             session.receive_data(data, self.now)
         self.settle()
         out = session.data_to_send(self.now)
         try:
-            FrameParser(max_frame_bytes=1 << 25).feed(out)
+            return FrameParser(max_frame_bytes=1 << 25).feed(out)
         except ProtocolError as err:
             raise AssertionError(f"the broker wrote bad STOMP ({err}): {out[:200]!r}") from None
 
+    def step_slow(self, rng: random.Random) -> None:
+        """The slow consumer ACKs or NACKs what it got an input ago (often past its
+        deadline by now), and touches a third of what it gets now."""
+        answers = [encode(rng.choice(["ACK", "NACK"]), {"id": ack, "receipt": f"s{ack}"}) for ack in self.held]
+        self.held = []
+        for frame in self.check_output(self.slow, b"".join(answers)):
+            if frame.command == "ERROR":
+                raise AssertionError(f"the slow consumer got an ERROR: {frame.headers}")
+            if frame.command == "RECEIPT" and frame.headers.get("curb-late") == "true":
+                self.late += 1
+            if frame.command == "MESSAGE":
+                self.held.append(frame.headers["ack"])
+                if rng.random() < 0.33:
+                    self.slow.receive_data(encode("NACK", {"id": frame.headers["ack"], "curb-touch": "25"}), self.now)
+
+    @property
+    def now(self) -> float:
+        return self.clock.now
+
     def settle(self) -> None:
-        while self.later:
+        while self.later or self.clock.fire_due():
             later, self.later = self.later, []
             for callback in later:
                 callback()
-        self.now += 0.01
+        self.clock.now += 0.01
         self.core.flush()
         self.core.sync()
 
-    def run(self, chunks: list[bytes], connect: bool) -> None:
+    def run(self, chunks: list[bytes], connect: bool, rng: random.Random) -> None:
         session = Session(self.broker, self.now, "fuzz")
         if connect:
             self.check_output(session, CONNECT)
@@ -149,6 +193,7 @@ class Harness:
                 break
         session.connection_lost()
         self.check_output(self.consumer)
+        self.step_slow(rng)
 
 
 @dataclass
@@ -168,7 +213,7 @@ def run_one(harness: Harness, seed: int, index: int, totals: Totals) -> None:
         split = feed_all(chunks)
         if split != whole:
             raise AssertionError(f"split at {cuts} gave {split!r}, whole gave {whole!r}")
-        harness.run(chunks, connect)
+        harness.run(chunks, connect, random.Random(seed * 1_000_003 + index + 1))
     except Exception:
         totals.crashes.append(f"input {index}: {data[:300]!r}\n{traceback.format_exc()}")
     totals.inputs += 1
@@ -196,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"fuzz codec: seed {seed}: {totals.inputs} inputs ({totals.bytes} bytes, {totals.frames} frames parsed, "
         f"{totals.errors} inputs ending in ProtocolError) through the codec (whole and split) and the session "
-        f"in {seconds:.1f} s; crashes: {len(totals.crashes)}"
+        f"in {seconds:.1f} s; ack deadlines passed: {harness.broker.metrics.ack_timeouts}, late answers: "
+        f"{harness.late}; crashes: {len(totals.crashes)}"
     )
     for crash in totals.crashes:
         index = crash.split(":", 1)[0].split()[1]

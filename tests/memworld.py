@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from simclock import SimClock
 from simdisk import SimDisk
 
 from curb.broker import Broker
@@ -17,19 +18,35 @@ CAP = 256 * 1024
 
 
 class MemWorld:
-    """One broker, its log on a SimDisk, and a list of scheduled callbacks."""
+    """One broker, its log on a SimDisk, a list of scheduled callbacks and a clock whose
+    timers (the broker's ack deadlines) fire when scheduled work runs after their time."""
 
-    def __init__(self, cap: int = CAP, disk: SimDisk | None = None) -> None:
+    def __init__(self, cap: int = CAP, disk: SimDisk | None = None, **broker_options) -> None:
         self.cap = cap
         self.disk = disk if disk is not None else SimDisk(random.Random(3))
-        self.now = 0.0
-        self.log = LogCore(self.disk, cap, clock=lambda: self.now)
+        self.clock = SimClock()
+        self.log = LogCore(self.disk, cap, clock=self.clock.time)
         self.later: list[Callable[[], None]] = []
-        self.broker = Broker(self.log, heartbeat_ms=0, schedule=lambda delay, callback: self.later.append(callback))
+        self.broker = Broker(
+            self.log,
+            heartbeat_ms=0,
+            schedule=lambda delay, callback: self.later.append(callback),
+            clock=self.clock.time,
+            loop=self.clock,
+            **broker_options,
+        )
+
+    @property
+    def now(self) -> float:
+        return self.clock.now
+
+    @now.setter
+    def now(self, now: float) -> None:
+        self.clock.now = now
 
     def run_scheduled(self) -> None:
-        """Run every scheduled callback, and those they schedule, until none is left."""
-        while self.later:
+        """Run every scheduled callback and due timer, and those they schedule, until none is left."""
+        while self.later or self.clock.fire_due():
             later, self.later = self.later, []
             for callback in later:
                 callback()

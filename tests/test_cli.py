@@ -34,6 +34,7 @@ DOCUMENTED_FLAGS = [
     "-users",
     "-connect-timeout",
     "-max-connections",
+    "-ack-timeout",
     "--version",
 ]
 
@@ -168,7 +169,10 @@ def test_a_heart_beat_longer_than_a_day_is_a_usage_error(capsys, tmp_path):
     assert "-heartbeat" in line and "24h" in line, line
 
 
-@pytest.mark.parametrize(("flag", "value"), [("-heartbeat", "5x"), ("-heartbeat", "-1s"), ("-connect-timeout", "ten")])
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("-heartbeat", "5x"), ("-heartbeat", "-1s"), ("-connect-timeout", "ten"), ("-ack-timeout", "30 minutes")],
+)
 def test_a_duration_flag_names_its_units(capsys, tmp_path, flag, value):
     """`-heartbeat 5s` was refused with click's "'5s' is not a valid integer range":
     every time flag takes a unit, and a bad value is told which ones."""
@@ -215,6 +219,30 @@ def test_a_cap_above_the_free_space_is_a_start_up_warning(tmp_path):
     assert event == "disk_space" and fields["level"] == "warning" and fields["cap"] == free + (1 << 30)
     assert text.startswith(f"WARNING: -cap is {(free + (1 << 30)) / (1 << 20):.1f} MiB") and str(tmp_path) in text
     assert "free space there or lower -cap" in text
+
+
+@pytest.mark.parametrize("value", ["25h", "nan", "1e400"])
+def test_an_ack_timeout_past_a_day_or_not_finite_is_a_usage_error(capsys, tmp_path, value):
+    line = usage_error(capsys, bad_flag(tmp_path, "-ack-timeout", value))
+    assert "-ack-timeout" in line and "0 for no deadline" in line, line
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"), [(None, 1800.0), ("0", 0.0), ("300ms", 0.3), ("90", 90.0), ("2h", 7200.0)]
+)
+def test_the_ack_timeout_reaches_the_broker_in_seconds(monkeypatch, value, seconds):
+    """30 minutes unless told; a plain number is seconds; 0 turns deadlines off."""
+    given: dict = {}
+
+    async def serve(**kwargs) -> int:
+        given.update(kwargs)
+        return 0
+
+    monkeypatch.setattr(cli, "serve", serve)
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["-cap", "1MiB", *([] if value is None else ["-ack-timeout", value])])
+    assert exit.value.code == 0
+    assert given["ack_timeout"] == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize(

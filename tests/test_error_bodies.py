@@ -159,6 +159,11 @@ ROWS = {
         "UNSUBSCRIBE with the id of this connection's SUBSCRIBE",
         (frame("UNSUBSCRIBE", id="x"),),
     ),
+    "bad curb-ack-timeout": Row(
+        "bad curb-ack-timeout header",
+        "from 0 (no deadline) to 86400000 (a day)",
+        (frame("SUBSCRIBE", id="s", ack="client", curb_ack_timeout="soon"),),
+    ),
     # ------------------------------------------------ QueueError: browses and their ids
     "browse still running": Row(
         "browse 'b' is still running",
@@ -187,6 +192,12 @@ ROWS = {
     ),
     "NACK of a message not held": Row(
         "message 99 is not awaiting ACK or NACK", "ACK or NACK only the ack header", (frame("NACK", id="99"),)
+    ),
+    "bad curb-touch": Row(
+        "bad curb-touch header",
+        "from 1 to 86400000 (a day)",
+        (SUBSCRIBE, frame("NACK", id="1", curb_touch="0")),
+        held=1,
     ),
     "bad curb-upto": Row("bad curb-upto 'x'", "Give curb-upto a message id", (frame("ACK", curb_upto="x"),)),
     "curb-upto above the last id": Row(

@@ -17,12 +17,14 @@ def test_a_short_codec_fuzz_runs_thousands_of_inputs_without_a_crash(capsys: pyt
     assert "crashes: 0" in report
     parsed = re.search(r"(\d+) frames parsed, (\d+) inputs ending in ProtocolError", report)
     assert parsed and int(parsed[1]) > 1000 and int(parsed[2]) > 100, report
+    deadlines = re.search(r"ack deadlines passed: (\d+), late answers: (\d+)", report)
+    assert deadlines and int(deadlines[1]) > 100 and int(deadlines[2]) > 50, report
 
 
 def test_the_codec_fuzz_fails_and_names_the_replay_on_a_crash(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def broken(self, chunks, connect):
+    def broken(self, chunks, connect, rng):
         raise OverflowError("planted")
 
     monkeypatch.setattr(fuzz_codec.Harness, "run", broken)

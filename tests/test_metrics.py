@@ -56,6 +56,7 @@ def test_counters_and_gauges_render_as_typed_prometheus_families():
     metrics.access_refused, metrics.connections_refused = 8, 9
     metrics.connect_timeouts, metrics.permissions_refused, metrics.refused_disk_full = 11, 12, 13
     metrics.tls_failures["no_certificate"], metrics.tls_failures["timeout"] = 14, 15
+    metrics.ack_timeouts, metrics.late_acks = 16, 17
     families = parse(metrics.prometheus(GAUGES))
 
     counters = {
@@ -71,6 +72,8 @@ def test_counters_and_gauges_render_as_typed_prometheus_families():
         "curb_connections_refused": 9,
         "curb_connect_timeouts": 11,
         "curb_permissions_refused": 12,
+        "curb_ack_timeouts": 16,
+        "curb_late_acks": 17,
     }
     for name, expected in counters.items():
         assert families[name].type == "counter"
@@ -148,6 +151,8 @@ def test_stats_is_one_flat_json_object_of_gauges_and_counters():
         "connect_timeouts": 0,
         "permissions_refused": 0,
         **{f"tls_failures_{reason}": 0 for reason in TLS_FAILURES},
+        "ack_timeouts": 0,
+        "late_acks": 0,
         "fsyncs": 1,
         "fsync_seconds_sum": 0.5,
     }

@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable
 
 import pytest
+from simclock import SimClock
 
 from curb import heartbeat
 from curb.broker import Broker
@@ -104,11 +105,14 @@ class World:
     def __init__(self, heartbeat_ms: int = 0, prefetch: int = 100) -> None:
         self.log = FakeLog()
         self.later: list[Callable[[], None]] = []
+        self.clock = SimClock()
         self.broker = Broker(
             self.log,
             prefetch=prefetch,
             heartbeat_ms=heartbeat_ms,
             schedule=lambda delay, callback: self.later.append(callback),
+            clock=self.clock.time,
+            loop=self.clock,
         )
 
     def run_scheduled(self) -> None:

@@ -1,0 +1,48 @@
+"""A clock that tests move by hand, with the `time` and `call_at` of an event loop
+(curb.broker.Loop): timers fire, in time order, only when `fire_due` is called at or
+after their time."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+
+
+class SimTimer:
+    def __init__(self, when: float, callback: Callable[[], None]) -> None:
+        self.when, self.callback = when, callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class SimClock:
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+        self._timers: list[tuple[float, int, SimTimer]] = []
+        self._order = itertools.count()
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> SimTimer:
+        timer = SimTimer(when, callback)
+        heapq.heappush(self._timers, (when, next(self._order), timer))
+        return timer
+
+    @property
+    def armed(self) -> list[float]:
+        """When the timers not yet fired or cancelled are due, soonest first."""
+        return sorted(when for when, _, timer in self._timers if not timer.cancelled)
+
+    def fire_due(self) -> int:
+        """Run every timer due by now (and those they arm that are due too); how many ran."""
+        ran = 0
+        while self._timers and self._timers[0][0] <= self.now:
+            timer = heapq.heappop(self._timers)[2]
+            if not timer.cancelled:
+                timer.callback()
+                ran += 1
+        return ran
