@@ -18,6 +18,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from memworld import MemPeer, MemWorld
+from simclock import SimClock
 from simdisk import Crashed, SimDisk
 from test_frame_props import settings  # its profiles: quick by default, CURB_HYPOTHESIS_PROFILE=thorough
 from test_session_rules import FakeLog
@@ -136,7 +137,12 @@ class Rig:
     def __init__(self) -> None:
         self.log = LaggingLog()
         self.later: list[Callable[[], None]] = []
-        self.broker = Broker(self.log, heartbeat_ms=0, schedule=lambda delay, callback: self.later.append(callback))
+        self.broker = Broker(
+            self.log,
+            heartbeat_ms=0,
+            schedule=lambda delay, callback: self.later.append(callback),
+            loop=SimClock(),
+        )
         self.session = Session(self.broker, 0.0, "test")
         self.log.closed = lambda: self.session.close_wanted is not None
         self.parser = FrameParser()
