@@ -718,13 +718,12 @@ class Session:
             except Late:
                 self._answer_late(frame)
                 return
-        self._receipt_now(frame)
+        self._receipt_durable(frame)
 
     def _answer_late(self, frame: Frame) -> None:
-        """An ACK, NACK or touch after the message's deadline: a RECEIPT saying so, in line."""
-        receipt = frame.headers.get("receipt")
-        if receipt is not None:
-            self._settle(self._owe(), _late_receipt(receipt))
+        """An ACK, NACK or touch after the message's deadline: a RECEIPT saying so, which,
+        like every RECEIPT for these frames, says that the frames before it are on disk."""
+        self._receipt_durable(frame, late=True)
 
     def on_disconnect(self, frame: Frame) -> None:
         receipt = frame.headers.get("receipt")
@@ -767,21 +766,28 @@ class Session:
         if receipt is not None:
             self._settle(self._owe(), _receipt(receipt))
 
-    def _receipt_durable(self, frame: Frame) -> None:
+    def _receipt_durable(self, frame: Frame, late: bool = False) -> None:
         receipt = frame.headers.get("receipt")
         if receipt is None:
             return
         entry = self._owe()
         command = frame.command
-        self.broker.when_durable(lambda err: self._settle_durable(entry, receipt, err, command))
+        self.broker.when_durable(lambda err: self._settle_durable(entry, receipt, err, command, late=late))
 
     def _settle_durable(
-        self, entry: Owed, receipt: str, err: str | None, command: str, then: Callable[[], None] | None = None
+        self,
+        entry: Owed,
+        receipt: str,
+        err: str | None,
+        command: str,
+        then: Callable[[], None] | None = None,
+        late: bool = False,
     ) -> None:
-        """The log's answer for a frame whose RECEIPT waits for durability: the RECEIPT,
-        or an ERROR in its place when the log could not make its effect durable."""
+        """The log's answer for a frame whose RECEIPT waits for durability: the RECEIPT
+        (`curb-late:true` for a `late` one), or an ERROR in its place when the log could not
+        make the connection's earlier frames durable."""
         if err is None:
-            self._settle(entry, _receipt(receipt), then)
+            self._settle(entry, (_late_receipt if late else _receipt)(receipt), then)
         else:
             self.error(
                 f"{command} not stored",

@@ -19,6 +19,14 @@ def at(world: MemWorld, now: float) -> None:
     world.run_scheduled()
 
 
+def synced(world: MemWorld) -> None:
+    """The log writes and syncs what it holds, with no time passing: receipts that wait
+    for the frames before them to be on disk go out."""
+    world.log.flush()
+    world.log.sync()
+    world.run_scheduled()
+
+
 def consumer(world: MemWorld, sub_id: str = "s", prefetch: int = 10, **headers: str) -> MemPeer:
     peer = world.peer()
     peer.send(
@@ -98,6 +106,7 @@ def test_touch_keeps_a_message_past_its_deadline_until_the_new_one():
     [got] = holder.frames()
     at(world, start + 0.5)
     holder.send("NACK", id=got.headers["ack"], curb_touch="3000", receipt="touched")
+    synced(world)
     assert receipts(holder.frames()) == [("touched", None)]
     worker = consumer(world, "w")
     at(world, start + 3.499)
@@ -241,3 +250,16 @@ def test_expiries_and_late_acks_are_logged_at_most_once_per_interval():
     expiries = [fields["count"] for event, fields in lines if event == "ack_timeout"]
     assert sum(expiries) == world.broker.metrics.ack_timeouts and expiries[0] == 1 and len(expiries) == 2
     assert holder.session.close_wanted is None
+
+
+def test_a_touch_or_late_receipt_comes_once_the_frames_before_it_are_on_disk():
+    """Like a plain NACK's RECEIPT: a SEND without receipt sent before it is on disk first."""
+    world = MemWorld(ack_timeout=1.0)
+    hung, _, acks = held_past_deadline(world)  # a went to the worker; b is touched
+    hung.send("SEND", b"unreceipted", destination="/queue/curb")
+    hung.send("NACK", id=acks[b"b"], curb_touch="5000", receipt="touched")
+    hung.send("SEND", b"unreceipted too", destination="/queue/curb")
+    hung.send("ACK", id=acks[b"a"], receipt="late")
+    assert receipts(hung.frames()) == [], "the SENDs before them are not on disk yet"
+    synced(world)
+    assert receipts(hung.frames()) == [("touched", None), ("late", "true")]
