@@ -31,13 +31,20 @@ def queue_large(world: World, count: int) -> bytes:
     return stored
 
 
-def test_a_slow_reader_of_large_messages_at_prefetch_64_holds_at_most_the_bound_plus_one_frame():
+def subscribed_to_large(count: int, ack: str):
+    """A connected session subscribed at prefetch 64 to a queue of `count` 1 MB messages,
+    after one pump pass: (world, peer, the stored payload)."""
     world = World()
     peer = world.session()
     peer.connect()
-    stored = queue_large(world, 100)
-    peer.send("SUBSCRIBE", id="s", destination="/queue/curb", ack="client-individual", prefetch_count="64")
+    stored = queue_large(world, count)
+    peer.send("SUBSCRIBE", id="s", destination="/queue/curb", ack=ack, prefetch_count="64")
     world.run_scheduled()
+    return world, peer, stored
+
+
+def test_a_slow_reader_of_large_messages_at_prefetch_64_holds_at_most_the_bound_plus_one_frame():
+    world, peer, stored = subscribed_to_large(100, "client-individual")
     session, queue = peer.session, world.broker.queue
     assert queue.wip_count == 1, "the first 1 MB frame passed the bound: no more while credit remains"
     assert not session.writable and not session.reading
@@ -59,12 +66,7 @@ def test_a_slow_reader_of_large_messages_at_prefetch_64_holds_at_most_the_bound_
 
 
 def test_an_auto_message_is_done_once_the_last_piece_of_its_frame_is_handed_over():
-    world = World()
-    peer = world.session()
-    peer.connect()
-    queue_large(world, 1)
-    peer.send("SUBSCRIBE", id="s", destination="/queue/curb", ack="auto", prefetch_count="64")
-    world.run_scheduled()
+    world, peer, _ = subscribed_to_large(1, "auto")
     session = peer.session
     taken = 0
     while session.unsent > len(FRAME_END):
@@ -154,12 +156,7 @@ def test_the_glue_writes_bounded_pieces_only_into_an_empty_transport_buffer():
 
 
 def test_draining_the_output_of_a_closing_session_makes_no_message_after_its_error():
-    world = World()
-    peer = world.session()
-    peer.connect()
-    queue_large(world, 10)
-    peer.send("SUBSCRIBE", id="s", destination="/queue/curb", ack="client-individual", prefetch_count="64")
-    world.run_scheduled()
+    world, peer, _ = subscribed_to_large(10, "client-individual")
     assert not peer.session.writable, "the bound stopped the deliveries"
     peer.feed(b"FROB\n\n\0")  # a bad frame: ERROR, then the output is drained at once
     world.run_scheduled()
