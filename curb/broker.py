@@ -35,10 +35,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
-from curb.browse import Browse
 from curb.counts import CountMessages
-from curb.cursor import Record
 from curb.log import QueueFull, TooLarge
+from curb.log.browse import Browse
+from curb.log.cursor import Record
 from curb.logins import SHED, Answer, LoginChecks, Offload, run_now
 from curb.metrics import Metrics
 from curb.queue import Late, Queue, QueueError, Subscription

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import click
 
-from curb.scan import Entry, LogDamaged, LogError, LogReader, Summary
+from curb.log.scan import Entry, LogDamaged, LogError, LogReader, Summary
 
 PREVIEW_BYTES = 64
 DEFAULT_LIMIT = 20

@@ -83,8 +83,8 @@ from curb.queue import Late, QueueError, Subscription
 
 if TYPE_CHECKING:
     from curb.broker import Broker
-    from curb.browse import Browse
-    from curb.cursor import Record
+    from curb.log.browse import Browse
+    from curb.log.cursor import Record
 
 BROWSE_END = "browse-end"  # the message-id of a browse's end marker
 SERVER = f"curb/{__version__}"

@@ -68,10 +68,10 @@ from typing import NoReturn
 
 from simdisk import CRASH_MODES, SECTOR, Crashed, SimDisk
 
-from curb.browse import Browse
-from curb.cursor import RECORD_WORK, SLICE_WORK
 from curb.log import LogCore, LogError, QueueFull, Record, TooLarge
-from curb.record import RING_START
+from curb.log.browse import Browse
+from curb.log.cursor import RECORD_WORK, SLICE_WORK
+from curb.log.record import RING_START
 
 RECORD_OVERHEAD = 67
 KIB = 1024

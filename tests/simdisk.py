@@ -1,4 +1,4 @@
-"""An in-memory Disk (see curb/disk.py) that can crash the way real storage does.
+"""An in-memory Disk (see curb/log/disk.py) that can crash the way real storage does.
 
 It keeps two images of the file: the durable one (as of the last completed sync) and the
 visible one (what `pread` returns: durable plus every write since). Writes since the last

@@ -9,9 +9,9 @@ import pytest
 from memworld import MemPeer, MemWorld
 from simdisk import SimDisk
 
-from curb import record as fmt
 from curb.frame import Frame
 from curb.log import LogCore, QueueFull
+from curb.log import record as fmt
 from curb.session import BROWSE_END
 
 
@@ -211,7 +211,7 @@ def test_ids_go_on_without_a_gap_after_a_clean_stop() -> None:
 
 
 def test_using_up_the_reserved_ids_refuses_for_a_moment_and_never_wedges(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("curb.log.ID_RESERVE", 4)
+    monkeypatch.setattr("curb.log.core.ID_RESERVE", 4)
     now = [0.0]
     log = LogCore(SimDisk(random.Random(1)), 64 * 1024, clock=lambda: now[0])
     accepted = refused = 0

@@ -9,9 +9,9 @@ import random
 import pytest
 from memworld import MemPeer, MemWorld
 
-from curb.browse import Browse
 from curb.frame import Frame
 from curb.log import QueueFull, Record
+from curb.log.browse import Browse
 from curb.session import BROWSE_END, permission_needed
 
 

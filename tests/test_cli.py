@@ -17,8 +17,8 @@ import pytest
 
 import curb
 from curb import cli
-from curb.disk import FileDisk
 from curb.log import LogCore, LogError
+from curb.log.disk import FileDisk
 
 DOCUMENTED_FLAGS = [
     "-cap",

@@ -13,10 +13,10 @@ from click.testing import CliRunner
 from conftest import CURB
 
 import curb.inspect
-from curb import record as fmt
 from curb.client import Client
 from curb.inspect import inspect_command
 from curb.log import LogReader
+from curb.log import record as fmt
 
 HOUR_MS = 3600 * 1000
 

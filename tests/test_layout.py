@@ -52,19 +52,20 @@ def test_walking_the_package_imports_every_module_without_starting_anything():
 @pytest.mark.parametrize(
     ("module", "absent"),
     [
-        ("curb.inspect", ("curb.log", "curb.server", "asyncio")),
-        ("curb.spark.logfile", ("curb.log", "curb.server")),
+        ("curb.inspect", ("curb.log.core", "curb.server", "asyncio")),
+        ("curb.spark.logfile", ("curb.log.core", "curb.server")),
     ],
 )
 def test_offline_readers_import_only_the_file_format_modules(module, absent):
     """`curb inspect` and Spark's log-file reader read files: the broker's asyncio log
-    (and its threads) has no business in their process."""
+    (and its threads) has no business in their process, though they import the file-format
+    modules from the same package (`curb.log`)."""
     if module.startswith("curb.spark") and importlib.util.find_spec("pyspark") is None:
         pytest.skip("the Spark extra is not installed")
     result = run_python(f"import sys, {module}\nprint(' '.join(sorted(sys.modules)))")
     assert result.returncode == 0, result.stderr
     loaded = set(result.stdout.split())
-    assert "curb.scan" in loaded
+    assert "curb.log.scan" in loaded
     assert not loaded & set(absent), f"importing {module} loaded {sorted(loaded & set(absent))}"
 
 
@@ -84,3 +85,20 @@ def test_the_readme_code_map_names_every_module():
         if f"`{relative}`" not in code_map and not (in_subpackage and f"`{path.name}`" in code_map):
             missing.append(relative)
     assert not missing, f"modules without a line in the README's Code map: {missing}"
+
+
+def test_the_log_package_names_resolve_where_they_are_defined():
+    """`from curb.log import Log, ...` loads each name from its module on first use: every
+    name the package lists resolves, to the object its module defines."""
+    result = run_python(
+        "import importlib, curb.log as log\n"
+        "assert sorted(log.__all__) == sorted(log.HOMES), 'a public name without its module'\n"
+        "for name, home in log.HOMES.items():\n"
+        "    assert getattr(log, name) is getattr(importlib.import_module('curb.log.' + home), name), name\n"
+        "try:\n"
+        "    log.Nothing\n"
+        "except AttributeError as err:\n"
+        "    print(err)\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "module 'curb.log' has no attribute 'Nothing'"

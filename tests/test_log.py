@@ -349,7 +349,7 @@ def test_reader_reports_states_and_headers(path):
 
 
 def test_writes_of_more_buffers_than_one_call_takes(tmp_path):
-    from curb.disk import FileDisk
+    from curb.log.disk import FileDisk
 
     path = tmp_path / "f"
     path.write_bytes(b"")

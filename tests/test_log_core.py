@@ -13,10 +13,10 @@ from collections.abc import Callable
 import pytest
 from simdisk import Crashed, SimDisk
 
-from curb import record as fmt
-from curb.disk import FileDisk
 from curb.log import LogCore, QueueFull, Record, TooLarge
-from curb.record import PAD_SIZE, RECORD_HEADER, RING_START
+from curb.log import record as fmt
+from curb.log.disk import FileDisk
+from curb.log.record import PAD_SIZE, RECORD_HEADER, RING_START
 
 CAP = 64 * 1024
 

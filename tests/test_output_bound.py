@@ -12,8 +12,8 @@ import asyncio
 from test_session_rules import World
 
 from curb.broker import Broker
-from curb.cursor import Record
 from curb.frame import FRAME_END, FrameParser
+from curb.log.cursor import Record
 from curb.server import Connection
 from curb.session import OUTPUT_LIMIT, PIECE_BYTES
 

@@ -24,9 +24,9 @@ from test_frame_props import settings  # its profiles: quick by default, CURB_HY
 from test_session_rules import FakeLog
 
 from curb.broker import Broker
-from curb.cursor import Record
 from curb.frame import Frame, FrameParser, encode
 from curb.log import QueueFull
+from curb.log.cursor import Record
 from curb.payload import split as split_payload
 from curb.session import CLOSING, Session
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from curb.record import PAD_SIZE, RING_START
-from curb.ring import Ring
+from curb.log.record import PAD_SIZE, RING_START
+from curb.log.ring import Ring
 
 R = RING_START
 END = R + 1000

@@ -12,10 +12,10 @@ from simclock import SimClock
 
 from curb import heartbeat
 from curb.broker import Broker
-from curb.browse import Browse
-from curb.cursor import Record
 from curb.frame import Frame, FrameParser, encode
 from curb.log import QueueFull
+from curb.log.browse import Browse
+from curb.log.cursor import Record
 from curb.session import Session
 
 Done = Callable[[str | None], None]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from curb.sizes import SizeClasses, class_bound, size_class
+from curb.log.sizes import SizeClasses, class_bound, size_class
 
 
 def test_the_bound_follows_the_largest_record_in_use():

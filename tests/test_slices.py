@@ -15,12 +15,12 @@ from pathlib import Path
 
 from simdisk import SimDisk
 
-from curb.browse import Browse
 from curb.client import Client
-from curb.cursor import RECORD_WORK, SLICE_WORK
 from curb.frame import Frame, FrameParser, encode
 from curb.log import LogCore, QueueFull
-from curb.record import RECORD_HEADER, RecordHeader
+from curb.log.browse import Browse
+from curb.log.cursor import RECORD_WORK, SLICE_WORK
+from curb.log.record import RECORD_HEADER, RecordHeader
 
 CAP = 8 << 20
 N = 20_000

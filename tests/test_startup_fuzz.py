@@ -44,8 +44,8 @@ from pathlib import Path
 import pytest
 
 import curb
-from curb import record as fmt
 from curb.log import Log, LogError, LogReader, QueueFull, Record
+from curb.log import record as fmt
 
 KIB = 1024
 SECTOR = 512

@@ -1,6 +1,6 @@
 """Batch read of Curb log files: every record still on disk becomes a row, one Spark partition per file.
 
-Reads go through `curb.scan.LogReader`, which takes no lock, so the files of running brokers
+Reads go through `curb.log.scan.LogReader`, which takes no lock, so the files of running brokers
 can be read too; nothing is ever written to them.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from curb.scan import LogReader
+from curb.log.scan import LogReader
 from curb.spark.schema import LOG_SCHEMA, ROWS_PER_BATCH, record_batch
 
 

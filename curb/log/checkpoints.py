@@ -30,8 +30,8 @@ from __future__ import annotations
 import collections
 from typing import NamedTuple
 
-from curb import record as fmt
-from curb.disk import Disk
+from curb.log import record as fmt
+from curb.log.disk import Disk
 
 
 class Snapshot(NamedTuple):

@@ -41,8 +41,8 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 
-from curb.reader import RecordReader
-from curb.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD
+from curb.log.reader import RecordReader
+from curb.log.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD
 
 # A payload up to this size stays with its record while the message is held (for
 # redelivery and compaction); a larger one only from its read or write until its

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from curb.record import PAD_SIZE, RING_START
+from curb.log.record import PAD_SIZE, RING_START
 
 
 @dataclass(slots=True)

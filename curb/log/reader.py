@@ -18,9 +18,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from curb import record as fmt
-from curb.disk import Disk
-from curb.record import RECORD_HEADER, RING_START, FormatError, RecordHeader
+from curb.log import record as fmt
+from curb.log.disk import Disk
+from curb.log.record import RECORD_HEADER, RING_START, FormatError, RecordHeader
 
 CHUNK = 1 << 20
 _STATES = (fmt.STATE_RDY, fmt.STATE_ACK, fmt.STATE_PAD, *fmt.TORN_STATES)

@@ -78,17 +78,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from curb import record as fmt
-from curb.browse import Browse
-from curb.checkpoints import Checkpoints, Snapshot
-from curb.cursor import KEEP_PAYLOAD, SLICE_WORK, Cursor, Record
-from curb.disk import Disk, FileDisk, LockedError
-from curb.marks import Marks, spacing_for
-from curb.reader import RecordReader
-from curb.record import PAD_SIZE, RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, FormatError
-from curb.ring import Ring
-from curb.scan import Entry, LogDamaged, LogError, LogReader, Scan, Summary
-from curb.sizes import SizeClasses, class_bound, size_class
+from curb.log import record as fmt
+from curb.log.browse import Browse
+from curb.log.checkpoints import Checkpoints, Snapshot
+from curb.log.cursor import KEEP_PAYLOAD, SLICE_WORK, Cursor, Record
+from curb.log.disk import Disk, FileDisk, LockedError
+from curb.log.marks import Marks, spacing_for
+from curb.log.reader import RecordReader
+from curb.log.record import PAD_SIZE, RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, FormatError
+from curb.log.ring import Ring
+from curb.log.scan import Entry, LogDamaged, LogError, LogReader, Scan, Summary
+from curb.log.sizes import SizeClasses, class_bound, size_class
 
 __all__ = [
     "Entry",

@@ -29,12 +29,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from curb import payload as stored
-from curb import record as fmt
-from curb.disk import Disk, FileDisk
-from curb.marks import Marks
-from curb.reader import RecordReader
-from curb.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, FormatError, RecordHeader
-from curb.sizes import SizeClasses
+from curb.log import record as fmt
+from curb.log.disk import Disk, FileDisk
+from curb.log.marks import Marks
+from curb.log.reader import RecordReader
+from curb.log.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, FormatError, RecordHeader
+from curb.log.sizes import SizeClasses
 
 VERIFY_NEAR_HEAD = 4 << 20
 PAD_ID = b"0" * 12

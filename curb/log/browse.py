@@ -39,9 +39,9 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from curb.cursor import RECORD_WORK, SLICE_WORK, Cursor
-from curb.reader import RecordReader
-from curb.record import COPY_FLAG, RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, RecordHeader
+from curb.log.cursor import RECORD_WORK, SLICE_WORK, Cursor
+from curb.log.reader import RecordReader
+from curb.log.record import COPY_FLAG, RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, RecordHeader
 
 
 @dataclass(slots=True)

@@ -1,0 +1,62 @@
+"""The log: the one owner of the queue's bytes on disk, as a package of its units.
+
+The file format is `record` (records, header, checkpoint slots), read through `reader`
+by recovery's walk and offline reads (`scan`), by the read cursor (`cursor`) and by
+browses (`browse`, started near their range by `marks`); `ring` is placement arithmetic,
+`checkpoints` the checkpoint pipeline, `sizes` the bound on the largest live record, and
+`disk` the only way to the file. `core` ties them into the log (see its docstring for the
+design and the invariants).
+
+The public names below are imported from their modules on first use, not when the
+package is: an offline reader (`curb inspect`, Spark's log-file source) imports
+`curb.log.scan` and so this package, and must not load the broker's log, its event loop
+or its threads with it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from curb.log.core import Log, LogCore, QueueFull, TooLarge, max_message_for, parse_size
+    from curb.log.cursor import Record
+    from curb.log.scan import Entry, LogDamaged, LogError, LogReader, Summary
+
+# Each public name and the module that defines it.
+HOMES = {
+    "Entry": "scan",
+    "Log": "core",
+    "LogCore": "core",
+    "LogDamaged": "scan",
+    "LogError": "scan",
+    "LogReader": "scan",
+    "QueueFull": "core",
+    "Record": "cursor",
+    "Summary": "scan",
+    "TooLarge": "core",
+    "max_message_for": "core",
+    "parse_size": "core",
+}
+
+__all__ = [
+    "Entry",
+    "Log",
+    "LogCore",
+    "LogDamaged",
+    "LogError",
+    "LogReader",
+    "QueueFull",
+    "Record",
+    "Summary",
+    "TooLarge",
+    "max_message_for",
+    "parse_size",
+]
+
+
+def __getattr__(name: str) -> Any:
+    home = HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
