@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import curb
-from curb import cli
+from curb import cli, instance
 from curb.log import LogCore, LogError
 from curb.log.disk import FileDisk
 
@@ -130,7 +130,7 @@ def start_with_a_failing_log(monkeypatch, capsys, path: Path, error: Exception) 
         raise error
 
     monkeypatch.delenv("LISTEN_FDS", raising=False)
-    monkeypatch.setattr(cli, "Log", failing_log)
+    monkeypatch.setattr(instance, "Log", failing_log)
     with pytest.raises(SystemExit) as exited:
         cli.main(["-cap", "10MiB", "-addr", "127.0.0.1:0", "-file", str(path)])
     code = exited.value.code
@@ -214,7 +214,9 @@ def test_a_cap_above_the_free_space_is_a_start_up_warning(tmp_path):
     free = space.f_bavail * space.f_frsize
     path = str(tmp_path / "curb.log")
     for cap in (1 << 20, free + (1 << 30)):
-        cli._warn_if_disk_is_short(lambda event, text, **fields: said.append((event, text, fields)), path, cap, 4096)
+        instance._warn_if_disk_is_short(
+            lambda event, text, **fields: said.append((event, text, fields)), path, cap, 4096
+        )
     [(event, text, fields)] = said
     assert event == "disk_space" and fields["level"] == "warning" and fields["cap"] == free + (1 << 30)
     assert text.startswith(f"WARNING: -cap is {(free + (1 << 30)) / (1 << 20):.1f} MiB") and str(tmp_path) in text
@@ -234,8 +236,8 @@ def test_the_ack_timeout_reaches_the_broker_in_seconds(monkeypatch, value, secon
     """30 minutes unless told; a plain number is seconds; 0 turns deadlines off."""
     given: dict = {}
 
-    async def serve(**kwargs) -> int:
-        given.update(kwargs)
+    async def serve(config, events) -> int:
+        given["ack_timeout"] = config.ack_timeout
         return 0
 
     monkeypatch.setattr(cli, "serve", serve)
@@ -416,8 +418,8 @@ def test_a_listener_queues_a_reconnect_storm_in_the_kernel_while_accepting_a_few
 
     async def listen_and_connect() -> int:
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0, backlog=cli.ACCEPT_BATCH)
-        cli._widen_backlog(server)
+        server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0, backlog=instance.ACCEPT_BATCH)
+        instance._widen_backlog(server)
         port = server.sockets[0].getsockname()[1]
         clients = []
         try:

@@ -8,7 +8,7 @@ import errno
 import pytest
 from test_session_rules import World
 
-from curb import cli
+from curb import instance
 from curb.ratelimit import LineLimit
 
 
@@ -56,7 +56,7 @@ class FakeLoop:
 
 def test_accept_failures_are_one_line_per_interval_and_other_errors_pass_on():
     said: list[dict] = []
-    handle = cli._accept_failures_as_lines(lambda event, text, **fields: said.append({"event": event, **fields}))
+    handle = instance._accept_failures_as_lines(lambda event, text, **fields: said.append({"event": event, **fields}))
     loop = FakeLoop()
     emfile = {"message": "socket.accept() out of system resource", "exception": OSError(errno.EMFILE, "Too many")}
     for now in (0.0, 0.5, 1.0, 10.0):

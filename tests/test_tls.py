@@ -13,6 +13,7 @@ import trustme
 
 from curb import tls
 from curb.broker import Broker
+from curb.instance import Config, Instance
 from curb.log import Log
 from curb.metrics import TLS_FAILURES
 from curb.server import Handshake
@@ -80,6 +81,12 @@ class Pki:
         self.ca.configure_trust(context)
         context.verify_mode = ssl.CERT_REQUIRED
         return context
+
+    def files(self, where) -> tls.TlsFiles:
+        """The server's certificate chain, key and CA as the -tls flags' PEM files."""
+        self.server.private_key_and_cert_chain_pem.write_to_path(str(where / "server.pem"))
+        self.ca.cert_pem.write_to_path(str(where / "ca.pem"))
+        return tls.TlsFiles(str(where / "server.pem"), str(where / "server.pem"), str(where / "ca.pem"))
 
     def client(self, kind: str) -> ssl.SSLContext:
         context = ssl.create_default_context()
@@ -167,22 +174,25 @@ def test_every_failed_handshake_is_counted_by_reason_and_logged_with_the_peer(tm
 
 
 def test_a_tls_connection_past_the_limit_is_closed_before_its_handshake(tmp_path):
+    pki = Pki()
+    config = Config(
+        path=str(tmp_path / "q.log"),
+        cap=1 << 20,
+        addr=None,
+        tls_addr=("127.0.0.1", 0),
+        tls_files=pki.files(tmp_path),
+        max_connections=1,
+    )
+
     async def run() -> tuple[Broker, bytes, int]:
-        loop = asyncio.get_running_loop()
-        log = Log(tmp_path / "q.log", 64 * 1024)
-        log.start(loop)
-        broker = Broker(log, max_connections=1)
-        pki = Pki()
-        context = pki.server_context()
-        listener = await loop.create_server(lambda: Handshake(broker, context, 5.0), "127.0.0.1", 0)
-        port = listener.sockets[0].getsockname()[1]
-        with socket.create_connection(("127.0.0.1", port)):  # a handshake under way takes the one place
-            await asyncio.sleep(0.1)
-            assert broker.handshaking == 1
-            answer = await asyncio.to_thread(client_run, port, pki, "good")
-            failed = sum(broker.metrics.tls_failures.values())
-        listener.close()
-        await log.close()
+        async with Instance(config) as curb:
+            broker = curb.broker
+            port = curb.tls_addresses[0][1]
+            with socket.create_connection(("127.0.0.1", port)):  # a handshake under way takes the one place
+                await asyncio.sleep(0.1)
+                assert broker.handshaking == 1
+                answer = await asyncio.to_thread(client_run, port, pki, "good")
+                failed = sum(broker.metrics.tls_failures.values())
         return broker, answer, failed
 
     broker, answer, failed = asyncio.run(run())
