@@ -7,6 +7,11 @@ message that comes back unfinished (NACK, an ack deadline passed, a connection g
 silent past its heart-beat, shutdown) goes through `_requeue`, the one place that decides
 where it goes: today rdy again, at the front of the line, in the queue and in the log.
 
+Accepting a message is one rule for every front (`accept`; `publish` is the same as a
+future): the limits a MESSAGE must meet (curb.message_limits), the headers kept
+(curb.payload), and what a RECEIPT or an HTTP 201 waits for (the fsync). A front only
+maps `Refused.reason` and its `done` answer to its own words.
+
 Ack deadlines are kept by the queue; this module arms one timer (on `loop`, the event
 loop unless a test gives its own) for the earliest of them, re-arms it only when a
 sooner one appears, and when it fires returns what is due through `_requeue`.
@@ -35,6 +40,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
+from curb import message_limits, payload
 from curb.counts import CountMessages
 from curb.log import QueueFull, TooLarge
 from curb.log.browse import Browse
@@ -111,12 +117,26 @@ class Store(Protocol):
 
 
 class Refused(Exception):
-    """A SEND the log would not take; nothing was stored. `message` is for the ERROR
-    frame's header, str() the detail."""
+    """A message the broker would not take (`accept`); nothing was stored. `message` is
+    for an ERROR frame's header, str() the detail (what happened and what to do), `reason`
+    one of TOO_LARGE, BAD_HEADERS, FULL (an HTTP front's 413, 400, 503), and
+    `retry_after` the seconds after which trying again may work (FULL only)."""
 
-    def __init__(self, message: str, detail: str):
+    def __init__(self, message: str, detail: str, reason: str = "", retry_after: float | None = None):
         super().__init__(detail)
         self.message = message
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+class NotStored(Exception):
+    """A message `accept` took could not be made durable after all (the log failed): it
+    will not be delivered. str() says why."""
+
+
+TOO_LARGE, BAD_HEADERS, FULL = "too_large", "bad_headers", "full"
+# When a front may suggest trying a SEND the full queue refused again (HTTP's Retry-After).
+RETRY_FULL_SECONDS = 1.0
 
 
 def loop_schedule(loop: asyncio.AbstractEventLoop) -> Schedule:
@@ -215,21 +235,50 @@ class Broker:
         self.sessions.add(session)
         self.metrics.connections_total += 1
 
-    def send(self, payload: bytes, done: Done, urgent: bool) -> None:
-        """Store a SEND's payload; `done` runs once it is durable (or was lost)."""
+    def accept(self, headers: Mapping[str, str], body: bytes, done: Done | None = None, urgent: bool = True) -> None:
+        """The one SEND rule, for every front (STOMP over TCP, TLS and WebSocket, HTTP):
+        take a message of these headers (the one-hop ones, curb.payload.NOT_STORED, are
+        dropped, the rest kept for its MESSAGE) and body, or raise Refused with nothing
+        stored. `done(None)` runs once it is fsynced, which is what a RECEIPT or an HTTP
+        201 waits for; `done(reason)` if it could not be stored after all. urgent=False:
+        nobody waits for `done`, so the write may wait for company."""
+        lines = payload.header_lines(headers)
+        data = lines + b"\n" + body
+        if lines or len(data) - 1 + message_limits.RESERVE > self.max_frame:  # else nothing to check
+            problem = message_limits.send_problem(lines, len(data), self.max_frame)
+            if problem is not None:
+                message, detail = problem
+                raise Refused(message, detail, TOO_LARGE if message == "message too large" else BAD_HEADERS)
         try:
-            self.log.append(payload, done, urgent=urgent)
+            self.log.append(data, done, urgent=urgent)
         except TooLarge as err:
             self.metrics.refused_too_large += 1
             raise Refused(
-                "message too large", f"{err}: send a smaller message, or ask the operator for a larger -cap"
+                "message too large",
+                f"{err}: send a smaller message, or ask the operator for a larger -cap",
+                TOO_LARGE,
             ) from None
         except QueueFull as err:
             self.metrics.refused_full += 1
-            raise Refused("queue full", str(err)) from None
+            raise Refused("queue full", str(err), FULL, RETRY_FULL_SECONDS) from None
         self.metrics.sent += 1
         if self._counters:
             self.counts_changed()
+
+    def publish(self, headers: Mapping[str, str], body: bytes) -> asyncio.Future[None]:
+        """`accept` for a front that awaits (HTTP publish): raises Refused at once, else a
+        future that is done once the message is fsynced, or fails with NotStored."""
+        stored: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def done(err: str | None) -> None:
+            if not stored.done():
+                if err is None:
+                    stored.set_result(None)
+                else:
+                    stored.set_exception(NotStored(err))
+
+        self.accept(headers, body, done)
+        return stored
 
     def subscribe(
         self, session: Session, sub_id: str, ack_mode: str, prefetch: int | None, ack_timeout: float | None = None

@@ -10,6 +10,7 @@ hop (destination, content-length, receipt, transaction) are not kept.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import TypeVar
 
 from curb.frame import ProtocolError, escape, unescape
@@ -25,7 +26,7 @@ class PayloadError(ValueError):
     """Bytes that are not a stored payload (no empty line after the header lines)."""
 
 
-def header_lines(headers: dict[str, str]) -> bytes:
+def header_lines(headers: Mapping[str, str]) -> bytes:
     """The kept header lines of a SEND with these headers, escaped, each ending in LF."""
     if headers.keys() <= NOT_STORED:  # the common case: nothing but one-hop headers
         return b""

@@ -561,13 +561,8 @@ class Session:
         self._close("close")
 
     def on_send(self, frame: Frame) -> None:
-        headers, body = frame.headers, frame.body
-        lines = payload.header_lines(headers)
-        data = lines + b"\n" + body
-        if lines or len(data) - 1 + message_limits.RESERVE > self.broker.max_frame:  # else nothing to check
-            problem = message_limits.send_problem(lines, len(data), self.broker.max_frame)
-            if problem is not None:
-                raise Refused(*problem)
+        """The broker's one SEND rule (Broker.accept); the RECEIPT waits for the fsync."""
+        headers = frame.headers
         receipt = headers.get("receipt")
         entry = self._owe() if receipt is not None else None
 
@@ -584,7 +579,7 @@ class Session:
                 self._settle(entry, _receipt(receipt))
 
         try:
-            self.broker.send(data, stored, urgent=receipt is not None)
+            self.broker.accept(headers, frame.body, stored, urgent=receipt is not None)
         except Refused:
             if entry is not None:
                 self._owed.remove(entry)
