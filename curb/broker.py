@@ -37,8 +37,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, Protocol
 
 from curb import message_limits, payload
 from curb.counts import CountMessages
@@ -50,9 +50,6 @@ from curb.metrics import Metrics
 from curb.queue import Late, Queue, QueueError, Subscription
 from curb.ratelimit import LineLimit
 from curb.users import User
-
-if TYPE_CHECKING:
-    from curb.session import Session
 
 COUNT_COALESCE_SECONDS = 0.05
 BROWSE_STEP_BYTES = 256 * 1024  # a browse's output per session per loop pass
@@ -116,6 +113,39 @@ class Store(Protocol):
     def flush(self) -> None: ...
 
 
+class Peer(Hashable, Protocol):
+    """What the broker asks of one client connection (curb.session.Session for STOMP, or
+    another front's): the callbacks through which the broker delivers and stops it, and
+    the names its log lines give. The broker imports no session: a front depends on the
+    broker, never the reverse."""
+
+    peer: str  # the peer's address, HOST:PORT, for log lines
+    user: str | None  # the user it logged in as, once it did
+    identity: str | None  # the CN of a verified client certificate
+    writable: bool  # it can take output now: messages may be made for it
+
+    @property
+    def browsing(self) -> bool: ...
+
+    def deliver(self, sub: Subscription[Any, Record], rec: Record, data: bytes | memoryview) -> None:
+        """Write one MESSAGE of the stored payload `data` for the subscription."""
+
+    def send_counts(self, counts: dict[str, int]) -> None:
+        """The queue's counts changed: one `./count` update if it watches them."""
+
+    def browse_more(self, budget: int) -> bool:
+        """One step of its browses, about `budget` bytes; whether one could go on at once."""
+
+    def output_due(self) -> None:
+        """Output waits (gathered once per loop pass): the transport should take it."""
+
+    def stop_reading(self) -> None:
+        """Shutdown: read nothing more from the client."""
+
+    def close(self) -> None:
+        """Shutdown: close once the receipts it owes are written."""
+
+
 class Refused(Exception):
     """A message the broker would not take (`accept`); nothing was stored. `message` is
     for an ERROR frame's header, str() the detail (what happened and what to do), `reason`
@@ -172,7 +202,7 @@ class Broker:
         loop: Loop | None = None,
     ):
         self.log = log
-        self.queue: Queue[Session, Record] = Queue(log, default_prefetch=prefetch, ack_timeout=ack_timeout)
+        self.queue: Queue[Peer, Record] = Queue(log, default_prefetch=prefetch, ack_timeout=ack_timeout)
         self.max_frame = max_frame
         # The largest stored payload the log takes (a sixth of its ring), known at a SEND's head.
         self.max_message: int = min(max_frame, getattr(log, "max_message", max_frame))
@@ -198,16 +228,16 @@ class Broker:
         self._time = time.monotonic if type(self.loop).time is asyncio.BaseEventLoop.time else self.loop.time
         self._deadline_timer: Timer | None = None
         self._deadline_at: float | None = None  # when the deadline timer fires
-        self.sessions: set[Session] = set()
-        self._counters: set[Session] = set()
+        self.sessions: set[Peer] = set()
+        self._counters: set[Peer] = set()
         self.count_messages = CountMessages()
         self._count_scheduled = False
         self._pumping = False
         self._pump_wanted = False
-        self._dirty: list[Session] = []
+        self._dirty: list[Peer] = []
         self._flushing = False  # in flush_out, which pumps after the sessions' output
         self._in_frames = False  # between before_frames and after_frames: flush_out follows
-        self._browsing: set[Session] = set()
+        self._browsing: set[Peer] = set()
         self._browse_scheduled = False
         log.on_written = self.pump
         log.on_answered = self.flush_out
@@ -231,7 +261,7 @@ class Broker:
         )
         return False
 
-    def join(self, session: Session) -> None:
+    def join(self, session: Peer) -> None:
         self.sessions.add(session)
         self.metrics.connections_total += 1
 
@@ -281,14 +311,14 @@ class Broker:
         return stored
 
     def subscribe(
-        self, session: Session, sub_id: str, ack_mode: str, prefetch: int | None, ack_timeout: float | None = None
-    ) -> Subscription[Session, Record]:
+        self, session: Peer, sub_id: str, ack_mode: str, prefetch: int | None, ack_timeout: float | None = None
+    ) -> Subscription[Peer, Record]:
         return self.queue.subscribe(session, sub_id, ack_mode, prefetch, ack_timeout)
 
-    def unsubscribe(self, session: Session, sub_id: str) -> None:
+    def unsubscribe(self, session: Peer, sub_id: str) -> None:
         self.queue.unsubscribe(session, sub_id)
 
-    def ack(self, session: Session, msg_id: int) -> None:
+    def ack(self, session: Peer, msg_id: int) -> None:
         """The client is done with the message (and, in client mode, the earlier ones).
         Late (counted and logged) when its ack deadline passed: nothing changes."""
         try:
@@ -317,7 +347,7 @@ class Broker:
         if self._counters:
             self.counts_changed()
 
-    def browse(self, session: Session, from_id: int, to_id: int | None) -> Browse:
+    def browse(self, session: Peer, from_id: int, to_id: int | None) -> Browse:
         """A browse of ids [from_id, to_id] for the session, stepped from the next loop
         pass on. to_id None: the highest id on disk, so that a range a reader plans from
         the end marker's `curb-last-id` holds nothing a power loss could take back."""
@@ -329,7 +359,7 @@ class Broker:
     def end_browse(self, browse: Browse) -> None:
         self.log.end_browse(browse)
 
-    def nack(self, session: Session, msg_id: int) -> None:
+    def nack(self, session: Peer, msg_id: int) -> None:
         try:
             records = self.queue.nack(session, msg_id)
         except Late:
@@ -338,7 +368,7 @@ class Broker:
         self.metrics.nacked += len(records)
         self._requeue(records)
 
-    def touch(self, session: Session, msg_id: int, seconds: float) -> None:
+    def touch(self, session: Peer, msg_id: int, seconds: float) -> None:
         """The message's ack deadline is `seconds` from now (Late as for a NACK)."""
         try:
             self.queue.touch(session, msg_id, self.loop.time() + seconds)
@@ -347,7 +377,7 @@ class Broker:
             raise
         self._arm_deadline(self.queue.soonest)
 
-    def _late(self, session: Session, msg_id: int, what: str) -> None:
+    def _late(self, session: Peer, msg_id: int, what: str) -> None:
         """Count and log (as a refusal line) a settlement that came after its message's
         ack deadline."""
         self.metrics.late_acks += 1
@@ -361,7 +391,7 @@ class Broker:
             message_id=msg_id,
         )
 
-    def handed_off(self, session: Session, records: list[Record]) -> None:
+    def handed_off(self, session: Peer, records: list[Record]) -> None:
         """Messages of an auto subscription went to the connection's transport: only now
         are they done, and their credit is free for more."""
         for rec in records:
@@ -373,11 +403,11 @@ class Broker:
             if not self._flushing:  # a transport that drained took it: pump in this pass
                 self.schedule(0, self.flush_out)
 
-    def set_writable(self, session: Session, writable: bool) -> None:
+    def set_writable(self, session: Peer, writable: bool) -> None:
         """Back-pressure: a session whose transport is full gets no more messages."""
         self.queue.set_writable(session, writable)
 
-    def protocol_error(self, session: Session, reason: str) -> None:
+    def protocol_error(self, session: Peer, reason: str) -> None:
         """A client's frame was answered with ERROR, and its connection closes."""
         self.metrics.protocol_errors += 1
         self._refused(
@@ -407,7 +437,7 @@ class Broker:
         """The user if this login verified before against the current users file, else None."""
         return self.logins.remembered(login, passcode)
 
-    def check_login(self, session: Session, login: str, passcode: str, then: Callable[[Answer], None]) -> None:
+    def check_login(self, session: Peer, login: str, passcode: str, then: Callable[[Answer], None]) -> None:
         """Check a password against the users file off the loop, queued fairly by the
         session's source address; `then(user, None, or SHED)`, possibly at once."""
         source = session.peer.rpartition(":")[0] or session.peer
@@ -419,16 +449,15 @@ class Broker:
 
         self.logins.check(session, source, login, passcode, answer)
 
-    def _login_shed(self, session: Session) -> None:
+    def _login_shed(self, session: Peer) -> None:
         self.metrics.logins_shed += 1
         self._refused(
             "logins_shed",
             f"server busy: shed a login from {session.peer} unchecked, {self.logins.queued} password checks waiting",
-            session.last_recv,
             peer=session.peer,
         )
 
-    def connect_timed_out(self, session: Session, now: float) -> None:
+    def connect_timed_out(self, session: Peer, now: float) -> None:
         """A connection sent no CONNECT in time."""
         self.metrics.connect_timeouts += 1
         self._refused(
@@ -438,7 +467,7 @@ class Broker:
             peer=session.peer,
         )
 
-    def access_refused(self, session: Session, login: str | None) -> None:
+    def access_refused(self, session: Peer, login: str | None) -> None:
         """A CONNECT did not log in: `login` is its login header (None: it had none, and
         the client certificate's CN, if any, named no user)."""
         self.metrics.access_refused += 1
@@ -488,13 +517,13 @@ class Broker:
         """Run done(None) once every step asked of the log so far is on disk."""
         self.log.on_durable(done)
 
-    def watch_counts(self, session: Session, watching: bool) -> None:
+    def watch_counts(self, session: Peer, watching: bool) -> None:
         if watching:
             self._counters.add(session)
         else:
             self._counters.discard(session)
 
-    def gone(self, session: Session) -> None:
+    def gone(self, session: Peer) -> None:
         """The connection is gone: its subscriptions vanish and its wip is rdy again."""
         self.sessions.discard(session)
         self._counters.discard(session)
@@ -634,7 +663,7 @@ class Broker:
             self._in_frames = False
         self.flush_out()
 
-    def want_flush(self, session: Session) -> None:
+    def want_flush(self, session: Peer) -> None:
         """Gather every connection's output of this loop pass into one write each."""
         if not self._dirty and not self._in_frames:
             self.schedule(0, self.flush_out)
@@ -689,6 +718,6 @@ class Broker:
         }
 
 
-def _who(session: Session) -> str:
+def _who(session: Peer) -> str:
     """The peer, and the user once it logged in: '10.0.0.5:51234 (user 'alice')'."""
     return session.peer if session.user is None else f"{session.peer} (user {session.user!r})"

@@ -75,7 +75,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from curb import __version__, heartbeat, message_limits, payload, users
-from curb.broker import Refused
+from curb.broker import Peer, Refused
 from curb.counts import COUNT_DESTINATION, count_prefix
 from curb.frame import FRAME_END, Frame, FrameParser, ProtocolError, decimal, encode, escape
 from curb.logins import Answer, Shed
@@ -165,7 +165,7 @@ class Session:
         self._count_prefix = b""
         self._last_counts: dict[str, int] | None = None
         self._counts_owed = False
-        self._prefixes: dict[Subscription[Session, Record], bytes] = {}
+        self._prefixes: dict[Subscription[Peer, Record], bytes] = {}
         self._browses: dict[str, tuple[Browse, bytes]] = {}  # sub id -> browse, MESSAGE prefix
         self.last_recv = self.last_send = now
         self.send_every = self.expect_every = 0.0
@@ -343,7 +343,7 @@ class Session:
 
     # ---------------------------------------------------------------- the broker's calls
 
-    def deliver(self, sub: Subscription[Session, Record], rec: Record, data: Piece) -> None:
+    def deliver(self, sub: Subscription[Peer, Record], rec: Record, data: Piece) -> None:
         """Write one MESSAGE of the stored payload `data`: the cached prefix of its
         subscription, then the message."""
         stored, body = payload.split(memoryview(data))

@@ -102,3 +102,28 @@ def test_the_log_package_names_resolve_where_they_are_defined():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "module 'curb.log' has no attribute 'Nothing'"
+
+
+@pytest.mark.parametrize(
+    ("module", "forbidden"),
+    [
+        ("broker", {"curb.session", "curb.server", "curb.instance", "curb.cli"}),
+        ("session", {"curb.server", "curb.instance", "curb.cli", "asyncio", "socket"}),
+        ("queue", {"curb.session", "curb.broker", "curb.log", "asyncio", "socket"}),
+    ],
+)
+def test_the_layers_import_only_downwards(module, forbidden):
+    """Every import, the type checker's too: the broker calls connections back through its
+    Peer protocol and names no session (they once imported each other), and the session
+    rules and the queue name no transport."""
+    import ast
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parent.parent / "curb" / f"{module}.py").read_text()
+    named = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            named |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            named |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    assert not named & forbidden, f"curb/{module}.py imports {sorted(named & forbidden)}"
