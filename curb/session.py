@@ -1,9 +1,11 @@
 """One STOMP 1.2 connection's rules, sans I/O: bytes in, bytes out, events for the transport.
 
-The transport (curb.server, for TCP and TLS) feeds received bytes to
+The transport (curb.driver, for every front) feeds received bytes to
 `receive_data(data, now)`, is told through `on_output` that output waits, takes it piece
 by piece with `next_output(now)` while it can write (or all at once with
-`data_to_send(now)`), and then reads the events: `close_wanted` (close once the output is
+`data_to_send(now)`), or, for a session made with framed=True, frame by frame with
+`next_frame(now)` (all at once: `frames_to_send(now)`, websockets' shape), and then
+reads the events: `close_wanted` (close once the output is
 written, or abort), `reading` (False: stop reading this peer) and `next_deadline` (when
 to call `tick(now)`). Bytes in and out only ever move a deadline later; it can come
 sooner only when `deadlines` changes (heart-beats agreed, a refusal due), so a
@@ -130,7 +132,7 @@ class Owed:
 class Session:
     """One STOMP connection from CONNECT to close, with no I/O of its own."""
 
-    def __init__(self, broker: Broker, now: float, peer: str = "?", identity: str | None = None):
+    def __init__(self, broker: Broker, now: float, peer: str = "?", identity: str | None = None, framed: bool = False):
         self.broker = broker
         self.peer = peer
         self.identity = identity  # the CN of a verified client certificate
@@ -152,6 +154,8 @@ class Session:
         self._stopped = False  # shutdown: read nothing more
         self._gone = False
         self._out: collections.deque[Piece] = collections.deque()
+        # framed: where each whole frame of the output ends (values of _made), for next_frame
+        self._ends: collections.deque[int] | None = collections.deque() if framed else None
         self._made = 0  # bytes of output ever queued
         self._taken = 0  # bytes of output ever handed to the transport
         self._transport_ok = True  # the transport can take output now
@@ -225,6 +229,29 @@ class Session:
                 run.append(nxt)
                 size += len(nxt)
             piece = b"".join(run)
+        return self._took(piece, size, now)
+
+    def next_frame(self, now: float) -> Piece | None:
+        """The next whole frame of output (a session made with framed=True), for a
+        transport whose messages are frames: WebSocket, one STOMP frame each."""
+        out, ends = self._out, self._ends
+        if not out or not ends:
+            return None
+        end = ends.popleft()
+        piece = out.popleft()
+        size = len(piece)
+        if self._taken + size < end:
+            run = [piece]
+            while self._taken + size < end:
+                nxt = out.popleft()
+                run.append(nxt)
+                size += len(nxt)
+            piece = b"".join(run)
+        return self._took(piece, size, now)
+
+    def _took(self, piece: Piece, size: int, now: float) -> Piece:
+        """`size` bytes of output went to the transport: auto messages among them are done,
+        and the flow may open again."""
         self._taken += size
         self.last_send = now
         handoff = self._handoff
@@ -242,6 +269,12 @@ class Session:
         self._woken = False
         return b"".join(iter(lambda: self.next_output(now), None))
 
+    def frames_to_send(self, now: float) -> list[Piece]:
+        """All of the output at once as whole frames (framed=True), the shape of the
+        websockets library's data_to_send: one WebSocket message each."""
+        self._woken = False
+        return list(iter(lambda: self.next_frame(now), None))
+
     @property
     def unsent(self) -> int:
         """Bytes of output queued and not yet handed to the transport."""
@@ -251,6 +284,8 @@ class Session:
         """The transport can take nothing more (it is closing)."""
         self._woken = False
         self._out.clear()
+        if self._ends is not None:
+            self._ends.clear()
         self._taken = self._made
         self._handoff.clear()
 
@@ -359,8 +394,8 @@ class Session:
         if len(body) < VIEW_BODY:
             self.write(b"%scontent-length:%d\n\n%s%s" % (head, len(body), body, FRAME_END))
         else:
-            self.write(b"%scontent-length:%d\n\n" % (head, len(body)))
-            self.write(body)
+            self.write(b"%scontent-length:%d\n\n" % (head, len(body)), False)
+            self.write(body, False)
             self.write(FRAME_END)
 
     @property
@@ -826,13 +861,16 @@ class Session:
 
     # ---------------------------------------------------------------- output and errors
 
-    def write(self, data: Piece) -> None:
-        """Queue output; the transport takes it piece by piece. Nothing is written once
-        the connection is to close (after an ERROR or a DISCONNECT's RECEIPT)."""
+    def write(self, data: Piece, end: bool = True) -> None:
+        """Queue output; the transport takes it piece by piece. `end`: a frame ends with
+        it. Nothing is written once the connection is to close (after an ERROR or a
+        DISCONNECT's RECEIPT)."""
         if self._gone or self.close_wanted:
             return
         self._out.append(data)
         self._made += len(data)
+        if end and self._ends is not None:
+            self._ends.append(self._made)
         if self._made - self._taken >= OUTPUT_LIMIT and (self.writable or self.reading):
             self._flow()
         if not self._woken:  # _wake(), inline: this runs for every message
