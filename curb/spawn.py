@@ -32,7 +32,8 @@ class BrokerProcess:
     """One `python -m curb` child, started (and restarted) on demand with the flags given.
 
     `output` names a file that gets a copy of the broker's stderr, appended across starts;
-    `preexec_fn` runs in the child before curb does (e.g. to lower its resource limits).
+    `preexec_fn` runs in the child before curb does (e.g. to lower its resource limits);
+    `interpreter` is the command that runs `-m curb` (e.g. the Python under a profiler).
     """
 
     def __init__(
@@ -43,12 +44,14 @@ class BrokerProcess:
         output: Path | None = None,
         timeout: float = STARTUP_S,
         preexec_fn: Callable[[], None] | None = None,
+        interpreter: Sequence[str] = (sys.executable,),
     ) -> None:
         self.cwd = cwd
         self.env = dict(env) if env is not None else None
         self.output_file = output
         self.timeout = timeout
         self.preexec_fn = preexec_fn
+        self.interpreter = tuple(interpreter)
         self.port = 0
         self._process: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
@@ -66,11 +69,11 @@ class BrokerProcess:
         return self.process.pid
 
     def start(self, flags: Sequence[str]) -> int:
-        """Run `python -m curb FLAGS`; return its port once it says it listens. Raises
+        """Run `INTERPRETER -m curb FLAGS`; return its port once it says it listens. Raises
         StartError (the process killed) if it exits or stays silent for `timeout` seconds."""
         self._join_reader()
         process = subprocess.Popen(
-            [sys.executable, "-m", "curb", *flags],
+            [*self.interpreter, "-m", "curb", *flags],
             cwd=self.cwd,
             env=self.env,
             stdin=subprocess.DEVNULL,

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import json
 import os
+import pstats
 import queue
 import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
+from benchmark import instructions
 from benchmark.bodies import SEQ_STRIDE, BodyReader, Tally, make_body
 from benchmark.incoming import Incoming, ack_frame, messages, receipt_ids
 from benchmark.target import BrokerError
@@ -264,3 +268,55 @@ def test_receipts_are_read_in_runs_and_other_frames_fail():
         receipt_ids(incoming, 0)
     incoming.hand_back()
     assert incoming.client.unread_bytes == stream[:5]  # type: ignore[attr-defined]
+
+
+ANNOTATED = """\
+--------------------------------------------------------------------------------
+58,958,468 (100.0%)  PROGRAM TOTALS
+--------------------------------------------------------------------------------
+Ir                   file:function
+--------------------------------------------------------------------------------
+60,500,517 (102.6%)  /src/Python/ceval.c:_PyEval_EvalFrameDefault'2 [/lib/libpython3.11.so.1.0]
+58,511,724 (99.24%)  /src/Python/context.c:context_run [/lib/libpython3.11.so.1.0]
+ 4,106,177 ( 6.96%)  /src/Objects/bytesobject.c:bytes_mod [/lib/libpython3.11.so.1.0]
+ 4,100,000 ( 6.95%)  /src/Include/object.h:bytes_mod
+ 1,958,719 ( 3.32%)  /src/Objects/clinic/unicodeobject.c.h:unicode_split [/lib/libpython3.11.so.1.0]
+"""
+
+
+def test_callgrind_lines_become_per_message_costs_of_the_functions_that_do_work():
+    small = instructions.parse_annotated(ANNOTATED)
+    assert small == {
+        "_PyEval_EvalFrameDefault'2": 60_500_517,
+        "context_run": 58_511_724,
+        "bytes_mod": 4_106_177,  # listed under two files: counted once
+        "unicode_split": 1_958_719,
+    }
+    large = {name: cost * 3 for name, cost in small.items()}
+    # the interpreter's dispatch is in every call's inclusive cost, so it is left out
+    top = instructions._top(instructions._diff(small, large), 1_000)
+    assert top == [("bytes_mod", 8_212.354), ("unicode_split", 3_917.438)]
+
+
+def test_python_shares_rank_curbs_functions_by_their_growth_in_cpu_time():
+    def stats(scale: float) -> pstats.Stats:
+        profile: dict[tuple[str, int, str], tuple[int, int, float, float, dict]] = {
+            (f"{instructions.CURB_DIR}/cli.py", 1, "main"): (1, 1, 0.5 + 2.0 * scale, 8.5 * scale, {}),
+            (f"{instructions.CURB_DIR}/frame.py", 10, "feed"): (9, 9, 3.0 * scale, 4.0 * scale, {}),
+            (f"{instructions.CURB_DIR}/session.py", 20, "receive_data"): (9, 9, 1.0 * scale, 6.0 * scale, {}),
+            ("/lib/asyncio/events.py", 78, "_run"): (9, 9, 1.0 + 2.0 * scale, 6.0 * scale, {}),
+        }
+        return cast(pstats.Stats, SimpleNamespace(stats=profile))
+
+    # CPU time grows by 2 + 3 + 1 + 2; main, called once, holds all of it; the loop's _run is not Curb's
+    shares = instructions.python_shares(stats(1.0), stats(2.0))
+    assert shares == [("session.py:20(receive_data)", 0.75), ("frame.py:10(feed)", 0.5)]
+
+
+def test_instructions_refuses_a_broker_it_does_not_start():
+    result = bench("--instructions", "--addr", "127.0.0.1:1", timeout=30)
+    assert result.returncode == 2
+    assert "--instructions counts a Curb it starts itself" in result.stderr
+    result = bench("--instructions", "--only", "mixed", timeout=30)
+    assert result.returncode == 2
+    assert "unknown workload(s) mixed; choose from produce-4x256, produce-w1, consume-p256, pingpong" in result.stderr

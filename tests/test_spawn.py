@@ -5,6 +5,7 @@ with what it said."""
 from __future__ import annotations
 
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,3 +35,13 @@ def test_a_broker_that_exits_at_start_raises_with_its_output(tmp_path: Path):
         child.start(["-cap", "1", "-addr", "127.0.0.1:0"])
     assert "-cap" in str(raised.value)
     assert not child.running()
+
+
+def test_the_interpreter_given_runs_curb_with_the_flags(tmp_path: Path):
+    # a stand-in interpreter that says it listens and names what it was asked to run
+    says = "import sys; print('curb: listening on 127.0.0.1:4321, argv', sys.argv[1:], file=sys.stderr)"
+    child = BrokerProcess(cwd=tmp_path, timeout=15, interpreter=(sys.executable, "-c", says))
+    assert child.start(["-cap", "1MiB"]) == 4321
+    child.process.wait(15)  # it exits by itself; stop() then collects its status and all its output
+    assert child.stop() == 0
+    assert "argv ['-m', 'curb', '-cap', '1MiB']" in child.output()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 from benchmark.target import BrokerError, Target, close
@@ -31,15 +32,23 @@ def rss_bytes(pid: int) -> int:
 
 class CurbBroker:
     """`curb -cap CAP -addr 127.0.0.1:PORT -file PATH`, started and stopped on demand; the
-    port and file stay the same across restarts."""
+    port and file stay the same across restarts. `interpreter` runs `-m curb` (default:
+    this Python; the instruction count runs it under callgrind)."""
 
-    def __init__(self, path: str, cap: str, timeout: float, extra_args: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        path: str,
+        cap: str,
+        timeout: float,
+        extra_args: tuple[str, ...] = (),
+        interpreter: tuple[str, ...] = (sys.executable,),
+    ):
         self.path = path
         self.cap = cap
         self.timeout = timeout
         self.extra_args = extra_args
         self.target = Target("127.0.0.1", free_port())
-        self._child = BrokerProcess(timeout=timeout)
+        self._child = BrokerProcess(timeout=timeout, interpreter=interpreter)
         self._started = False
 
     @property

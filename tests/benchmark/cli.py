@@ -3,14 +3,15 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import TypedDict
 
 import click
 
-from benchmark import report
+from benchmark import instructions, report
 from benchmark.bodies import VerificationError
 from benchmark.crew import Crew, LoadError
 from benchmark.target import BrokerError, Target
@@ -185,6 +186,18 @@ def make_side(name: str, options: dict, prefix: str) -> Side | None:
 @click.option("--quick", is_flag=True, help="small counts and one run: a smoke test in seconds")
 @click.option("--full", is_flag=True, help="1,000,000 queued messages for the RSS and restart rows")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of the table")
+@click.option(
+    "--instructions",
+    "count_instructions",
+    is_flag=True,
+    help="count the broker's instructions per message under callgrind instead of timing "
+    f"(workloads: {', '.join(instructions.WORKLOADS)}; loads "
+    f"{instructions.LOADS[0]:,} and {instructions.LOADS[1]:,}, --quick: "
+    f"{instructions.QUICK_LOADS[0]:,} and {instructions.QUICK_LOADS[1]:,})",
+)
+@click.option(
+    "--no-profile", is_flag=True, help="with --instructions: skip the cProfile runs that name the Python functions"
+)
 @broker_options("", "the broker to measure")
 @broker_options("ref-", "a reference broker to compare with")
 def main(
@@ -204,18 +217,29 @@ def main(
     quick,
     full,
     as_json,
+    count_instructions,
+    no_profile,
     **brokers,
 ):
     """Measure Curb: throughput, latency, memory, restart time and the disk's own limits,
     checking every message. Starts its own brokers on 127.0.0.1 unless given --addr."""
-    selected = set(WORKLOAD_NAMES)
+    choices = tuple(instructions.WORKLOADS) if count_instructions else WORKLOAD_NAMES
+    selected = set(choices)
     if only:
         selected = {name.strip() for name in only.split(",") if name.strip()}
-        unknown = selected - set(WORKLOAD_NAMES)
+        unknown = selected - set(choices)
         if unknown:
             raise click.BadParameter(
-                f"unknown workload(s) {', '.join(sorted(unknown))}; choose from {', '.join(WORKLOAD_NAMES)}",
+                f"unknown workload(s) {', '.join(sorted(unknown))}; choose from {', '.join(choices)}",
                 param_hint="--only",
+            )
+    if count_instructions:
+        if brokers["addr"] or brokers["ref_addr"]:
+            raise click.BadParameter("--instructions counts a Curb it starts itself: leave out --addr and --ref-addr")
+        if missing := instructions.missing_tools():
+            raise click.UsageError(
+                f"--instructions needs valgrind's {', '.join(missing)}: install valgrind "
+                "(e.g. apt-get install valgrind)"
             )
     settings = Settings(
         size=size,
@@ -239,6 +263,16 @@ def main(
     try:
         with tempfile.TemporaryDirectory(prefix="curb-bench-", dir=directory) as workdir:
             bench = Bench(settings, sides, crew, workdir, say)
+            if count_instructions:
+                loads = instructions.QUICK_LOADS if quick else instructions.LOADS
+                keys = [key for key in instructions.WORKLOADS if key in selected]
+                measured = instructions.measure(bench, keys, loads, profile=not no_profile)
+                click.echo(
+                    json.dumps([asdict(m) for m in measured], indent=2)
+                    if as_json
+                    else instructions.report(measured, loads)
+                )
+                return
             samples = bench.run(selected)
     except (VerificationError, LoadError, BrokerError, StompError, ProtocolError, LogError, OSError) as err:
         click.echo(f"curb bench: FAILED: {err}", err=True)

@@ -1,0 +1,278 @@
+"""`bin/bench --instructions`: the broker's CPU per message, counted in instructions.
+
+Time on a shared machine swings by half between runs; the instructions a broker retires
+for a workload do not. Each workload runs twice, against a fresh broker under callgrind
+each time, with a small and a large load (LOADS); the difference of the two counts over
+the difference of the loads is what one more message costs, so start-up, connecting,
+subscribing and shutdown cancel out. Counting is switched on (`callgrind_control -i on`)
+only once the broker is up and, for the consume workload, the queue prefilled, and off
+again before the final drain that checks every message: the counts hold the measured
+load and nothing else. Callgrind counts every thread of the broker (the sync thread too).
+
+CPython 3.11 shows callgrind only its C functions (the evaluation loop, dict and bytes
+operations, system calls), which says where the interpreter spends but not which Python
+function made it. So each workload also runs twice under cProfile (no callgrind), timed by the
+main thread's CPU clock so that waiting for sockets or fdatasync does not count, and
+Curb's Python functions are ranked by the difference of their cumulative time between
+the two loads, as a share of the difference of the main thread's CPU time. cProfile's
+own cost per call inflates functions called often; read the shares as a map, and the
+instruction counts as the measure.
+"""
+
+from __future__ import annotations
+
+import os
+import pstats
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import curb
+from benchmark import load
+from benchmark.broker import CurbBroker
+from benchmark.target import BrokerError, Target
+from benchmark.workloads import PIPELINE_WINDOW, Bench, Side
+
+LOADS = (2_000, 12_000)
+QUICK_LOADS = (100, 600)
+TOP = 20
+START_SECONDS = 300.0  # a broker under callgrind starts 20 to 50 times slower
+CALLGRIND = ("valgrind", "--tool=callgrind", "--dump-instr=no", "--instr-atstart=no")
+# callgrind_annotate's lines: `1,234 (12.34%)  file:function [object]`.
+_ANNOTATED = re.compile(r"^\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(\S.*?)\s*$")
+_TOTALS = re.compile(r"^totals:\s+(\d+)", re.MULTILINE)
+CURB_DIR = os.path.dirname(curb.__file__)
+CURB_MODULE = "curb/"
+# `python -c PROFILED OUT -m curb FLAGS`: the broker under cProfile timed by the main
+# thread's CPU clock, so that waiting (for sockets, for fdatasync) does not count.
+PROFILED = """
+import cProfile, runpy, sys, time
+out, sys.argv = sys.argv[1], ["curb", *sys.argv[4:]]
+profile = cProfile.Profile(time.thread_time)
+try:
+    profile.runcall(runpy.run_module, "curb", run_name="__main__", alter_sys=True)
+finally:
+    profile.dump_stats(out)
+"""
+# The interpreter's own dispatch (calls, frames, the evaluation loop) is in every Python
+# call's inclusive cost; the C-level list names the functions that do work instead:
+# builtins and the allocator (the kernel is not counted). Recursion levels (`name'2`) are left out too.
+_DISPATCH = re.compile(
+    r"'\d+$|^0x|^_?Py(Eval|Function|Object_(Vectorcall|Call|MakeTpCall|FastCall)|_RunMain|_BytesMain)|^_PyEval"
+    r"|^_PyFrame_|vectorcall|^context_run$|^slot_tp_call$|^cfunction_call|^run_|^pymain_|^main$"
+    r"|^__libc_start|^_start$|^\(below main\)$|^thread_run$|^start_thread$|^clone"
+)
+
+
+@dataclass(frozen=True)
+class Workload:
+    label: str
+    # Runs `count` messages through the broker at `target`, calling `counting(True)` just
+    # before the measured load and `counting(False)` just after; returns what was sent per
+    # producer and what the consumers received, for the check.
+    run: Callable[[Bench, Target, str, int, Callable[[bool], None]], tuple[dict[int, int], list[dict]]]
+
+
+def _produce(window: int, producers: int):
+    def run(bench: Bench, target: Target, run_id: str, count: int, counting: Callable[[bool], None]):
+        share = max(1, count // producers)
+        counting(True)
+        results = bench.crew.run(
+            [bench.produce_task(target, run_id, producer, window, count=share) for producer in range(producers)]
+        )
+        counting(False)
+        return {r["producer"]: r["sent"] for r in results}, []
+
+    return run
+
+
+def _consume(bench: Bench, target: Target, run_id: str, count: int, counting: Callable[[bool], None]):
+    sent = bench.prefill(target, run_id, count)
+    counting(True)
+    [result] = bench.crew.run([bench.consume_task(target, run_id, 256, count=count, subscribe_at_start=True)])
+    counting(False)
+    return sent, [result]
+
+
+def _pingpong(bench: Bench, target: Target, run_id: str, count: int, counting: Callable[[bool], None]):
+    counting(True)
+    task = dict(target=target, run_id=run_id, size=bench.settings.size, rounds=count, warmup=0)
+    [result] = bench.crew.run([(load.pingpong, dict(task, timeout=bench.settings.timeout))])
+    counting(False)
+    return {0: count}, [result]
+
+
+WORKLOADS = {
+    "produce-4x256": Workload(
+        f"SEND, receipt each, 4 producers x {PIPELINE_WINDOW} in flight", _produce(PIPELINE_WINDOW, 4)
+    ),
+    "produce-w1": Workload("SEND, receipt each, 1 producer, window 1", _produce(1, 1)),
+    "consume-p256": Workload("consume + ACK, prefetch 256 (MESSAGE and its ACK)", _consume),
+    "pingpong": Workload("ping-pong: SEND, its MESSAGE, its ACK", _pingpong),
+}
+
+
+@dataclass
+class Measured:
+    """One workload's figures: instructions per message, and the top functions (name,
+    instructions per message) of callgrind and (name, share) of cProfile."""
+
+    key: str
+    label: str
+    per_message: float
+    native: list[tuple[str, float]]
+    python: list[tuple[str, float]]
+
+
+def missing_tools() -> list[str]:
+    return [tool for tool in ("valgrind", "callgrind_control", "callgrind_annotate") if shutil.which(tool) is None]
+
+
+def measure(bench: Bench, keys: list[str], loads: tuple[int, int], profile: bool = True) -> list[Measured]:
+    results = []
+    for key in keys:
+        workload = WORKLOADS[key]
+        counted = [_callgrind_run(bench, key, workload, count) for count in loads]
+        extra = loads[1] - loads[0]
+        per_message = (counted[1][0] - counted[0][0]) / extra
+        native = _top(_diff(counted[0][1], counted[1][1]), extra)
+        python: list[tuple[str, float]] = []
+        if profile:
+            python = python_shares(*(_profile_run(bench, key, workload, count) for count in loads))
+        bench.say(f"{key}: {per_message:,.0f} instructions per message")
+        results.append(Measured(key, workload.label, per_message, native, python))
+    return results
+
+
+def _broker(bench: Bench, key: str, interpreter: tuple[str, ...]) -> CurbBroker:
+    return CurbBroker(
+        os.path.join(bench.workdir, f"{key}-{bench.new_run_id()}.log"),
+        bench.settings.cap,
+        max(bench.settings.timeout, START_SECONDS),
+        bench.settings.broker_args,
+        interpreter,
+    )
+
+
+def _drive(
+    bench: Bench, key: str, workload: Workload, broker: CurbBroker, count: int, counting, check: bool = True
+) -> None:
+    """Start the broker, run the workload, check every message (uncounted), stop it cleanly."""
+    broker.start()
+    try:
+        run_id = bench.new_run_id()
+        sent, received = workload.run(bench, broker.target, run_id, count, counting)
+        if check:
+            bench.check(f"{key} ({count:,} messages)", Side("curb"), broker.target, run_id, sent, received)
+    except BaseException:
+        broker.kill()
+        raise
+    broker.stop()
+
+
+def _callgrind_run(bench: Bench, key: str, workload: Workload, count: int) -> tuple[int, dict[str, int]]:
+    """The broker's instructions while the load ran, in all and by function (inclusive)."""
+    out = f"{bench.workdir}/{key}-{count}.callgrind"
+    broker = _broker(bench, key, (*CALLGRIND, f"--callgrind-out-file={out}", sys.executable))
+
+    def counting(on: bool) -> None:
+        command = ["callgrind_control", "-i", "on" if on else "off", str(broker.pid)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=bench.settings.timeout)
+        if done.returncode != 0 or "OK" not in done.stdout:
+            raise BrokerError(f"{' '.join(command)} failed: {(done.stdout + done.stderr).strip()}")
+
+    bench.say(f"{key}: {count:,} messages under callgrind ...")
+    _drive(bench, key, workload, broker, count, counting)
+    with open(out) as counts:
+        totals = _TOTALS.search(counts.read())
+    if totals is None:
+        raise BrokerError(f"callgrind wrote no totals line to {out}")
+    annotated = subprocess.run(
+        ["callgrind_annotate", "--inclusive=yes", "--threshold=100", out],
+        capture_output=True,
+        text=True,
+        timeout=bench.settings.timeout,
+        check=True,
+    ).stdout
+    return int(totals.group(1)), parse_annotated(annotated)
+
+
+def parse_annotated(text: str) -> dict[str, int]:
+    """callgrind_annotate's per-function lines as {function: instructions}, the file and
+    object names dropped (a function inlined from a header is listed once per file, with
+    the same calls: the largest is kept)."""
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        match = _ANNOTATED.match(line)
+        if match and ":" in match.group(2) and "PROGRAM TOTALS" not in line:
+            name = match.group(2).split(":", 1)[1].split(" [", 1)[0]
+            found[name] = max(found.get(name, 0), int(match.group(1).replace(",", "")))
+    return found
+
+
+def _diff(small: dict[str, int], large: dict[str, int]) -> dict[str, float]:
+    return {name: large[name] - small.get(name, 0) for name in large}
+
+
+def _top(costs: dict[str, float], per: int) -> list[tuple[str, float]]:
+    ranked = sorted(((n, c) for n, c in costs.items() if not _DISPATCH.search(n)), key=lambda item: -item[1])[:TOP]
+    return [(name, cost / per) for name, cost in ranked]
+
+
+def _profile_run(bench: Bench, key: str, workload: Workload, count: int) -> pstats.Stats:
+    """The broker's Python profile in CPU time (cProfile, written when it exits) over the
+    whole run; no drain after the load (the callgrind runs checked the messages)."""
+    out = f"{bench.workdir}/{key}-{count}.pstats"
+    broker = _broker(bench, key, (sys.executable, "-c", PROFILED, out))
+    bench.say(f"{key}: {count:,} messages under cProfile ...")
+    _drive(bench, key, workload, broker, count, lambda on: None, check=False)
+    return pstats.Stats(out)
+
+
+def python_shares(small: pstats.Stats, large: pstats.Stats) -> list[tuple[str, float]]:
+    """Curb's own Python functions by the growth of their cumulative CPU time from the
+    small load to the large, as a share of the growth of the main thread's CPU time
+    (functions called once, which hold the whole run, such as main, left out)."""
+    before, after = _by_function(small), _by_function(large)
+    busy = sum(own for own, _, _ in after.values()) - sum(own for own, _, _ in before.values())
+    if busy <= 0:
+        return []
+    growth = {
+        name: cumulative - before.get(name, (0.0, 0.0, 0))[1]
+        for name, (_, cumulative, calls) in after.items()
+        if name.startswith(CURB_MODULE) and calls > 1
+    }
+    ranked = sorted(growth.items(), key=lambda item: -item[1])
+    return [(name.removeprefix(CURB_MODULE), share / busy) for name, share in ranked][:TOP]
+
+
+def _by_function(stats: pstats.Stats) -> dict[str, tuple[float, float, int]]:
+    """{function: (own time, cumulative time, calls)}, named `module.py:line(function)`,
+    with CURB_MODULE in front for Curb's own."""
+    table: dict[str, tuple[float, float, int]] = {}
+    for (path, line, function), (_, calls, own, cumulative, _) in stats.stats.items():  # type: ignore[attr-defined]
+        name = function if path == "~" else f"{os.path.basename(path)}:{line}({function})"
+        if os.path.dirname(path) == CURB_DIR:
+            name = CURB_MODULE + name
+        table[name] = (own, cumulative, calls)
+    return table
+
+
+def report(results: list[Measured], loads: tuple[int, int]) -> str:
+    lines = [
+        f"Curb broker instructions per message (callgrind; loads {loads[0]:,} and {loads[1]:,}, "
+        f"the difference over {loads[1] - loads[0]:,})",
+        "",
+    ]
+    width = max(len(m.label) for m in results)
+    lines += [f"{m.label.ljust(width)}  {m.per_message:>10,.0f}" for m in results]
+    for m in results:
+        lines += ["", f"{m.key}: top functions by inclusive instructions per message (callgrind, C level)"]
+        lines += [f"  {cost:>10,.0f}  {name}" for name, cost in m.native]
+        if m.python:
+            lines += [f"{m.key}: top Python functions by inclusive share of CPU time per message (cProfile)"]
+            lines += [f"  {share:>9.1%}  {name}" for name, share in m.python]
+    return "\n".join(lines)
