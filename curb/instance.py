@@ -175,8 +175,8 @@ class Instance:
         except BaseException:
             self._close_servers()
             raise
-        rec = self.log.recovery
-        _warn_if_disk_is_short(events, config.path, config.cap, self.log.file_bytes)
+        rec = self.log.core.recovery
+        _warn_if_disk_is_short(events, config.path, config.cap, self.log.core.file_bytes)
         events(
             "recovered",
             f"recovered {rec.messages} messages ({rec.live_bytes} bytes) from {config.path} "
@@ -196,7 +196,7 @@ class Instance:
             loop.run_in_executor(checks, work).add_done_callback(lambda done: then(done.result()))
 
         self.broker = Broker(
-            self.log,
+            self.log.core,
             offload=offload,
             prefetch=config.prefetch,
             max_frame=config.max_frame,
@@ -208,8 +208,8 @@ class Instance:
             metrics=self.metrics,
             events=events,
         )
-        self.log.on_fatal = self._on_fatal
-        self.log.on_damage = lambda text: events("damage", text)
+        self.log.core.on_fatal = self._on_fatal
+        self.log.core.on_damage = lambda text: events("damage", text)
         self.log.start(loop)
         stomp_servers = list(self._servers)
         try:

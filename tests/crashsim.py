@@ -71,6 +71,7 @@ from simdisk import CRASH_MODES, SECTOR, Crashed, SimDisk
 from curb.log import LogCore, LogError, QueueFull, Record, TooLarge
 from curb.log.browse import Browse
 from curb.log.cursor import RECORD_WORK, SLICE_WORK
+from curb.log.pacing import ByHand
 from curb.log.record import RING_START
 
 RECORD_OVERHEAD = 67
@@ -392,6 +393,7 @@ class Sim:
                     clock=self.clock,
                     slice_work=slice_work,
                     mark_spacing=mark_spacing,
+                    pacer=ByHand(),  # the steps flush and sync (and settle proves none is missed)
                 )
                 break
             except Crashed:

@@ -32,7 +32,7 @@ def test_an_instance_serves_stomp_and_a_restart_on_its_file_recovers_what_was_re
             await asyncio.to_thread(produce, first.addresses[0][1])
             sent = first.metrics.sent
         async with Instance(config) as second:
-            assert second.log.recovery.messages == 1
+            assert second.log.core.recovery.messages == 1
             body = await asyncio.to_thread(consume, second.addresses[0][1])
             status = await second.stop()
         return sent, body, status

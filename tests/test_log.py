@@ -18,12 +18,14 @@ def payload(n: int, size: int = 100) -> bytes:
 
 
 class Harness:
-    """A Log driven from a private event loop, with helpers to wait for its syncs."""
+    """A Log driven from a private event loop, with helpers to wait for its syncs;
+    `log` is its core."""
 
     def __init__(self, path, cap=CAP, **kw):
         self.loop = asyncio.new_event_loop()
-        self.log = Log(path, cap, **kw)
-        self.log.start(self.loop)
+        self.driver = Log(path, cap, **kw)
+        self.log = self.driver.core
+        self.driver.start(self.loop)
         self.path = path
 
     def settle(self, seconds: float = 0.0) -> None:
@@ -32,7 +34,7 @@ class Harness:
         async def wait():
             await asyncio.sleep(seconds)
             for _ in range(2000):
-                if not self.log._busy():
+                if not self.driver.busy:
                     return
                 await asyncio.sleep(0.001)
             raise AssertionError("log never settled")
@@ -53,7 +55,7 @@ class Harness:
         return out
 
     def close(self) -> None:
-        self.loop.run_until_complete(self.log.close())
+        self.loop.run_until_complete(self.driver.close())
         self.loop.close()
 
 

@@ -14,10 +14,10 @@ def test_a_disconnect_receipt_is_not_sent_when_the_sync_fails(tmp_path):
     async def run():
         log = Log(tmp_path / "q.log", 64 * 1024)
         log.start(asyncio.get_running_loop())
-        broker = Broker(log)
+        broker = Broker(log.core)
         session = Session(broker, 0.0)
         session.receive_data(b"CONNECT\naccept-version:1.2\n\n\0DISCONNECT\nreceipt:bye\n\n\0", 0.0)
-        log._fail("fdatasync failed: injected")
+        log.core.fail("fdatasync failed: injected")
         broker.flush_out()
         await log.close()
         return session
@@ -85,7 +85,7 @@ def test_the_glue_stops_reading_while_the_unsent_output_is_above_its_bound_and_c
     async def run() -> tuple[FakeTransport, list[bool]]:
         log = Log(tmp_path / "q.log", 64 * 1024)
         log.start(asyncio.get_running_loop())
-        connection = Connection(Broker(log))
+        connection = Connection(Broker(log.core))
         transport = FakeTransport()
         connection.connection_made(transport)
         connection.data_received(b"CONNECT\naccept-version:1.2\n\n\0")
@@ -116,7 +116,7 @@ def test_after_an_error_the_glue_shuts_writing_drops_input_and_closes_after_the_
     async def run() -> tuple[FakeTransport, bool, bytes]:
         log = Log(tmp_path / "q.log", 64 * 1024)
         log.start(asyncio.get_running_loop())
-        connection = Connection(Broker(log))
+        connection = Connection(Broker(log.core))
         transport = FakeTransport(eof=True)
         connection.connection_made(transport)
         connection.data_received(b"CONNECT\naccept-version:1.2\n\n\0FROB\n\n\0")
@@ -140,7 +140,7 @@ def test_a_peer_reset_before_the_linger_is_aborted_without_an_exception(tmp_path
     async def run() -> FakeTransport:
         log = Log(tmp_path / "q.log", 64 * 1024)
         log.start(asyncio.get_running_loop())
-        broker = Broker(log)
+        broker = Broker(log.core)
         connection = Connection(broker)
         transport = FakeTransport(eof="reset")
         connection.connection_made(transport)

@@ -185,16 +185,16 @@ def test_marks_stay_right_as_the_ring_wraps_and_compaction_moves_held_messages()
 
 def write_log(path: Path, n: int) -> None:
     """A log file holding n small messages, written without a broker (fast)."""
-    from curb.log import Log
+    from curb.log.driver import open_disk
 
-    log = Log(path, 64 << 20)
+    log = LogCore(open_disk(str(path)), 64 << 20)
     i = 1
     while i <= n:
         try:
             log.append(b"\n%d" % i)
             i += 1
         except QueueFull:  # ids are reserved by the next checkpoint
-            LogCore.flush(log)
+            log.flush()
             log.sync()
     log.final_checkpoint()
     log.disk.close()

@@ -44,7 +44,7 @@ from pathlib import Path
 import pytest
 
 import curb
-from curb.log import Log, LogError, LogReader, QueueFull, Record
+from curb.log import Log, LogCore, LogError, LogReader, QueueFull, Record
 from curb.log import record as fmt
 
 KIB = 1024
@@ -131,14 +131,16 @@ def no_fsync() -> Iterator[None]:
 
 class Writer:
     """Drives a Log as a broker would, one step at a time, each step waiting until what
-    it wrote is synced: the file's bytes then depend on the steps alone, not on timing."""
+    it wrote is synced: the file's bytes then depend on the steps alone, not on timing.
+    `log` is its core."""
 
     def __init__(self, path: str, cap: int):
         self.path = path
         self.loop = asyncio.new_event_loop()
-        self.log = Log(path, cap)
+        self.driver = Log(path, cap)
+        self.log = self.driver.core
         self.log.clock = time.monotonic  # the frozen clock (its default was bound at import)
-        self.log.start(self.loop)
+        self.driver.start(self.loop)
         self.closed = False
 
     def send(self, payloads: list[bytes]) -> list:
@@ -175,7 +177,7 @@ class Writer:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self.loop.run_until_complete(self.log.close())
+            self.loop.run_until_complete(self.driver.close())
             self.loop.close()
 
 
@@ -621,7 +623,7 @@ def check_reader(path: str, known: Known) -> None:
         one_line(err)
 
 
-def drain(log: Log, known: Known, acks: int) -> int:
+def drain(log: LogCore, known: Known, acks: int) -> int:
     """Deliver everything: each payload must be a sent one, and none may come twice.
     Then ack the first `acks` (after the drain, so that a failed one leaves no writes
     pending and closes at once)."""
@@ -641,7 +643,7 @@ def drain(log: Log, known: Known, acks: int) -> int:
     return len(seen)
 
 
-def send_one_more(log: Log, loop: asyncio.AbstractEventLoop) -> None:
+def send_one_more(log: LogCore, loop: asyncio.AbstractEventLoop) -> None:
     """A broker that recovered goes on taking messages (this one is known, so a restart
     may deliver it). Waiting for its answer, rather than letting close() poll, keeps a
     case short; if none comes within a second, close() deals with it."""
@@ -673,9 +675,9 @@ def start_up(path: str, cap: int, known: Known, loop: asyncio.AbstractEventLoop,
         return failure(phase, exc)
     try:
         log.start(loop)
-        delivered = drain(log, known, acks)
+        delivered = drain(log.core, known, acks)
         if acks:
-            send_one_more(log, loop)
+            send_one_more(log.core, loop)
     except Exception as exc:
         with contextlib.suppress(Exception):
             loop.run_until_complete(log.close())
@@ -838,8 +840,8 @@ def test_the_undamaged_base_delivers_exactly_what_is_live(bases: dict[str, Base]
     log = Log(path, base.cap)
     log.start(runner.loop)
     got = []
-    while (rec := log.next_ready()) is not None:
-        got.append(log.payload(rec))
+    while (rec := log.core.next_ready()) is not None:
+        got.append(log.core.payload(rec))
     runner.loop.run_until_complete(log.close())
     assert len(got) == len(set(got)) and set(got) == base.live
     with LogReader(path) as reader:
@@ -987,8 +989,8 @@ except LogError as err:
 loop = asyncio.new_event_loop()
 log.start(loop)
 n = 0
-while (rec := log.next_ready()) is not None:
-    log.payload(rec)
+while (rec := log.core.next_ready()) is not None:
+    log.core.payload(rec)
     n += 1
 loop.run_until_complete(log.close())
 print("delivered", n)

@@ -141,7 +141,7 @@ def test_every_failed_handshake_is_counted_by_reason_and_logged_with_the_peer(tm
         loop = asyncio.get_running_loop()
         log = Log(tmp_path / "q.log", 64 * 1024)
         log.start(loop)
-        broker = Broker(log, events=lambda event, text, **fields: said.append((event, text, fields)))
+        broker = Broker(log.core, events=lambda event, text, **fields: said.append((event, text, fields)))
         context = pki.server_context()
         # A short time limit only for the silent client: the others must not time out on a busy machine.
         listeners = [

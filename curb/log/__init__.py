@@ -5,7 +5,8 @@ by recovery's walk and offline reads (`scan`), by the read cursor (`cursor`) and
 browses (`browse`, started near their range by `marks`); `ring` is placement arithmetic,
 `checkpoints` the checkpoint pipeline, `sizes` the bound on the largest live record, and
 `disk` the only way to the file. `core` ties them into the log (see its docstring for the
-design and the invariants).
+design and the invariants), sans I/O of its own: `pacing` is what it asks of whoever runs
+it, and `driver` runs it on an asyncio loop.
 
 The public names below are imported from their modules on first use, not when the
 package is: an offline reader (`curb inspect`, Spark's log-file source) imports
@@ -19,14 +20,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from curb.log.core import Log, LogCore, QueueFull, TooLarge, max_message_for, parse_size
+    from curb.log.core import LogCore, QueueFull, TooLarge, max_message_for, parse_size
     from curb.log.cursor import Record
+    from curb.log.driver import Log
     from curb.log.scan import Entry, LogDamaged, LogError, LogReader, Summary
 
 # Each public name and the module that defines it.
 HOMES = {
     "Entry": "scan",
-    "Log": "core",
+    "Log": "driver",
     "LogCore": "core",
     "LogDamaged": "scan",
     "LogError": "scan",

@@ -8,8 +8,9 @@ oldest message in flight, which the next checkpoint's tail retires with no write
 (consumers ACK in order, so that is nearly every ACK).
 
 `LogCore` does every step without threads, timers or an event loop of its own, so the
-crash simulator in the tests drives it over a simulated disk; `Log` is the same core run
-by an asyncio loop, with fdatasync in a thread (group commit).
+crash simulator in the tests drives it over a simulated disk; it tells its pacer
+(curb.log.pacing) what waits to be flushed or synced, and `Log` (curb.log.driver) paces
+it from an asyncio loop, with fdatasync in a thread (group commit).
 
 Invariants, each kept in one place:
 - A RECEIPT (a `done(None)`) is answered only after a sync that began after the write it
@@ -67,12 +68,8 @@ Invariants, each kept in one place:
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import errno
-import os
-import queue
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,33 +79,20 @@ from curb.log import record as fmt
 from curb.log.browse import Browse
 from curb.log.checkpoints import Checkpoints, Snapshot
 from curb.log.cursor import KEEP_PAYLOAD, SLICE_WORK, Cursor, Record
-from curb.log.disk import Disk, FileDisk, LockedError
+from curb.log.disk import Disk
 from curb.log.marks import Marks, spacing_for
+from curb.log.pacing import ByHand, Pacer
 from curb.log.reader import RecordReader
 from curb.log.record import PAD_SIZE, RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, FormatError
 from curb.log.ring import Ring
-from curb.log.scan import Entry, LogDamaged, LogError, LogReader, Scan, Summary
+from curb.log.scan import LogDamaged, LogError, Scan
 from curb.log.sizes import SizeClasses, class_bound, size_class
-
-__all__ = [
-    "Entry",
-    "Log",
-    "LogCore",
-    "LogDamaged",
-    "LogError",
-    "LogReader",
-    "QueueFull",
-    "Record",
-    "Summary",
-    "TooLarge",
-]
 
 MIN_CAP = 16 * 1024
 ALLOCATE_STEP = 1 << 20
 CHECKPOINT_EVERY = 0.05
 PINNED_FOR = 0.1
-LAZY_SYNC = 0.01
-INLINE_SYNC_OPS = 4
+INLINE_SYNC_OPS = 4  # a sync of at most this many writes is small (Pacer.sync_soon)
 ID_RESERVE = 1 << 16  # ids a checkpoint reserves: at most this gap in ids after a crash
 # The state patch an ACK writes, for messages delivered up to a few times (most are).
 ACK_PATCHES = tuple(fmt.state_patch(STATE_ACK, deliveries) for deliveries in range(8))
@@ -174,7 +158,7 @@ def max_message_for(cap: int, max_payload: int = 16 << 20) -> int:
 
 class LogCore:
     """The queue's log over a Disk: recovery, admission, placement, compaction, the
-    checkpoint pipeline and group-commit bookkeeping. Sans I/O of its own: the caller
+    checkpoint pipeline and group-commit bookkeeping. Sans I/O of its own: its pacer
     decides when to `flush` and when to `sync`."""
 
     def __init__(
@@ -188,6 +172,7 @@ class LogCore:
         name: str = "log",
         slice_work: int = SLICE_WORK,
         mark_spacing: int | None = None,
+        pacer: Pacer | None = None,
     ):
         if cap < MIN_CAP:
             raise LogError(f"-cap {cap} is too small: the log needs at least {MIN_CAP // 1024}KiB")
@@ -195,6 +180,7 @@ class LogCore:
         self.name = name
         self.metrics = metrics
         self.clock = clock
+        self.pacer: Pacer = pacer or ByHand()
         self.end = cap - cap % 4096
         self.capacity = self.end - RING_START
         self.max_message = max_message_for(cap, max_payload)
@@ -206,7 +192,8 @@ class LogCore:
         # The file system had no room to grow the file: this many pending SENDs were refused.
         self.on_disk_full: Callable[[int, str], None] = lambda refused, why: None
         # True while the caller is about to flush in the same call (the broker, handling a
-        # connection's frames): a flush asked for meanwhile need not be arranged.
+        # connection's frames): a flush asked for meanwhile need not be arranged (the
+        # pacer reads it).
         self.hold_flush = False
         self._pending: collections.deque[tuple[Record, bytes, Done | None, bool]] = collections.deque()
         self._pending_bytes = 0
@@ -591,12 +578,26 @@ class LogCore:
     # ---------------------------------------------------------------- writing
 
     def _schedule(self) -> None:
-        """A hook: something waits to be flushed. The asyncio driver flushes soon."""
+        """Something waits to be flushed."""
+        self.pacer.flush_wanted()
 
     def _want_sync(self) -> None:
-        """A hook: something written waits for a sync. The asyncio driver syncs soon."""
+        """Something written may wait for a sync: soon when a receipt (or an append
+        waiting for room) waits on it, else whenever the pacer likes."""
+        if self._broken:
+            return
+        if self._urgent_upto > self._synced_no:
+            self.pacer.sync_soon(self._unsynced_ops <= INLINE_SYNC_OPS)
+        elif self._written_no > self._synced_no or self._waiters:
+            self.pacer.sync_later()
 
     def flush(self) -> None:
+        """Write what is pending, if the pacer says a flush is due (a caller pacing the
+        core by hand always has one)."""
+        if self.pacer.take_flush():
+            self._flush()
+
+    def _flush(self) -> None:
         """Write what is pending: appends as far as the ring has room (compacting to
         make room), patches, and a checkpoint when one is due and allowed."""
         if self._broken:
@@ -622,7 +623,7 @@ class LogCore:
             if self._checkpoints.writing is None and self._checkpoint_if_due(fno, wrote):
                 wrote = True
         except OSError as err:
-            self._fail(f"cannot write {self.name}: {err.strerror or err}")
+            self.fail(f"cannot write {self.name}: {err.strerror or err}")
             return
         after = self._after_appends
         while after and not self._waits_for(after[0][0]):  # its appends are written now
@@ -702,7 +703,7 @@ class LogCore:
                 if err.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
                 refused = len(pending)
-                self._cancel_pending(f"disk full ({err.strerror}): message not stored")
+                self.cancel_pending(f"disk full ({err.strerror}): message not stored")
                 self.on_disk_full(refused, f"cannot grow {self.name}: {err.strerror}")
                 break
             if off is None:
@@ -739,7 +740,7 @@ class LogCore:
         if self._pending and self._room_wanted and not self._can_progress():
             if self.metrics is not None:
                 self.metrics.refused_full += len(self._pending)
-            self._cancel_pending("queue full: the log has no room for this message; it was not stored")
+            self.cancel_pending("queue full: the log has no room for this message; it was not stored")
         return len(written), bool(runs.runs)
 
     def _room_for_append(self, size: int, runs: WriteRuns, reserve: int) -> int | None:
@@ -873,7 +874,8 @@ class LogCore:
             or self._written_no > self._synced_no
         )
 
-    def _cancel_pending(self, reason: str) -> None:
+    def cancel_pending(self, reason: str) -> None:
+        """Refuse every append still waiting for room, and the on_durable calls after them."""
         while self._pending:
             rec, _, done, _ = self._pending.popleft()
             self._pending_bytes -= rec.size
@@ -887,25 +889,25 @@ class LogCore:
 
     def sync(self) -> None:
         """fdatasync everything written so far, then do what follows a sync."""
-        target = self._begin_sync()
+        target = self.begin_sync()
         started = time.monotonic()
         try:
             self.disk.sync()
         except OSError as err:
-            self._end_sync(target, 0.0, err)
+            self.end_sync(target, 0.0, err)
             return
-        self._end_sync(target, time.monotonic() - started, None)
+        self.end_sync(target, time.monotonic() - started, None)
 
-    def _begin_sync(self) -> int:
+    def begin_sync(self) -> int:
         """The flush a sync starting now covers."""
         self._unsynced_ops = 0
         return self._flush_no
 
-    def _end_sync(self, target: int, seconds: float, err: OSError | None) -> None:
+    def end_sync(self, target: int, seconds: float, err: OSError | None) -> None:
         """Everything written up to flush `target` is on disk: answer its waiters, let a
         checkpoint name it, and let space a synced checkpoint released be reused."""
         if err is not None:
-            self._fail(f"fdatasync of {self.name} failed: {err.strerror or err}")
+            self.fail(f"fdatasync of {self.name} failed: {err.strerror or err}")
             return
         if self._broken:
             return
@@ -954,10 +956,10 @@ class LogCore:
         if answered:
             self.on_answered()
 
-    def _fail(self, reason: str) -> None:
+    def fail(self, reason: str) -> None:
         """A write or sync failed: what it covered may not be on disk, so stop for good."""
         self._broken = reason
-        self._cancel_pending(reason)
+        self.cancel_pending(reason)
         while self._waiters:
             self._waiters.popleft()[1](reason)
         for done in self._untagged:
@@ -968,7 +970,14 @@ class LogCore:
                 waiters.popleft()[1](reason)
         self.on_fatal(reason)
 
-    def _busy(self) -> bool:
+    @property
+    def broken(self) -> str | None:
+        """Why the log stopped for good (a write or sync failed), or None."""
+        return self._broken
+
+    @property
+    def busy(self) -> bool:
+        """Whether anything asked of the log is not yet written, synced or checkpointed."""
         return bool(
             self._pending
             or self._patches
@@ -984,165 +993,10 @@ class LogCore:
         next start-up reads no further than needed."""
         if self._broken:
             return
-        LogCore.flush(self)
+        self._flush()
         self.sync()
         if self._broken:
             return
         self._checkpoints.write(self._snapshot(), self._flush_no, 0)
         self.disk.sync()
         self._checkpoints.synced(self._flush_no)
-
-
-class Log(LogCore):
-    """The log of a running broker: its file opened and locked by path, flushes run by
-    the event loop, fdatasync in a thread while the next batch gathers."""
-
-    def __init__(self, path: str | os.PathLike[str], cap: int, *, max_payload: int = 16 << 20, metrics: Any = None):
-        self.path = os.fspath(path)
-        disk = open_disk(self.path)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._syncer: Syncer | None = None
-        self._flush_handle: asyncio.Handle | None = None
-        self._flush_wanted = False  # asked for while hold_flush: the holder flushes
-        self._lazy: asyncio.TimerHandle | None = None
-        self._syncing = False
-        try:
-            super().__init__(disk, cap, max_payload=max_payload, metrics=metrics, name=self.path)
-        except BaseException:
-            disk.close()
-            raise
-
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Begin writing: batches are flushed from this event loop."""
-        self._loop = loop
-        self._syncer = Syncer(self.disk, loop, self._synced)
-        self._schedule()
-
-    def _schedule(self) -> None:
-        if self.hold_flush:
-            self._flush_wanted = True
-        elif self._flush_handle is None and self._loop is not None:
-            self._flush_handle = self._loop.call_soon(self._flush_now)
-
-    def _flush_now(self) -> None:
-        self._flush_handle = None
-        LogCore.flush(self)
-
-    def flush(self) -> None:
-        """Write what is pending now rather than later in this loop pass, so that a
-        message sent can be delivered in the same pass."""
-        handle = self._flush_handle
-        if handle is not None:
-            handle.cancel()
-            self._flush_handle = None
-        elif not self._flush_wanted:
-            return
-        self._flush_wanted = False
-        LogCore.flush(self)
-
-    def _want_sync(self) -> None:
-        """Sync soon: one loop pass from now when a receipt (or an append waiting for
-        room) waits on it, after this pass's answers are sent; within LAZY_SYNC when
-        nobody waits, so receipt-less traffic shares fsyncs."""
-        if self._syncing or self._broken or self._loop is None:
-            return
-        if self._urgent_upto > self._synced_no:
-            self._syncing = True
-            self._loop.call_soon(self._request_sync, self._unsynced_ops <= INLINE_SYNC_OPS)
-        elif (self._written_no > self._synced_no or self._waiters) and self._lazy is None:
-            self._lazy = self._loop.call_later(LAZY_SYNC, self._lazy_sync)
-
-    def _lazy_sync(self) -> None:
-        self._lazy = None
-        if not self._syncing and not self._broken:
-            self._syncing = True
-            self._request_sync(False)
-
-    def _request_sync(self, inline: bool) -> None:
-        """Sync everything written so far. A small batch (a lone producer waiting for
-        its receipt) is synced right here: handing it to the thread would cost two
-        thread wake-ups, more than the loop loses by waiting for the disk. Big batches
-        go to the thread, so the loop gathers the next batch meanwhile."""
-        if self._broken or self._syncer is None:
-            self._syncing = False
-            return
-        if not inline:
-            self._syncer.request(self._begin_sync())
-            return
-        self._syncing = False
-        LogCore.sync(self)
-
-    def _synced(self, target: int, seconds: float, err: OSError | None) -> None:
-        self._syncing = False
-        self._end_sync(target, seconds, err)
-
-    def _busy(self) -> bool:
-        return self._syncing or self._flush_handle is not None or self._flush_wanted or super()._busy()
-
-    async def close(self, timeout: float = 10.0) -> None:
-        """Write and sync everything pending, leave a checkpoint naming the final state,
-        and release the file. Appends still without room after `timeout` seconds are
-        refused."""
-        deadline = time.monotonic() + timeout
-        while not self._broken and self._busy():
-            if time.monotonic() > deadline:
-                self._cancel_pending("broker stopping: message not stored")
-            self._schedule()
-            await asyncio.sleep(0.002)
-        if self._syncer is not None:
-            self._syncer.stop()
-        self._loop = None
-        try:
-            self.final_checkpoint()
-        except OSError as err:
-            self._fail(f"cannot write {self.name}: {err.strerror or err}")
-        self.disk.close()
-
-
-class Syncer:
-    """The thread that runs fdatasync while the event loop goes on gathering the next
-    batch; one request at a time, answered on the loop with (target, seconds, error)."""
-
-    def __init__(
-        self, disk: Disk, loop: asyncio.AbstractEventLoop, answer: Callable[[int, float, OSError | None], None]
-    ):
-        self.disk = disk
-        self.loop = loop
-        self.answer = answer
-        self.requests: queue.SimpleQueue[int | None] = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name="curb-sync", daemon=True)
-        self.thread.start()
-
-    def request(self, target: int) -> None:
-        self.requests.put(target)
-
-    def stop(self) -> None:
-        self.requests.put(None)
-        self.thread.join()
-
-    def _run(self) -> None:
-        while (target := self.requests.get()) is not None:
-            started = time.monotonic()
-            err = None
-            try:
-                self.disk.sync()
-            except OSError as exc:
-                err = exc
-            try:
-                self.loop.call_soon_threadsafe(self.answer, target, time.monotonic() - started, err)
-            except RuntimeError:
-                return
-
-
-def open_disk(path: str) -> FileDisk:
-    """Open (or create) the log and take its exclusive lock, or say clearly why not."""
-    try:
-        return FileDisk(path)
-    except LockedError:
-        raise LogError(
-            f"log file {path} is in use by another running curb; stop that one or pick another -file"
-        ) from None
-    except IsADirectoryError:
-        raise LogError(f"cannot open log file {path}: it is a directory; pick a file for -file") from None
-    except PermissionError as err:
-        raise LogError(f"cannot open log file {path}: {err.strerror}; pick a writable -file") from None
