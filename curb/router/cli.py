@@ -96,6 +96,14 @@ def load_routes(route_flags: tuple[str, ...], routes_file: str | None) -> routin
     help="Heart-beat interval asked of instances: a silent one is taken as down after about twice this.",
 )
 @click.option(
+    "-link-wait",
+    "--link-wait",
+    default="5s",
+    show_default=True,
+    type=Duration("s", MAX_HEARTBEAT_MS / 1000, zero="refuse at once"),
+    help="How long a SEND waits for an instance of its destination to be up before it is refused.",
+)
+@click.option(
     "-log-format",
     "--log-format",
     type=click.Choice(["text", "json"]),
@@ -103,7 +111,9 @@ def load_routes(route_flags: tuple[str, ...], routes_file: str | None) -> routin
     show_default=True,
     help="Log lines on stderr as text or as one JSON object each.",
 )
-def router_command(addr, route_flags, routes_file, prefetch, max_frame, heartbeat, link_heartbeat, log_format):
+def router_command(
+    addr, route_flags, routes_file, prefetch, max_frame, heartbeat, link_heartbeat, link_wait, log_format
+):
     """A STOMP router in front of Curb instances: destinations, partitions and transactions.
 
     Run `curb router -addr :61614 -route orders=127.0.0.1:61613` and send to /queue/orders."""
@@ -122,6 +132,7 @@ def router_command(addr, route_flags, routes_file, prefetch, max_frame, heartbea
         max_frame=max_frame,
         heartbeat_ms=round(heartbeat * 1000),
         link_heartbeat_ms=round(link_heartbeat * 1000),
+        link_wait=link_wait,
         events=events,
     )
     try:
@@ -156,7 +167,7 @@ async def serve(core: RouterCore, addr, route_flags, routes_file: str | None, ev
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
     loop.add_signal_handler(signal.SIGHUP, on_reload)
-    router.start()
+    await router.start()
     names = ", ".join(_sockname(s) for s in server.sockets)
     events("listening", f"listening on {names} (router; routes: {_describe(core_routes(core))})", addr=names)
     await stop

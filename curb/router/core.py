@@ -35,10 +35,14 @@ Rules (invariants the tests check):
   as the instance's id; one whose epoch is over (the link was lost, so the instance
   requeued the message) changes nothing and gets a RECEIPT with `curb-late:true`.
 - A client that goes has every message it holds NACKed, so it is redelivered.
+- A SEND is forwarded to an instance that is up; while none of its destination is, it is
+  parked (in order) for at most `link_wait` seconds, then refused with an ERROR.
 - A link lost: every message it delivered is dropped from the clients' credit (the
-  instance requeues them); every forwarded frame without its RECEIPT is either sent again
-  (a SEND of a partitioned destination, to another instance: at least once) or ends its
-  client's connection with an ERROR that says the frame's fate is unknown. An instance's
+  instance requeues them); every forwarded SEND without its RECEIPT is placed again (to
+  another instance, or parked until this one is back: at least once, since the instance
+  may have stored it); an ACK or NACK without its RECEIPT ends its client's connection
+  with an ERROR that says its fate is unknown when the client asked for a receipt
+  (without one, nothing was promised). An instance's
   ERROR names the frame by our receipt: its client gets the ERROR; the frames after it
   were dropped unread by the instance, so they are sent again once the link is back.
 - Partitioned destinations: SENDs go round robin over the instances whose link is up, or
@@ -178,6 +182,7 @@ class Link(Endpoint):
         self.rdy = 0  # queued messages, from the instance's ./count
         self.deliveries: dict[str, Delivery] = {}  # by the instance's ack id
         self.why_down = "not connected yet"
+        self.tried = False  # a connection was tried (the glue's start-up waits for it)
 
     @property
     def name(self) -> str:
@@ -195,6 +200,7 @@ class RouterCore:
         max_frame: int = 16 * 1024 * 1024,
         heartbeat_ms: int = 10_000,
         link_heartbeat_ms: int = 2_000,
+        link_wait: float = 5.0,
         login: str | None = None,
         passcode: str | None = None,
         events: Callable[..., None] = lambda *args, **fields: None,
@@ -203,6 +209,10 @@ class RouterCore:
         self.max_frame = max_frame
         self.heartbeat_ms = heartbeat_ms
         self.link_heartbeat_ms = link_heartbeat_ms
+        self.link_wait = link_wait
+        self.now = 0.0  # the time of the event being handled, as the glue passed it
+        # SENDs for a destination with no instance up, until one is or link_wait passes.
+        self.parked: dict[str, collections.deque[tuple[float, Forwarded]]] = {}
         self.login = login
         self.passcode = passcode
         self.events = events
@@ -276,7 +286,7 @@ class RouterCore:
     def client_data(self, client: ClientConn, data: bytes, now: float) -> None:
         if client.state is CLOSING or client.gone:
             return
-        client.last_recv = now
+        client.last_recv = self.now = now
         bad: ProtocolError | None = None
         try:
             frames = client.parser.feed(data)
@@ -392,12 +402,18 @@ class RouterCore:
         forwarded = {k: v for k, v in frame.headers.items() if k not in _HOP_HEADERS}
         if extra:
             forwarded.update(extra)
-        item = Forwarded(client, place, "SEND", forwarded, frame.body, dest)
-        link = self._pick(dest, frame.headers.get(PARTITION_KEY))
-        if link is None:
-            self._lost_frame(item, f"no instance of destination {dest!r} is reachable ({self._why_down(dest)})")
-            return
-        self._forward(link, item)
+        self._place_send(Forwarded(client, place, "SEND", forwarded, frame.body, dest))
+
+    def _place_send(self, item: Forwarded) -> None:
+        """Forward a SEND to an instance of its destination that is up, or park it until
+        one is (for at most link_wait seconds)."""
+        link = None if item.dest in self.parked else self._pick(item.dest, item.headers.get(PARTITION_KEY))
+        if link is not None:
+            self._forward(link, item)
+        elif self.link_wait > 0:
+            self.parked.setdefault(item.dest, collections.deque()).append((self.now + self.link_wait, item))
+        else:
+            self._lost_frame(item, f"no instance of destination {item.dest!r} is up ({self._why_down(item.dest)})")
 
     def on_subscribe(self, client: ClientConn, frame: Frame) -> None:
         headers = frame.headers
@@ -658,7 +674,7 @@ class RouterCore:
         self._write(link, encode("CONNECT", headers))
 
     def link_data(self, link: Link, data: bytes, now: float) -> None:
-        link.last_recv = now
+        link.last_recv = self.now = now
         try:
             frames = link.parser.feed(data)
         except ProtocolError as err:
@@ -704,6 +720,9 @@ class RouterCore:
         for item in resend:
             if not item.client.gone:
                 self._forward(link, item)
+        for _, item in self.parked.pop(link.dest, ()):
+            if not item.client.gone:
+                self._place_send(item)
         for sub in self.subs_by_dest.get(link.dest, ()):
             self._share(sub)
         self._rebalance_dest(link.dest)
@@ -735,9 +754,11 @@ class RouterCore:
         for item in pending:
             if item.client.gone:
                 continue
-            other = self._pick(item.dest, item.headers.get(PARTITION_KEY)) if item.command == "SEND" else None
-            if other is not None:
-                self._forward(other, item)
+            if item.command == "SEND":
+                self._place_send(item)  # at least once: the instance may have stored it
+            elif item.place.receipt is None:
+                item.place.waiting -= 1
+                self._pump(item.client)
             else:
                 self._lost_frame(item, f"instance {link.name} of {link.dest!r} was lost before it answered ({why})")
 
@@ -982,7 +1003,16 @@ class RouterCore:
     # ---------------------------------------------------------------- time
 
     def tick(self, now: float) -> None:
-        """Heart-beats: send ours when due, drop a peer silent for too long."""
+        """Heart-beats: send ours when due, drop a peer silent for too long; SENDs parked
+        for longer than link_wait are refused."""
+        self.now = now
+        for dest, parked in list(self.parked.items()):
+            while parked and parked[0][0] <= now:
+                _, item = parked.popleft()
+                if not item.client.gone:
+                    self._lost_frame(item, f"no instance of destination {dest!r} came up ({self._why_down(dest)})")
+            if not parked:
+                del self.parked[dest]
         for client in list(self.clients):
             if client.state is NEW or client.close_wanted:
                 continue

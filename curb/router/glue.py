@@ -18,10 +18,11 @@ from collections.abc import Callable
 from functools import partial
 from typing import cast
 
-from curb.router.core import ClientConn, Endpoint, Link, RouterCore
+from curb.router.core import UP, ClientConn, Endpoint, Link, RouterCore
 from curb.server import LINGER_SECONDS, peer_address
 
 TICK_SECONDS = 0.1
+FIRST_TRY_SECONDS = 5.0
 LINK_RETRY_FIRST = 0.05
 LINK_RETRY_MOST = 2.0
 LINK_HIGH_WATER = 4 * 1024 * 1024
@@ -41,10 +42,17 @@ class Router:
         self._ticker: asyncio.TimerHandle | None = None
         self._closing = False
 
-    def start(self) -> None:
+    async def start(self, within: float = FIRST_TRY_SECONDS) -> None:
+        """Connect every link; return once each is up or failed once (at most `within`
+        seconds), so that clients of a fresh router find the instances that are there."""
         for link in self.core.links.values():
             self.watch(link)
         self._tick()
+        deadline = self.loop.time() + within
+        while self.loop.time() < deadline and any(
+            link.state is not UP and not link.tried for link in self.core.links.values()
+        ):
+            await asyncio.sleep(0.01)
 
     def watch(self, link: Link) -> None:
         """Keep a connection to this link's instance open while the link exists."""
@@ -72,6 +80,7 @@ class Router:
                     server_hostname=host if self.link_tls else None,
                 )
             except OSError as err:
+                link.tried = True
                 self.core.link_lost(link, f"cannot connect: {err.strerror or err}")
                 self.flush()
                 await asyncio.sleep(pause)
@@ -203,6 +212,7 @@ class LinkProtocol(asyncio.Protocol):
         self.router.flush()
 
     def data_received(self, data: bytes) -> None:
+        self.link.tried = True
         self.router.core.link_data(self.link, data, self.router.loop.time())
         self.router.flush()
 
