@@ -286,7 +286,7 @@ def test_a_partitioned_send_goes_round_robin_and_to_another_instance_when_one_is
     w.core.link_lost(links[1], "connection lost")  # its two unanswered SENDs go to the others
     moved = [f.body for link in (links[0], links[2]) for f in w.out(link)]
     assert sorted(moved) == [b"1", b"4"]
-    for n in range(4):
+    for _ in range(4):
         w.send(c, "SEND", {"destination": "/queue/p"}, b"n")
     assert len(w.out(links[0])) + len(w.out(links[2])) == 4 and w.out(links[1]) == []
 
@@ -357,7 +357,7 @@ def test_an_instance_error_goes_to_its_frames_client_and_later_frames_are_sent_a
     bad, good = w.client(), w.client()
     w.send(bad, "SEND", {"destination": "/queue/q", "receipt": "b"}, b"too much")
     w.send(good, "SEND", {"destination": "/queue/q", "receipt": "g"}, b"fine")
-    first, second = w.out(link)
+    first, _ = w.out(link)
     w.answer(link, "ERROR", {"message": "queue full", "receipt-id": first.headers["receipt"]}, b"The queue is full.")
     [error] = w.out(bad)
     assert (error.headers["message"], error.headers["receipt-id"]) == ("queue full", "b")
