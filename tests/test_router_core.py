@@ -402,3 +402,19 @@ def test_heart_beats_are_negotiated_and_a_silent_client_is_dropped():
 def test_the_link_state_is_up_after_connected():
     w = World("q=127.0.0.1:1")
     assert w.up("q").state is UP
+
+
+def test_an_ack_without_a_receipt_asks_none_of_the_instance_and_holds_up_nothing():
+    w = World("q=127.0.0.1:1")
+    link = w.up("q")
+    w.out(link)
+    c = w.client()
+    w.send(c, "SUBSCRIBE", {"destination": "/queue/q", "id": "a", "ack": "client-individual"})
+    sub_id = w.out(link)[-1].headers["id"]
+    w.answer(link, *message(sub_id, 1))
+    [m] = w.out(c)
+    w.send(c, "ACK", {"id": m.headers["ack"]})
+    w.send(c, "UNSUBSCRIBE", {"id": "a", "receipt": "u"})
+    [ack, _] = w.out(link)
+    assert ack.headers == {"id": "1"}
+    assert [f.headers["receipt-id"] for f in w.out(c)] == ["u"]

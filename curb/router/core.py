@@ -11,11 +11,12 @@ forwarded on it, each with a receipt of the router's own (`r<N>`), and the insta
 RECEIPT settles the client's place in its line.
 
 Rules (invariants the tests check):
-- Receipts: a client's frames take places in its line in frame order; a place is filled
-  once every frame forwarded for it has the instance's RECEIPT (at once for frames that
-  forward nothing), and a RECEIPT leaves only when every place before it is filled. So a
-  client's RECEIPT for a SEND means that SEND and every earlier one is on disk, as with
-  a direct connection, and more: also on other instances.
+- Receipts: a client's SENDs, COMMITs and its frames that ask for a receipt take places
+  in its line in frame order; a place is filled once every frame forwarded for it has
+  the instance's RECEIPT (at once for frames that forward nothing), and a RECEIPT leaves
+  only when every place before it is filled. So a client's RECEIPT means its frame and
+  every earlier SEND of the connection are on disk, on whichever instance. An ACK or
+  NACK without a receipt is forwarded without one and waits for nothing.
 - Destinations: `destination:/queue/NAME` or `./NAME` names a route; an unknown one is an
   ERROR that lists the routed names.
 - Subscriptions: per instance at most one upstream subscription, opened when clients of
@@ -499,16 +500,20 @@ class RouterCore:
                 if each is delivery:
                     break
         touch = frame.command == "NACK" and "curb-touch" in headers
-        if place is None:
-            place = self._place(client, headers.get("receipt"), 0)
+        receipt = headers.get("receipt")
+        if place is None and receipt is not None:
+            place = self._place(client, receipt, 0)
         extra = {k: v for k, v in headers.items() if k not in ("id", "receipt", "transaction")}
         links: set[Link] = set()
         for each in deliveries:
             if not touch:
                 self._settle(each)
-            place.waiting += 1
-            item = Forwarded(client, place, frame.command, {"id": each.upstream_id, **extra}, b"", each.link.dest)
-            self._forward(each.link, item)
+            if place is None:  # nothing waits for it: no receipt asked of the instance either
+                self._write_link(each.link, frame.command, {"id": each.upstream_id, **extra})
+            else:
+                place.waiting += 1
+                item = Forwarded(client, place, frame.command, {"id": each.upstream_id, **extra}, b"", each.link.dest)
+                self._forward(each.link, item)
             links.add(each.link)
         for link in links:
             self._rebalance(link)
