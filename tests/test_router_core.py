@@ -19,15 +19,21 @@ class World:
         self.parsers: dict[object, FrameParser] = {}
 
     def link(self, dest: str, index: int = 0) -> Link:
+        """The link that consumes from a destination's instance number `index`."""
         return self.core.dests[dest][index]
 
+    def sender(self, dest: str, index: int = 0) -> Link:
+        """The link that sends to it."""
+        return self.core.senders[dest][index]
+
     def up(self, dest: str, index: int = 0) -> Link:
-        """Connect the link and answer its CONNECT; returns it, its output read."""
-        link = self.link(dest, index)
-        self.core.link_connected(link, self.now)
-        assert [f.command for f in self.out(link)] == ["CONNECT"]
-        self.core.link_data(link, encode("CONNECTED", {"version": "1.2", "heart-beat": "0,0"}), self.now)
-        return link
+        """Connect both links to the instance and answer their CONNECTs; returns the
+        consuming one (its output read; `sender` has the other)."""
+        for link in (self.sender(dest, index), self.link(dest, index)):
+            self.core.link_connected(link, self.now)
+            assert [f.command for f in self.out(link)] == ["CONNECT"]
+            self.core.link_data(link, encode("CONNECTED", {"version": "1.2", "heart-beat": "0,0"}), self.now)
+        return self.link(dest, index)
 
     def client(self, **headers: str) -> ClientConn:
         client = self.core.client_opened("test", self.now)
@@ -60,8 +66,8 @@ def message(sub: str, msg_id: int, body: bytes = b"x", **headers: str) -> tuple[
 
 def test_send_is_forwarded_and_the_receipt_waits_for_the_instance():
     w = World("orders=127.0.0.1:1")
-    link = w.up("orders")
-    w.out(link)
+    w.up("orders")
+    link = w.sender("orders")
     c = w.client()
     w.send(c, "SEND", {"destination": "/queue/orders", "receipt": "a", "color": "red"}, b"hi")
     sent = w.out(link)
@@ -77,8 +83,8 @@ def test_send_is_forwarded_and_the_receipt_waits_for_the_instance():
 @pytest.mark.parametrize("destination", ["/queue/orders", "./orders"])
 def test_both_destination_forms_name_a_route(destination):
     w = World("orders=127.0.0.1:1")
-    link = w.up("orders")
-    w.out(link)
+    w.up("orders")
+    link = w.sender("orders")
     c = w.client()
     w.send(c, "SEND", {"destination": destination}, b"x")
     assert [f.command for f in w.out(link)] == ["SEND"]
@@ -106,14 +112,14 @@ def test_an_unknown_destination_is_an_error_that_lists_the_routes(headers, messa
 
 def test_receipts_leave_in_frame_order_even_when_instances_answer_out_of_order():
     w = World("a=127.0.0.1:1", "b=127.0.0.1:2")
-    la, lb = w.up("a"), w.up("b")
-    w.out(la), w.out(lb)
+    w.up("a"), w.up("b")
+    la, lb = w.sender("a"), w.sender("b")
     c = w.client()
     w.send(c, "SEND", {"destination": "/queue/a", "receipt": "1"}, b"x")
     w.send(c, "SEND", {"destination": "/queue/b", "receipt": "2"}, b"y")
     w.send(c, "SEND", {"destination": "/queue/b"}, b"z")  # no receipt: still waited for
     w.send(c, "SUBSCRIBE", {"destination": "/queue/a", "id": "s", "receipt": "3"})
-    [sa], [sb1, sb2] = w.out(la)[:1], w.out(lb)
+    [sa], [sb1, sb2] = w.out(la), w.out(lb)
     w.answer(lb, "RECEIPT", {"receipt-id": sb1.headers["receipt"]})
     w.answer(lb, "RECEIPT", {"receipt-id": sb2.headers["receipt"]})
     assert w.out(c) == []
@@ -246,15 +252,16 @@ def test_a_lost_link_makes_held_messages_late_and_sends_its_unanswered_sends_aga
     [m] = w.out(consumer)
     w.send(producer, "SEND", {"destination": "/queue/q", "receipt": "p"}, b"x")
     w.core.link_lost(link, "connection lost")
+    w.core.link_lost(w.sender("q"), "connection lost")
     assert w.out(producer) == []  # parked until the instance is back
     # The consumer stays; its ACK of a message the instance has queued again changes nothing.
     w.send(consumer, "ACK", {"id": m.headers["ack"], "receipt": "k"})
     [late] = w.out(consumer)
     assert late.headers == {"receipt-id": "k", "curb-late": "true"}
     w.up("q")
-    [again] = [f for f in w.out(link) if f.command == "SEND"]
+    [again] = w.out(w.sender("q"))
     assert again.body == b"x"
-    w.answer(link, "RECEIPT", {"receipt-id": again.headers["receipt"]})
+    w.answer(w.sender("q"), "RECEIPT", {"receipt-id": again.headers["receipt"]})
     assert [f.headers["receipt-id"] for f in w.out(producer)] == ["p"]
 
 
@@ -276,9 +283,9 @@ def test_an_ack_lost_with_its_link_is_an_error_when_a_receipt_was_asked():
 
 def test_a_partitioned_send_goes_round_robin_and_to_another_instance_when_one_is_down():
     w = World("p=127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
-    links = [w.up("p", i) for i in range(3)]
-    for link in links:
-        w.out(link)
+    for i in range(3):
+        w.up("p", i)
+    links = [w.sender("p", i) for i in range(3)]
     c = w.client()
     for n in range(6):
         w.send(c, "SEND", {"destination": "/queue/p"}, b"%d" % n)
@@ -293,9 +300,9 @@ def test_a_partitioned_send_goes_round_robin_and_to_another_instance_when_one_is
 
 def test_a_partition_key_keeps_one_instance():
     w = World("p=127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
-    links = [w.up("p", i) for i in range(3)]
-    for link in links:
-        w.out(link)
+    for i in range(3):
+        w.up("p", i)
+    links = [w.sender("p", i) for i in range(3)]
     c = w.client()
     for _ in range(5):
         w.send(c, "SEND", {"destination": "/queue/p", "curb-partition-key": "cust-42"}, b"k")
@@ -319,8 +326,8 @@ def test_a_subscriber_of_a_partitioned_destination_gets_credit_where_the_message
 
 def test_transaction_frames_wait_for_commit_whose_receipt_waits_for_all_of_them():
     w = World("a=127.0.0.1:1", "b=127.0.0.1:2")
-    la, lb = w.up("a"), w.up("b")
-    w.out(la), w.out(lb)
+    w.up("a"), w.up("b")
+    la, lb = w.sender("a"), w.sender("b")
     c = w.client()
     w.send(c, "BEGIN", {"transaction": "t1", "receipt": "begun"})
     w.send(c, "SEND", {"destination": "/queue/a", "transaction": "t1"}, b"1")
@@ -338,8 +345,8 @@ def test_transaction_frames_wait_for_commit_whose_receipt_waits_for_all_of_them(
 
 def test_abort_drops_the_transaction():
     w = World("a=127.0.0.1:1")
-    la = w.up("a")
-    w.out(la)
+    w.up("a")
+    la = w.sender("a")
     c = w.client()
     w.send(c, "BEGIN", {"transaction": "t"})
     w.send(c, "SEND", {"destination": "/queue/a", "transaction": "t"}, b"1")
@@ -352,8 +359,8 @@ def test_abort_drops_the_transaction():
 
 def test_an_instance_error_goes_to_its_frames_client_and_later_frames_are_sent_again():
     w = World("q=127.0.0.1:1")
-    link = w.up("q")
-    w.out(link)
+    w.up("q")
+    link = w.sender("q")
     bad, good = w.client(), w.client()
     w.send(bad, "SEND", {"destination": "/queue/q", "receipt": "b"}, b"too much")
     w.send(good, "SEND", {"destination": "/queue/q", "receipt": "g"}, b"fine")
@@ -364,7 +371,7 @@ def test_an_instance_error_goes_to_its_frames_client_and_later_frames_are_sent_a
     assert b"The queue is full. (instance 127.0.0.1:1 of destination 'q')" in error.body
     assert w.out(good) == []
     w.up("q")
-    frames = [f for f in w.out(link) if f.command == "SEND"]
+    frames = w.out(link)
     assert [f.body for f in frames] == [b"fine"]
     w.answer(link, "RECEIPT", {"receipt-id": frames[0].headers["receipt"]})
     assert [f.headers["receipt-id"] for f in w.out(good)] == ["g"]

@@ -71,6 +71,7 @@ from curb.session import BEAT_EARLY, KNOWN_COMMANDS, SERVER, _late_receipt, _pre
 
 NEW, OPEN, CLOSING = "before CONNECT", "after CONNECT", "closing"
 DOWN, CONNECTING, UP = "down", "connecting", "up"
+SENDS, CONSUMES = "sends", "consumes"
 # The most an instance lets one subscription hold (its queue's bound): a larger window
 # would be cut there, silently.
 MAX_WINDOW = 10_000
@@ -162,13 +163,17 @@ class ClientConn(Endpoint):
 
 
 class Link(Endpoint):
-    """The router's connection to one instance."""
+    """One of the router's two connections to an instance: SENDS carries SENDs, CONSUMES
+    the subscription, its ACKs and NACKs. Two, because an instance ends a connection after
+    an ERROR (a SEND refused as queue full, say), and that must not return the messages
+    consumers hold."""
 
-    def __init__(self, number: int, dest: str, address: Address):
+    def __init__(self, number: int, dest: str, address: Address, role: str):
         super().__init__()
         self.number = number
         self.dest = dest
         self.address = address
+        self.role = role
         self.state = DOWN
         self.epoch = 0
         self.parser = FrameParser(max_frame_bytes=LINK_MAX_FRAME)
@@ -220,7 +225,8 @@ class RouterCore:
         self.dirty: dict[Endpoint, None] = {}
         self.clients: set[ClientConn] = set()
         self.links: dict[int, Link] = {}
-        self.dests: dict[str, list[Link]] = {}
+        self.dests: dict[str, list[Link]] = {}  # a destination's CONSUMES links, in route order
+        self.senders: dict[str, list[Link]] = {}  # its SENDS links, in the same order
         self.subs_by_dest: dict[str, list[ClientSub]] = {}
         self._turn: dict[str, int] = {}  # round-robin positions, per destination
         self._numbers = 0
@@ -231,21 +237,27 @@ class RouterCore:
     def set_routes(self, routes: Routes) -> list[Link]:
         """Take a new routes table: links for new instances (returned, for the glue to
         connect), removed ones lost. Kept instances keep their links."""
-        old = {(link.dest, link.address): link for links in self.dests.values() for link in links}
-        dests: dict[str, list[Link]] = {}
+        old = {
+            (link.dest, link.address, link.role): link
+            for table in (self.dests, self.senders)
+            for links in table.values()
+            for link in links
+        }
+        tables: dict[str, dict[str, list[Link]]] = {CONSUMES: {}, SENDS: {}}
         new: list[Link] = []
         for name, addresses in routes.table.items():
-            links = []
-            for address in addresses:
-                link = old.pop((name, address), None)
-                if link is None:
-                    self._numbers += 1
-                    link = Link(self._numbers, name, address)
-                    self.links[link.number] = link
-                    new.append(link)
-                links.append(link)
-            dests[name] = links
-        self.dests = dests
+            for role, table in tables.items():
+                links = []
+                for address in addresses:
+                    link = old.pop((name, address, role), None)
+                    if link is None:
+                        self._numbers += 1
+                        link = Link(self._numbers, name, address, role)
+                        self.links[link.number] = link
+                        new.append(link)
+                    links.append(link)
+                table[name] = links
+        self.dests, self.senders = tables[CONSUMES], tables[SENDS]
         for link in old.values():
             link.close_wanted = True
             self._mark(link)
@@ -719,15 +731,23 @@ class RouterCore:
         link.state = UP
         link.epoch += 1
         link.why_down = ""
-        self.events("link_up", f"instance {link.name} of {link.dest!r} is up", instance=link.name, dest=link.dest)
+        self.events(
+            "link_up",
+            f"instance {link.name} of {link.dest!r} is up ({link.role})",
+            instance=link.name,
+            dest=link.dest,
+            role=link.role,
+        )
+        if link.role is SENDS:
+            resend, link.resend = link.resend, []
+            for item in resend:
+                if not item.client.gone:
+                    self._forward(link, item)
+            for _, item in self.parked.pop(link.dest, ()):
+                if not item.client.gone:
+                    self._place_send(item)
+            return
         self._write_link(link, "SUBSCRIBE", {"id": "count", "destination": "./count"})
-        resend, link.resend = link.resend, []
-        for item in resend:
-            if not item.client.gone:
-                self._forward(link, item)
-        for _, item in self.parked.pop(link.dest, ()):
-            if not item.client.gone:
-                self._place_send(item)
         for sub in self.subs_by_dest.get(link.dest, ()):
             self._share(sub)
         self._rebalance_dest(link.dest)
@@ -744,7 +764,7 @@ class RouterCore:
         if was_up:
             self.events(
                 "link_down",
-                f"instance {link.name} of {link.dest!r} is down: {why}",
+                f"instance {link.name} of {link.dest!r} is down ({link.role}): {why}",
                 instance=link.name,
                 dest=link.dest,
                 reason=why,
@@ -816,10 +836,10 @@ class RouterCore:
             self._pump(client)
 
     def _why_down(self, dest: str) -> str:
-        return "; ".join(f"{link.name}: {link.why_down}" for link in self.dests.get(dest, ()))
+        return "; ".join(f"{link.name}: {link.why_down}" for link in self.senders.get(dest, ()))
 
     def _pick(self, dest: str, key: str | None) -> Link | None:
-        links = self.dests.get(dest)
+        links = self.senders.get(dest)
         if not links:
             return None
         count = len(links)
