@@ -265,7 +265,7 @@ def test_a_lost_link_makes_held_messages_late_and_sends_its_unanswered_sends_aga
     assert [f.headers["receipt-id"] for f in w.out(producer)] == ["p"]
 
 
-def test_an_ack_lost_with_its_link_is_an_error_when_a_receipt_was_asked():
+def test_an_ack_lost_with_its_link_gets_a_late_receipt_that_promises_nothing():
     w = World("q=127.0.0.1:1")
     link = w.up("q")
     w.out(link)
@@ -276,8 +276,26 @@ def test_an_ack_lost_with_its_link_is_an_error_when_a_receipt_was_asked():
     [m] = w.out(c)
     w.send(c, "ACK", {"id": m.headers["ack"], "receipt": "k"})
     w.core.link_lost(link, "connection lost")
+    [late] = w.out(c)
+    assert late.headers == {"receipt-id": "k", "curb-late": "true"}
+    assert not c.close_wanted
+
+
+def test_a_commit_whose_ack_was_lost_with_its_link_is_an_error():
+    w = World("q=127.0.0.1:1")
+    link = w.up("q")
+    w.out(link)
+    c = w.client()
+    w.send(c, "SUBSCRIBE", {"destination": "/queue/q", "id": "a", "ack": "client-individual"})
+    sub_id = w.out(link)[-1].headers["id"]
+    w.answer(link, *message(sub_id, 1))
+    [m] = w.out(c)
+    w.send(c, "BEGIN", {"transaction": "t"})
+    w.send(c, "ACK", {"id": m.headers["ack"], "transaction": "t"})
+    w.send(c, "COMMIT", {"transaction": "t", "receipt": "c"})
+    w.core.link_lost(link, "connection lost")
     [error] = w.out(c)
-    assert error.headers["message"] == "ACK not confirmed" and error.headers["receipt-id"] == "k"
+    assert error.command == "ERROR" and error.headers["receipt-id"] == "c"
     assert b"Whether this ACK took effect is unknown" in error.body
 
 

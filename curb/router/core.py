@@ -41,10 +41,9 @@ Rules (invariants the tests check):
 - A link lost: every message it delivered is dropped from the clients' credit (the
   instance requeues them); every forwarded SEND without its RECEIPT is placed again (to
   another instance, or parked until this one is back: at least once, since the instance
-  may have stored it); an ACK or NACK without its RECEIPT ends its client's connection
-  with an ERROR that says its fate is unknown when the client asked for a receipt
-  (without one, nothing was promised). An instance's
-  ERROR names the frame by our receipt: its client gets the ERROR; the frames after it
+  may have stored it); an ACK or NACK without its RECEIPT gets a RECEIPT with
+  `curb-late:true`, which promises nothing (it may or may not have taken effect: the
+  message may come again), or, in a COMMIT, an ERROR. An instance's ERROR names the frame by our receipt: its client gets the ERROR; the frames after it
   were dropped unread by the instance, so they are sent again once the link is back.
 - Partitioned destinations: SENDs go round robin over the instances whose link is up, or
   to the one `curb-partition-key` hashes to (the next one up if it is down). A client
@@ -93,6 +92,7 @@ class Place:
     data: bytes
     waiting: int = 0
     receipt: str | None = None  # the client's receipt id, if it asked for one
+    commit: bool = False  # a COMMIT's place, which answers for all of its frames
     then: Callable[[], None] | None = None
 
 
@@ -560,6 +560,7 @@ class RouterCore:
         tx = self._tx_name(frame)
         frames = self._open_tx(client, tx, frame)
         place = self._place(client, frame.headers.get("receipt"), 0)
+        place.commit = True
         place.waiting += 1  # until every frame is forwarded
         seq = 0
         for held in frames:
@@ -781,11 +782,10 @@ class RouterCore:
                 continue
             if item.command == "SEND":
                 self._place_send(item)  # at least once: the instance may have stored it
-            elif item.place.receipt is None:
-                item.place.waiting -= 1
-                self._pump(item.client)
-            else:
+            elif item.place.commit:
                 self._lost_frame(item, f"instance {link.name} of {link.dest!r} was lost before it answered ({why})")
+            else:  # it may or may not have taken effect: the message may come again
+                self._late(item.client, item.place)
 
     def _drop_link(self, link: Link, why: str) -> None:
         link.close_wanted = True
@@ -827,10 +827,10 @@ class RouterCore:
         )
 
     def _late(self, client: ClientConn, place: Place) -> None:
-        """A forwarded ACK or NACK that changed nothing: its place gets a late RECEIPT
-        (unless it is a COMMIT's, which answers for more)."""
+        """A forwarded ACK or NACK that changed nothing, or may not have: its place gets a
+        RECEIPT with curb-late:true, which promises nothing (a COMMIT's keeps its own)."""
         place.waiting -= 1
-        if place.receipt is not None and place.data.startswith(b"RECEIPT"):
+        if place.receipt is not None and not place.commit:
             place.data = _late_receipt(place.receipt)
         if not client.gone:
             self._pump(client)
