@@ -312,6 +312,7 @@ def _describe(err: OSError) -> str:
     where = f" ({err.filename})" if err.filename else ""
     return f"{reason_of(err)}{where}"
 
+
 def _add_router_command() -> None:
     """`curb router` builds on the helpers above, so it is imported last."""
     from curb.router.cli import router_command

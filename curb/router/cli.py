@@ -14,9 +14,9 @@ import click
 
 from curb.addr import parse_addr
 from curb.cli import _max_frame
-from curb.instance import EXIT_USAGE, Events, StartError, _addr_text, _listen, _sockname
 from curb.durations import Duration
 from curb.heartbeat import MAX_MS as MAX_HEARTBEAT_MS
+from curb.instance import EXIT_USAGE, Events, StartError, _addr_text, _listen, _sockname
 from curb.router import routes as routing
 from curb.router.core import RouterCore
 from curb.router.glue import Router, client_factory

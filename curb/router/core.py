@@ -43,8 +43,11 @@ Rules (invariants the tests check):
   another instance, or parked until this one is back: at least once, since the instance
   may have stored it); an ACK or NACK without its RECEIPT gets a RECEIPT with
   `curb-late:true`, which promises nothing (it may or may not have taken effect: the
-  message may come again), or, in a COMMIT, an ERROR. An instance's ERROR names the frame by our receipt: its client gets the ERROR; the frames after it
-  were dropped unread by the instance, so they are sent again once the link is back.
+  message may come again), or, in a COMMIT, an ERROR.
+- An instance's ERROR names the frame by our receipt: its client gets the ERROR; the
+  frames after it were dropped unread by the instance, so they are sent again once the
+  link is back. SENDs and consuming have a link each (SENDS, CONSUMES), so a refused
+  SEND does not return the messages consumers hold.
 - Partitioned destinations: SENDs go round robin over the instances whose link is up, or
   to the one `curb-partition-key` hashes to (the next one up if it is down). A client
   subscription's prefetch is split into shares, one per instance: at least 1 each, the
