@@ -311,3 +311,13 @@ def _describe(err: OSError) -> str:
     """An OSError from outside start-up's known steps, with the file it names if any."""
     where = f" ({err.filename})" if err.filename else ""
     return f"{reason_of(err)}{where}"
+
+
+def _add_router_command() -> None:
+    """`curb router` builds on the helpers above, so it is imported last."""
+    from curb.router.cli import router_command
+
+    command.add_command(router_command)
+
+
+_add_router_command()

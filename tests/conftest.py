@@ -1,6 +1,7 @@
 """Shared fixtures for tests that run the real `curb` command and talk to it from outside.
 
 - `curb_broker`: start `python -m curb` on a loopback port with its log in tmp_path.
+- `curb_router`: start `python -m curb router` on a loopback port in front of such brokers.
 - `stomp_conn`: a connected stomp.py `Connection12` plus an `Inbox` of what it received.
 - `raw`: a plain socket for bytes no well-behaved client would send, read back through
   curb's own frame parser.
@@ -197,6 +198,56 @@ def curb_broker(tmp_path: Path) -> Iterator[Callable[..., Broker]]:
     yield start
     for broker in brokers:
         broker.kill()
+
+
+class RouterProcess:
+    """One real `curb router` process in front of instances, started at construction.
+
+    `routes` are `-route` values; `extra_args` any other flags. Like Broker, it is run by
+    `curb.spawn.BrokerProcess` (a router prints the same `listening on` line); `restart()`
+    keeps its port."""
+
+    def __init__(self, cwd: Path, routes: Sequence[str], extra_args: Sequence[str] = ()):
+        self.routes = list(routes)
+        self.extra_args = tuple(extra_args)
+        self.port = 0
+        self.child = BrokerProcess(cwd=cwd, timeout=STARTUP_S)
+        self.start()
+
+    def flags(self) -> list[str]:
+        route_flags = [flag for route in self.routes for flag in ("-route", route)]
+        return ["router", "-addr", f"127.0.0.1:{self.port}", *route_flags, *self.extra_args]
+
+    def start(self) -> None:
+        try:
+            self.port = self.child.start(self.flags())
+        except StartError as err:
+            pytest.fail(f"curb router did not start listening: {err}")
+
+    def stderr_text(self) -> str:
+        return self.child.output()
+
+    def kill(self) -> None:
+        self.child.kill()
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        return self.child.stop(sig)
+
+
+@pytest.fixture
+def curb_router(tmp_path: Path) -> Iterator[Callable[..., RouterProcess]]:
+    """Factory: `curb_router(routes, extra_args=())` starts a router (see RouterProcess);
+    each is killed at the end of the test."""
+    routers: list[RouterProcess] = []
+
+    def start(routes: Sequence[str], extra_args: Sequence[str] = ()) -> RouterProcess:
+        router = RouterProcess(tmp_path, routes, extra_args)
+        routers.append(router)
+        return router
+
+    yield start
+    for router in routers:
+        router.kill()
 
 
 @pytest.fixture

@@ -26,6 +26,11 @@ stopped with SIGTERM. The checks:
   closes a refused producer's connection with SENDs still unread, and the kernel's reset
   can destroy the ERROR frame before the client reads it.
 
+With --router the clients go through `curb router` (one route, `curb`, to the broker),
+and each cycle kills the broker, the router or both (chosen at random); the drain reads
+the broker directly. The checks are the same: a router adds no way to lose a receipted
+SEND or undo a receipted ACK.
+
 Exit status 0 when every check passed, 1 otherwise (with examples), 2 for bad arguments.
 """
 
@@ -77,6 +82,8 @@ HISTORY = 6  # deliveries remembered per message, for the examples
 ID_HEADER = "torture-id"
 LOG_NAME = "curb.log"
 STDERR_NAME = "curb.stderr"
+ROUTER_STDERR_NAME = "router.stderr"
+KILLS = ("broker", "router", "both")  # what a cycle kills, with --router
 _SIZE = re.compile(r"\s*(\d+)\s*(B|KiB|MiB|GiB)?\s*", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
 _STACK_LINES = ("Traceback (most recent call last):", "protocol: ", "transport: ", "handle: ")
@@ -394,7 +401,7 @@ class Consumer(Worker):
                 self.on_message(client, frame.headers, frame.body, conn)
             elif frame.command == "RECEIPT":
                 kind, msg_id = self.pending.pop(frame.headers.get("receipt-id", ""), ("?", ""))
-                if kind == "ACK":
+                if kind == "ACK" and frame.headers.get("curb-late") != "true":  # a late ACK changed nothing
                     self.ledger.ack_receipted(msg_id, conn)
 
     def on_message(self, client: Client, headers: dict[str, str], body: bytes, conn: str) -> None:
@@ -466,29 +473,65 @@ class TortureBroker:
         return self.child.output()
 
 
-def watch(broker: TortureBroker, ledger: Ledger, seconds: float) -> bool:
+class TortureRouter:
+    """`curb router` in front of the broker, on a port of its own that restarts keep."""
+
+    def __init__(self, workdir: Path, broker: TortureBroker) -> None:
+        self.broker = broker
+        self.port = 0
+        self.child = BrokerProcess(cwd=workdir, output=workdir / ROUTER_STDERR_NAME, timeout=STARTUP_S)
+
+    def start(self) -> str | None:
+        flags = ["router", "-addr", f"{HOST}:{self.port}", "-route", f"curb={HOST}:{self.broker.port}"]
+        try:
+            self.port = self.child.start(flags)
+        except StartError as err:
+            return f"router {err}"
+        return None
+
+    def alive(self) -> bool:
+        return self.child.running()
+
+    def kill(self) -> None:
+        self.child.kill()
+
+
+def watch(broker: TortureBroker, ledger: Ledger, seconds: float, router: TortureRouter | None = None) -> bool:
     """Let the run go on for `seconds`, sampling the file size; False if the broker died."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         ledger.saw_file(broker.file)
-        if not broker.alive():
+        if not broker.alive() or (router is not None and not router.alive()):
             return False
         time.sleep(min(WATCH_EVERY_S, max(0.0, deadline - time.monotonic())))
-    return broker.alive()
+    return broker.alive() and (router is None or router.alive())
 
 
-def one_cycle(number: int, broker: TortureBroker, ledger: Ledger, seed: str, rng: random.Random) -> str | None:
+def one_cycle(
+    number: int,
+    broker: TortureBroker,
+    ledger: Ledger,
+    seed: str,
+    rng: random.Random,
+    router: TortureRouter | None = None,
+) -> str | None:
     """Load, SIGKILL, wait for every client to notice, restart; None or the failure."""
     life = Run(number)
-    workers: list[Worker] = [Producer(f"p{i}", life, broker.port, ledger, seed) for i in range(PRODUCERS)]
-    workers += [Consumer(f"c{i}", life, broker.port, ledger, seed) for i in range(CONSUMERS)]
+    port = broker.port if router is None else router.port
+    workers: list[Worker] = [Producer(f"p{i}", life, port, ledger, seed) for i in range(PRODUCERS)]
+    workers += [Consumer(f"c{i}", life, port, ledger, seed) for i in range(CONSUMERS)]
     for worker in workers:
         worker.start()
-    if not watch(broker, ledger, rng.uniform(*KILL_AFTER_S)):
+    if not watch(broker, ledger, rng.uniform(*KILL_AFTER_S), router):
         life.killed.set()
-        return f"cycle {number}: the broker died by itself:\n{broker.stderr_text()[-4000:]}"
+        text = broker.stderr_text() if router is None else broker.stderr_text() + router.child.output()
+        return f"cycle {number}: the broker or router died by itself:\n{text[-4000:]}"
     life.killed.set()
-    broker.kill()
+    kill = "broker" if router is None else rng.choice(KILLS)
+    if kill != "router":
+        broker.kill()
+    if router is not None and kill != "broker":
+        router.kill()
     ledger.saw_file(broker.file)
     deadline = time.monotonic() + JOIN_S
     for worker in workers:
@@ -496,7 +539,9 @@ def one_cycle(number: int, broker: TortureBroker, ledger: Ledger, seed: str, rng
     stuck = [worker.name for worker in workers if worker.is_alive()]
     if stuck:
         return f"cycle {number}: clients {stuck} still busy {JOIN_S:.0f}s after the kill"
-    return broker.start()
+    if kill == "router":
+        return router.start() if router is not None else None
+    return broker.start() or (router.start() if router is not None and kill == "both" else None)
 
 
 def drain(port: int, ledger: Ledger, number: int) -> str | None:
@@ -568,7 +613,9 @@ def stderr_report(text: str) -> dict[str, object]:
     }
 
 
-def torture(cycles: int, cap: str, seed: str, port: int, workdir: Path, progress: bool) -> dict[str, object]:
+def torture(
+    cycles: int, cap: str, seed: str, port: int, workdir: Path, progress: bool, routed: bool = False
+) -> dict[str, object]:
     """The whole run; returns the summary (its `failures` list is empty when all is well)."""
     began = time.monotonic()
     ledger = Ledger()
@@ -577,10 +624,13 @@ def torture(cycles: int, cap: str, seed: str, port: int, workdir: Path, progress
     failures: list[str] = []
     done = 0
     failure = broker.start()
+    router = TortureRouter(workdir, broker) if routed else None
+    if router is not None and failure is None:
+        failure = router.start()
     for number in range(1, cycles + 1):
         if failure:
             break
-        failure = one_cycle(number, broker, ledger, seed, rng)
+        failure = one_cycle(number, broker, ledger, seed, rng, router)
         done = number if failure is None else number - 1
         if progress and (number % 10 == 0 or number == cycles):
             print(
@@ -598,6 +648,8 @@ def torture(cycles: int, cap: str, seed: str, port: int, workdir: Path, progress
     failures += [failure] if failure else []
     failures += [stopped] if (stopped := broker.stop()) else []
     broker.kill()
+    if router is not None:
+        router.kill()
     ledger.saw_file(broker.file)
     return summarize(
         ledger, failures, drained, cycles, done, cap, seed, port, workdir, broker, time.monotonic() - began
@@ -702,6 +754,9 @@ def parse_args(argv: Iterable[str]) -> argparse.Namespace:
         default=None,
         help="make the working directory (log file, broker stderr) in here and keep it",
     )
+    parser.add_argument(
+        "--router", action="store_true", help="clients go through `curb router`; cycles kill it, the broker or both"
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(list(argv))
@@ -720,7 +775,7 @@ def main(argv: Iterable[str] = sys.argv[1:]) -> int:
     if args.dir is not None:
         args.dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="curb-torture-", dir=args.dir))
-    summary = torture(args.cycles, args.cap, seed, args.port, workdir, not args.quiet)
+    summary = torture(args.cycles, args.cap, seed, args.port, workdir, not args.quiet, args.router)
     print(json.dumps(summary) if args.json else text_report(summary), flush=True)
     if summary["ok"] and args.dir is None:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,188 @@
+"""`curb router`: flags, routes (from -route and a routes file re-read on SIGHUP), start-up.
+
+Exit statuses as the broker's: 2 for what only the operator can fix (a bad flag or
+route, an address that cannot be bound), 0 after SIGINT or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+import click
+
+from curb.addr import parse_addr
+from curb.cli import _max_frame
+from curb.durations import Duration
+from curb.heartbeat import MAX_MS as MAX_HEARTBEAT_MS
+from curb.instance import EXIT_USAGE, Events, StartError, _addr_text, _listen, _sockname
+from curb.router import routes as routing
+from curb.router.core import RouterCore
+from curb.router.glue import Router, client_factory
+
+DEFAULT_PORT = 61614
+
+
+def _addr(ctx, param, value: str):
+    try:
+        return parse_addr(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+
+
+def load_routes(route_flags: tuple[str, ...], routes_file: str | None) -> routing.Routes:
+    """The routes of the flags and the file together; RouteError or OSError otherwise."""
+    texts = list(route_flags)
+    if routes_file is not None:
+        with open(routes_file, encoding="utf-8") as f:
+            texts += routing.parse_file(f.read())
+    return routing.build(texts)
+
+
+@click.command("router", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "-addr",
+    "--addr",
+    default=f":{DEFAULT_PORT}",
+    show_default=True,
+    callback=_addr,
+    help="Where clients connect, [HOST]:PORT; an empty host means every interface.",
+)
+@click.option(
+    "-route",
+    "--route",
+    "route_flags",
+    multiple=True,
+    help="NAME=HOST:PORT, or NAME=HOST:PORT,HOST:PORT,... for a partitioned destination (repeatable).",
+)
+@click.option(
+    "-routes",
+    "--routes",
+    "routes_file",
+    default=None,
+    help="A file of routes, one NAME=HOST:PORT[,HOST:PORT...] a line (# comments); re-read on SIGHUP.",
+)
+@click.option(
+    "-prefetch",
+    "--prefetch",
+    default=100,
+    show_default=True,
+    type=click.IntRange(1, 10000),
+    help="Unacked messages a client subscription may hold when SUBSCRIBE names no prefetch-count.",
+)
+@click.option(
+    "-max-frame",
+    "--max-frame",
+    default="16MiB",
+    show_default=True,
+    callback=_max_frame,
+    help="Largest frame a client may send; the instances' -max-frame must be at least this.",
+)
+@click.option(
+    "-heartbeat",
+    "--heartbeat",
+    default="10s",
+    show_default=True,
+    type=Duration("ms", MAX_HEARTBEAT_MS / 1000, zero="no heart-beats"),
+    help="Heart-beat interval offered to clients (a plain number is ms; 0: none).",
+)
+@click.option(
+    "-link-heartbeat",
+    "--link-heartbeat",
+    default="2s",
+    show_default=True,
+    type=Duration("ms", MAX_HEARTBEAT_MS / 1000, zero="no heart-beats"),
+    help="Heart-beat interval asked of instances: a silent one is taken as down after about twice this.",
+)
+@click.option(
+    "-link-wait",
+    "--link-wait",
+    default="5s",
+    show_default=True,
+    type=Duration("s", MAX_HEARTBEAT_MS / 1000, zero="refuse at once"),
+    help="How long a SEND waits for an instance of its destination to be up before it is refused.",
+)
+@click.option(
+    "-log-format",
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Log lines on stderr as text or as one JSON object each.",
+)
+def router_command(
+    addr, route_flags, routes_file, prefetch, max_frame, heartbeat, link_heartbeat, link_wait, log_format
+):
+    """A STOMP router in front of Curb instances: destinations, partitions and transactions.
+
+    Run `curb router -addr :61614 -route orders=127.0.0.1:61613` and send to /queue/orders."""
+    events = Events(log_format)
+    try:
+        table = load_routes(route_flags, routes_file)
+    except (routing.RouteError, OSError, UnicodeDecodeError) as err:
+        click.echo(f"curb: {err}; fix -route or -routes", err=True)
+        sys.exit(EXIT_USAGE)
+    if not table.table:
+        click.echo("curb: no routes: give -route NAME=HOST:PORT (repeatable) or -routes FILE", err=True)
+        sys.exit(EXIT_USAGE)
+    core = RouterCore(
+        table,
+        prefetch=prefetch,
+        max_frame=max_frame,
+        heartbeat_ms=round(heartbeat * 1000),
+        link_heartbeat_ms=round(link_heartbeat * 1000),
+        link_wait=link_wait,
+        events=events,
+    )
+    try:
+        code = asyncio.run(serve(core, addr, route_flags, routes_file, events))
+    except StartError as err:
+        click.echo(f"curb: {err.line}", err=True)
+        sys.exit(err.status)
+    sys.exit(code)
+
+
+async def serve(core: RouterCore, addr, route_flags, routes_file: str | None, events: Events) -> int:
+    loop = asyncio.get_running_loop()
+    router = Router(core)
+    server = await _listen(
+        "-addr", addr, lambda: loop.create_server(client_factory(router), addr[0], addr[1], reuse_address=True)
+    )
+    stop = loop.create_future()
+
+    def on_signal() -> None:
+        if not stop.done():
+            stop.set_result(None)
+
+    def on_reload() -> None:
+        try:
+            table = load_routes(route_flags, routes_file)
+        except (routing.RouteError, OSError, UnicodeDecodeError) as err:
+            events("reload_failed", f"cannot reload routes: {err}; kept the routes read before")
+            return
+        router.set_routes(table)
+        events("reloaded", f"reloaded routes: {_describe(table)}")
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    loop.add_signal_handler(signal.SIGHUP, on_reload)
+    await router.start()
+    names = ", ".join(_sockname(s) for s in server.sockets)
+    events("listening", f"listening on {names} (router; routes: {_describe(core_routes(core))})", addr=names)
+    await stop
+    events("stopping", "stopping: closing clients and links")
+    server.close()
+    await router.close()
+    events("stopped", "stopped")
+    return 0
+
+
+def core_routes(core: RouterCore) -> routing.Routes:
+    return routing.Routes({name: tuple(link.address for link in links) for name, links in core.dests.items()})
+
+
+def _describe(table: routing.Routes) -> str:
+    return "; ".join(
+        f"{name}={','.join(_addr_text(address) for address in addresses)}" for name, addresses in table.table.items()
+    )

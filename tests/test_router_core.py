@@ -1,0 +1,445 @@
+"""The router's forwarding rules, in memory: frames from clients and from stand-in instances
+in, frames out (curb.router.core). Each test names the rule it checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from curb.frame import Frame, FrameParser, encode
+from curb.router import routes
+from curb.router.core import UP, ClientConn, Link, RouterCore
+
+
+class World:
+    """A router core, its clients and links, with every output parsed back into frames."""
+
+    def __init__(self, *route: str, prefetch: int = 100):
+        self.core = RouterCore(routes.build(list(route)), prefetch=prefetch)
+        self.now = 0.0
+        self.parsers: dict[object, FrameParser] = {}
+
+    def link(self, dest: str, index: int = 0) -> Link:
+        """The link that consumes from a destination's instance number `index`."""
+        return self.core.dests[dest][index]
+
+    def sender(self, dest: str, index: int = 0) -> Link:
+        """The link that sends to it."""
+        return self.core.senders[dest][index]
+
+    def up(self, dest: str, index: int = 0) -> Link:
+        """Connect both links to the instance and answer their CONNECTs; returns the
+        consuming one (its output read; `sender` has the other)."""
+        for link in (self.sender(dest, index), self.link(dest, index)):
+            self.core.link_connected(link, self.now)
+            assert [f.command for f in self.out(link)] == ["CONNECT"]
+            self.core.link_data(link, encode("CONNECTED", {"version": "1.2", "heart-beat": "0,0"}), self.now)
+        return self.link(dest, index)
+
+    def client(self, **headers: str) -> ClientConn:
+        client = self.core.client_opened("test", self.now)
+        self.core.client_data(client, encode("CONNECT", {"accept-version": "1.2", **headers}), self.now)
+        assert [f.command for f in self.out(client)] == ["CONNECTED"]
+        return client
+
+    def send(self, client: ClientConn, command: str, headers: dict[str, str], body: bytes = b"") -> None:
+        self.core.client_data(client, encode(command, headers, body), self.now)
+
+    def answer(self, link: Link, command: str, headers: dict[str, str], body: bytes = b"") -> None:
+        self.core.link_data(link, encode(command, headers, body), self.now)
+
+    def out(self, endpoint) -> list[Frame]:
+        """The frames written to an endpoint since the last look (heart-beats dropped)."""
+        self.core.take_dirty(self.now)
+        data = b"".join(endpoint.out)
+        endpoint.out.clear()
+        parser = self.parsers.setdefault(endpoint, FrameParser(max_frame_bytes=1 << 26))
+        return parser.feed(data)
+
+
+def message(sub: str, msg_id: int, body: bytes = b"x", **headers: str) -> tuple[str, dict[str, str], bytes]:
+    return (
+        "MESSAGE",
+        {"subscription": sub, "message-id": str(msg_id), "ack": str(msg_id), "destination": "/queue/q", **headers},
+        body,
+    )
+
+
+def test_send_is_forwarded_and_the_receipt_waits_for_the_instance():
+    w = World("orders=127.0.0.1:1")
+    w.up("orders")
+    link = w.sender("orders")
+    c = w.client()
+    w.send(c, "SEND", {"destination": "/queue/orders", "receipt": "a", "color": "red"}, b"hi")
+    sent = w.out(link)
+    assert [(f.command, f.headers["destination"], f.headers["color"], f.body) for f in sent] == [
+        ("SEND", "/queue/orders", "red", b"hi")
+    ]
+    assert "transaction" not in sent[0].headers and sent[0].headers["receipt"] != "a"
+    assert w.out(c) == []  # no RECEIPT before the instance's
+    w.answer(link, "RECEIPT", {"receipt-id": sent[0].headers["receipt"]})
+    assert [(f.command, f.headers) for f in w.out(c)] == [("RECEIPT", {"receipt-id": "a"})]
+
+
+@pytest.mark.parametrize("destination", ["/queue/orders", "./orders"])
+def test_both_destination_forms_name_a_route(destination):
+    w = World("orders=127.0.0.1:1")
+    w.up("orders")
+    link = w.sender("orders")
+    c = w.client()
+    w.send(c, "SEND", {"destination": destination}, b"x")
+    assert [f.command for f in w.out(link)] == ["SEND"]
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        ({"destination": "/queue/nope"}, "unknown destination '/queue/nope'"),
+        ({"destination": "/topic/orders"}, "unknown destination '/topic/orders'"),
+        ({}, "SEND needs a destination"),
+    ],
+)
+def test_an_unknown_destination_is_an_error_that_lists_the_routes(headers, message):
+    w = World("orders=127.0.0.1:1", "mail=127.0.0.1:2")
+    w.up("orders")
+    c = w.client()
+    w.send(c, "SEND", {**headers, "receipt": "r1"}, b"x")
+    [error] = w.out(c)
+    assert error.command == "ERROR" and error.headers["message"] == message
+    assert error.headers["receipt-id"] == "r1"
+    assert b"/queue/mail, /queue/orders" in error.body
+    assert c.close_wanted
+
+
+def test_receipts_leave_in_frame_order_even_when_instances_answer_out_of_order():
+    w = World("a=127.0.0.1:1", "b=127.0.0.1:2")
+    w.up("a"), w.up("b")
+    la, lb = w.sender("a"), w.sender("b")
+    c = w.client()
+    w.send(c, "SEND", {"destination": "/queue/a", "receipt": "1"}, b"x")
+    w.send(c, "SEND", {"destination": "/queue/b", "receipt": "2"}, b"y")
+    w.send(c, "SEND", {"destination": "/queue/b"}, b"z")  # no receipt: still waited for
+    w.send(c, "SUBSCRIBE", {"destination": "/queue/a", "id": "s", "receipt": "3"})
+    [sa], [sb1, sb2] = w.out(la), w.out(lb)
+    w.answer(lb, "RECEIPT", {"receipt-id": sb1.headers["receipt"]})
+    w.answer(lb, "RECEIPT", {"receipt-id": sb2.headers["receipt"]})
+    assert w.out(c) == []
+    w.answer(la, "RECEIPT", {"receipt-id": sa.headers["receipt"]})
+    assert [f.headers["receipt-id"] for f in w.out(c)] == ["1", "2", "3"]
+
+
+def test_the_first_subscriber_opens_one_upstream_subscription_with_its_credit():
+    w = World("q=127.0.0.1:1")
+    link = w.up("q")
+    assert [f.headers["destination"] for f in w.out(link)] == ["./count"]
+    c1, c2 = w.client(), w.client()
+    w.send(c1, "SUBSCRIBE", {"destination": "/queue/q", "id": "a", "ack": "client-individual", "prefetch-count": "2"})
+    [sub] = w.out(link)
+    assert sub.command == "SUBSCRIBE" and sub.headers["prefetch-count"] == "2"
+    assert sub.headers["ack"] == "client-individual"
+    w.send(c2, "SUBSCRIBE", {"destination": "/queue/q", "id": "b", "ack": "client-individual", "prefetch-count": "3"})
+    unsub, resub = w.out(link)
+    assert (unsub.command, unsub.headers["id"]) == ("UNSUBSCRIBE", sub.headers["id"])
+    assert resub.headers["prefetch-count"] == "5"
+
+
+def test_each_message_goes_to_one_client_with_credit_and_prefetch_is_respected():
+    w = World("q=127.0.0.1:1")
+    link = w.up("q")
+    w.out(link)
+    c1, c2 = w.client(), w.client()
+    for c, sid in ((c1, "a"), (c2, "b")):
+        w.send(
+            c, "SUBSCRIBE", {"destination": "/queue/q", "id": sid, "ack": "client-individual", "prefetch-count": "1"}
+        )
+    sub_id = w.out(link)[-1].headers["id"]
+    w.answer(link, *message(sub_id, 1))
+    w.answer(link, *message(sub_id, 2))
+    [m1], [m2] = w.out(c1), w.out(c2)
+    assert (m1.headers["subscription"], m2.headers["subscription"]) == ("a", "b")
+    assert m1.headers["message-id"] == f"{link.number}.{link.epoch}.1" == m1.headers["ack"]
+    assert m1.headers["destination"] == "/queue/q"
+    # Both are full: a third MESSAGE (sent before the instance saw an UNSUBSCRIBE) goes back at once.
+    w.answer(link, *message(sub_id, 3))
+    assert [(f.command, f.headers["id"]) for f in w.out(link)] == [("NACK", "3")]
+    assert w.out(c1) == [] and w.out(c2) == []
+
+
+def test_ack_and_nack_reach_the_right_instance_and_their_receipts_wait_for_it():
+    w = World("p=127.0.0.1:1,127.0.0.1:2")
+    l1, l2 = w.up("p", 0), w.up("p", 1)
+    w.out(l1), w.out(l2)
+    c = w.client()
+    w.send(c, "SUBSCRIBE", {"destination": "/queue/p", "id": "s", "ack": "client-individual", "prefetch-count": "4"})
+    s1, s2 = w.out(l1)[-1].headers["id"], w.out(l2)[-1].headers["id"]
+    w.answer(l1, *message(s1, 7))
+    w.answer(l2, *message(s2, 7))
+    m1, m2 = w.out(c)
+    assert m1.headers["ack"] != m2.headers["ack"]
+    w.send(c, "ACK", {"id": m2.headers["ack"], "receipt": "k"})
+    w.send(c, "NACK", {"id": m1.headers["ack"]})
+    assert [(f.command, f.headers["id"]) for f in w.out(l2)] == [("ACK", "7")]
+    [nack] = w.out(l1)
+    assert (nack.command, nack.headers["id"]) == ("NACK", "7")
+    assert w.out(c) == []
+    w.answer(l2, "RECEIPT", {"receipt-id": next(reversed(l2.forwarded))})
+    assert [f.headers["receipt-id"] for f in w.out(c)] == ["k"]
+
+
+def test_an_unknown_or_malformed_ack_id_is_an_error():
+    w = World("q=127.0.0.1:1")
+    w.up("q")
+    c = w.client()
+    w.send(c, "ACK", {"id": "12"})
+    [error] = w.out(c)
+    assert error.command == "ERROR" and error.headers["message"] == "unknown ack id '12'"
+
+
+def test_a_client_that_goes_has_its_messages_nacked_and_its_credit_leaves():
+    w = World("q=127.0.0.1:1")
+    link = w.up("q")
+    w.out(link)
+    c = w.client()
+    w.send(c, "SUBSCRIBE", {"destination": "/queue/q", "id": "a", "ack": "client", "prefetch-count": "2"})
+    sub_id = w.out(link)[-1].headers["id"]
+    w.answer(link, *message(sub_id, 1))
+    w.answer(link, *message(sub_id, 2))
+    w.core.client_lost(c)
+    frames = w.out(link)
+    assert sorted((f.command, f.headers["id"]) for f in frames) == [
+        ("NACK", "1"),
+        ("NACK", "2"),
+        ("UNSUBSCRIBE", sub_id),
+    ]
+    assert link.free == 0 and link.window == 0
+
+
+def test_client_mode_ack_acknowledges_every_earlier_message_of_the_subscription():
+    w = World("q=127.0.0.1:1")
+    link = w.up("q")
+    w.out(link)
+    c = w.client()
+    w.send(c, "SUBSCRIBE", {"destination": "/queue/q", "id": "a", "ack": "client", "prefetch-count": "3"})
+    sub_id = w.out(link)[-1].headers["id"]
+    for n in (1, 2, 3):
+        w.answer(link, *message(sub_id, n))
+    frames = w.out(c)
+    w.send(c, "ACK", {"id": frames[1].headers["ack"]})
+    assert [(f.command, f.headers["id"]) for f in w.out(link)] == [("ACK", "1"), ("ACK", "2")]
+
+
+def test_an_auto_subscription_is_acked_upstream_as_its_message_is_forwarded():
+    w = World("q=127.0.0.1:1")
+    link = w.up("q")
+    w.out(link)
+    c = w.client()
+    w.send(c, "SUBSCRIBE", {"destination": "/queue/q", "id": "a", "prefetch-count": "1"})
+    sub_id = w.out(link)[-1].headers["id"]
+    w.answer(link, *message(sub_id, 5))
+    [m] = w.out(c)
+    assert "ack" not in m.headers
+    assert [(f.command, f.headers["id"]) for f in w.out(link)] == [("ACK", "5")]
+    assert link.free == 1
+
+
+def test_a_lost_link_makes_held_messages_late_and_sends_its_unanswered_sends_again():
+    w = World("q=127.0.0.1:1")
+    link = w.up("q")
+    w.out(link)
+    consumer, producer = w.client(), w.client()
+    w.send(consumer, "SUBSCRIBE", {"destination": "/queue/q", "id": "a", "ack": "client-individual"})
+    sub_id = w.out(link)[-1].headers["id"]
+    w.answer(link, *message(sub_id, 1))
+    [m] = w.out(consumer)
+    w.send(producer, "SEND", {"destination": "/queue/q", "receipt": "p"}, b"x")
+    w.core.link_lost(link, "connection lost")
+    w.core.link_lost(w.sender("q"), "connection lost")
+    assert w.out(producer) == []  # parked until the instance is back
+    # The consumer stays; its ACK of a message the instance has queued again changes nothing.
+    w.send(consumer, "ACK", {"id": m.headers["ack"], "receipt": "k"})
+    [late] = w.out(consumer)
+    assert late.headers == {"receipt-id": "k", "curb-late": "true"}
+    w.up("q")
+    [again] = w.out(w.sender("q"))
+    assert again.body == b"x"
+    w.answer(w.sender("q"), "RECEIPT", {"receipt-id": again.headers["receipt"]})
+    assert [f.headers["receipt-id"] for f in w.out(producer)] == ["p"]
+
+
+def test_an_ack_lost_with_its_link_gets_a_late_receipt_that_promises_nothing():
+    w = World("q=127.0.0.1:1")
+    link = w.up("q")
+    w.out(link)
+    c = w.client()
+    w.send(c, "SUBSCRIBE", {"destination": "/queue/q", "id": "a", "ack": "client-individual"})
+    sub_id = w.out(link)[-1].headers["id"]
+    w.answer(link, *message(sub_id, 1))
+    [m] = w.out(c)
+    w.send(c, "ACK", {"id": m.headers["ack"], "receipt": "k"})
+    w.core.link_lost(link, "connection lost")
+    [late] = w.out(c)
+    assert late.headers == {"receipt-id": "k", "curb-late": "true"}
+    assert not c.close_wanted
+
+
+def test_a_commit_whose_ack_was_lost_with_its_link_is_an_error():
+    w = World("q=127.0.0.1:1")
+    link = w.up("q")
+    w.out(link)
+    c = w.client()
+    w.send(c, "SUBSCRIBE", {"destination": "/queue/q", "id": "a", "ack": "client-individual"})
+    sub_id = w.out(link)[-1].headers["id"]
+    w.answer(link, *message(sub_id, 1))
+    [m] = w.out(c)
+    w.send(c, "BEGIN", {"transaction": "t"})
+    w.send(c, "ACK", {"id": m.headers["ack"], "transaction": "t"})
+    w.send(c, "COMMIT", {"transaction": "t", "receipt": "c"})
+    w.core.link_lost(link, "connection lost")
+    [error] = w.out(c)
+    assert error.command == "ERROR" and error.headers["receipt-id"] == "c"
+    assert b"Whether this ACK took effect is unknown" in error.body
+
+
+def test_a_partitioned_send_goes_round_robin_and_to_another_instance_when_one_is_down():
+    w = World("p=127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
+    for i in range(3):
+        w.up("p", i)
+    links = [w.sender("p", i) for i in range(3)]
+    c = w.client()
+    for n in range(6):
+        w.send(c, "SEND", {"destination": "/queue/p"}, b"%d" % n)
+    assert [[f.body for f in w.out(link)] for link in links] == [[b"0", b"3"], [b"1", b"4"], [b"2", b"5"]]
+    w.core.link_lost(links[1], "connection lost")  # its two unanswered SENDs go to the others
+    moved = [f.body for link in (links[0], links[2]) for f in w.out(link)]
+    assert sorted(moved) == [b"1", b"4"]
+    for _ in range(4):
+        w.send(c, "SEND", {"destination": "/queue/p"}, b"n")
+    assert len(w.out(links[0])) + len(w.out(links[2])) == 4 and w.out(links[1]) == []
+
+
+def test_a_partition_key_keeps_one_instance():
+    w = World("p=127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
+    for i in range(3):
+        w.up("p", i)
+    links = [w.sender("p", i) for i in range(3)]
+    c = w.client()
+    for _ in range(5):
+        w.send(c, "SEND", {"destination": "/queue/p", "curb-partition-key": "cust-42"}, b"k")
+    counts = sorted(len(w.out(link)) for link in links)
+    assert counts == [0, 0, 5]
+
+
+def test_a_subscriber_of_a_partitioned_destination_gets_credit_where_the_messages_are():
+    w = World("p=127.0.0.1:1,127.0.0.1:2")
+    l1, l2 = w.up("p", 0), w.up("p", 1)
+    w.out(l1), w.out(l2)
+    c = w.client()
+    w.send(c, "SUBSCRIBE", {"destination": "/queue/p", "id": "s", "ack": "client-individual", "prefetch-count": "10"})
+    assert [w.out(l1)[-1].headers["prefetch-count"], w.out(l2)[-1].headers["prefetch-count"]] == ["5", "5"]
+    # Only the second instance reports queued messages: the first keeps 1, the rest moves.
+    w.answer(l2, "MESSAGE", {"subscription": "count", "message-id": "count-1", "destination": "./count", "rdy": "50"})
+    f1, f2 = w.out(l1), w.out(l2)
+    assert [f.command for f in f1] == ["UNSUBSCRIBE", "SUBSCRIBE"] and f1[-1].headers["prefetch-count"] == "1"
+    assert f2[-1].headers["prefetch-count"] == "9"
+
+
+def test_transaction_frames_wait_for_commit_whose_receipt_waits_for_all_of_them():
+    w = World("a=127.0.0.1:1", "b=127.0.0.1:2")
+    w.up("a"), w.up("b")
+    la, lb = w.sender("a"), w.sender("b")
+    c = w.client()
+    w.send(c, "BEGIN", {"transaction": "t1", "receipt": "begun"})
+    w.send(c, "SEND", {"destination": "/queue/a", "transaction": "t1"}, b"1")
+    w.send(c, "SEND", {"destination": "/queue/b", "transaction": "t1"}, b"2")
+    assert w.out(la) == [] and w.out(lb) == []
+    w.send(c, "COMMIT", {"transaction": "t1", "receipt": "done"})
+    [sa], [sb] = w.out(la), w.out(lb)
+    assert (sa.headers["curb-transaction"], sa.headers["curb-transaction-seq"]) == ("t1", "0")
+    assert (sb.headers["curb-transaction"], sb.headers["curb-transaction-seq"]) == ("t1", "1")
+    w.answer(la, "RECEIPT", {"receipt-id": sa.headers["receipt"]})
+    assert [f.headers["receipt-id"] for f in w.out(c)] == ["begun"]
+    w.answer(lb, "RECEIPT", {"receipt-id": sb.headers["receipt"]})
+    assert [f.headers["receipt-id"] for f in w.out(c)] == ["done"]
+
+
+def test_abort_drops_the_transaction():
+    w = World("a=127.0.0.1:1")
+    w.up("a")
+    la = w.sender("a")
+    c = w.client()
+    w.send(c, "BEGIN", {"transaction": "t"})
+    w.send(c, "SEND", {"destination": "/queue/a", "transaction": "t"}, b"1")
+    w.send(c, "ABORT", {"transaction": "t", "receipt": "x"})
+    assert w.out(la) == [] and [f.headers["receipt-id"] for f in w.out(c)] == ["x"]
+    w.send(c, "COMMIT", {"transaction": "t"})
+    [error] = w.out(c)
+    assert error.headers["message"] == "no transaction 't' on this connection"
+
+
+def test_an_instance_error_goes_to_its_frames_client_and_later_frames_are_sent_again():
+    w = World("q=127.0.0.1:1")
+    w.up("q")
+    link = w.sender("q")
+    bad, good = w.client(), w.client()
+    w.send(bad, "SEND", {"destination": "/queue/q", "receipt": "b"}, b"too much")
+    w.send(good, "SEND", {"destination": "/queue/q", "receipt": "g"}, b"fine")
+    first, _ = w.out(link)
+    w.answer(link, "ERROR", {"message": "queue full", "receipt-id": first.headers["receipt"]}, b"The queue is full.")
+    [error] = w.out(bad)
+    assert (error.headers["message"], error.headers["receipt-id"]) == ("queue full", "b")
+    assert b"The queue is full. (instance 127.0.0.1:1 of destination 'q')" in error.body
+    assert w.out(good) == []
+    w.up("q")
+    frames = w.out(link)
+    assert [f.body for f in frames] == [b"fine"]
+    w.answer(link, "RECEIPT", {"receipt-id": frames[0].headers["receipt"]})
+    assert [f.headers["receipt-id"] for f in w.out(good)] == ["g"]
+
+
+def test_a_send_waits_for_an_instance_and_is_refused_when_none_comes_in_time():
+    w = World("q=127.0.0.1:1")
+    c = w.client()
+    w.send(c, "SEND", {"destination": "/queue/q", "receipt": "r"}, b"x")
+    w.now = 4.0
+    w.core.tick(w.now)
+    assert w.out(c) == []
+    w.now = 5.5
+    w.core.tick(w.now)
+    [error] = w.out(c)
+    assert error.headers["message"] == "SEND not confirmed"
+    assert b"no instance of destination 'q' came up (127.0.0.1:1: not connected yet)" in error.body
+
+
+def test_heart_beats_are_negotiated_and_a_silent_client_is_dropped():
+    w = World("q=127.0.0.1:1")
+    link = w.up("q")
+    w.out(link)
+    c = w.client(**{"heart-beat": "1000,1000"})
+    w.send(c, "SUBSCRIBE", {"destination": "/queue/q", "id": "a", "ack": "client-individual", "prefetch-count": "1"})
+    sub_id = w.out(link)[-1].headers["id"]
+    w.answer(link, *message(sub_id, 1))
+    w.out(c)
+    w.now = 30.0
+    w.core.tick(w.now)
+    assert c.close_wanted and c.gone
+    assert ("NACK", "1") in [(f.command, f.headers.get("id")) for f in w.out(link)]
+
+
+def test_the_link_state_is_up_after_connected():
+    w = World("q=127.0.0.1:1")
+    assert w.up("q").state is UP
+
+
+def test_an_ack_without_a_receipt_asks_none_of_the_instance_and_holds_up_nothing():
+    w = World("q=127.0.0.1:1")
+    link = w.up("q")
+    w.out(link)
+    c = w.client()
+    w.send(c, "SUBSCRIBE", {"destination": "/queue/q", "id": "a", "ack": "client-individual"})
+    sub_id = w.out(link)[-1].headers["id"]
+    w.answer(link, *message(sub_id, 1))
+    [m] = w.out(c)
+    w.send(c, "ACK", {"id": m.headers["ack"]})
+    w.send(c, "UNSUBSCRIBE", {"id": "a", "receipt": "u"})
+    [ack, _] = w.out(link)
+    assert ack.headers == {"id": "1"}
+    assert [f.headers["receipt-id"] for f in w.out(c)] == ["u"]
