@@ -37,10 +37,12 @@ class SimClock:
         """When the timers not yet fired or cancelled are due, soonest first."""
         return sorted(when for when, _, timer in self._timers if not timer.cancelled)
 
-    def fire_due(self) -> int:
-        """Run every timer due by now (and those they arm that are due too); how many ran."""
+    def fire_due(self, limit: int | None = None) -> int:
+        """Run every timer due by now (and those they arm that are due too), or at most
+        `limit` of them (so that a timer re-arming itself for now cannot spin the caller
+        forever); how many ran."""
         ran = 0
-        while self._timers and self._timers[0][0] <= self.now:
+        while self._timers and self._timers[0][0] <= self.now and (limit is None or ran < limit):
             timer = heapq.heappop(self._timers)[2]
             if not timer.cancelled:
                 timer.callback()

@@ -1,0 +1,637 @@
+"""The simulator's driver: one seed's steps, its clock, its crashes and restarts.
+
+    bin/crashsim --broker --seeds 20000 --jobs 2     # many seeds
+    bin/crashsim --broker --seed S -v                # replay one seed with its trace
+
+The world is the real thing, minus sockets and the event loop: a `LogCore` on a
+`SimDisk`, the `Broker` over it with a `SimClock` for its ack-deadline timer, and one
+`Session` per client, fed the frames' bytes and drained of its output, which the client
+parses. The driver is the event loop and the transport: after every step it runs what
+the broker scheduled, hands each session's output to its client (and the client's
+news to the checker), closes the connections that asked to, and repeats until nothing
+moves. The log writes and syncs only in the steps that say so (a loop pass, a write, a
+sync), so receipts wait as they would for a slow disk. The clock moves only in jumps;
+after each, the broker's due timers fire and every session past a heart-beat deadline
+is ticked.
+
+A crash (kill -9 or power loss between steps, or armed to strike within the next few
+disk calls, amid recovery too) drops the world without closing anything, keeps what
+`SimDisk.crash` says survives and builds a new world on it. After every restart a full
+read of the log (a browse) must hold every promised message and no message a
+receipted ACK took; after every step the queue's counts must be the checker's. A seed
+ends by settling (every receipt answered), dropping every client, draining the queue
+with one consumer (it must get exactly the live messages), ACKing all of them with
+receipts, and a power loss after which the log must be empty.
+
+Every choice comes from the seed's random stream, so the same seed with the same
+--steps replays the same run; a failure prints the command that does so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import multiprocessing
+import random
+import sys
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, fields
+
+from simclock import SimClock
+from simdisk import Crashed, SimDisk
+
+from curb import payload
+from curb.broker import Broker
+from curb.frame import Frame, FrameParser, encode
+from curb.log import LogCore, max_message_for
+from curb.session import OPEN, Session
+from sim.checker import Checker, SimFailure, body_for, tag_of
+from sim.workload import Action, Config, Workload
+
+STEPS = 300
+START_MS = 1_000_000_000  # the simulated monotonic clock, in ms
+SETTLE_ROUNDS = 20
+ROUND_MS = 60
+TRACE_KEEP = 80
+QUEUE = "/queue/curb"
+DRAIN_PREFETCH = 10_000
+SETTLE_PASSES = 1000  # passes of settle_io before the broker counts as spinning
+TIMERS_PER_PASS = 10
+
+
+@dataclass(slots=True)
+class Stats:
+    """What a run of seeds did, summed over seeds and processes for the totals line."""
+
+    seeds: int = 0
+    steps: int = 0
+    kills: int = 0
+    powers: int = 0
+    mid_op: int = 0
+    sends: int = 0
+    refused: int = 0
+    deliveries: int = 0
+    redeliveries: int = 0
+    acks: int = 0
+    nacks: int = 0
+    touches: int = 0
+    late: int = 0
+    deadlines: int = 0
+    beats_lost: int = 0
+    disconnects: int = 0
+    failures: int = 0
+
+    def add(self, other: Stats) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def line(self) -> str:
+        return (
+            f"seeds {self.seeds}, steps {self.steps}, crashes {self.kills + self.powers} "
+            f"(kill {self.kills}, power {self.powers}; {self.mid_op} amid a step or a recovery), "
+            f"sends {self.sends} (+{self.refused} refused), deliveries {self.deliveries} "
+            f"({self.redeliveries} again), acks {self.acks}, nacks {self.nacks}, touches {self.touches}, "
+            f"late {self.late}, deadlines passed {self.deadlines}, heart-beats lost {self.beats_lost}, "
+            f"disconnects {self.disconnects}, failures {self.failures}"
+        )
+
+
+class World:
+    """One run of the broker: its log recovered from the disk, the broker, and what the
+    broker scheduled (run by `Sim.settle_io`)."""
+
+    def __init__(self, disk: SimDisk, cfg: Config, clock: SimClock):
+        self.log = LogCore(disk, cfg.cap, clock=clock.time)
+        self.later: list[Callable[[], None]] = []
+        self.broker = Broker(
+            self.log,
+            heartbeat_ms=cfg.heartbeat_ms,
+            ack_timeout=cfg.ack_timeout_ms / 1000,
+            schedule=lambda delay, callback: self.later.append(callback),
+            clock=clock.time,
+            loop=clock,
+        )
+
+
+class Client:
+    """One connection as its client knows it: the session it talks to, what it holds
+    (ack id -> tag, in delivery order) and the frames it numbered."""
+
+    def __init__(self, serial: int, session: Session, consumer: bool, beats: bool):
+        self.serial = serial
+        self.session = session
+        self.parser = FrameParser()
+        self.consumer = consumer
+        self.beats = beats
+        self.ack_mode = ""
+        self.holding: dict[str, int] = {}
+        self.ending = False
+        self.seq = 0
+
+    @property
+    def open(self) -> bool:
+        return not self.ending and self.session.state is OPEN
+
+    @property
+    def held(self) -> list[str]:
+        return list(self.holding)
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+
+class Sim:
+    """One seed's run."""
+
+    def __init__(self, seed: int, steps: int = STEPS, verbose: bool = False, out: Callable[[str], None] = print):
+        self.seed = seed
+        self.steps = steps
+        self.verbose = verbose
+        self.out = out
+        self.rng = random.Random(seed)
+        self.cfg = Config.draw(self.rng)
+        self.stats = Stats(seeds=1)
+        self.ms = START_MS
+        self.clock = SimClock(self.ms / 1000)
+        self.disk = SimDisk(self.rng)
+        self.checker = Checker(self.cfg.ack_timeout_ms, self.ms)
+        self.clients: list[Client | None] = [None] * self.cfg.slots
+        self.tags = itertools.count(1)
+        self.serials = itertools.count(1)
+        self.step = -1
+        self.run = 0
+        self.armed_mode = "kill"
+        self.trace_lines: deque[str] = deque(maxlen=TRACE_KEEP)
+        self.workload = Workload(self.rng, self.cfg, max_message_for(self.cfg.cap) - 40)
+        self._world: World | None = None
+
+    @property
+    def world(self) -> World:
+        """The broker's current run; only asked for between an open and the next crash."""
+        assert self._world is not None, "the broker is not running"
+        return self._world
+
+    # ---------------------------------------------------------------- driving
+
+    def play(self) -> None:
+        self.trace(f"config {self.cfg}")
+        self._world = self._open()
+        for step in range(self.steps):
+            self.step = step
+            action = self.workload.next(self.clients)
+            self.trace(str(action))
+            try:
+                self.do(action)
+                self.settle_io()
+            except Crashed:
+                self.stats.mid_op += 1
+                self.crash(self.armed_mode)
+            self.stats.steps += 1
+            self.checker.check_counts(self.world.broker.counts())
+        self.step = self.steps
+        self.finish()
+
+    def trace(self, line: str) -> None:
+        entry = f"  step {self.step:4d} run {self.run:2d} t+{self.ms - START_MS:7d}ms: {line}"
+        self.trace_lines.append(entry)
+        if self.verbose:
+            self.out(entry)
+
+    def do(self, action: Action) -> None:
+        getattr(self, "do_" + action.kind)(action)
+
+    def do_connect(self, a: Action) -> None:
+        serial = next(self.serials)
+        session = Session(self.world.broker, self.now, f"sim:{serial}")
+        client = Client(serial, session, bool(a.mode), a.heartbeat_ms > 0)
+        self.clients[a.slot] = client
+        self.checker.connected(serial)
+        beats = f"{a.heartbeat_ms},{a.heartbeat_ms}"
+        self.feed(client, "CONNECT", {"accept-version": "1.2", "heart-beat": beats})
+        if a.mode:
+            client.ack_mode = a.mode
+            headers = {"id": "s", "destination": QUEUE, "ack": a.mode, "prefetch-count": str(a.prefetch)}
+            if a.ack_timeout_ms is not None:
+                headers["curb-ack-timeout"] = str(a.ack_timeout_ms)
+            self.checker.subscribed(serial, a.mode, a.ack_timeout_ms)
+            self.feed(client, "SUBSCRIBE", headers)
+
+    def do_send(self, a: Action) -> None:
+        client = self._client(a)
+        tag = next(self.tags)
+        body = body_for(tag, a.size)
+        seq = client.next_seq()
+        receipt = f"r{seq}" if a.receipt else None
+        self.checker.sent(client.serial, seq, tag, body, receipt)
+        headers = {"destination": QUEUE, "sim-tag": str(tag)}
+        if receipt is not None:
+            headers["receipt"] = receipt
+        self.feed(client, "SEND", headers, body)
+        self.stats.sends += 1
+        if client.session.state is not OPEN:
+            self.trace(f"#{tag} refused")
+            self.stats.refused += 1
+            self.checker.refused(client.serial, tag, receipt)
+            client.ending = True
+
+    def do_ack(self, a: Action) -> None:
+        self._settle(a, "ACK")
+        self.stats.acks += 1
+
+    def do_nack(self, a: Action) -> None:
+        self._settle(a, "NACK")
+        self.stats.nacks += 1
+
+    def do_touch(self, a: Action) -> None:
+        self._settle(a, "touch")
+        self.stats.touches += 1
+
+    def _settle(self, a: Action, kind: str) -> None:
+        client = self._client(a)
+        tag = client.holding[a.ack_id]
+        seq = client.next_seq()
+        receipt = f"r{seq}" if a.receipt else None
+        self.checker.settle(client.serial, seq, kind, tag, receipt, a.ms)
+        if kind != "touch":
+            held = client.held
+            for ack_id in held[: held.index(a.ack_id) + 1] if client.ack_mode == "client" else [a.ack_id]:
+                del client.holding[ack_id]
+        headers = {"id": a.ack_id}
+        if receipt is not None:
+            headers["receipt"] = receipt
+        if kind == "touch":
+            headers["curb-touch"] = str(a.ms)
+        self.feed(client, "NACK" if kind == "touch" else kind, headers)
+
+    def do_disconnect(self, a: Action) -> None:
+        client = self._client(a)
+        self.stats.disconnects += 1
+        if a.mode == "lost":
+            self._gone(a.slot)
+            return
+        client.ending = True
+        if a.mode == "receipt":
+            seq = client.next_seq()
+            self.checker.disconnecting(client.serial, seq, f"r{seq}")
+            self.feed(client, "DISCONNECT", {"receipt": f"r{seq}"})
+        else:
+            self.feed(client, "DISCONNECT", {})
+
+    def do_beat(self, a: Action) -> None:
+        self._client(a).session.receive_data(b"\n", self.now)
+
+    def do_advance(self, a: Action) -> None:
+        self.advance(a.ms)
+
+    def do_loop(self, a: Action) -> None:
+        self.world.log.flush()
+        self.world.log.sync()
+
+    def do_flush(self, a: Action) -> None:
+        self.world.log.flush()
+
+    def do_sync(self, a: Action) -> None:
+        self.world.log.sync()
+
+    def do_crash(self, a: Action) -> None:
+        self.crash(a.mode)
+
+    def do_crash_mid_op(self, a: Action) -> None:
+        self.armed_mode = a.mode
+        self.disk.arm_crash(a.ops)
+
+    def _client(self, a: Action) -> Client:
+        client = self.clients[a.slot]
+        assert client is not None, f"the workload chose empty slot {a.slot}"
+        return client
+
+    # ---------------------------------------------------------------- the transport
+
+    @property
+    def now(self) -> float:
+        return self.ms / 1000
+
+    def feed(self, client: Client, command: str, headers: dict[str, str], body: bytes = b"") -> None:
+        client.session.receive_data(encode(command, headers, body), self.now)
+
+    def advance(self, ms: int) -> None:
+        """The clock jumps: deadlines due are released (in the checker first, so that the
+        broker's redeliveries meet a model that expects them), timers fire, and sessions
+        past a heart-beat deadline are ticked."""
+        self.ms += ms
+        self.clock.now = self.now
+        self.checker.advance(self.ms)
+        for client in self.clients:
+            if client is not None:
+                due = client.session.next_deadline
+                if due is not None and due <= self.now:
+                    client.session.tick(self.now)
+
+    def settle_io(self) -> None:
+        """Run what was scheduled and due, deliver every session's output to its client,
+        close the connections that asked to, until nothing moves."""
+        world = self.world
+        moved = True
+        for _ in range(SETTLE_PASSES):
+            if not moved:
+                return
+            later, world.later = world.later, []
+            for callback in later:
+                callback()
+            moved = bool(later) or self.clock.fire_due(TIMERS_PER_PASS) > 0
+            for slot, client in enumerate(self.clients):
+                if client is None:
+                    continue
+                moved = self._drain(client) or moved
+                if client.session.close_wanted is not None:
+                    moved = True
+                    if client.session.close_wanted == "abort":
+                        self.trace(f"connection {client.serial} lost its heart-beat")
+                        self.stats.beats_lost += 1
+                    self._gone(slot)
+        raise SimFailure("livelock", f"still busy after {SETTLE_PASSES} passes of running what is due")
+
+    def _drain(self, client: Client) -> bool:
+        """Hand the session's output to its client; whether there was any."""
+        data = client.session.data_to_send(self.now)
+        for frame in client.parser.feed(data):
+            self.received(client, frame)
+        return bool(data)
+
+    def _gone(self, slot: int) -> None:
+        """The connection is lost. What the session wrote before is read first: a
+        MESSAGE in it counted as a delivery, as it would on a socket that died after
+        the write, and a RECEIPT in it is a promise made."""
+        client = self.clients[slot]
+        assert client is not None
+        self._drain(client)
+        self.clients[slot] = None
+        client.session.connection_lost()
+        self.checker.gone(client.serial)
+
+    def received(self, client: Client, frame: Frame) -> None:
+        headers = frame.headers
+        if frame.command == "MESSAGE":
+            msg_id = int(headers["message-id"])
+            tag = tag_of(frame.body)
+            self.trace(
+                f"  #{tag} (message {msg_id}) to connection {client.serial} at slot {self.clients.index(client)}"
+                f", count {headers.get('curb-deliveries', 1)}"
+            )
+            self.checker.delivered(client.serial, tag, msg_id, headers, frame.body)
+            self.stats.deliveries += 1
+            self.stats.redeliveries += "redelivered" in headers
+            if client.ack_mode != "auto":
+                client.holding.pop(headers["ack"], None)
+                client.holding[headers["ack"]] = tag if tag is not None else -1
+        elif frame.command == "RECEIPT":
+            self.checker.receipt(client.serial, headers["receipt-id"], headers.get("curb-late") == "true")
+            self.stats.late += headers.get("curb-late") == "true"
+        elif frame.command == "ERROR":
+            self.trace(f"connection {client.serial}: ERROR {headers.get('message')}")
+            self.checker.error(client.serial, headers.get("message", ""))
+
+    # ---------------------------------------------------------------- crashes
+
+    def _open(self) -> World:
+        """A new world on the disk, with maybe a crash amid its recovery, after which
+        recovery starts over on what that crash left; then a full read, checked."""
+        self.run += 1
+        while True:
+            if self.step < self.steps and self.rng.random() < self.cfg.recovery_crash:
+                self.disk.arm_crash(self.rng.randint(0, 4))
+            try:
+                world = World(self.disk, self.cfg, self.clock)
+                break
+            except Crashed:
+                mode = self.rng.choice(("kill", "power"))
+                self.trace(f"CRASH {mode} amid recovery")
+                self._count(mode)
+                self.stats.mid_op += 1
+                self.disk = self.disk.crash(mode)
+        self.disk.arm_crash(None)
+        found = self._read_all(world.log)
+        self.trace(f"open: {len(found)} messages")
+        self.checker.restarted(found)
+        return world
+
+    def _read_all(self, log: LogCore) -> dict[int, tuple[int, bytes]]:
+        """Every live message in the log, by tag: (id, body)."""
+        browse = log.browse(1, log.last_id)
+        found: dict[int, tuple[int, bytes]] = {}
+        for _ in range(log.capacity):
+            step = browse.step(1 << 40)
+            for msg_id, data in step.messages:
+                body = bytes(payload.split(memoryview(data))[1])
+                tag = tag_of(body)
+                if tag is None or tag in found:
+                    raise SimFailure("log read after restart", f"message {msg_id} {body[:32]!r} damaged or twice")
+                found[tag] = (msg_id, body)
+            if step.done:
+                break
+        else:
+            raise SimFailure("log read after restart", "the browse never ended")
+        log.end_browse(browse)
+        return found
+
+    def crash(self, mode: str) -> None:
+        self.trace(f"CRASH {mode}")
+        self._count(mode)
+        self.stats.deadlines += self.world.broker.metrics.ack_timeouts
+        self.checker.crash()
+        self.clients = [None] * self.cfg.slots
+        self.disk.arm_crash(None)
+        self.disk = self.disk.crash(mode)
+        self._world = None
+        self._world = self._open()
+
+    def _count(self, mode: str) -> None:
+        if mode == "kill":
+            self.stats.kills += 1
+        else:
+            self.stats.powers += 1
+
+    # ---------------------------------------------------------------- the end
+
+    def rounds(self, count: int) -> None:
+        for _ in range(count):
+            self.advance(ROUND_MS)
+            self.world.log.flush()
+            self.world.log.sync()
+            self.settle_io()
+
+    def finish(self) -> None:
+        """Settle (every receipt owed comes), drop every client, drain the queue with one
+        consumer, ACK it all with receipts, lose power: the log must be empty."""
+        self.trace("finish")
+        self.disk.arm_crash(None)
+        self.rounds(SETTLE_ROUNDS)
+        owed = self.checker.unanswered()
+        if owed:
+            raise SimFailure("wedge", f"{len(owed)} receipts unanswered after {SETTLE_ROUNDS} rounds, e.g. {owed[:3]}")
+        for slot, client in enumerate(self.clients):
+            if client is not None:
+                self._gone(slot)
+        self.settle_io()
+        live = self.checker.live()
+        self.do_connect(Action("connect", 0, mode="client-individual", prefetch=DRAIN_PREFETCH, ack_timeout_ms=0))
+        self.rounds(3)
+        drain = self.clients[0]
+        assert drain is not None
+        got = set(drain.holding.values())
+        if got != live:
+            missing = sorted(live - got)
+            raise SimFailure(
+                "accepted SEND never delivered",
+                f"{len(missing)} live messages not delivered to a consumer with credit, e.g. {missing[:5]}",
+            )
+        for ack_id in drain.held:
+            self.do_ack(Action("ack", 0, receipt=True, ack_id=ack_id))
+            self.settle_io()
+        self.rounds(SETTLE_ROUNDS // 2)
+        owed = self.checker.unanswered()
+        if owed:
+            raise SimFailure("wedge", f"{len(owed)} ACK receipts unanswered at the end, e.g. {owed[:3]}")
+        self.checker.check_counts(self.world.broker.counts())
+        self.crash("power")
+        if self.checker.live():
+            raise SimFailure("ACKed messages back", f"{len(self.checker.live())} messages live after the last ACKs")
+        self.stats.deadlines += self.world.broker.metrics.ack_timeouts
+
+
+# ---------------------------------------------------------------- running seeds
+
+
+@dataclass(slots=True)
+class Outcome:
+    seed: int
+    stats: Stats
+    kind: str | None = None
+    text: str = ""
+    step: int = 0
+    trace: list[str] = field(default_factory=list)
+
+    def report(self, steps: int, trace: bool = True) -> str:
+        lines = [f"seed {self.seed} step {self.step}: {self.text}"]
+        lines += self.trace if trace else []
+        lines.append(f"  replay: bin/crashsim --broker --seed {self.seed} --steps {steps} -v")
+        return "\n".join(lines)
+
+
+def run_seed(seed: int, steps: int = STEPS, verbose: bool = False, out: Callable[[str], None] = print) -> Outcome:
+    """Play one seed; a broken invariant or an exception from the broker is its failure."""
+    sim = Sim(seed, steps, verbose, out)
+    outcome = Outcome(seed, sim.stats)
+    try:
+        sim.play()
+    except SimFailure as err:
+        outcome.kind, outcome.text = err.kind, str(err)
+    except Exception as err:  # the broker raising is a finding, reported like the others
+        outcome.kind = f"exception {type(err).__name__}"
+        outcome.text = f"exception: {err!r}\n" + traceback.format_exc(limit=-8)
+    outcome.step, outcome.trace = sim.step, list(sim.trace_lines)
+    outcome.stats.failures = int(outcome.kind is not None)
+    return outcome
+
+
+@dataclass(slots=True)
+class Totals:
+    stats: Stats = field(default_factory=Stats)
+    failed: list[Outcome] = field(default_factory=list)
+
+    def add(self, other: Totals) -> None:
+        self.stats.add(other.stats)
+        self.failed += other.failed
+
+
+def run_range(start: int, count: int, steps: int = STEPS) -> Totals:
+    totals = Totals()
+    for seed in range(start, start + count):
+        outcome = run_seed(seed, steps)
+        totals.stats.add(outcome.stats)
+        if outcome.kind is not None:
+            totals.failed.append(outcome)
+    return totals
+
+
+def _run_block(args: tuple[int, int, int]) -> Totals:
+    return run_range(*args)
+
+
+def run_many(
+    start: int, count: int, steps: int, jobs: int, progress: Callable[[Totals, float], None] | None = None
+) -> Totals:
+    """Play `count` seeds over `jobs` processes, calling `progress` now and then."""
+    block = max(1, min(100, count // (jobs * 4) or 1))
+    blocks = [(s, min(block, start + count - s), steps) for s in range(start, start + count, block)]
+    totals = Totals()
+    began = last = time.monotonic()
+    for part in _map(blocks, jobs):
+        totals.add(part)
+        now = time.monotonic()
+        if progress is not None and now - last >= 10.0:
+            progress(totals, now - began)
+            last = now
+    return totals
+
+
+def _map(blocks: list[tuple[int, int, int]], jobs: int) -> Iterator[Totals]:
+    if jobs <= 1:
+        yield from map(_run_block, blocks)
+        return
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        yield from pool.imap_unordered(_run_block, blocks)
+
+
+# ---------------------------------------------------------------- command line
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bin/crashsim --broker",
+        description="Crash-simulate the whole broker (sessions, broker, queue, log) over many seeds.",
+    )
+    parser.add_argument("--seeds", type=int, default=1000, help="how many seeds to play (default 1000)")
+    parser.add_argument("--start", type=int, default=0, help="first seed (default 0)")
+    parser.add_argument("--seed", type=int, help="play just this seed (replay a failure)")
+    parser.add_argument("--steps", type=int, default=STEPS, help=f"steps per seed (default {STEPS})")
+    parser.add_argument("--jobs", type=int, default=1, help="processes to fan out over (default 1)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print the trace of every step")
+    parser.add_argument("--show", type=int, default=5, help="failures to print in full (default 5)")
+    args = parser.parse_args(None if argv is None else list(argv))
+    if args.seed is not None:
+        began = time.monotonic()
+        outcome = run_seed(args.seed, args.steps, args.verbose)
+        print(f"seed {args.seed}: {outcome.stats.line()}, {time.monotonic() - began:.2f} s")
+        if outcome.kind is None:
+            print("ok")
+            return 0
+        print(outcome.report(args.steps, trace=not args.verbose))
+        return 1
+    began = time.monotonic()
+
+    def progress(totals: Totals, seconds: float) -> None:
+        done = totals.stats.seeds
+        print(
+            f"crashsim --broker: {done}/{args.seeds} seeds, {len(totals.failed)} failed, {done / seconds:.1f} seeds/s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    totals = run_many(args.start, args.seeds, args.steps, max(1, args.jobs), progress)
+    for outcome in sorted(totals.failed, key=lambda o: o.seed)[: args.show]:
+        print(outcome.report(args.steps), end="\n\n")
+    kinds: dict[str, list[int]] = {}
+    for outcome in totals.failed:
+        kinds.setdefault(outcome.kind or "", []).append(outcome.seed)
+    for kind, seeds in sorted(kinds.items()):
+        print(f"FAILED {kind}: {len(seeds)} seeds, e.g. {sorted(seeds)[:8]}")
+    print(
+        f"crashsim --broker: seeds {args.start}..{args.start + args.seeds - 1}: {totals.stats.line()}, "
+        f"{time.monotonic() - began:.1f} s with {max(1, args.jobs)} jobs"
+    )
+    return 1 if totals.failed else 0

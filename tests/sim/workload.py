@@ -1,0 +1,189 @@
+"""What the simulated clients do, drawn from one seed: the seed's world (`Config`) and,
+step by step, the next `Action`.
+
+The workload knows only what a client could know: which clients are connected, what
+each believes it holds (the MESSAGEs it got and has not ACKed or NACKed, including those
+whose ack deadline passed unseen), and whether it heart-beats. It never looks at the
+broker or the checker, so a client that holds a message past its deadline and then ACKs
+it (a late ACK) happens as it would for a real client.
+
+Actions: connect (producer, consumer in one of the ack modes with a prefetch, its own
+ack timeout or the broker's, heart-beats or none), SEND with or without receipt (small
+bodies mostly, some near the largest the cap allows), ACK / NACK / touch of a held
+message with or without receipt (the oldest, the newest or any), DISCONNECT with or
+without receipt, a connection lost, a heart-beat, time passing (a millisecond to a
+minute, past ack deadlines and heart-beat tolerances), a loop pass (the log writes and
+syncs), a write or a sync alone, and crashes: kill -9 or power loss between steps, or
+armed to strike within the next few disk calls.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+KIB = 1024
+ACK_MODES = ("client-individual", "client-individual", "client-individual", "client", "auto")
+PREFETCHES = (1, 1, 2, 4, 16)
+# Jumps of the clock, ms: within a loop pass, a few passes, past short deadlines and
+# heart-beat tolerances, past every deadline a seed draws.
+JUMPS_MS = (1, 1, 5, 20, 60, 250, 1000, 3000, 60_000)
+TOUCH_MS = (1, 50, 400, 2000, 10_000)
+BASE_WEIGHTS = {
+    "connect": 5.0,
+    "send_receipt": 14.0,
+    "send_plain": 9.0,
+    "ack": 14.0,
+    "nack": 3.5,
+    "touch": 2.0,
+    "disconnect": 1.5,
+    "beat": 4.0,
+    "advance": 9.0,
+    "loop": 10.0,
+    "flush": 3.0,
+    "sync": 3.0,
+    "crash": 0.7,
+    "crash_mid_op": 0.5,
+}
+
+
+@dataclass(slots=True)
+class Config:
+    """One seed's world: the log's cap, how many client slots, the broker's flags, and the
+    workload's mix."""
+
+    cap: int
+    slots: int
+    ack_timeout_ms: int  # the broker's -ack-timeout; 0: none
+    heartbeat_ms: int  # the broker's heart-beat offer; 0: none
+    large_share: float  # the share of SENDs with a body near the largest allowed
+    recovery_crash: float  # the odds of a crash amid each recovery
+    weights: dict[str, float] = field(repr=False)
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> Config:
+        cap = rng.choice((16, 16, 24, 32, 64, 128, 256)) * KIB
+        return cls(
+            cap=cap,
+            slots=rng.randint(2, 5),
+            ack_timeout_ms=rng.choice((0, 100, 500, 2000, 30 * 60_000)),
+            heartbeat_ms=rng.choice((0, 0, 500, 2000)),
+            large_share=rng.choice((0.0, 0.02, 0.1)),
+            recovery_crash=rng.choice((0.0, 0.0, 0.1, 0.3)),
+            weights={name: base * rng.uniform(0.3, 2.0) for name, base in BASE_WEIGHTS.items()},
+        )
+
+
+@dataclass(slots=True)
+class Action:
+    """One step: `kind` (a key of BASE_WEIGHTS), the client slot it concerns (-1: none),
+    and its arguments."""
+
+    kind: str
+    slot: int = -1
+    receipt: bool = False
+    ack_id: str = ""  # the MESSAGE's ack header (ack, nack, touch)
+    size: int = 0  # send: the body's length
+    ms: int = 0  # advance: the jump; touch: the new deadline from now
+    mode: str = ""  # connect: the ack mode ("" for a producer); disconnect: "receipt", "plain", "lost"; crash
+    prefetch: int = 0
+    ack_timeout_ms: int | None = None  # connect: curb-ack-timeout, None for the broker's
+    heartbeat_ms: int = 0  # connect: the heart-beats this client sends and wants; 0: none
+    ops: int = 0  # crash_mid_op: disk calls before it strikes
+
+    def __str__(self) -> str:
+        shown = {"slot": self.slot} if self.slot >= 0 else {}
+        for name in ("receipt", "ack_id", "size", "ms", "mode", "prefetch", "ack_timeout_ms", "heartbeat_ms", "ops"):
+            value = getattr(self, name)
+            if value not in (False, "", 0, None) or (name == "ack_timeout_ms" and value == 0):
+                shown[name] = value
+        return self.kind + " " + " ".join(f"{k}={v}" for k, v in shown.items())
+
+
+class ClientView(Protocol):
+    """What a client knows of itself."""
+
+    @property
+    def open(self) -> bool:
+        """Connected and able to send frames (not ending)."""
+
+    @property
+    def consumer(self) -> bool: ...
+    @property
+    def beats(self) -> bool: ...
+    @property
+    def held(self) -> Sequence[str]:
+        """The ack ids of the MESSAGEs it got and has not settled, in delivery order."""
+
+
+class Workload:
+    """The next action, from the seed's random stream and what the clients know."""
+
+    def __init__(self, rng: random.Random, cfg: Config, max_body: int):
+        self.rng = rng
+        self.cfg = cfg
+        self.max_body = max_body
+        self._kinds = list(cfg.weights)
+        self._cum = list(itertools.accumulate(cfg.weights.values()))
+
+    def next(self, clients: Sequence[ClientView | None]) -> Action:
+        rng = self.rng
+        kind = rng.choices(self._kinds, cum_weights=self._cum)[0]
+        opened = [i for i, c in enumerate(clients) if c is not None and c.open]
+        if kind == "connect":
+            empty = [i for i, c in enumerate(clients) if c is None]
+            return self._connect(rng.choice(empty)) if empty else Action("loop")
+        if kind in ("send_receipt", "send_plain"):
+            if not opened:
+                return Action("loop")
+            return Action("send", rng.choice(opened), receipt=kind == "send_receipt", size=self._size())
+        if kind in ("ack", "nack", "touch"):
+            holding = [i for i in opened if clients[i].held]  # type: ignore[union-attr]
+            if not holding:
+                return Action("advance", ms=rng.choice(JUMPS_MS))
+            slot = rng.choice(holding)
+            held = clients[slot].held  # type: ignore[union-attr]
+            pick = rng.random()
+            ack_id = held[0] if pick < 0.5 else held[-1] if pick < 0.7 else rng.choice(held)
+            receipt = rng.random() < 0.5
+            if kind == "touch":
+                return Action("touch", slot, receipt=receipt, ack_id=ack_id, ms=rng.choice(TOUCH_MS))
+            return Action(kind, slot, receipt=receipt, ack_id=ack_id)
+        if kind == "disconnect":
+            if not opened:
+                return Action("loop")
+            return Action("disconnect", rng.choice(opened), mode=rng.choice(("receipt", "plain", "lost", "lost")))
+        if kind == "beat":
+            beating = [i for i in opened if clients[i].beats]  # type: ignore[union-attr]
+            return Action("beat", rng.choice(beating)) if beating else Action("loop")
+        if kind == "advance":
+            return Action("advance", ms=rng.choice(JUMPS_MS))
+        if kind == "crash":
+            return Action("crash", mode=rng.choice(("kill", "power")))
+        if kind == "crash_mid_op":
+            return Action("crash_mid_op", mode=rng.choice(("kill", "power")), ops=rng.randint(0, 6))
+        return Action(kind)
+
+    def _connect(self, slot: int) -> Action:
+        rng = self.rng
+        beats = rng.choice((0, 0, 300, 1000)) if self.cfg.heartbeat_ms else 0
+        if rng.random() < 0.35:
+            return Action("connect", slot, heartbeat_ms=beats)
+        timeout = rng.choice((None, None, 0, 30, 150, 1000, 5000))
+        return Action(
+            "connect",
+            slot,
+            mode=rng.choice(ACK_MODES),
+            prefetch=rng.choice(PREFETCHES),
+            ack_timeout_ms=timeout,
+            heartbeat_ms=beats,
+        )
+
+    def _size(self) -> int:
+        rng = self.rng
+        if rng.random() < self.cfg.large_share:
+            return rng.randint(self.max_body // 2, self.max_body)
+        return rng.choice((0, 1, 10, 60, 200, 700, 2000))

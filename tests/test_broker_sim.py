@@ -1,0 +1,73 @@
+"""The whole broker under the simulator (tests/sim): sessions, the broker, the queue and
+the log on a simulated disk, under a clock that jumps, crashing at every step. A fixed
+range of seeds on every run, the seeds that once broke an invariant, kept by name, and
+the simulator's own checks: a seed replays exactly, and a broken broker is caught.
+
+CURB_BROKER_SIM_SEEDS sets how many seeds the range has (default 100); long runs belong
+to `bin/crashsim --broker --seeds 20000 --jobs N`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from sim.driver import STEPS, run_many, run_seed
+from simdisk import SimDisk
+
+from curb.queue import Queue
+
+SEEDS = int(os.environ.get("CURB_BROKER_SIM_SEEDS", "100"))
+JOBS = min(2, os.cpu_count() or 1)
+
+
+def test_seeds_in_the_default_range_keep_every_invariant():
+    totals = run_many(0, SEEDS, STEPS, JOBS)
+    examples = [o.report(STEPS) for o in sorted(totals.failed, key=lambda o: o.seed)[:3]]
+    assert not totals.failed, "\n\n".join(examples)
+    stats = totals.stats
+    # The range plays every path the invariants are about.
+    assert stats.kills and stats.powers and stats.mid_op, stats.line()
+    assert stats.refused and stats.acks and stats.nacks and stats.touches, stats.line()
+    assert stats.late and stats.deadlines and stats.beats_lost and stats.redeliveries, stats.line()
+
+
+def test_a_seed_replays_exactly():
+    lines: list[list[str]] = [[], []]
+    for run in lines:
+        run_seed(1234, STEPS, verbose=True, out=run.append)
+    assert lines[0] == lines[1] and len(lines[0]) > STEPS
+
+
+def caught(kinds: set[str], seeds: int) -> bool:
+    """Whether some seed of the first `seeds` fails with one of these kinds."""
+    return any(run_seed(seed, STEPS).kind in kinds for seed in range(seeds))
+
+
+def test_a_disk_that_lies_about_sync_is_caught(monkeypatch):
+    monkeypatch.setattr(SimDisk, "sync", lambda self: None)
+    assert caught({"receipted SEND lost", "receipted ACK undone"}, 40)
+
+
+def test_a_queue_that_puts_a_message_back_twice_is_caught(monkeypatch):
+    """A message back in the line twice is delivered to two consumers at once."""
+    requeue = Queue.requeue
+
+    def twice(self, messages):
+        requeue(self, messages)
+        requeue(self, messages)
+
+    monkeypatch.setattr(Queue, "requeue", twice)
+    assert caught({"held by two consumers"}, 40)
+
+
+def test_a_queue_that_ignores_touches_is_caught(monkeypatch):
+    """A touch that does not move the deadline releases the message too soon: the queue
+    holds fewer messages than the checker."""
+    monkeypatch.setattr(Queue, "touch", lambda self, conn, message_id, deadline: None)
+    assert caught({"wip count"}, 60)
+
+
+def test_a_deadline_that_never_releases_is_caught(monkeypatch):
+    """A queue whose expire returns nothing leaves the broker's timer firing for ever."""
+    monkeypatch.setattr(Queue, "expire", lambda self, now: [])
+    assert caught({"livelock"}, 20)
