@@ -1,0 +1,75 @@
+"""The -http listener: one aiohttp server on the broker's event loop, its routes and its limits.
+
+`WebFront.start` binds [HOST]:PORT (with an SSL context: https and wss), `stop` closes
+it. A request body is refused with 413 past the broker's -max-frame, before it is read.
+The routes come from the modules that serve them (`stats`, ...), each given what it uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Callable
+
+from aiohttp import web
+
+from curb.broker import Broker
+from curb.metrics import Metrics
+from curb.web import stats
+from curb.web.replies import json_errors
+
+# The most bytes of one header line (a request line, a header) aiohttp reads.
+MAX_LINE_BYTES = 8190
+MAX_HEADERS = 100
+# An idle keep-alive connection is closed after this many seconds.
+KEEPALIVE_SECONDS = 15.0
+# At shutdown, requests still running get this long to finish before they are cancelled.
+SHUTDOWN_SECONDS = 2.0
+# aiohttp logs each request it cannot parse with a traceback; its 400 answer says why,
+# and a client's bad bytes are no event of the broker's.
+_QUIET = logging.getLogger("curb.web.requests")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
+
+
+class WebFront:
+    """What every route of the web front uses."""
+
+    def __init__(self, broker: Broker, metrics: Metrics, events: Callable[..., None] = lambda *a, **k: None):
+        self.broker = broker
+        self.metrics = metrics
+        self.events = events
+        self.app = web.Application(client_max_size=broker.max_frame, middlewares=[json_errors])
+        stats.add_routes(self.app, broker, metrics)
+        self._runner: web.AppRunner | None = None
+        self.sockets: list = []
+
+    async def start(self, host: str | None, port: int, context: ssl.SSLContext | None = None) -> None:
+        """Listen on host:port (None: every interface); OSError if it cannot be bound."""
+        runner = web.AppRunner(
+            self.app,
+            handle_signals=False,
+            access_log=None,
+            logger=_QUIET,
+            keepalive_timeout=KEEPALIVE_SECONDS,
+            shutdown_timeout=SHUTDOWN_SECONDS,
+            max_line_size=MAX_LINE_BYTES,
+            max_field_size=MAX_LINE_BYTES,
+            max_headers=MAX_HEADERS,
+        )
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, ssl_context=context, reuse_address=True)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        server = site._server
+        self.sockets = list(server.sockets) if isinstance(server, asyncio.Server) else []
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
