@@ -169,7 +169,14 @@ def default_file() -> str:
     "--http",
     default=None,
     callback=_addr,
-    help="Serve GET /metrics (Prometheus) and GET /stats (JSON) on [HOST]:PORT. Off by default.",
+    help="Serve the web front on [HOST]:PORT: /metrics (Prometheus), /stats (JSON). Off by default.",
+)
+@click.option(
+    "-http-tls",
+    "--http-tls",
+    is_flag=True,
+    default=False,
+    help="Serve -http as https (and wss) with -tls-cert and -tls-key (and -tls-ca: client certificates required).",
 )
 @click.option(
     "-log-format",
@@ -198,6 +205,7 @@ def command(
     heartbeat,
     ack_timeout,
     http,
+    http_tls,
     log_format,
 ):
     """Curb: one durable work queue behind a STOMP 1.2 port, kept in one capped log file.
@@ -205,12 +213,14 @@ def command(
     Run `curb -cap 10MiB -addr :61613` to serve; `curb inspect FILE` reads a log offline."""
     if ctx.invoked_subcommand is not None:
         return
+    if http_tls and http is None:
+        raise click.UsageError("-http-tls needs -http [HOST]:PORT")
     config = Config(
         path=path or default_file(),
         cap=cap,
         addr=addr,
         tls_addr=tls_addr,
-        tls_files=_tls_files(tls_addr, tls_cert, tls_key, tls_ca),
+        tls_files=_tls_files(tls_addr, tls_cert, tls_key, tls_ca, http_tls=http_tls),
         users_path=users_path,
         connect_timeout=connect_timeout,
         max_connections=max_connections,
@@ -219,6 +229,7 @@ def command(
         heartbeat_ms=round(heartbeat * 1000),
         ack_timeout=ack_timeout,
         http=http,
+        http_tls=http_tls,
     )
     try:
         code = asyncio.run(serve(config, Events(log_format)))
@@ -238,14 +249,18 @@ command.add_command(inspect_command)
 command.add_command(passwd_command)
 
 
-def _tls_files(tls_addr, cert: str | None, key: str | None, ca: str | None) -> tls.TlsFiles | None:
-    """The TLS flags, checked together: -tls-addr needs -tls-cert and -tls-key, and they need it."""
-    if tls_addr is None:
+def _tls_files(
+    tls_addr, cert: str | None, key: str | None, ca: str | None, http_tls: bool = False
+) -> tls.TlsFiles | None:
+    """The TLS flags, checked together: -tls-addr and -http-tls need -tls-cert and -tls-key,
+    and they need one of them."""
+    if tls_addr is None and not http_tls:
         if cert or key or ca:
-            raise click.UsageError("-tls-cert, -tls-key and -tls-ca need -tls-addr [HOST]:PORT")
+            raise click.UsageError("-tls-cert, -tls-key and -tls-ca need -tls-addr [HOST]:PORT or -http-tls")
         return None
     if not cert or not key:
-        raise click.UsageError("-tls-addr needs -tls-cert FILE and -tls-key FILE (PEM)")
+        flag = "-tls-addr" if tls_addr is not None else "-http-tls"
+        raise click.UsageError(f"{flag} needs -tls-cert FILE and -tls-key FILE (PEM)")
     return tls.TlsFiles(cert, key, ca)
 
 

@@ -36,13 +36,15 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from curb import systemd, tls, users
 from curb.broker import ACK_TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS, Broker
 from curb.log import Log
-from curb.metrics import Metrics, serve_http
+from curb.metrics import Metrics
 from curb.ratelimit import LineLimit
 from curb.server import Connection, Handshake
+from curb.web.front import WebFront
 
 DEFAULT_PORT = 61613
 DRAIN_SECONDS = 5.0
@@ -83,6 +85,7 @@ OPERATOR_ERRNOS = frozenset(
 )
 
 Addr = tuple[str | None, int]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +107,7 @@ class Config:
     heartbeat_ms: int = 10_000
     ack_timeout: float = ACK_TIMEOUT_SECONDS  # seconds; 0: no deadline
     http: Addr | None = None
+    http_tls: bool = False  # -http serves https and wss with tls_files
 
 
 class StartError(Exception):
@@ -147,6 +151,7 @@ class Instance:
         self.addresses: list[tuple[str, int]] = []  # the plain STOMP listeners' bound addresses
         self.tls_addresses: list[tuple[str, int]] = []
         self.http_address: tuple[str, int] | None = None
+        self.web: WebFront | None = None
         self._tls: tls.Listener | None = None
         self._servers: list[asyncio.Server] = []
         self._checks: ThreadPoolExecutor | None = None
@@ -274,15 +279,17 @@ class Instance:
         return names, where
 
     async def _start_http(self) -> None:
-        """The HTTP side (-http): metrics and stats."""
+        """The web front (-http, curb.web), over TLS with -http-tls."""
         http = self.config.http
         if http is None:
             return
-        web = await _listen("-http", http, lambda: serve_http(http[0] or "", http[1], self.metrics, self.broker.gauges))
-        self._servers.append(web)
+        web = self.web = WebFront(self.broker, self.metrics, self.events)
+        context = self._tls.context if self.config.http_tls and self._tls is not None else None
+        await _listen("-http", http, lambda: web.start(http[0], http[1], context))
         self.http_address = web.sockets[0].getsockname()[:2]
         web_addr = _sockname(web.sockets[0])
-        self.events("http", f"metrics on http://{web_addr}/metrics (Prometheus) and /stats (JSON)", addr=web_addr)
+        scheme = "https" if context is not None else "http"
+        self.events("http", f"metrics on {scheme}://{web_addr}/metrics (Prometheus) and /stats (JSON)", addr=web_addr)
 
     def request_stop(self) -> None:
         """Ask `wait` to return (SIGINT, SIGTERM, a test); `stop` does the stopping."""
@@ -303,6 +310,8 @@ class Instance:
         loop = asyncio.get_running_loop()
         self.events("stopping", "stopping: draining syncs and receipts")
         self._close_servers()
+        if self.web is not None:
+            await self.web.stop()
         broker = self.broker
         broker.stop_delivering()
         await self.log.close()
@@ -494,7 +503,7 @@ def _is_loopback(sock) -> bool:
         return False
 
 
-async def _listen(flag: str, addr: Addr, open_server: Callable[[], Awaitable[asyncio.Server]]) -> asyncio.Server:
+async def _listen(flag: str, addr: Addr, open_server: Callable[[], Awaitable[T]]) -> T:
     """The server `open_server` makes; an address it cannot bind is the operator's to change."""
     try:
         return await open_server()

@@ -30,7 +30,7 @@ def test_http_tls_serves_the_web_front_over_https(curb_broker, tmp_path):
 @pytest.mark.parametrize(
     "flags, says",
     [
-        (["-http-tls"], "-http-tls needs -tls-cert FILE and -tls-key FILE"),
+        (["-http", "127.0.0.1:0", "-http-tls"], "-http-tls needs -tls-cert FILE and -tls-key FILE"),
         (["-http-tls", "-tls-cert", "a.pem", "-tls-key", "a.key"], "-http-tls needs -http [HOST]:PORT"),
     ],
 )
