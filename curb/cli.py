@@ -179,6 +179,14 @@ def default_file() -> str:
     help="Serve -http as https (and wss) with -tls-cert and -tls-key (and -tls-ca: client certificates required).",
 )
 @click.option(
+    "-http-origin",
+    "--http-origin",
+    "http_origins",
+    multiple=True,
+    help="A web page origin (https://host[:port]) allowed to use -http besides the broker's own pages; "
+    "repeat for more; * allows every origin.",
+)
+@click.option(
     "-log-format",
     "--log-format",
     type=click.Choice(["text", "json"]),
@@ -206,6 +214,7 @@ def command(
     ack_timeout,
     http,
     http_tls,
+    http_origins,
     log_format,
 ):
     """Curb: one durable work queue behind a STOMP 1.2 port, kept in one capped log file.
@@ -230,6 +239,7 @@ def command(
         ack_timeout=ack_timeout,
         http=http,
         http_tls=http_tls,
+        http_origins=tuple(http_origins),
     )
     try:
         code = asyncio.run(serve(config, Events(log_format)))

@@ -108,6 +108,7 @@ class Config:
     ack_timeout: float = ACK_TIMEOUT_SECONDS  # seconds; 0: no deadline
     http: Addr | None = None
     http_tls: bool = False  # -http serves https and wss with tls_files
+    http_origins: tuple[str, ...] = ()  # web page origins allowed besides the broker's own
 
 
 class StartError(Exception):
@@ -283,7 +284,7 @@ class Instance:
         http = self.config.http
         if http is None:
             return
-        web = self.web = WebFront(self.broker, self.metrics, self.events)
+        web = self.web = WebFront(self.broker, self.metrics, self.events, self.config.http_origins)
         context = self._tls.context if self.config.http_tls and self._tls is not None else None
         await _listen("-http", http, lambda: web.start(http[0], http[1], context))
         self.http_address = web.sockets[0].getsockname()[:2]

@@ -29,7 +29,7 @@ from curb import users
     multiple=True,
     metavar="PERM[,PERM...]",
     callback=lambda ctx, param, values: _permissions(values),
-    help="Permissions to give: send, consume, count; repeat the flag or list them with commas. "
+    help="Permissions to give: send, consume, count, purge; repeat the flag or list them with commas. "
     "Default for an existing user: keep its permissions.",
 )
 @click.option(
@@ -49,7 +49,7 @@ def passwd_command(path: str, name: str, perms: frozenset[str], no_password: boo
         raise click.UsageError(f"{path}: {err}") from None
     old = table.get(name)
     if old is None and not perms:
-        raise click.UsageError(f"{name} is a new user: give its permissions with --perm (send, consume, count)")
+        raise click.UsageError(f"{name} is a new user: give its permissions with --perm (send, consume, count, purge)")
     permissions = perms or (old.permissions if old else frozenset())
     stored = users.NO_PASSWORD if no_password else users.hash_password(_password(name))
     table[name] = users.User(name, stored, permissions)

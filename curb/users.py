@@ -30,7 +30,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-PERMISSIONS = ("send", "consume", "count")
+PERMISSIONS = ("send", "consume", "count", "purge")  # purge: DELETE a queue over HTTP
 NO_PASSWORD = "!"
 # scrypt's cost: 2**14 blocks of 128*r bytes is 16 MiB and about 50 ms a check.
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 1 << 14, 8, 1

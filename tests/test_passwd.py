@@ -28,7 +28,10 @@ def test_permissions_repeated_or_as_a_comma_list_are_the_same(tmp_path, args):
 
 @pytest.mark.parametrize(
     "perm, says",
-    [("send,bogus", "unknown permission 'bogus': use send, consume, count"), ("send,", "empty permission in 'send,'")],
+    [
+        ("send,bogus", "unknown permission 'bogus': use send, consume, count, purge"),
+        ("send,", "empty permission in 'send,'"),
+    ],
 )
 def test_a_bad_permission_in_a_list_is_refused_with_the_choices(tmp_path, perm, says):
     result = passwd(tmp_path / "users", "alice", "--perm", perm)

@@ -10,13 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from aiohttp import web
 
 from curb.broker import Broker
 from curb.metrics import Metrics
-from curb.web import stats
+from curb.web import stats, stomp_ws
+from curb.web.access import origin_check, peer_of
+from curb.web.api import Api
 from curb.web.replies import json_errors
 
 # The most bytes of one header line (a request line, a header) aiohttp reads.
@@ -36,12 +38,21 @@ _QUIET.propagate = False
 class WebFront:
     """What every route of the web front uses."""
 
-    def __init__(self, broker: Broker, metrics: Metrics, events: Callable[..., None] = lambda *a, **k: None):
+    def __init__(
+        self,
+        broker: Broker,
+        metrics: Metrics,
+        events: Callable[..., None] = lambda *a, **k: None,
+        origins: Iterable[str] = (),
+    ):
         self.broker = broker
         self.metrics = metrics
         self.events = events
-        self.app = web.Application(client_max_size=broker.max_frame, middlewares=[json_errors])
+        self.app = web.Application(client_max_size=broker.max_frame, middlewares=[json_errors, origin_check(origins)])
         stats.add_routes(self.app, broker, metrics)
+        self.api = Api(broker)
+        self.api.add_routes(self.app)
+        self.app.router.add_get("/ws", self._stomp)
         self._runner: web.AppRunner | None = None
         self.sockets: list = []
 
@@ -69,7 +80,11 @@ class WebFront:
         server = site._server
         self.sockets = list(server.sockets) if isinstance(server, asyncio.Server) else []
 
+    async def _stomp(self, request: web.Request) -> web.StreamResponse:
+        return await stomp_ws.serve(request, self.broker, peer_of(request))
+
     async def stop(self) -> None:
+        self.api.takers.close()
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()

@@ -20,16 +20,25 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class Refusal(Exception):
     """A request the web front refuses: the status, what to tell the client, extra headers."""
 
-    def __init__(self, status: int, error: str, headers: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        error: str,
+        headers: Mapping[str, str] | None = None,
+        extra: Mapping[str, object] | None = None,
+    ):
         super().__init__(error)
         self.status = status
         self.error = error
         self.headers = dict(headers or {})
+        self.extra = dict(extra or {})  # more members of the JSON answer
 
 
-def refusal(status: int, error: str, headers: Mapping[str, str] | None = None) -> web.Response:
+def refusal(
+    status: int, error: str, headers: Mapping[str, str] | None = None, extra: Mapping[str, object] | None = None
+) -> web.Response:
     """The JSON answer for a refusal."""
-    body = json.dumps({"code": status, "error": error}).encode() + b"\n"
+    body = json.dumps({"code": status, "error": error, **(extra or {})}).encode() + b"\n"
     return web.Response(status=status, body=body, content_type="application/json", headers=headers)
 
 
@@ -44,7 +53,7 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     try:
         return await handler(request)
     except Refusal as err:
-        return refusal(err.status, err.error, err.headers)
+        return refusal(err.status, err.error, err.headers, err.extra)
     except web.HTTPException as err:
         if err.status < 400:
             raise

@@ -1,0 +1,134 @@
+"""Who may use the web front: HTTP Basic against the users file, its permissions, and Origin.
+
+- Without -users everyone may do everything, as over STOMP.
+- With -users each request logs in with HTTP Basic as a user of the same file, checked
+  as a STOMP CONNECT is (curb.logins: a login verified before is known at once, others
+  wait for a check off the loop, fairly by source address, or are shed as "server busy":
+  503 with Retry-After). Over -http-tls with -tls-ca, a client certificate whose CN names
+  a user stands in for the login. No login: 401 at once; a wrong one: 401 after the
+  broker's refusal delay, as a failed CONNECT. A missing permission: 403, naming it.
+- Origin: a request that carries an Origin header (a browser's) is served only when that
+  origin is the page's own (scheme://host of the request) or on the operator's list
+  (-http-origin; `*` allows every origin). Otherwise 403, so a page on another site cannot
+  publish or consume with a user's browser credentials. Requests without Origin (curl,
+  programs) are not browsers' and pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from collections.abc import Iterable
+
+from aiohttp import web
+
+from curb.broker import Broker
+from curb.logins import SHED, Answer
+from curb.tls import peer_name
+from curb.users import User
+from curb.web.peers import HttpPeer
+from curb.web.replies import Handler, Refusal
+
+REALM = 'Basic realm="curb", charset="UTF-8"'
+RETRY_SHED_SECONDS = 1
+
+
+def peer_of(request: web.Request) -> str:
+    """HOST:PORT of the request's client, for log lines and fair login checks."""
+    transport = request.transport
+    name = transport.get_extra_info("peername") if transport is not None else None
+    return f"{name[0]}:{name[1]}" if isinstance(name, tuple) else str(request.remote or "local")
+
+
+async def log_in(request: web.Request, broker: Broker, permission: str | None) -> User | None:
+    """The user the request logs in as (None without -users); Refusal unless it may `permission`."""
+    table = broker.users
+    if table is None:
+        return None
+    transport = request.transport
+    caller = HttpPeer(peer_of(request))
+    cn = peer_name(transport.get_extra_info("peercert")) if transport is not None else None
+    header = request.headers.get("Authorization")
+    user: User | None
+    if header is None:
+        user = table.get(cn) if cn is not None else None
+        if user is None:
+            raise Refusal(
+                401,
+                "log in: send HTTP Basic credentials of a user of the broker's users file",
+                {"WWW-Authenticate": REALM},
+            )
+    else:
+        login, passcode = _basic(header)
+        user = broker.remembered_login(login, passcode)
+        if user is None:
+            user = await _check(broker, caller, login, passcode)
+    if permission is not None and permission not in user.permissions:
+        broker.permission_refused()
+        raise Refusal(
+            403,
+            f"user {user.name!r} may not do this without the {permission!r} permission; the operator grants it "
+            f"with `curb passwd USERS-FILE {user.name} --perm {permission} ...`",
+        )
+    return user
+
+
+async def _check(broker: Broker, caller: HttpPeer, login: str, passcode: str) -> User:
+    answered: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+
+    def then(answer: Answer) -> None:
+        if not answered.done():
+            answered.set_result(answer)
+
+    broker.check_login(caller, login, passcode, then)
+    try:
+        answer = await answered
+    finally:
+        broker.logins.forget(caller)
+    if answer is SHED:
+        raise Refusal(
+            503,
+            "server busy: too many password checks are waiting; try again",
+            {"Retry-After": str(RETRY_SHED_SECONDS)},
+        )
+    if answer is None:
+        broker.access_refused(caller, login)
+        await asyncio.sleep(broker.refuse_delay)
+        raise Refusal(401, "access refused: unknown user or wrong password", {"WWW-Authenticate": REALM})
+    assert isinstance(answer, User)
+    return answer
+
+
+def _basic(header: str) -> tuple[str, str]:
+    scheme, _, encoded = header.partition(" ")
+    try:
+        if scheme.lower() != "basic":
+            raise ValueError
+        login, sep, passcode = base64.b64decode(encoded.strip(), validate=True).decode("utf-8").partition(":")
+        if not sep:
+            raise ValueError
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise Refusal(
+            401, "the Authorization header must be HTTP Basic: base64 of NAME:PASSWORD", {"WWW-Authenticate": REALM}
+        ) from None
+    return login, passcode
+
+
+def origin_check(allowed: Iterable[str]):
+    """Middleware: a request whose Origin is neither its own nor in `allowed` gets 403."""
+    origins = frozenset(origin.rstrip("/") for origin in allowed)
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        origin = request.headers.get("Origin")
+        own = f"{request.scheme}://{request.host}"
+        if origin is not None and "*" not in origins and origin not in origins and origin != own:
+            raise Refusal(
+                403,
+                f"a page from {origin} may not use this broker: only its own pages and the origins of "
+                "-http-origin may; ask the operator to add it",
+            )
+        return await handler(request)
+
+    return check

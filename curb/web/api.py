@@ -1,0 +1,275 @@
+"""The HTTP API in Narconi's shape, under /v2/{project}/queues/{queue} (README: HTTP API).
+
+One Curb instance serves one queue, so the project and queue names are accepted and
+ignored, as a STOMP destination is. Paths (Q stands for /v2/{project}/queues/{queue}):
+
+- `PUT Q`: 201 (the queue exists). `DELETE Q`: purge, every message ACKed (needs the
+  `purge` permission); 204 once that is on disk.
+- `POST Q/messages`: publish the body; 201 once it is fsynced, the promise of a SEND's
+  RECEIPT (concurrent requests share fsyncs). `POST Q/messages/batch`: JSON lines, one
+  message each, all stored before the one 201.
+- `DELETE Q/messages[?wait=S]`: consume one, ACKed at once: 200 with the message once the
+  ACK is on disk, 204 when none came within `wait` seconds (at most MAX_WAIT_SECONDS).
+- `POST Q/claims[?wait=S&ttl=S]`: at-least-once: 201 with the message and its claim's
+  `Location`, Q/claims/ID; it stays wip until `DELETE Q/claims/ID` (ACK),
+  `POST Q/claims/ID/nack` (NACK: back to the queue) or its deadline (`ttl`, else
+  -ack-timeout); `PATCH Q/claims/ID?ttl=S` moves the deadline. Late: 410; unknown: 404.
+- `GET Q/messages` with a WebSocket upgrade: Narconi's publish and consume protocols
+  (curb.web.narconi).
+- `OPTIONS` on any path: the API's paths, and `Location` of the queue's messages.
+
+Errors are JSON (curb.web.replies): 400 a bad request, 401/403 logins and permissions
+(curb.web.access), 413 too large, 503 with Retry-After when the queue is full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+from aiohttp import web
+
+from curb import payload
+from curb.broker import BAD_HEADERS, FULL, TOO_LARGE, Broker, NotStored, Refused
+from curb.heartbeat import MAX_MS
+from curb.queue import Late
+from curb.users import User
+from curb.web import narconi
+from curb.web.access import log_in, peer_of
+from curb.web.messages import BadMessage, check_encoding, decode_body, headers_in, headers_out, json_headers
+from curb.web.peers import HttpPeer
+from curb.web.replies import Refusal, json_reply
+from curb.web.takers import Taken, Takers, answer
+
+QUEUE = "/v2/{project}/queues/{queue}"
+MAX_WAIT_SECONDS = 30.0  # the longest ?wait a consume or claim may ask for
+MAX_TTL_SECONDS = MAX_MS / 1000  # a claim's deadline, at most a day, as curb-ack-timeout
+STATUS_OF = {TOO_LARGE: 413, BAD_HEADERS: 400, FULL: 503}
+
+
+def refused(err: Refused, extra: dict[str, object] | None = None) -> Refusal:
+    """The HTTP answer to a message the broker would not take."""
+    retry = {"Retry-After": str(math.ceil(err.retry_after))} if err.retry_after else None
+    return Refusal(STATUS_OF.get(err.reason, 400), f"{err.message}: {err}", retry, extra)
+
+
+def not_stored(err: NotStored) -> Refusal:
+    return Refusal(503, f"not stored: {err}; the message will not be delivered: send it again later")
+
+
+def seconds(request: web.Request, name: str, least: float, most: float, default: float | None) -> float | None:
+    """The query parameter `name` as seconds from `least` to `most`; 400 otherwise."""
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+        if not least <= value <= most:
+            raise ValueError
+    except ValueError:
+        raise Refusal(400, f"?{name}= must be seconds from {least:g} to {most:g}, got {raw[:40]!r}") from None
+    return value
+
+
+def message_id(request: web.Request) -> int:
+    raw = request.match_info["id"]
+    if not raw.isdigit():
+        raise Refusal(400, f"claim id {raw[:40]!r} is not a message id (a decimal number)")
+    return int(raw)
+
+
+def message_response(taken: Taken, status: int = 200, location: str | None = None) -> web.Response:
+    stored, body = payload.decode(taken.payload)
+    headers = headers_out(stored, taken.id, taken.deliveries)
+    if location is not None:
+        headers["Location"] = location
+    return web.Response(status=status, body=body, headers=headers)
+
+
+class Api:
+    """The routes of the HTTP API over one broker."""
+
+    def __init__(self, broker: Broker):
+        self.broker = broker
+        self.takers = Takers(broker)
+
+    def add_routes(self, app: web.Application) -> None:
+        router = app.router
+        router.add_put(QUEUE, self.create)
+        router.add_delete(QUEUE, self.purge)
+        router.add_post(QUEUE + "/messages", self.publish)
+        router.add_post(QUEUE + "/messages/batch", self.publish_batch)
+        router.add_delete(QUEUE + "/messages", self.consume)
+        router.add_get(QUEUE + "/messages", self.websocket)
+        router.add_post(QUEUE + "/claims", self.claim)
+        router.add_delete(QUEUE + "/claims/{id}", self.ack)
+        router.add_post(QUEUE + "/claims/{id}/nack", self.nack)
+        router.add_patch(QUEUE + "/claims/{id}", self.touch)
+        router.add_route("OPTIONS", "/{tail:.*}", self.options)
+
+    async def _peer(self, request: web.Request, permission: str | None) -> HttpPeer:
+        user: User | None = await log_in(request, self.broker, permission)
+        return HttpPeer(peer_of(request), None if user is None else user.name)
+
+    async def create(self, request: web.Request) -> web.Response:
+        await self._peer(request, None)
+        return json_reply({"queue": request.match_info["queue"]}, 201, {"Location": request.path})
+
+    async def purge(self, request: web.Request) -> web.Response:
+        await self._peer(request, "purge")
+        purged, done = answer()
+        self.broker.ack_upto(self.broker.log.last_id, done)
+        err = await purged
+        if err is not None:
+            raise Refusal(503, f"the purge is not on disk: {err}; purge again")
+        return web.Response(status=204)
+
+    async def publish(self, request: web.Request) -> web.Response:
+        await self._peer(request, "send")
+        body = await request.read()
+        headers = headers_in(request.headers, request.headers.get("Content-Type"))
+        try:
+            stored = self.broker.publish(headers, body)
+        except Refused as err:
+            raise refused(err) from None
+        try:
+            await stored
+        except NotStored as err:
+            raise not_stored(err) from None
+        return json_reply({"messages": 1}, 201)
+
+    async def publish_batch(self, request: web.Request) -> web.Response:
+        """JSON lines, each {"message": BODY, "headers": {...}}: all stored, then one 201.
+        A refusal part-way says how many of the first lines were stored (and are on disk)."""
+        await self._peer(request, "send")
+        encoding = _encoding(request)
+        messages = []
+        for number, line in enumerate((await request.read()).splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+                if not isinstance(item, dict) or "message" not in item:
+                    raise BadMessage('each line must be a JSON object with "message"')
+                messages.append((json_headers(item.get("headers")), decode_body(item["message"], encoding)))
+            except (BadMessage, ValueError) as err:
+                raise Refusal(400, f"line {number}: {err}; nothing was stored") from None
+        if not messages:
+            raise Refusal(400, 'no messages: send JSON lines, each {"message": "..."}')
+        broker, futures = self.broker, []
+        refusal: Refusal | None = None
+        for headers, body in messages:
+            try:
+                futures.append(broker.publish(headers, body))
+            except Refused as err:
+                refusal = refused(err, {"stored": len(futures)})
+                break
+        try:
+            await asyncio.gather(*futures)
+        except NotStored as err:
+            raise not_stored(err) from None
+        if refusal is not None:
+            raise refusal
+        return json_reply({"messages": len(futures)}, 201)
+
+    async def consume(self, request: web.Request) -> web.Response:
+        peer = await self._peer(request, "consume")
+        wait = seconds(request, "wait", 0, MAX_WAIT_SECONDS, 0.0) or 0.0
+        taken = await self.takers.take(peer, wait, ack_timeout=0)
+        if taken is None:
+            return web.Response(status=204)
+        try:
+            await self.takers.ack_now(peer, taken)
+        except NotStored as err:
+            raise Refusal(503, f"the ACK is not on disk: {err}; the message may be delivered again") from None
+        return message_response(taken)
+
+    async def claim(self, request: web.Request) -> web.Response:
+        peer = await self._peer(request, "consume")
+        wait = seconds(request, "wait", 0, MAX_WAIT_SECONDS, 0.0) or 0.0
+        ttl = seconds(request, "ttl", 0.001, MAX_TTL_SECONDS, None)
+        taken = await self.takers.take(peer, wait, ack_timeout=ttl)
+        if taken is None:
+            return web.Response(status=204)
+        self.takers.claim(peer, taken)
+        return message_response(taken, 201, location=f"{request.path}/{taken.id}")
+
+    async def ack(self, request: web.Request) -> web.Response:
+        await self._settle(request, self.takers.ack)
+        return web.Response(status=204)
+
+    async def nack(self, request: web.Request) -> web.Response:
+        await self._settle(request, self.takers.release)
+        return web.Response(status=204)
+
+    async def _settle(self, request: web.Request, settle) -> None:
+        await self._peer(request, "consume")
+        msg_id = message_id(request)
+        try:
+            await settle(msg_id)
+        except KeyError:
+            raise _unclaimed(msg_id) from None
+        except Late:
+            raise _late(msg_id) from None
+        except NotStored as err:
+            raise Refusal(503, f"not on disk: {err}; try again") from None
+
+    async def touch(self, request: web.Request) -> web.Response:
+        await self._peer(request, "consume")
+        msg_id = message_id(request)
+        ttl = seconds(request, "ttl", 0.001, MAX_TTL_SECONDS, None)
+        if ttl is None:
+            raise Refusal(400, "PATCH a claim with ?ttl=SECONDS: its new deadline, from now")
+        try:
+            self.takers.touch(msg_id, ttl)
+        except KeyError:
+            raise _unclaimed(msg_id) from None
+        except Late:
+            raise _late(msg_id) from None
+        return web.Response(status=204)
+
+    async def websocket(self, request: web.Request) -> web.StreamResponse:
+        return await narconi.serve(request, self)
+
+    async def options(self, request: web.Request) -> web.Response:
+        """Discovery: what may be done where, and the queue's messages in `Location`."""
+        parts = request.path.strip("/").split("/")
+        project, queue = (parts[1], parts[3]) if len(parts) >= 4 and parts[0] == "v2" else ("curb", "curb")
+        base = f"/v2/{project}/queues/{queue}"
+        paths = {
+            base: ["PUT", "DELETE"],
+            f"{base}/messages": ["POST", "DELETE", "GET (WebSocket: publish, consume)"],
+            f"{base}/messages/batch": ["POST"],
+            f"{base}/claims": ["POST"],
+            f"{base}/claims/{{id}}": ["DELETE (ACK)", "PATCH (?ttl)"],
+            f"{base}/claims/{{id}}/nack": ["POST"],
+            "/ws": ["GET (STOMP over WebSocket)"],
+            "/metrics": ["GET"],
+            "/stats": ["GET"],
+        }
+        allow = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
+        return json_reply({"paths": paths}, 200, {"Location": f"{base}/messages", "Allow": ", ".join(sorted(allow))})
+
+
+def _unclaimed(msg_id: int) -> Refusal:
+    return Refusal(
+        404,
+        f"message {msg_id} is not claimed over HTTP: claim one with POST .../claims; an id ACKed or NACKed "
+        "already, or whose claim passed its deadline a while ago, is unknown",
+    )
+
+
+def _late(msg_id: int) -> Refusal:
+    return Refusal(
+        410,
+        f"the claim on message {msg_id} passed its deadline and the message went back to the queue: this "
+        "changed nothing; settle claims within their ttl, or extend it with PATCH ?ttl=",
+    )
+
+
+def _encoding(request: web.Request) -> str:
+    try:
+        return check_encoding(request.query.get("encoding", "utf-8"))
+    except BadMessage as err:
+        raise Refusal(400, str(err)) from None

@@ -1,0 +1,108 @@
+"""A message's headers and body in HTTP's and JSON's terms, both ways, as STOMP sees them.
+
+- HTTP in: `Content-Type` becomes the STOMP header content-type, and each
+  `x-msg-NAME: VALUE` header the STOMP header NAME (lower case, as HTTP header names are
+  case-insensitive): `x-msg-x-trace: 7` reaches a STOMP consumer as `x-trace:7`.
+- HTTP out: the stored content-type is `Content-Type` (application/octet-stream when
+  none), every other stored header NAME is `x-msg-NAME`, and `x-curb-id` and
+  `x-curb-deliveries` say which message it is and how often it was delivered. A value an
+  HTTP header cannot carry (a line break, a control character) is left out; the JSON
+  form carries every header.
+- JSON (the batch form, Narconi's WebSocket protocols): `{"message": BODY, "headers":
+  {...}}`, BODY encoded as the request's `encoding` says: utf-8 (the default), base64 or hex.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Mapping
+
+from curb import payload
+
+ENCODINGS = ("utf-8", "base64", "hex")
+PREFIX = "x-msg-"
+DEFAULT_TYPE = "application/octet-stream"
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class BadMessage(ValueError):
+    """A message the client sent that cannot be read; str() says why and what to do."""
+
+
+def headers_in(http_headers: Mapping[str, str], content_type: str | None) -> dict[str, str]:
+    """The STOMP headers of a message published over HTTP."""
+    headers = {}
+    if content_type:
+        headers["content-type"] = content_type
+    for name, value in http_headers.items():
+        lower = name.lower()
+        if lower.startswith(PREFIX) and len(lower) > len(PREFIX):
+            headers[lower[len(PREFIX) :]] = value
+    return headers
+
+
+def headers_out(stored: Mapping[str, str], msg_id: int, deliveries: int) -> dict[str, str]:
+    """The HTTP headers of a message taken over HTTP."""
+    headers = {"Content-Type": stored.get("content-type", DEFAULT_TYPE)}
+    for name, value in stored.items():
+        if name != "content-type" and not _UNSAFE.search(name + value) and name.isascii() and value.isascii():
+            headers[PREFIX + name] = value
+    headers["x-curb-id"] = str(msg_id)
+    headers["x-curb-deliveries"] = str(deliveries)
+    return headers
+
+
+def check_encoding(name: str) -> str:
+    if name not in ENCODINGS:
+        raise BadMessage(f"unknown encoding {name[:40]!r}: use one of {', '.join(ENCODINGS)}")
+    return name
+
+
+def encode_body(body: bytes, encoding: str) -> str:
+    """The body as JSON text; BadMessage when utf-8 is asked of bytes that are not."""
+    if encoding == "base64":
+        return base64.b64encode(body).decode()
+    if encoding == "hex":
+        return body.hex()
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadMessage("a message body is not UTF-8: ask for encoding=base64 or encoding=hex") from None
+
+
+def decode_body(text: object, encoding: str) -> bytes:
+    if not isinstance(text, str):
+        raise BadMessage('"message" must be a string (the body, in the request\'s encoding)')
+    try:
+        if encoding == "base64":
+            return base64.b64decode(text, validate=True)
+        if encoding == "hex":
+            return bytes.fromhex(text)
+    except (ValueError, binascii.Error):
+        raise BadMessage(f'"message" is not valid {encoding}') from None
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadMessage('"message" holds text that is not valid Unicode') from None
+
+
+def json_headers(raw: object) -> dict[str, str]:
+    """A message's `headers` (or Narconi's metadata object) as STOMP headers."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(v, str | int | float) for v in raw.values()):
+        raise BadMessage('"headers" must be an object of names to strings')
+    return {str(k): str(v) for k, v in raw.items()}
+
+
+def as_json(stored_payload: bytes, encoding: str) -> dict[str, object]:
+    """A taken message as JSON: its body in `encoding` (base64 for a body that is not
+    UTF-8 when utf-8 was asked: `encoding` says which) and its headers."""
+    headers, body = payload.decode(stored_payload)
+    try:
+        text = encode_body(body, encoding)
+    except BadMessage:
+        encoding, text = "base64", encode_body(body, "base64")
+    return {"message": text, "encoding": encoding, "headers": headers}
