@@ -39,7 +39,7 @@ from curb.web import narconi
 from curb.web.access import log_in, peer_of
 from curb.web.messages import BadMessage, check_encoding, decode_body, headers_in, headers_out, json_headers
 from curb.web.peers import HttpPeer
-from curb.web.replies import Refusal, json_reply
+from curb.web.replies import Handler, Refusal, json_reply
 from curb.web.takers import Taken, Takers, answer
 
 QUEUE = "/v2/{project}/queues/{queue}"
@@ -106,7 +106,7 @@ class Api:
         router.add_delete(QUEUE + "/claims/{id}", self.ack)
         router.add_post(QUEUE + "/claims/{id}/nack", self.nack)
         router.add_patch(QUEUE + "/claims/{id}", self.touch)
-        router.add_route("OPTIONS", "/{tail:.*}", self.options)
+        app.middlewares.append(self.discovery)
 
     async def _peer(self, request: web.Request, permission: str | None) -> HttpPeer:
         user: User | None = await log_in(request, self.broker, permission)
@@ -232,8 +232,11 @@ class Api:
     async def websocket(self, request: web.Request) -> web.StreamResponse:
         return await narconi.serve(request, self)
 
-    async def options(self, request: web.Request) -> web.Response:
-        """Discovery: what may be done where, and the queue's messages in `Location`."""
+    @web.middleware
+    async def discovery(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """OPTIONS on any path: what may be done where, and the queue's messages in `Location`."""
+        if request.method != "OPTIONS":
+            return await handler(request)
         parts = request.path.strip("/").split("/")
         project, queue = (parts[1], parts[3]) if len(parts) >= 4 and parts[0] == "v2" else ("curb", "curb")
         base = f"/v2/{project}/queues/{queue}"

@@ -130,4 +130,9 @@ async def serve(request: web.Request, broker: Broker, peer: str) -> web.WebSocke
                 break
     finally:
         driver.lost()
+        writer = link._writer
+        if writer is not None:  # the last frames (an ERROR, a RECEIPT) before the close
+            await writer
+        if not ws.closed:
+            await ws.close()
     return ws
