@@ -157,6 +157,10 @@ class Queue(Generic[C, M]):
         """Active (not unsubscribed) subscriptions."""
         return len(self._active)
 
+    def subscription(self, conn: C) -> Subscription[C, M] | None:
+        """The connection's active subscription, if it has one."""
+        return self._active.get(conn)
+
     def has_credit(self) -> bool:
         """Some active, writable subscription could take a message now."""
         return bool(self._ring)

@@ -60,10 +60,18 @@ async def log_in(request: web.Request, broker: Broker, permission: str | None) -
                 {"WWW-Authenticate": REALM},
             )
     else:
-        login, passcode = _basic(header)
-        user = broker.remembered_login(login, passcode)
-        if user is None:
-            user = await _check(broker, caller, login, passcode)
+        user = await authenticate(broker, caller, *_basic(header))
+    return permitted(broker, user, permission)
+
+
+async def authenticate(broker: Broker, caller: HttpPeer, login: str, passcode: str) -> User:
+    """The user of these credentials, checked as a STOMP CONNECT's; Refusal (401, 503) otherwise."""
+    user = broker.remembered_login(login, passcode)
+    return user if user is not None else await _check(broker, caller, login, passcode)
+
+
+def permitted(broker: Broker, user: User, permission: str | None) -> User:
+    """`user`, if it has `permission`; else 403 naming it."""
     if permission is not None and permission not in user.permissions:
         broker.permission_refused()
         raise Refusal(

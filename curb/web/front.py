@@ -19,6 +19,7 @@ from curb.metrics import Metrics
 from curb.web import stats, stomp_ws
 from curb.web.access import origin_check, peer_of
 from curb.web.api import Api
+from curb.web.console import Console
 from curb.web.replies import json_errors
 
 # The most bytes of one header line (a request line, a header) aiohttp reads.
@@ -53,6 +54,7 @@ class WebFront:
         self.api = Api(broker)
         self.api.add_routes(self.app)
         self.app.router.add_get("/ws", self._stomp)
+        Console(broker, metrics).add_routes(self.app)
         self._runner: web.AppRunner | None = None
         self.sockets: list = []
 

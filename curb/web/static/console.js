@@ -1,0 +1,176 @@
+// Curb's console page: the live feed (/console/live) for counts, rates and connections,
+// and a small STOMP client over /ws for the browse and the publish box. No library, no
+// build step; Curb sends one STOMP frame per WebSocket message, which keeps the parser short.
+"use strict";
+
+const wsBase = (location.protocol === "https:" ? "wss://" : "ws://") + location.host;
+const $ = (id) => document.getElementById(id);
+let credentials = {};
+let stomp = null;
+
+function escapeHeader(value) {
+  return String(value).replace(/\\/g, "\\\\").replace(/\n/g, "\\n").replace(/\r/g, "\\r").replace(/:/g, "\\c");
+}
+
+function unescapeHeader(value) {
+  return value.replace(/\\(.)/g, (_, c) => ({ n: "\n", r: "\r", c: ":", "\\": "\\" })[c] ?? c);
+}
+
+// One STOMP 1.2 connection over /ws: frame(command, headers, body), callbacks per
+// subscription and per receipt.
+class Stomp {
+  constructor(onReady, onError) {
+    this.subscriptions = new Map();
+    this.receipts = new Map();
+    this.ws = new WebSocket(wsBase + "/ws", ["v12.stomp"]);
+    this.ws.binaryType = "arraybuffer";
+    this.ws.onopen = () => {
+      const login = credentials.login ? { login: credentials.login, passcode: credentials.passcode } : {};
+      this.frame("CONNECT", { "accept-version": "1.2", host: location.hostname, "heart-beat": "0,0", ...login });
+    };
+    this.ws.onmessage = (event) => {
+      const text = typeof event.data === "string" ? event.data : new TextDecoder().decode(event.data);
+      if (text === "\n") return; // a heart-beat
+      const [command, headers, body] = parse(text);
+      if (command === "CONNECTED") onReady();
+      else if (command === "MESSAGE") this.subscriptions.get(headers.subscription)?.(headers, body);
+      else if (command === "RECEIPT") this.receipts.get(headers["receipt-id"])?.();
+      else if (command === "ERROR") onError(`${headers.message}: ${body}`);
+    };
+    this.ws.onclose = () => onError("the STOMP connection closed");
+  }
+
+  frame(command, headers, body = "") {
+    const lines = Object.entries(headers).map(([k, v]) => `${escapeHeader(k)}:${escapeHeader(v)}`);
+    this.ws.send(`${command}\n${lines.join("\n")}\n\n${body}\0`);
+  }
+}
+
+function parse(text) {
+  const end = text.indexOf("\n\n");
+  const [command, ...lines] = text.slice(0, end).replace(/^\n+/, "").split("\n");
+  const headers = {};
+  for (const line of lines) {
+    const colon = line.indexOf(":");
+    const name = unescapeHeader(line.slice(0, colon));
+    if (!(name in headers)) headers[name] = unescapeHeader(line.slice(colon + 1));
+  }
+  let body = text.slice(end + 2);
+  body = body.slice(0, body.lastIndexOf("\0"));
+  return [command, headers, body];
+}
+
+function cell(row, text, pre = false) {
+  const td = row.insertCell();
+  if (pre) {
+    const block = document.createElement("pre");
+    block.textContent = text;
+    td.appendChild(block);
+  } else td.textContent = text;
+}
+
+function show(snapshot) {
+  for (const key of ["rdy", "wip", "subscriptions", "connections"]) $(key).textContent = snapshot[key];
+  for (const [name, rate] of Object.entries(snapshot.rates)) $(`rate-${name}`).textContent = rate;
+  const body = $("clients").tBodies[0];
+  body.replaceChildren();
+  for (const client of snapshot.clients) {
+    const row = body.insertRow();
+    cell(row, client.peer);
+    cell(row, client.user ?? "");
+    cell(row, client.prefetch ?? "not subscribed");
+    cell(row, client.inflight);
+  }
+}
+
+function live() {
+  const ws = new WebSocket(wsBase + "/console/live");
+  ws.onopen = () => ws.send(JSON.stringify(credentials));
+  ws.onmessage = (event) => {
+    const data = JSON.parse(event.data);
+    if ("code" in data) {
+      if (data.code === 401 || data.code === 403) askLogin(data.error);
+      else $("status").textContent = data.error;
+      return;
+    }
+    $("status").textContent = "live";
+    show(data);
+  };
+  ws.onclose = () => {
+    if ($("status").textContent === "live") $("status").textContent = "disconnected";
+  };
+}
+
+function askLogin(error) {
+  $("login").hidden = false;
+  $("login-error").textContent = credentials.login ? error : "";
+  $("status").textContent = "log in";
+}
+
+function connectStomp() {
+  stomp = new Stomp(
+    () => browse(),
+    (error) => {
+      $("published").textContent = error;
+      $("published").className = "error";
+    },
+  );
+}
+
+const BROWSE_SHOWN = 20;
+let browses = 0;
+
+function browse() {
+  const id = `browse-${++browses}`;
+  const body = $("messages").tBodies[0];
+  body.replaceChildren();
+  let shown = 0;
+  stomp.subscriptions.set(id, (headers, text) => {
+    if (headers.browser === "end" || shown >= BROWSE_SHOWN) {
+      stomp.subscriptions.delete(id);
+      if (headers.browser !== "end") stomp.frame("UNSUBSCRIBE", { id });
+      return;
+    }
+    shown += 1;
+    const row = body.insertRow();
+    const kept = Object.entries(headers).filter(
+      ([k]) => !["subscription", "destination", "message-id", "content-length"].includes(k),
+    );
+    cell(row, headers["message-id"]);
+    cell(row, kept.map(([k, v]) => `${k}: ${v}`).join("\n"), true);
+    cell(row, text, true);
+  });
+  stomp.frame("SUBSCRIBE", { id, destination: "/queue/curb", browser: "true" });
+}
+
+let sends = 0;
+
+function publish(event) {
+  event.preventDefault();
+  const form = $("publish");
+  const receipt = `send-${++sends}`;
+  $("published").textContent = "sending…";
+  $("published").className = "";
+  stomp.receipts.set(receipt, () => {
+    stomp.receipts.delete(receipt);
+    $("published").textContent = `stored (${receipt})`;
+    browse();
+  });
+  stomp.frame("SEND", { destination: "/queue/curb", "content-type": form.type.value, receipt }, form.body.value);
+}
+
+function start() {
+  $("publish").addEventListener("submit", publish);
+  $("browse").addEventListener("click", () => browse());
+  $("login").addEventListener("submit", (event) => {
+    event.preventDefault();
+    credentials = { login: $("login").login.value, passcode: $("login").passcode.value };
+    $("login").hidden = true;
+    live();
+    connectStomp();
+  });
+  live();
+  connectStomp();
+}
+
+document.addEventListener("DOMContentLoaded", start);
