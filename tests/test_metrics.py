@@ -161,6 +161,7 @@ class FakeBroker:
     """What the /metrics and /stats routes read of a broker: its -max-frame and its gauges."""
 
     max_frame = 1 << 20
+    max_connections = None
 
     def __init__(self, gauges: dict):
         self._gauges = gauges

@@ -2,6 +2,11 @@
 
 `WebFront.start` binds [HOST]:PORT (with an SSL context: https and wss), `stop` closes
 it. A request body is refused with 413 past the broker's -max-frame, before it is read.
+Bounds against hostile clients: a connection that has not sent a whole request within
+KEEPALIVE_SECONDS of opening (a slowloris) or of its last answer is closed (aiohttp's
+keep-alive timer); request lines and headers are at most MAX_LINE_BYTES each and
+MAX_HEADERS in all (400); and past -max-connections open web connections a new one is
+closed at once, as a STOMP connection is.
 The routes come from the modules that serve them (`stats`, ...), each given what it uses.
 """
 
@@ -11,6 +16,7 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Callable, Iterable
+from typing import cast
 
 from aiohttp import web
 
@@ -27,6 +33,8 @@ MAX_LINE_BYTES = 8190
 MAX_HEADERS = 100
 # An idle keep-alive connection is closed after this many seconds.
 KEEPALIVE_SECONDS = 15.0
+# Connections the kernel may queue on the listener.
+BACKLOG = 1024
 # At shutdown, requests still running get this long to finish before they are cancelled.
 SHUTDOWN_SECONDS = 2.0
 # aiohttp logs each request it cannot parse with a traceback; its 400 answer says why,
@@ -34,6 +42,13 @@ SHUTDOWN_SECONDS = 2.0
 _QUIET = logging.getLogger("curb.web.requests")
 _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
+
+
+class _Refuse(asyncio.Protocol):
+    """A connection past -max-connections: closed at once, before it costs a request handler."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        cast(asyncio.Transport, transport).abort()
 
 
 class WebFront:
@@ -56,6 +71,7 @@ class WebFront:
         self.app.router.add_get("/ws", self._stomp)
         Console(broker, metrics).add_routes(self.app)
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
         self.sockets: list = []
 
     async def start(self, host: str | None, port: int, context: ssl.SSLContext | None = None) -> None:
@@ -72,21 +88,34 @@ class WebFront:
             max_headers=MAX_HEADERS,
         )
         await runner.setup()
-        site = web.TCPSite(runner, host, port, ssl_context=context, reuse_address=True)
+        handlers = runner.server
+        assert handlers is not None
+        limit, metrics = self.broker.max_connections, self.metrics
+
+        def protocol() -> asyncio.BaseProtocol:
+            if limit is not None and len(handlers.connections) >= limit:
+                metrics.connections_refused += 1
+                return _Refuse()
+            return handlers()
+
         try:
-            await site.start()
+            listener = await asyncio.get_running_loop().create_server(
+                protocol, host, port, ssl=context, reuse_address=True, backlog=BACKLOG
+            )
         except BaseException:
             await runner.cleanup()
             raise
-        self._runner = runner
-        server = site._server
-        self.sockets = list(server.sockets) if isinstance(server, asyncio.Server) else []
+        self._runner, self._listener = runner, listener
+        self.sockets = list(listener.sockets)
 
     async def _stomp(self, request: web.Request) -> web.StreamResponse:
         return await stomp_ws.serve(request, self.broker, peer_of(request))
 
     async def stop(self) -> None:
         self.api.takers.close()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()

@@ -119,9 +119,11 @@ function connectStomp() {
 
 const BROWSE_SHOWN = 20;
 let browses = 0;
+let browsing = null; // the id of the browse under way, if any
 
 function browse() {
-  const id = `browse-${++browses}`;
+  if (browsing !== null && stomp.subscriptions.delete(browsing)) stomp.frame("UNSUBSCRIBE", { id: browsing });
+  const id = (browsing = `browse-${++browses}`);
   const body = $("messages").tBodies[0];
   body.replaceChildren();
   let shown = 0;
