@@ -72,6 +72,18 @@ def seconds(request: web.Request, name: str, least: float, most: float, default:
     return value
 
 
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The request's body; 413 at once when its Content-Length is over `limit` (the
+    front's, -max-frame: aiohttp would wait for that many bytes first)."""
+    if request.content_length is not None and request.content_length > limit:
+        raise Refusal(
+            413,
+            f"a body of {request.content_length} bytes is over the limit of {limit} bytes: send a smaller one, "
+            "or ask the operator for a larger -max-frame",
+        )
+    return await request.read()
+
+
 def message_id(request: web.Request) -> int:
     raw = request.match_info["id"]
     if not raw.isdigit():
@@ -127,7 +139,7 @@ class Api:
 
     async def publish(self, request: web.Request) -> web.Response:
         await self._peer(request, "send")
-        body = await request.read()
+        body = await read_body(request, self.broker.max_frame)
         headers = headers_in(request.headers, request.headers.get("Content-Type"))
         try:
             stored = self.broker.publish(headers, body)
@@ -145,7 +157,7 @@ class Api:
         await self._peer(request, "send")
         encoding = _encoding(request)
         messages = []
-        for number, line in enumerate((await request.read()).splitlines(), 1):
+        for number, line in enumerate((await read_body(request, self.broker.max_frame)).splitlines(), 1):
             if not line.strip():
                 continue
             try:

@@ -1,0 +1,230 @@
+"""Hostile clients of the web front: a WebSocket that never reads, one that sends a 100 MiB
+message, 1,000 idle WebSockets, slowloris, malformed and oversized requests, a wrong
+Origin and too many connections. Each gets a clear refusal (or is simply bounded), and
+the broker keeps serving the others (README: From a browser and from curl)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import struct
+import time
+
+import pytest
+from conftest import wait_until
+from webrig import http, running
+
+from curb.client import Client
+from curb.session import OUTPUT_LIMIT
+from curb.web import front
+from curb.web.stomp_ws import OUTPUT_HELD
+
+pytestmark = pytest.mark.slow
+
+
+def upgrade(port: int, path: str = "/ws", protocol: str = "v12.stomp", origin: str | None = None) -> socket.socket:
+    """A WebSocket opened by hand (so that it reads only when the test says); fails unless 101."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    key = base64.b64encode(os.urandom(16)).decode()
+    lines = [
+        f"GET {path} HTTP/1.1",
+        f"Host: 127.0.0.1:{port}",
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        f"Sec-WebSocket-Key: {key}",
+        "Sec-WebSocket-Version: 13",
+        f"Sec-WebSocket-Protocol: {protocol}",
+        *([f"Origin: {origin}"] if origin else []),
+    ]
+    sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(1)
+        assert chunk, f"closed during the upgrade: {head!r}"
+        head += chunk
+    status = head.split(b"\r\n", 1)[0]
+    if b" 101 " not in status:
+        sock.close()
+        raise AssertionError(status.decode())
+    return sock
+
+
+def frame(payload: bytes, opcode: int = 1, length: int | None = None) -> bytes:
+    """A client's (masked) WebSocket frame; `length` may claim more than the payload holds."""
+    size = len(payload) if length is None else length
+    if size < 126:
+        head = struct.pack("!BB", 0x80 | opcode, 0x80 | size)
+    elif size < 1 << 16:
+        head = struct.pack("!BBH", 0x80 | opcode, 0x80 | 126, size)
+    else:
+        head = struct.pack("!BBQ", 0x80 | opcode, 0x80 | 127, size)
+    mask = os.urandom(4)
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def close_code(sock: socket.socket) -> int | None:
+    """The code of the close frame the server sends next (frames before it are skipped)."""
+    data = b""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+        while len(data) >= 2:
+            opcode, size = data[0] & 0x0F, data[1] & 0x7F
+            start = 2 + {126: 2, 127: 8}.get(size, 0)
+            if size == 126:
+                size = struct.unpack("!H", data[2:4])[0]
+            elif size == 127:
+                size = struct.unpack("!Q", data[2:10])[0]
+            if len(data) < start + size:
+                break
+            if opcode == 8:
+                return struct.unpack("!H", data[start : start + 2])[0]
+            data = data[start + size :]
+    return None
+
+
+def test_a_websocket_that_never_reads_holds_a_bounded_output_and_others_are_served(tmp_path):
+    body = b"x" * (64 << 10)
+    with running(tmp_path, cap=64 << 20) as web:
+        with Client("127.0.0.1", web.stomp_port) as producer:
+            for i in range(300):
+                producer.send(body, receipt=f"r{i}" if i == 299 else None)
+            producer.wait_receipt("r299", timeout=30)
+        stalled = upgrade(web.http_port)
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.sendall(frame(b"CONNECT\naccept-version:1.2\n\n\x00"))
+        stalled.sendall(frame(b"SUBSCRIBE\nid:1\ndestination:/queue/a\nack:client\nprefetch-count:1000\n\n\x00"))
+        time.sleep(2)  # it reads nothing from here on
+
+        def unsent() -> list[int]:
+            return [s.unsent for s in web.instance.broker.sessions]  # type: ignore[attr-defined]
+
+        [held] = web.call(unsent)
+        assert held <= OUTPUT_LIMIT + len(body) + 1024, held  # the session's bound
+        wip = web.gauges()["wip"]
+        # what the broker made for it: its session's bound, the link's, and what the
+        # kernel's socket buffers took; far below the 300 messages it may hold
+        assert wip * len(body) < OUTPUT_LIMIT + OUTPUT_HELD + (8 << 20), wip
+        started = time.monotonic()
+        assert http("POST", web.base + "/v2/p/queues/q/messages", b"other").status == 201
+        with Client("127.0.0.1", web.stomp_port) as other:
+            other.send(b"still served", receipt="ok")
+            other.wait_receipt("ok", timeout=10)
+        assert time.monotonic() - started < 5
+        stalled.close()
+        assert wait_until(lambda: web.gauges()["wip"] == 0)  # its messages are rdy again
+
+
+@pytest.mark.parametrize("path, protocol", [("/ws", "v12.stomp"), ("/v2/p/queues/q/messages", "publish")])
+def test_a_100_mib_websocket_message_is_refused_before_it_is_read(tmp_path, path, protocol):
+    with running(tmp_path) as web:
+        sock = upgrade(web.http_port, path, protocol)
+        sock.sendall(frame(b"y" * 65536, opcode=2, length=100 << 20)[: 14 + 65536])
+        assert close_code(sock) == 1009  # message too big
+        sock.close()
+        assert http("POST", web.base + "/v2/p/queues/q/messages", b"fine").status == 201
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+
+def test_1000_idle_websockets_cost_a_bounded_rss_and_do_not_slow_others(curb_broker, free_port):
+    http_port = free_port()
+    broker = curb_broker(extra_args=("-http", f"127.0.0.1:{http_port}", "-connect-timeout", "120", "-heartbeat", "0"))
+    pid = broker.proc.pid
+
+    def round_trip() -> float:
+        started = time.monotonic()
+        with Client("127.0.0.1", broker.port) as client:
+            client.send(b"ping", receipt="r")
+            client.wait_receipt("r", timeout=10)
+        return time.monotonic() - started
+
+    quiet = min(round_trip() for _ in range(5))
+    before = rss_kib(pid)
+    idle = [upgrade(http_port) for _ in range(1000)]
+    try:
+        after = rss_kib(pid)
+        per_socket = (after - before) / len(idle)
+        assert per_socket < 100, f"{per_socket:.1f} KiB per idle WebSocket"  # README: Limits
+        busy = min(round_trip() for _ in range(5))
+        assert busy < max(10 * quiet, 0.25), (quiet, busy)
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_slowloris_is_closed_at_the_keepalive_deadline_and_others_are_served(tmp_path, monkeypatch):
+    monkeypatch.setattr(front, "KEEPALIVE_SECONDS", 1.0)
+    with running(tmp_path) as web:
+        slow = [socket.create_connection(("127.0.0.1", web.http_port), timeout=10) for _ in range(20)]
+        for sock in slow:
+            sock.sendall(b"GET /stats HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        for _ in range(4):  # a header line every half second: never a whole request
+            time.sleep(0.5)
+            for sock in slow:
+                try:
+                    sock.sendall(b"X-Slow: 1\r\n")
+                except OSError:
+                    pass
+            assert http("GET", web.base + "/stats", timeout=5).status == 200
+        for sock in slow:
+            sock.settimeout(5)
+            assert sock.recv(100) == b""  # closed by the broker
+            sock.close()
+        assert time.monotonic() - started < 8
+
+
+@pytest.mark.parametrize(
+    "request_bytes, status",
+    [
+        (b"GET /stats HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n", b" 400 "),
+        (b"POST /v2/p/queues/q/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\nabc", b" 413 "),
+        (b"POST /v2/p/queues/q/messages HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", b" 400 "),
+        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 100, b" 400 "),
+    ],
+)
+def test_malformed_and_oversized_requests_get_a_clear_status(tmp_path, request_bytes, status):
+    with running(tmp_path) as web:
+        with socket.create_connection(("127.0.0.1", web.http_port), timeout=10) as sock:
+            sock.sendall(request_bytes)
+            answer = sock.recv(4096)
+        assert status in answer.split(b"\r\n", 1)[0], answer[:200]
+        assert web.gauges()["rdy"] == 0
+        assert http("GET", web.base + "/stats").status == 200
+
+
+def test_a_websocket_from_another_origin_is_refused(tmp_path):
+    with running(tmp_path) as web:
+        with pytest.raises(AssertionError, match="403"):
+            upgrade(web.http_port, origin="https://evil.example")
+        upgrade(web.http_port, origin=f"http://127.0.0.1:{web.http_port}").close()
+
+
+def test_web_connections_past_max_connections_are_closed_at_once(tmp_path):
+    with running(tmp_path, max_connections=5) as web:
+        held = [upgrade(web.http_port) for _ in range(5)]
+        extra = socket.create_connection(("127.0.0.1", web.http_port), timeout=10)
+        extra.sendall(b"GET /stats HTTP/1.1\r\nHost: x\r\n\r\n")
+        try:
+            assert extra.recv(100) == b""
+        except ConnectionResetError:
+            pass
+        assert web.instance.metrics.connections_refused >= 1
+        for sock in held:
+            sock.close()
+
+        def served() -> bool:
+            try:
+                return http("GET", web.base + "/stats").status == 200
+            except OSError:  # refused while the closed ones are still counted
+                return False
+
+        assert wait_until(served)
