@@ -6,25 +6,33 @@ moves bytes between the WebSocket and the driver:
 
 - In: every WebSocket message, text or binary, is bytes for the session's parser, so a
   frame may be split across messages or several merged into one; a `\\n` is a heart-beat.
-  A message larger than -max-frame closes the WebSocket (1009) before it is buffered.
+  The messages that have arrived by the time the reader would wait are handed to the
+  driver together, once per loop pass (`_flush_in`), as a TCP read hands it all that
+  came: a client that sends one frame per message gets its frames handled, logged and
+  fsynced in batches, not one pass each. A message larger than -max-frame closes the
+  WebSocket (1009) before it is buffered.
 - Out: the session is framed, so each WebSocket message is one whole frame (a heart-beat
   is a message of one `\\n`). A frame that is UTF-8 goes as a text message, as Web-STOMP
-  sends; one that is not (a binary body) as a binary message, so its bytes survive.
+  sends; one that is not (a binary body) as a binary message, so its bytes survive. The
+  link writes the messages to the transport itself (a server's frame is a short header and
+  the bytes, unmasked) and gathers those of one loop pass into one write (`_flush_out`),
+  so a pass's frames cost the socket one send, not one each; aiohttp keeps the handshake,
+  pings and the close.
 - Subprotocols v12.stomp, v11.stomp and v10.stomp are offered; a client that asks for
-  none is served too.
+  none is served too. No compression is negotiated.
 
-Flow control, out: frames wait in `_out` for the one writer task, which awaits each send
-(aiohttp waits there while the socket's buffer is full). Once OUTPUT_HELD bytes wait, the
-driver is paused (`pause_writing`), so the session makes nothing more for a tab that
-stops reading; the writer resumes it once `_out` is empty. In: while the driver asks to
-stop reading, the reader awaits before its next receive, so aiohttp's own bounded buffer
-fills and TCP stops the peer.
+Flow control, out: once OUTPUT_HELD bytes wait (gathered, or in the transport's buffer)
+the driver is paused (`pause_writing`), so the session makes nothing more for a tab that stops reading;
+the link checks the buffer every DRAIN_CHECK_SECONDS while paused and resumes the driver
+once it is below OUTPUT_HELD / 4. In: while the driver asks to stop reading, the reader
+awaits before its next receive, so aiohttp's own bounded buffer fills and TCP stops the
+peer.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
+import struct
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
@@ -33,59 +41,80 @@ from curb.driver import Driver
 from curb.session import Piece
 
 SUBPROTOCOLS = ("v12.stomp", "v11.stomp", "v10.stomp")
-# Output bytes waiting for the writer task past which the driver is paused.
+# Bytes waiting in the transport's buffer past which the driver is paused.
 OUTPUT_HELD = 64 * 1024
+DRAIN_CHECK_SECONDS = 0.005
+_TEXT, _BINARY = 0x81, 0x82  # FIN and the opcode
+
+
+def ws_frame(data: Piece) -> bytes:
+    """One unmasked WebSocket message (a server's) holding `data`: text if it is UTF-8."""
+    payload = bytes(data)
+    try:
+        payload.decode()
+        first = _TEXT
+    except UnicodeDecodeError:
+        first = _BINARY
+    size = len(payload)
+    if size < 126:
+        return struct.pack("!BB", first, size) + payload
+    if size < 1 << 16:
+        return struct.pack("!BBH", first, 126, size) + payload
+    return struct.pack("!BBQ", first, 127, size) + payload
 
 
 class WebSocketLink:
     """The driver's Link for one aiohttp WebSocket."""
 
-    def __init__(self, ws: web.WebSocketResponse, transport: asyncio.Transport | None):
+    def __init__(self, ws: web.WebSocketResponse, transport: asyncio.Transport):
         self.ws = ws
         self.transport = transport
         self.driver: Driver  # set right after, by serve
-        self._out: collections.deque[Piece] = collections.deque()
-        self._held = 0  # bytes in _out
+        self._loop = asyncio.get_running_loop()
         self._paused = False  # the driver was told to stop writing
-        self._writer: asyncio.Task[None] | None = None
         self._closing = False
+        self._in: list[bytes] = []  # messages received, not yet handed to the driver
+        self._out: list[bytes] = []  # messages written in this loop pass, not yet sent
+        self._held = 0  # bytes in _out
+        self._closer: asyncio.Task[bool] | None = None  # held: the loop keeps only a weak reference
         self.reading = asyncio.Event()
         self.reading.set()
 
+    def received(self, data: bytes) -> None:
+        if not self._in:
+            self._loop.call_soon(self._flush_in)
+        self._in.append(data)
+
+    def _flush_in(self) -> None:
+        data, self._in = b"".join(self._in), []
+        self.driver.received(data)
+
     def write(self, data: Piece) -> None:
-        self._out.append(data)
-        self._held += len(data)
-        if self._writer is None:
-            self._writer = asyncio.get_running_loop().create_task(self._send())
-        if self._held >= OUTPUT_HELD and not self._paused:
+        if not self._out:
+            self._loop.call_soon(self._flush_out)
+        message = ws_frame(data)
+        self._out.append(message)
+        self._held += len(message)
+        if not self._paused and self._held + self.transport.get_write_buffer_size() >= OUTPUT_HELD:
             self._paused = True
             self.driver.pause_writing()
 
-    async def _send(self) -> None:
-        ws, out = self.ws, self._out
-        try:
-            while out:
-                piece = bytes(out.popleft())
-                self._held -= len(piece)
-                try:
-                    piece.decode()
-                    kind = WSMsgType.TEXT
-                except UnicodeDecodeError:
-                    kind = WSMsgType.BINARY
-                await ws.send_frame(piece, kind)
-        except (ConnectionError, RuntimeError):  # the peer is gone: the reader ends too
-            out.clear()
-            self._held = 0
-            self._closing = True
-            self.reading.set()
+    def _flush_out(self) -> None:
+        """The messages of this loop pass, in one write."""
+        out, self._out, self._held = self._out, [], 0
+        if out and not self.transport.is_closing():
+            self.transport.write(b"".join(out))
+        if self._paused:
+            self._check_drained()
+
+    def _check_drained(self) -> None:
+        if self.transport.is_closing() or self._out:  # the flush of the next pass checks again
             return
-        finally:
-            self._writer = None
-        if self._closing:
-            await ws.close()
-        elif self._paused:
+        if self.transport.get_write_buffer_size() < OUTPUT_HELD // 4:
             self._paused = False
             self.driver.resume_writing()
+        else:
+            self._loop.call_later(DRAIN_CHECK_SECONDS, self._check_drained)
 
     def pause_reading(self) -> None:
         self.reading.clear()
@@ -94,17 +123,17 @@ class WebSocketLink:
         self.reading.set()
 
     def finish(self) -> None:
-        """Close once the last frames are sent (the writer closes after them)."""
+        """Close (after the frames written, which the transport sends first): aiohttp
+        sends the close frame and the reader sees the peer's answer."""
         self._closing = True
         self.reading.set()
-        if self._writer is None:
-            self._writer = asyncio.get_running_loop().create_task(self._send())
+        self._flush_out()
+        self._closer = self._loop.create_task(self.ws.close())
 
     def abort(self) -> None:
         self._closing = True
         self.reading.set()
-        if self.transport is not None:
-            self.transport.abort()
+        self.transport.abort()
 
     def is_closing(self) -> bool:
         return self._closing or self.ws.closed
@@ -112,9 +141,11 @@ class WebSocketLink:
 
 async def serve(request: web.Request, broker: Broker, peer: str) -> web.WebSocketResponse:
     """One STOMP session over the WebSocket of this request, until either side closes."""
-    ws = web.WebSocketResponse(protocols=SUBPROTOCOLS, max_msg_size=broker.max_frame, autoping=True)
+    ws = web.WebSocketResponse(protocols=SUBPROTOCOLS, max_msg_size=broker.max_frame, compress=False)
     await ws.prepare(request)
-    link = WebSocketLink(ws, request.transport)
+    transport = request.transport
+    assert transport is not None
+    link = WebSocketLink(ws, transport)
     link.driver = driver = Driver(broker, link, peer, framed=True)
     try:
         while not link.is_closing():
@@ -122,17 +153,16 @@ async def serve(request: web.Request, broker: Broker, peer: str) -> web.WebSocke
             message = await ws.receive()
             if message.type in (WSMsgType.TEXT, WSMsgType.BINARY):
                 data = message.data
-                driver.received(data.encode() if isinstance(data, str) else data)
+                link.received(data.encode() if isinstance(data, str) else data)
             elif message.type is WSMsgType.ERROR and not ws.closed:
                 await ws.close(code=WSCloseCode.MESSAGE_TOO_BIG, message=str(ws.exception()).encode()[:120])
                 break
             else:  # CLOSE, CLOSING, CLOSED
                 break
     finally:
+        if link._in:
+            link._flush_in()
         driver.lost()
-        writer = link._writer
-        if writer is not None:  # the last frames (an ERROR, a RECEIPT) before the close
-            await writer
         if not ws.closed:
             await ws.close()
     return ws
