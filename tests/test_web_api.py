@@ -49,7 +49,7 @@ def test_a_message_sent_over_stomp_is_consumed_over_http_with_its_headers(tmp_pa
 
 def test_201_comes_after_the_fsync_and_concurrent_publishes_share_fsyncs(tmp_path):
     with running(tmp_path) as web:
-        log = web.instance.log
+        log = web.instance.broker.log
         answer = http("POST", web.base + Q + "/messages", b"one")
         assert answer.status == 201
         assert web.call(lambda: log.durable_id) >= 1  # on disk before the 201 left
