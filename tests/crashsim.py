@@ -20,7 +20,8 @@ The invariants, from the crash model in the design notes:
   and every SEND accepted before that on_durable is delivered after every restart, unless
   an ACK took it (on_durable covers appends still waiting for room, receipt or not);
 - next_ready never hands out a message twice in one run of the log;
-- every payload delivered is byte for byte one that was appended, under its own id;
+- every payload delivered is byte for byte one that was appended, under its own id,
+  stamped with the simulated wall time it was appended at (the log reads no clock);
 - the file never grows past the cap, nor past the log's own `end`;
 - every accepted append is answered within SETTLE_ROUNDS rounds of (clock, flush, sync),
   with no ACKs needed, and refused later only for a disk fault; QueueFull comes only when
@@ -171,6 +172,7 @@ class Msg:
     acked_unconfirmed: bool = False
     acked_durable: bool = False
     epoch: int = 0
+    sent_ms: int = 0  # the simulated wall time it was appended at: its record's stamp
 
     @property
     def size(self) -> int:
@@ -330,6 +332,10 @@ class Sim:
     def clock(self) -> float:
         return self.now
 
+    def wall_ms(self) -> int:
+        """The simulated time as the log's wall clock (epoch ms, START_TIME on)."""
+        return int(self.now * 1000)
+
     def trace(self, fmt: str, *args) -> None:
         entry = (self.step, self.run, fmt, args)
         self.trace_lines.append(entry)
@@ -391,6 +397,7 @@ class Sim:
                     self.cfg.cap,
                     max_payload=self.cfg.max_payload,
                     clock=self.clock,
+                    wall_ms=self.wall_ms,
                     slice_work=slice_work,
                     mark_spacing=mark_spacing,
                     pacer=ByHand(),  # the steps flush and sync (and settle proves none is missed)
@@ -591,7 +598,7 @@ class Sim:
     def append(self, receipt: bool) -> None:
         core = self.core
         tag = len(self.messages)
-        msg = Msg(tag, make_payload(tag, self._draw_size(core.max_message)))
+        msg = Msg(tag, make_payload(tag, self._draw_size(core.max_message)), sent_ms=self.wall_ms())
         self.messages[tag] = msg
         done = self._append_callback(tag) if receipt else None
         if receipt:
@@ -929,7 +936,7 @@ class Sim:
 
     def check_delivery(self, rec: Record, recovering: bool = False) -> int:
         """A record from next_ready: a payload we appended, byte for byte, under its own
-        id and size, not delivered before in this run, not taken by a receipted ACK."""
+        id, size and send stamp, not delivered before in this run, not taken by a receipted ACK."""
         tag = self._check_payload(rec, None)
         msg = self.messages[tag]
         if tag in self.delivered:
@@ -943,6 +950,8 @@ class Sim:
             self.fail("message id changed", f"#{tag} was appended as id {msg.id}, delivered as {rec.id}")
         if rec.size != msg.size:
             self.fail("record size", f"#{tag} id {rec.id}: size {rec.size}, expected {msg.size}")
+        if rec.timestamp_ms != msg.sent_ms:
+            self.fail("send stamp", f"#{tag} id {rec.id}: stamped {rec.timestamp_ms}, appended at {msg.sent_ms}")
         if not recovering and tag not in self.live:
             why = "refused with an error" if msg.refused_run == self.run else "not live in this run"
             self.fail("dead message delivered", f"#{tag} id {rec.id} ({why})")

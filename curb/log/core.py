@@ -159,7 +159,9 @@ def max_message_for(cap: int, max_payload: int = 16 << 20) -> int:
 class LogCore:
     """The queue's log over a Disk: recovery, admission, placement, compaction, the
     checkpoint pipeline and group-commit bookkeeping. Sans I/O of its own: its pacer
-    decides when to `flush` and when to `sync`."""
+    decides when to `flush` and when to `sync`. It reads no clock of its own either:
+    `clock` (monotonic seconds: checkpoint cadence, pinned tails, timings) and `wall_ms`
+    (epoch milliseconds: send stamps) are given, so a simulator controls time."""
 
     def __init__(
         self,
@@ -169,6 +171,7 @@ class LogCore:
         max_payload: int = 16 << 20,
         metrics: Any = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         name: str = "log",
         slice_work: int = SLICE_WORK,
         mark_spacing: int | None = None,
@@ -180,6 +183,7 @@ class LogCore:
         self.name = name
         self.metrics = metrics
         self.clock = clock
+        self.wall_ms = wall_ms  # the wall clock: send stamps
         self.pacer: Pacer = pacer or ByHand()
         self.end = cap - cap % 4096
         self.capacity = self.end - RING_START
@@ -422,7 +426,7 @@ class LogCore:
             self._ids_wanted = True
             self._schedule()
             raise QueueFull("queue full now: message ids are being reserved; retry at once")
-        rec = Record(self._next_id, -1, size, 0, time.time_ns() // 1_000_000, None)
+        rec = Record(self._next_id, -1, size, 0, self.wall_ms(), None)
         self._next_id += 1
         if self._broken:
             if done is not None:
@@ -890,13 +894,13 @@ class LogCore:
     def sync(self) -> None:
         """fdatasync everything written so far, then do what follows a sync."""
         target = self.begin_sync()
-        started = time.monotonic()
+        started = self.clock()
         try:
             self.disk.sync()
         except OSError as err:
             self.end_sync(target, 0.0, err)
             return
-        self.end_sync(target, time.monotonic() - started, None)
+        self.end_sync(target, self.clock() - started, None)
 
     def begin_sync(self) -> int:
         """The flush a sync starting now covers."""
