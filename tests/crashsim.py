@@ -688,7 +688,7 @@ class Sim:
         # until the walk passes them (`check_step`): the log's own count is the one to use.
         exact = self.exact and not self.rot_epoch and self.disk.faults == self.disk_faults and not core.walking
         live = self.live_bytes if exact else core.live_bytes
-        ahead, headroom, capacity = core.ahead_dead_bytes, core.headroom(size), core.capacity
+        ahead, headroom, capacity = core.admission.ahead_dead_bytes, core.admission.headroom(size), core.capacity
         if live + ahead + size + headroom <= capacity:
             self.note(
                 "QueueFull with room",

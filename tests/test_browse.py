@@ -147,7 +147,7 @@ def test_unsubscribe_stops_a_browse_early() -> None:
     peer.send("UNSUBSCRIBE", id="b", receipt="u")
     frames = peer.frames()
     assert [f.command for f in frames] == ["RECEIPT"]
-    assert not world.log._browses  # the log no longer tells it of copies
+    assert not world.log.browses.active  # the log no longer tells it of copies
 
 
 def test_browse_streams_only_while_the_transport_takes_output() -> None:
@@ -204,7 +204,7 @@ def test_messages_after_an_error_stop_the_browse(world: MemWorld) -> None:
     peer.send("SUBSCRIBE", id="b", browser="true")
     peer.send("FROB")
     assert [f.command for f in peer.frames()] == ["ERROR"]
-    assert not world.log._browses
+    assert not world.log.browses.active
 
 
 def steps(log_browse: Browse) -> list[int]:
