@@ -104,7 +104,7 @@ class World:
     broker scheduled (run by `Sim.settle_io`)."""
 
     def __init__(self, disk: SimDisk, cfg: Config, clock: SimClock):
-        self.log = LogCore(disk, cfg.cap, clock=clock.time)
+        self.log = LogCore(disk, cfg.cap, clock=clock.time, wall_ms=clock.wall_ms)
         self.later: list[Callable[[], None]] = []
         self.broker = Broker(
             self.log,
