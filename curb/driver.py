@@ -37,7 +37,8 @@ import asyncio
 from typing import Protocol
 
 from curb.broker import Broker
-from curb.session import Piece, Session
+from curb.output import Piece
+from curb.session import Session
 
 
 class Link(Protocol):

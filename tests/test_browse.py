@@ -9,10 +9,11 @@ import random
 import pytest
 from memworld import MemPeer, MemWorld
 
+from curb.access import permission_needed
 from curb.frame import Frame
 from curb.log import QueueFull, Record
 from curb.log.browse import Browse
-from curb.session import BROWSE_END, permission_needed
+from curb.render import BROWSE_END
 
 
 def browse(peer: MemPeer, **headers: str) -> list[Frame]:
