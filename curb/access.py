@@ -1,4 +1,5 @@
-"""Who may do what on a STOMP connection: CONNECT's login and each frame's permission.
+"""Who may do what on a STOMP connection: CONNECT (version, heart-beats, login) and each
+frame's permission; the session's states (NEW until CONNECTED, OPEN, CLOSING).
 
 With a users file (Broker.users), CONNECT must name a user and its password, or come
 over a connection whose client certificate's CN names a user (`Session.identity`). A

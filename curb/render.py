@@ -2,10 +2,10 @@
 message and its end marker, and a `./count` update.
 
 Every MESSAGE is its subscription's prefix (MESSAGE, subscription and destination lines,
-made once at SUBSCRIBE), a message-id line and the broker's own lines for this kind
-(`Messages.deliver`'s ack and redelivery lines, `browse_end_head`, a count's version), then a stored payload as the
-log keeps it (curb.payload: the SEND's kept header lines, already escaped for the wire,
-an empty line, the body). A count update's JSON and an end marker's empty body are
+made once at SUBSCRIBE), a message-id line and the broker's own lines for this kind (a
+delivery's ack and redelivery lines, a browse end marker's, a count's version), then a
+stored payload as the log keeps it (curb.payload: the SEND's kept header lines, already
+escaped for the wire, an empty line, the body). A count update's JSON and an end marker's empty body are
 payloads of the same shape, so `write_message` is the only place a MESSAGE is laid out.
 
 `Messages` holds what one connection's MESSAGEs need: each subscription's prefix, its
