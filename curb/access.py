@@ -46,10 +46,9 @@ def permission_needed(frame: Frame) -> str | None:
 
 
 def refused(session: Session, frame: Frame) -> bool:
-    """Whether the session's user lacks the frame's permission; if so, its ERROR is sent."""
-    permissions = session.permissions
-    if permissions is None:
-        return False
+    """Whether the session's user lacks the frame's permission; if so, its ERROR is sent.
+    Only for a session with permissions (a users file)."""
+    permissions = session.permissions or frozenset()
     needed = permission_needed(frame)
     if needed is None or needed in permissions:
         return False

@@ -190,7 +190,9 @@ def _settle(session: Session, frame: Frame, msg_id: int | None, step: Callable[[
             step(session, msg_id)
         except Late:
             late = True
-    session.line.after_sync(frame.headers.get("receipt"), frame.command, late=late)
+    receipt = frame.headers.get("receipt")
+    if receipt is not None:
+        session.line.after_sync(receipt, frame.command, late=late)
 
 
 def on_disconnect(session: Session, frame: Frame) -> None:

@@ -42,7 +42,7 @@ Write = Callable[[Piece, bool], None]  # (data, whether a frame ends with it)
 def write_message(write: Write, head: bytes, stored: Piece) -> None:
     """One MESSAGE: `head` (prefix, message-id and the broker's lines), then the stored
     payload's header lines, content-length and body."""
-    lines, body = payload.split(memoryview(stored) if isinstance(stored, bytes) else stored)
+    lines, body = payload.split(memoryview(stored))
     if len(body) < VIEW_BODY:
         write(b"%s%scontent-length:%d\n\n%s%s" % (head, lines, len(body), body, FRAME_END), True)
     else:
@@ -73,9 +73,10 @@ class Messages:
     def deliver(self, sub: Subscription[Peer, Record], rec: Record, data: Piece) -> None:
         """One MESSAGE of the stored payload `data` for the subscription."""
         msg_id, deliveries, auto = rec.id, rec.deliveries, sub.ack_mode == "auto"
-        head = b"%smessage-id:%d\n" % (self.prefixes[sub], msg_id)
-        if not auto:
-            head += b"ack:%d\n" % msg_id
+        if auto:
+            head = b"%smessage-id:%d\n" % (self.prefixes[sub], msg_id)
+        else:
+            head = b"%smessage-id:%d\nack:%d\n" % (self.prefixes[sub], msg_id, msg_id)
         if deliveries > 1:
             head += b"redelivered:true\ncurb-deliveries:%d\n" % deliveries
         write_message(self._write, head, data)

@@ -245,7 +245,7 @@ class Session:
         handler = RULES.get((self.state, frame.command))
         if handler is None:
             unexpected(self, frame)
-        elif not access.refused(self, frame):
+        elif self.permissions is None or not access.refused(self, frame):
             try:
                 handler(self, frame)
             except QueueError as err:
