@@ -119,7 +119,7 @@ def on_subscribe(session: Session, frame: Frame) -> None:
                 frame,
             )
             return
-        sub = broker.subscribe(session, sub_id, headers.get("ack", "auto"), _prefetch(headers), timeout)
+        sub = broker.subscribe(session, sub_id, headers.get("ack", "auto"), prefetch_header(headers), timeout)
         messages.prefixes[sub] = prefix
     session.line.at_once(headers.get("receipt"))
 
@@ -306,7 +306,8 @@ def _id_value(raw: str, name: str) -> int:
         ) from None
 
 
-def _prefetch(headers: dict[str, str]) -> int | None:
+def prefetch_header(headers: dict[str, str]) -> int | None:
+    """SUBSCRIBE's prefetch-count (or activemq.prefetchSize); None when it names none."""
     raw = headers.get("prefetch-count", headers.get("activemq.prefetchSize"))
     if raw is None:
         return None
