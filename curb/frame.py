@@ -145,6 +145,7 @@ class FrameParser:
         self.max_header_line = max_header_line
         # The largest body (content-length, or bytes before the NUL) taken; default: the frame's.
         self.max_body_bytes = max_frame_bytes if max_body_bytes is None else max_body_bytes
+        self._short_head = min(max_headers, max_header_line)  # a head this long passes both at once
         self._pending = bytearray()  # unparsed bytes, starting at the incomplete frame
         self._searched = 0  # bytes of the incomplete frame already searched
         self._head_scan = _NO_HEAD_SCAN
@@ -199,13 +200,18 @@ class FrameParser:
         while pos < end:
             if head is None:
                 if buf[pos] <= 13:  # maybe LF or CR: heart-beats
-                    match = _EOLS.match(buf, pos)
-                    if match:
-                        pos = match.end()
+                    if buf[pos] == 10 and pos + 1 < end and buf[pos + 1] > 13:
+                        pos += 1  # the common case, one LF after a frame's NUL, at once
                         searched = 0
                         self._head_scan = _NO_HEAD_SCAN
-                        if pos == end:
-                            break
+                    else:
+                        match = _EOLS.match(buf, pos)
+                        if match:
+                            pos = match.end()
+                            searched = 0
+                            self._head_scan = _NO_HEAD_SCAN
+                            if pos == end:
+                                break
                 # A head end (LF LF or LF CR LF) may straddle feeds: resume a little back.
                 resume = pos + searched - 2 if searched > 2 else pos
                 head_end = find(b"\n\n", resume)
@@ -319,11 +325,15 @@ class FrameParser:
         """Decode the head in buf[pos:head_end]: command, headers, body offset, content-length.
         Limits and bad CRs are checked first, as the incomplete head's checks would find them."""
         body_offset = head_end - pos + (3 if buf[head_end + 1] == 13 else 2)
+        # A head no longer than max_headers bytes (nor max_header_line) cannot have more
+        # lines than the one limit (nor a longer line than the other): the common case.
+        long_head = head_end - pos > self._short_head
         if (
             (has_cr and _LONE_CR.search(buf, pos, head_end))
-            or buf.count(b"\n", pos, head_end) > self.max_headers
+            or (long_head and buf.count(b"\n", pos, head_end) > self.max_headers)
             or (
-                head_end - pos > self.max_header_line
+                long_head
+                and head_end - pos > self.max_header_line
                 and max(len(line.rstrip(b"\r")) for line in buf[pos:head_end].split(b"\n")) > self.max_header_line
             )
             or body_offset > self.max_frame_bytes
@@ -352,7 +362,10 @@ class FrameParser:
         raw_length = headers.get("content-length")
         if raw_length is not None:
             try:
-                length = decimal(raw_length, "content-length", self.max_body_bytes)
+                # decimal()'s common case inline (this runs for every frame); the rest is its
+                length = int(raw_length) if 0 < len(raw_length) < 10 and raw_length.isascii() and raw_length.isdigit() else -1
+                if not 0 <= length <= self.max_body_bytes:
+                    length = decimal(raw_length, "content-length", self.max_body_bytes)
             except ValueError as err:
                 if raw_length.strip("0123456789") or not raw_length:
                     raise ProtocolError(

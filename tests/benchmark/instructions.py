@@ -7,16 +7,17 @@ the difference of the loads is what one more message costs, so start-up, connect
 subscribing and shutdown cancel out. Counting is switched on (`callgrind_control -i on`)
 only once the broker is up and, for the consume workload, the queue prefilled, and off
 again before the final drain that checks every message: the counts hold the measured
-load and nothing else. Callgrind counts every thread of the broker (the sync thread too).
+load and nothing else, in every thread of the broker.
 
 CPython 3.11 shows callgrind only its C functions (the evaluation loop, dict and bytes
-operations, system calls), which says where the interpreter spends but not which Python
-function made it. So each workload also runs twice under cProfile (no callgrind), timed by the
-main thread's CPU clock so that waiting for sockets or fdatasync does not count, and
-Curb's Python functions are ranked by the difference of their cumulative time between
-the two loads, as a share of the difference of the main thread's CPU time. cProfile's
-own cost per call inflates functions called often; read the shares as a map, and the
-instruction counts as the measure.
+operations, the allocator), which says where the interpreter spends but not which Python
+function made it. So each workload also runs twice under cProfile (no callgrind), switched
+on and off around the load as callgrind is and timed by the main thread's CPU clock (so
+that waiting for sockets or fdatasync does not count), and Curb's Python functions are
+ranked by the difference of their cumulative time between the two loads, as a share of
+the difference of the main thread's CPU time. cProfile's own cost per call inflates
+functions called often; read the shares as a map, and the instruction counts as the
+measure.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ import os
 import pstats
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -47,16 +50,20 @@ _TOTALS = re.compile(r"^totals:\s+(\d+)", re.MULTILINE)
 CURB_DIR = os.path.dirname(curb.__file__)
 CURB_MODULE = "curb/"
 # `python -c PROFILED OUT -m curb FLAGS`: the broker under cProfile timed by the main
-# thread's CPU clock, so that waiting (for sockets, for fdatasync) does not count.
+# thread's CPU clock, so that waiting (for sockets, for fdatasync) does not count;
+# SIGUSR1 starts the profile, SIGUSR2 stops it (the broker does not use either).
 PROFILED = """
-import cProfile, runpy, sys, time
+import cProfile, runpy, signal, sys, time
 out, sys.argv = sys.argv[1], ["curb", *sys.argv[4:]]
 profile = cProfile.Profile(time.thread_time)
+signal.signal(signal.SIGUSR1, lambda *_: profile.enable())
+signal.signal(signal.SIGUSR2, lambda *_: profile.disable())
 try:
-    profile.runcall(runpy.run_module, "curb", run_name="__main__", alter_sys=True)
+    runpy.run_module("curb", run_name="__main__", alter_sys=True)
 finally:
     profile.dump_stats(out)
 """
+SIGNAL_SECONDS = 0.2
 # The interpreter's own dispatch (calls, frames, the evaluation loop) is in every Python
 # call's inclusive cost; the C-level list names the functions that do work instead:
 # builtins and the allocator (the kernel is not counted). Recursion levels (`name'2`) are left out too.
@@ -67,17 +74,20 @@ _DISPATCH = re.compile(
 )
 
 
+Counting = Callable[[bool], None]  # counting(True) just before the measured load, (False) just after
+
+
 @dataclass(frozen=True)
 class Workload:
     label: str
-    # Runs `count` messages through the broker at `target`, calling `counting(True)` just
-    # before the measured load and `counting(False)` just after; returns what was sent per
-    # producer and what the consumers received, for the check.
-    run: Callable[[Bench, Target, str, int, Callable[[bool], None]], tuple[dict[int, int], list[dict]]]
+    # Runs `count` messages through the broker at `target`, counting only the load (not a
+    # prefill); returns what was sent per producer and what the consumers received, for
+    # the check.
+    run: Callable[[Bench, Target, str, int, Counting], tuple[dict[int, int], list[dict]]]
 
 
 def _produce(window: int, producers: int):
-    def run(bench: Bench, target: Target, run_id: str, count: int, counting: Callable[[bool], None]):
+    def run(bench: Bench, target: Target, run_id: str, count: int, counting: Counting):
         share = max(1, count // producers)
         counting(True)
         results = bench.crew.run(
@@ -89,7 +99,7 @@ def _produce(window: int, producers: int):
     return run
 
 
-def _consume(bench: Bench, target: Target, run_id: str, count: int, counting: Callable[[bool], None]):
+def _consume(bench: Bench, target: Target, run_id: str, count: int, counting: Counting):
     sent = bench.prefill(target, run_id, count)
     counting(True)
     [result] = bench.crew.run([bench.consume_task(target, run_id, 256, count=count, subscribe_at_start=True)])
@@ -97,7 +107,7 @@ def _consume(bench: Bench, target: Target, run_id: str, count: int, counting: Ca
     return sent, [result]
 
 
-def _pingpong(bench: Bench, target: Target, run_id: str, count: int, counting: Callable[[bool], None]):
+def _pingpong(bench: Bench, target: Target, run_id: str, count: int, counting: Counting):
     counting(True)
     task = dict(target=target, run_id=run_id, size=bench.settings.size, rounds=count, warmup=0)
     [result] = bench.crew.run([(load.pingpong, dict(task, timeout=bench.settings.timeout))])
@@ -134,58 +144,54 @@ def missing_tools() -> list[str]:
 def measure(bench: Bench, keys: list[str], loads: tuple[int, int], profile: bool = True) -> list[Measured]:
     results = []
     for key in keys:
-        workload = WORKLOADS[key]
-        counted = [_callgrind_run(bench, key, workload, count) for count in loads]
+        counted = [_callgrind_run(bench, key, count) for count in loads]
         extra = loads[1] - loads[0]
         per_message = (counted[1][0] - counted[0][0]) / extra
         native = _top(_diff(counted[0][1], counted[1][1]), extra)
         python: list[tuple[str, float]] = []
         if profile:
-            python = python_shares(*(_profile_run(bench, key, workload, count) for count in loads))
+            python = python_shares(*(_profile_run(bench, key, count) for count in loads))
         bench.say(f"{key}: {per_message:,.0f} instructions per message")
-        results.append(Measured(key, workload.label, per_message, native, python))
+        results.append(Measured(key, WORKLOADS[key].label, per_message, native, python))
     return results
 
 
-def _broker(bench: Bench, key: str, interpreter: tuple[str, ...]) -> CurbBroker:
-    return CurbBroker(
+def _drive(
+    bench: Bench, key: str, count: int, interpreter: tuple[str, ...], switch: Callable[[int, bool], None]
+) -> None:
+    """Run one load against a fresh broker started with `interpreter`, with `switch(pid,
+    on)` turning its counting on just before the load and off just after; then check
+    every message (not counted) and stop the broker cleanly."""
+    broker = CurbBroker(
         os.path.join(bench.workdir, f"{key}-{bench.new_run_id()}.log"),
         bench.settings.cap,
         max(bench.settings.timeout, START_SECONDS),
         bench.settings.broker_args,
         interpreter,
     )
-
-
-def _drive(
-    bench: Bench, key: str, workload: Workload, broker: CurbBroker, count: int, counting, check: bool = True
-) -> None:
-    """Start the broker, run the workload, check every message (uncounted), stop it cleanly."""
     broker.start()
     try:
         run_id = bench.new_run_id()
-        sent, received = workload.run(bench, broker.target, run_id, count, counting)
-        if check:
-            bench.check(f"{key} ({count:,} messages)", Side("curb"), broker.target, run_id, sent, received)
+        sent, received = WORKLOADS[key].run(bench, broker.target, run_id, count, lambda on: switch(broker.pid, on))
+        bench.check(f"{key} ({count:,} messages)", Side("curb"), broker.target, run_id, sent, received)
     except BaseException:
         broker.kill()
         raise
     broker.stop()
 
 
-def _callgrind_run(bench: Bench, key: str, workload: Workload, count: int) -> tuple[int, dict[str, int]]:
+def _callgrind_run(bench: Bench, key: str, count: int) -> tuple[int, dict[str, int]]:
     """The broker's instructions while the load ran, in all and by function (inclusive)."""
     out = f"{bench.workdir}/{key}-{count}.callgrind"
-    broker = _broker(bench, key, (*CALLGRIND, f"--callgrind-out-file={out}", sys.executable))
 
-    def counting(on: bool) -> None:
-        command = ["callgrind_control", "-i", "on" if on else "off", str(broker.pid)]
+    def switch(pid: int, on: bool) -> None:
+        command = ["callgrind_control", "-i", "on" if on else "off", str(pid)]
         done = subprocess.run(command, capture_output=True, text=True, timeout=bench.settings.timeout)
         if done.returncode != 0 or "OK" not in done.stdout:
             raise BrokerError(f"{' '.join(command)} failed: {(done.stdout + done.stderr).strip()}")
 
     bench.say(f"{key}: {count:,} messages under callgrind ...")
-    _drive(bench, key, workload, broker, count, counting)
+    _drive(bench, key, count, (*CALLGRIND, f"--callgrind-out-file={out}", sys.executable), switch)
     with open(out) as counts:
         totals = _TOTALS.search(counts.read())
     if totals is None:
@@ -222,13 +228,17 @@ def _top(costs: dict[str, float], per: int) -> list[tuple[str, float]]:
     return [(name, cost / per) for name, cost in ranked]
 
 
-def _profile_run(bench: Bench, key: str, workload: Workload, count: int) -> pstats.Stats:
-    """The broker's Python profile in CPU time (cProfile, written when it exits) over the
-    whole run; no drain after the load (the callgrind runs checked the messages)."""
+def _profile_run(bench: Bench, key: str, count: int) -> pstats.Stats:
+    """The broker's Python profile in CPU time while the load ran (cProfile, switched on
+    and off by signals, written when the broker exits)."""
     out = f"{bench.workdir}/{key}-{count}.pstats"
-    broker = _broker(bench, key, (sys.executable, "-c", PROFILED, out))
+
+    def switch(pid: int, on: bool) -> None:
+        os.kill(pid, signal.SIGUSR1 if on else signal.SIGUSR2)
+        time.sleep(SIGNAL_SECONDS)  # the broker's main thread takes the signal between two bytecodes
+
     bench.say(f"{key}: {count:,} messages under cProfile ...")
-    _drive(bench, key, workload, broker, count, lambda on: None, check=False)
+    _drive(bench, key, count, (sys.executable, "-c", PROFILED, out), switch)
     return pstats.Stats(out)
 
 
