@@ -443,3 +443,29 @@ def test_an_ack_without_a_receipt_asks_none_of_the_instance_and_holds_up_nothing
     [ack, _] = w.out(link)
     assert ack.headers == {"id": "1"}
     assert [f.headers["receipt-id"] for f in w.out(c)] == ["u"]
+
+
+def test_count_of_a_destination_sums_its_instances_and_follows_their_changes():
+    w = World("p=127.0.0.1:1,127.0.0.1:2")
+    l1, l2 = w.up("p", 0), w.up("p", 1)
+    c = w.client()
+    w.send(c, "SUBSCRIBE", {"destination": "./p/count", "id": "n", "receipt": "r"})
+    receipt, first = w.out(c)
+    assert first.headers["destination"] == "./p/count" and receipt.headers["receipt-id"] == "r"
+    assert first.body == b'{"rdy": 0, "wip": 0, "instances": 2, "up": 2}'
+    w.answer(
+        l1,
+        "MESSAGE",
+        {"subscription": "count", "message-id": "count-1", "destination": "./count", "rdy": "3", "wip": "1"},
+    )
+    w.answer(
+        l2,
+        "MESSAGE",
+        {"subscription": "count", "message-id": "count-1", "destination": "./count", "rdy": "4", "wip": "0"},
+    )
+    assert [(f.headers["rdy"], f.headers["wip"]) for f in w.out(c)] == [("3", "1"), ("7", "1")]
+    w.core.link_lost(l2, "connection lost")
+    [down] = w.out(c)
+    assert down.body == b'{"rdy": 3, "wip": 1, "instances": 2, "up": 1}'
+    w.send(c, "ACK", {"id": down.headers["message-id"], "receipt": "k"})
+    assert [f.headers["receipt-id"] for f in w.out(c)] == ["k"]

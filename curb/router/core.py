@@ -52,6 +52,9 @@ Rules (invariants the tests check):
   to the one `curb-partition-key` hashes to (the next one up if it is down). A client
   subscription's prefetch is split into shares, one per instance: at least 1 each, the
   rest to the instances that report queued messages (their `./count`), NSQ's shape.
+- `./NAME/count` (or `/queue/NAME/count`): a subscription to a destination's counts, its
+  instances' `./count` summed (and how many there are and are up), sent at once and on
+  every change; it takes no credit and its MESSAGEs need no ACK.
 - Transactions: SEND, ACK and NACK with a `transaction` header are held in the router
   until COMMIT forwards them (each SEND stamped with `curb-transaction` and
   `curb-transaction-seq`); COMMIT's RECEIPT waits for all of their RECEIPTs. ABORT, a
@@ -61,6 +64,7 @@ Rules (invariants the tests check):
 from __future__ import annotations
 
 import collections
+import json
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,7 +75,7 @@ from curb.commands import KNOWN_COMMANDS, prefetch_header
 from curb.deadlines import BEAT_EARLY
 from curb.frame import Frame, FrameParser, ProtocolError, decimal, encode
 from curb.queue import QueueError
-from curb.router.routes import Address, Routes, destination_name
+from curb.router.routes import Address, Routes, count_name, destination_name
 
 NEW, OPEN, CLOSING = "before CONNECT", "after CONNECT", "closing"
 DOWN, CONNECTING, UP = "down", "connecting", "up"
@@ -164,6 +168,7 @@ class ClientConn(Endpoint):
         self.subs: dict[str, ClientSub] = {}
         self.deliveries: dict[str, Delivery] = {}
         self.transactions: dict[str, list[Frame]] = {}
+        self.counts: dict[str, tuple[str, str]] = {}  # ./count subscriptions: id -> (name, header)
         self.erring = False
 
 
@@ -191,6 +196,7 @@ class Link(Endpoint):
         self.on_current = 0  # messages held from the current subscription
         self.free = 0  # the clients' free credit for this instance
         self.rdy = 0  # queued messages, from the instance's ./count
+        self.wip = 0  # messages delivered and not yet ACKed, from the same
         self.deliveries: dict[str, Delivery] = {}  # by the instance's ack id
         self.why_down = "not connected yet"
         self.tried = False  # a connection was tried (the glue's start-up waits for it)
@@ -234,6 +240,9 @@ class RouterCore:
         self.senders: dict[str, list[Link]] = {}  # its SENDS links, in the same order
         self.subs_by_dest: dict[str, list[ClientSub]] = {}
         self._turn: dict[str, int] = {}  # round-robin positions, per destination
+        # ./count subscribers per destination, and the counts each was sent last.
+        self.count_subs: dict[str, dict[tuple[ClientConn, str], dict[str, int] | None]] = {}
+        self._count_version = 0
         self._numbers = 0
         self.set_routes(routes)
 
@@ -331,6 +340,8 @@ class RouterCore:
         client.out.clear()
         self.clients.discard(client)
         client.transactions.clear()
+        for sub_id, (name, _) in client.counts.items():
+            self.count_subs.get(name, {}).pop((client, sub_id), None)
         touched: set[Link] = set()
         for delivery in list(client.deliveries.values()):
             self._settle(delivery)
@@ -441,11 +452,18 @@ class RouterCore:
                 "SUBSCRIBE needs an id header",
                 "Give SUBSCRIBE an id header (any name); MESSAGEs carry it as subscription and UNSUBSCRIBE names it.",
             )
-        if sub_id in client.subs:
+        if sub_id in client.subs or sub_id in client.counts:
             raise QueueError(
                 f"subscription {sub_id!r} exists already on this connection",
                 "Give each SUBSCRIBE of a connection its own id, or UNSUBSCRIBE the old one first.",
             )
+        counted = count_name(headers.get("destination"))
+        if counted is not None and counted in self.dests:
+            client.counts[sub_id] = (counted, headers["destination"])
+            self.count_subs.setdefault(counted, {})[(client, sub_id)] = None
+            self._place_now(client, headers.get("receipt"))
+            self._send_counts(counted)
+            return
         dest = self._route(frame)
         ack = headers.get("ack", "auto")
         if ack not in ("auto", "client", "client-individual"):
@@ -463,6 +481,11 @@ class RouterCore:
 
     def on_unsubscribe(self, client: ClientConn, frame: Frame) -> None:
         sub_id = frame.headers.get("id")
+        if sub_id is not None and sub_id in client.counts:
+            name, _ = client.counts.pop(sub_id)
+            self.count_subs.get(name, {}).pop((client, sub_id), None)
+            self._place_now(client, frame.headers.get("receipt"))
+            return
         sub = client.subs.pop(sub_id, None) if sub_id is not None else None
         if sub is None:
             raise QueueError(
@@ -486,6 +509,9 @@ class RouterCore:
 
     def _ack_or_nack(self, client: ClientConn, frame: Frame, place: Place | None = None) -> None:
         headers = frame.headers
+        if headers.get("id", "").startswith("count-") and client.counts:
+            self._place_now(client, headers.get("receipt"))  # a ./count MESSAGE needs no answer
+            return
         tx = headers.get("transaction")
         if tx is not None and place is None:
             self._ack_id(frame)  # a bad id is refused now, not at COMMIT
@@ -766,7 +792,7 @@ class RouterCore:
         was_up = link.state is UP
         link.state = DOWN
         link.why_down = why
-        link.sub_id, link.window, link.on_current, link.rdy = None, 0, 0, 0
+        link.sub_id, link.window, link.on_current, link.rdy, link.wip = None, 0, 0, 0, 0
         if was_up:
             self.events(
                 "link_down",
@@ -777,6 +803,8 @@ class RouterCore:
             )
         for delivery in list(link.deliveries.values()):
             self._settle(delivery)
+        if link.role is CONSUMES:
+            self._send_counts(link.dest)
         pending = list(link.forwarded.values())
         link.forwarded.clear()
         for sub in self.subs_by_dest.get(link.dest, ()):
@@ -988,14 +1016,46 @@ class RouterCore:
         """An instance's ./count: move credit when whether it has queued messages changes."""
         try:
             rdy = decimal(frame.headers.get("rdy", "0"), "rdy", 1 << 62)
+            wip = decimal(frame.headers.get("wip", "0"), "wip", 1 << 62)
         except ValueError:
             return
         had = link.rdy > 0
-        link.rdy = rdy
+        link.rdy, link.wip = rdy, wip
+        self._send_counts(link.dest)
         if (rdy > 0) != had and len(self.dests.get(link.dest, ())) > 1:
             for sub in self.subs_by_dest.get(link.dest, ()):
                 self._share(sub)
             self._rebalance_dest(link.dest)
+
+    def _send_counts(self, dest: str) -> None:
+        """A ./count MESSAGE to each subscriber of the destination's counts that changed:
+        its instances' rdy and wip summed, with how many instances there are and are up."""
+        subscribers = self.count_subs.get(dest)
+        if not subscribers:
+            return
+        links = self.dests.get(dest, [])
+        up = [link for link in links if link.state is UP]
+        counts = {
+            "rdy": sum(link.rdy for link in up),
+            "wip": sum(link.wip for link in up),
+            "instances": len(links),
+            "up": len(up),
+        }
+        for key, last in list(subscribers.items()):
+            client, sub_id = key
+            if last == counts or client.state is not OPEN:
+                continue
+            subscribers[key] = counts
+            self._count_version += 1
+            headers = {
+                "subscription": sub_id,
+                "message-id": f"count-{self._count_version}",
+                "destination": client.counts[sub_id][1],
+                "content-type": "application/json",
+                "rdy": str(counts["rdy"]),
+                "wip": str(counts["wip"]),
+            }
+            self._write(client, encode("MESSAGE", headers, json.dumps(counts).encode()))
 
     def _rebalance_dest(self, dest: str) -> None:
         for link in self.dests.get(dest, ()):

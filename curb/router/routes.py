@@ -89,6 +89,17 @@ def parse_file(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
 
 
+COUNT_SUFFIX = "/count"
+
+
+def count_name(header: str | None) -> str | None:
+    """The destination whose counts a `destination` header asks for (`/queue/NAME/count`
+    or `./NAME/count`), or None."""
+    if header is None or not header.endswith(COUNT_SUFFIX):
+        return None
+    return destination_name(header[: -len(COUNT_SUFFIX)])
+
+
 def destination_name(header: str | None) -> str | None:
     """The destination a `destination` header names (`/queue/NAME` or `./NAME`), or None."""
     if header is None:
