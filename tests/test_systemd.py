@@ -156,6 +156,24 @@ def test_unit_files_pass_systemd_analyze_verify(tmp_path):
     assert result.stderr == "", result.stderr
 
 
+@pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None,
+    reason="systemd-analyze is missing (Debian package: systemd)",
+)
+def test_router_unit_passes_systemd_analyze_verify(tmp_path):
+    unit = _verifiable_copy("curb-router.service", tmp_path)
+    result = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SYSTEMD_UNIT_PATH": f"{tmp_path}:"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "", result.stderr
+    assert re.search(r"^ExecStart=\S+ router \$CURB_ROUTER_ARGS$", unit.read_text(), flags=re.M)
+
+
 def test_service_unit_reads_its_settings_from_the_instance_environment_file():
     service = (UNITS / "curb@.service").read_text()
     example = (UNITS / "curb.env.example").read_text()

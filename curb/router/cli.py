@@ -9,17 +9,20 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from pathlib import Path
 
 import click
 
+from curb import systemd
 from curb.addr import parse_addr
-from curb.cli import _max_frame
+from curb.cli import _max_frame, _size
 from curb.durations import Duration
 from curb.heartbeat import MAX_MS as MAX_HEARTBEAT_MS
 from curb.instance import EXIT_USAGE, Events, StartError, _addr_text, _listen, _sockname
 from curb.router import routes as routing
 from curb.router.core import RouterCore
 from curb.router.glue import Router, client_factory
+from curb.router.spawner import Spawner
 
 DEFAULT_PORT = 61614
 
@@ -29,6 +32,12 @@ def _addr(ctx, param, value: str):
         return parse_addr(value)
     except ValueError as err:
         raise click.BadParameter(str(err)) from None
+
+
+def _checked_size(ctx, param, value: str) -> str:
+    """A size flag passed on to instances as given, once it parses."""
+    _size(ctx, param, value)
+    return value
 
 
 def load_routes(route_flags: tuple[str, ...], routes_file: str | None) -> routing.Routes:
@@ -104,6 +113,38 @@ def load_routes(route_flags: tuple[str, ...], routes_file: str | None) -> routin
     help="How long a SEND waits for an instance of its destination to be up before it is refused.",
 )
 @click.option(
+    "-spawn",
+    "--spawn",
+    "spawn_dir",
+    default=None,
+    type=click.Path(file_okay=False, exists=True, writable=True),
+    help="Run a Curb instance of its own for each destination no route names, its log in this directory.",
+)
+@click.option(
+    "-spawn-cap",
+    "--spawn-cap",
+    default="1GiB",
+    show_default=True,
+    callback=_checked_size,
+    help="The -cap of each spawned instance.",
+)
+@click.option(
+    "-spawn-max",
+    "--spawn-max",
+    default=64,
+    show_default=True,
+    type=click.IntRange(1, 10000),
+    help="Most instances -spawn runs; a new destination past that is refused.",
+)
+@click.option(
+    "-spawn-arg",
+    "--spawn-arg",
+    "spawn_args",
+    multiple=True,
+    metavar="ARG",
+    help="An extra flag for every spawned instance, e.g. -spawn-arg=-users=FILE (repeatable).",
+)
+@click.option(
     "-log-format",
     "--log-format",
     type=click.Choice(["text", "json"]),
@@ -112,7 +153,19 @@ def load_routes(route_flags: tuple[str, ...], routes_file: str | None) -> routin
     help="Log lines on stderr as text or as one JSON object each.",
 )
 def router_command(
-    addr, route_flags, routes_file, prefetch, max_frame, heartbeat, link_heartbeat, link_wait, log_format
+    addr,
+    route_flags,
+    routes_file,
+    prefetch,
+    max_frame,
+    heartbeat,
+    link_heartbeat,
+    link_wait,
+    spawn_dir,
+    spawn_cap,
+    spawn_max,
+    spawn_args,
+    log_format,
 ):
     """A STOMP router in front of Curb instances: destinations, partitions and transactions.
 
@@ -123,8 +176,8 @@ def router_command(
     except (routing.RouteError, OSError, UnicodeDecodeError) as err:
         click.echo(f"curb: {err}; fix -route or -routes", err=True)
         sys.exit(EXIT_USAGE)
-    if not table.table:
-        click.echo("curb: no routes: give -route NAME=HOST:PORT (repeatable) or -routes FILE", err=True)
+    if not table.table and spawn_dir is None:
+        click.echo("curb: no routes: give -route NAME=HOST:PORT (repeatable), -routes FILE or -spawn DIR", err=True)
         sys.exit(EXIT_USAGE)
     core = RouterCore(
         table,
@@ -136,16 +189,36 @@ def router_command(
         events=events,
     )
     try:
-        code = asyncio.run(serve(core, addr, route_flags, routes_file, events))
+        spawning = None if spawn_dir is None else (Path(spawn_dir).resolve(), spawn_cap, spawn_max, tuple(spawn_args))
+        code = asyncio.run(serve(core, addr, route_flags, routes_file, events, spawning))
     except StartError as err:
         click.echo(f"curb: {err.line}", err=True)
         sys.exit(err.status)
     sys.exit(code)
 
 
-async def serve(core: RouterCore, addr, route_flags, routes_file: str | None, events: Events) -> int:
+async def serve(
+    core: RouterCore,
+    addr,
+    route_flags,
+    routes_file: str | None,
+    events: Events,
+    spawning: tuple[Path, str, int, tuple[str, ...]] | None = None,
+) -> int:
     loop = asyncio.get_running_loop()
     router = Router(core)
+    spawner = None
+    if spawning is not None:
+        directory, cap, most, extra = spawning
+        spawner = Spawner(
+            directory,
+            cap,
+            most,
+            extra,
+            lambda name, port: router.add_links(core.spawned_instance(name, ("127.0.0.1", port))),
+            events,
+        )
+        core.spawn = spawner.want
     server = await _listen(
         "-addr", addr, lambda: loop.create_server(client_factory(router), addr[0], addr[1], reuse_address=True)
     )
@@ -168,12 +241,18 @@ async def serve(core: RouterCore, addr, route_flags, routes_file: str | None, ev
         loop.add_signal_handler(sig, on_signal)
     loop.add_signal_handler(signal.SIGHUP, on_reload)
     await router.start()
+    if spawner is not None:
+        spawner.start()
     names = ", ".join(_sockname(s) for s in server.sockets)
     events("listening", f"listening on {names} (router; routes: {_describe(core_routes(core))})", addr=names)
+    systemd.notify("READY=1", f"STATUS=routing {len(core.dests)} destinations")
     await stop
+    systemd.notify("STOPPING=1")
     events("stopping", "stopping: closing clients and links")
     server.close()
     await router.close()
+    if spawner is not None:
+        spawner.stop()
     events("stopped", "stopped")
     return 0
 

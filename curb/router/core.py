@@ -55,6 +55,9 @@ Rules (invariants the tests check):
 - `./NAME/count` (or `/queue/NAME/count`): a subscription to a destination's counts, its
   instances' `./count` summed (and how many there are and are up), sent at once and on
   every change; it takes no credit and its MESSAGEs need no ACK.
+- Spawning: with `spawn` set, a destination that no route names is offered to it; if it
+  takes it, frames for that destination are handled as for an instance that is not up
+  yet (SENDs parked), until `spawned_instance` routes it.
 - Transactions: SEND, ACK and NACK with a `transaction` header are held in the router
   until COMMIT forwards them (each SEND stamped with `curb-transaction` and
   `curb-transaction-seq`); COMMIT's RECEIPT waits for all of their RECEIPTs. ABORT, a
@@ -243,6 +246,11 @@ class RouterCore:
         # ./count subscribers per destination, and the counts each was sent last.
         self.count_subs: dict[str, dict[tuple[ClientConn, str], dict[str, int] | None]] = {}
         self._count_version = 0
+        # Spawning (-spawn): asked for a destination with no route; True if it will come.
+        self.spawn: Callable[[str], bool] | None = None
+        self.spawning: set[str] = set()
+        self.spawned: dict[str, Address] = {}
+        self.routes = routes
         self._numbers = 0
         self.set_routes(routes)
 
@@ -250,7 +258,23 @@ class RouterCore:
 
     def set_routes(self, routes: Routes) -> list[Link]:
         """Take a new routes table: links for new instances (returned, for the glue to
-        connect), removed ones lost. Kept instances keep their links."""
+        connect), removed ones lost. Kept instances keep their links; instances the router
+        spawned stay, unless a route now names their destination."""
+        self.routes = routes
+        table = dict(routes.table)
+        for name, address in self.spawned.items():
+            table.setdefault(name, (address,))
+        for name in self.spawning:
+            table.setdefault(name, ())
+        return self._build(table)
+
+    def spawned_instance(self, name: str, address: Address) -> list[Link]:
+        """The instance the glue spawned for `name` listens at `address`: route to it."""
+        self.spawning.discard(name)
+        self.spawned[name] = address
+        return self.set_routes(self.routes)
+
+    def _build(self, routed: dict[str, tuple[Address, ...]]) -> list[Link]:
         old = {
             (link.dest, link.address, link.role): link
             for table in (self.dests, self.senders)
@@ -259,7 +283,7 @@ class RouterCore:
         }
         tables: dict[str, dict[str, list[Link]]] = {CONSUMES: {}, SENDS: {}}
         new: list[Link] = []
-        for name, addresses in routes.table.items():
+        for name, addresses in routed.items():
             for role, table in tables.items():
                 links = []
                 for address in addresses:
@@ -650,6 +674,9 @@ class RouterCore:
     def _route(self, frame: Frame) -> str:
         header = frame.headers.get("destination")
         name = destination_name(header)
+        if name is not None and name not in self.dests and self.spawn is not None and self.spawn(name):
+            self.spawning.add(name)
+            self.dests[name], self.senders[name] = [], []
         if name is None or name not in self.dests:
             known = ", ".join(f"/queue/{n}" for n in sorted(self.dests)) or "none"
             raise QueueError(
@@ -869,7 +896,10 @@ class RouterCore:
             self._pump(client)
 
     def _why_down(self, dest: str) -> str:
-        return "; ".join(f"{link.name}: {link.why_down}" for link in self.senders.get(dest, ()))
+        links = self.senders.get(dest)
+        if not links:
+            return "its instance is being started" if dest in self.spawning else "it has no instance"
+        return "; ".join(f"{link.name}: {link.why_down}" for link in links)
 
     def _pick(self, dest: str, key: str | None) -> Link | None:
         links = self.senders.get(dest)

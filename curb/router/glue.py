@@ -58,6 +58,12 @@ class Router:
         """Keep a connection to this link's instance open while the link exists."""
         self._link_tasks[link] = self.loop.create_task(self._keep_link(link))
 
+    def add_links(self, links: list[Link]) -> None:
+        """Connect links the core made outside a routes change (a spawned instance)."""
+        for link in links:
+            self.watch(link)
+        self.flush()
+
     def set_routes(self, routes) -> None:
         for link in self.core.set_routes(routes):
             self.watch(link)
