@@ -118,6 +118,7 @@ class Forwarded:
     headers: dict[str, str]
     body: bytes
     dest: str
+    wire: bytes | None = None  # the frame as the instance gets it, but for our receipt
 
 
 @dataclass(slots=True, eq=False)
@@ -438,9 +439,11 @@ class RouterCore:
         dest = self._route(frame)
         headers = frame.headers
         lines = payload.header_lines(headers)
-        problem = message_limits.send_problem(lines, len(lines) + 1 + len(frame.body), self.max_frame)
-        if problem is not None:
-            raise QueueError(*problem)
+        size = len(lines) + 1 + len(frame.body)
+        if lines or size - 1 + message_limits.RESERVE > self.max_frame:  # else nothing to check
+            problem = message_limits.send_problem(lines, size, self.max_frame)
+            if problem is not None:
+                raise QueueError(*problem)
         tx = headers.get("transaction")
         if tx is not None:
             self._hold(client, tx, frame)
@@ -452,7 +455,8 @@ class RouterCore:
     def _forward_send(
         self, client: ClientConn, place: Place, frame: Frame, dest: str, extra: dict[str, str] | None = None
     ) -> None:
-        forwarded = {k: v for k, v in frame.headers.items() if k not in _HOP_HEADERS}
+        forwarded = {"destination": f"/queue/{dest}"}
+        forwarded.update((k, v) for k, v in frame.headers.items() if k not in _HOP_HEADERS)
         if extra:
             forwarded.update(extra)
         self._place_send(Forwarded(client, place, "SEND", forwarded, frame.body, dest))
@@ -921,10 +925,10 @@ class RouterCore:
         link.next_receipt += 1
         receipt = f"r{link.next_receipt}"
         link.forwarded[receipt] = item
-        headers = item.headers
-        if item.command == "SEND":
-            headers = {"destination": f"/queue/{link.dest}", **headers}
-        self._write(link, encode(item.command, {**headers, "receipt": receipt}, item.body))
+        if item.wire is None:  # encoded once, without our receipt, which goes in per link
+            item.wire = encode(item.command, item.headers, item.body)
+        cut = len(item.command) + 1
+        self._write(link, b"%sreceipt:%s\n%s" % (item.wire[:cut], receipt.encode(), item.wire[cut:]))
 
     def _write_link(self, link: Link, command: str, headers: dict[str, str]) -> None:
         if link.state is not DOWN:

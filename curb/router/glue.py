@@ -4,7 +4,9 @@ Clients connect to the router's listener; the router keeps one connection (a lin
 each instance of its routes, reconnecting with a growing pause (LINK_RETRY_* seconds)
 while it is down. After every event this module writes what the core has for each
 endpoint and applies the closes it asks for; a timer calls `tick` every TICK_SECONDS for
-heart-beats. Flow control: while any link's socket buffer is above its high-water mark
+heart-beats. Output is written once per loop pass (`flush_soon`), so the frames of many
+clients read in one pass reach an instance in one write, and its answers go back so too.
+Flow control: while any link's socket buffer is above its high-water mark
 (an instance slower than its producers), no client is read, so the router's memory holds
 at most that mark per link plus what clients already sent.
 """
@@ -41,6 +43,7 @@ class Router:
         self._clients: dict[ClientConn, ClientProtocol] = {}
         self._ticker: asyncio.TimerHandle | None = None
         self._closing = False
+        self._flush_due = False
 
     async def start(self, within: float = FIRST_TRY_SECONDS) -> None:
         """Connect every link; return once each is up or failed once (at most `within`
@@ -97,8 +100,16 @@ class Router:
                 pause = LINK_RETRY_FIRST
             await asyncio.sleep(pause)
 
+    def flush_soon(self) -> None:
+        """Flush once at the end of this loop pass: what every connection read in the pass
+        made goes out in one write per endpoint, not one per frame."""
+        if not self._flush_due:
+            self._flush_due = True
+            self.loop.call_soon(self.flush)
+
     def flush(self) -> None:
         """Write each endpoint's output; apply its close."""
+        self._flush_due = False
         now = self.loop.time()
         for endpoint in self.core.take_dirty(now):
             transport = self.transports.get(endpoint)
@@ -190,7 +201,7 @@ class ClientProtocol(asyncio.Protocol):
         if self.client is None or self.client.close_wanted:
             return
         self.router.core.client_data(self.client, data, self.router.loop.time())
-        self.router.flush()
+        self.router.flush_soon()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.client is not None:
@@ -220,7 +231,7 @@ class LinkProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.link.tried = True
         self.router.core.link_data(self.link, data, self.router.loop.time())
-        self.router.flush()
+        self.router.flush_soon()
 
     def pause_writing(self) -> None:
         self.router.link_paused(self.link, True)
