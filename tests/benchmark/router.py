@@ -44,8 +44,8 @@ def fixed_load(port: int, messages: int, dest: str) -> tuple[float, float]:
         frames = [encode("SEND", {"destination": dest, "receipt": str(n)}, b"x" * 100) for n in range(messages)]
         began = time.perf_counter()
         for start in range(0, messages, WINDOW):
-            for frame in frames[start : start + WINDOW]:
-                client.write(frame)
+            for data in frames[start : start + WINDOW]:
+                client.write(data)
             client.wait_receipt(str(min(start + WINDOW, messages) - 1))
         sent = time.perf_counter() - began
         client.subscribe("s", destination=dest, prefetch=WINDOW)
