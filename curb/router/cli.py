@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import ssl
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
-from curb import systemd
+from curb import systemd, tls
 from curb.addr import parse_addr
 from curb.cli import _max_frame, _size
 from curb.durations import Duration
@@ -32,6 +34,10 @@ def _addr(ctx, param, value: str):
         return parse_addr(value)
     except ValueError as err:
         raise click.BadParameter(str(err)) from None
+
+
+def _tls_addr(ctx, param, value: str | None):
+    return None if value is None else _addr(ctx, param, value)
 
 
 def _checked_size(ctx, param, value: str) -> str:
@@ -112,6 +118,29 @@ def load_routes(route_flags: tuple[str, ...], routes_file: str | None) -> routin
     type=Duration("s", MAX_HEARTBEAT_MS / 1000, zero="refuse at once"),
     help="How long a SEND waits for an instance of its destination to be up before it is refused.",
 )
+@click.option("-tls-addr", "--tls-addr", default=None, callback=_tls_addr, help="Serve STOMP over TLS on [HOST]:PORT.")
+@click.option("-tls-cert", "--tls-cert", default=None, help="The TLS certificate chain (PEM), for -tls-addr.")
+@click.option("-tls-key", "--tls-key", default=None, help="The TLS certificate's private key (PEM), for -tls-addr.")
+@click.option(
+    "-instance-credentials",
+    "--instance-credentials",
+    default=None,
+    type=click.Path(dir_okay=False, exists=True),
+    help="A file whose first line is LOGIN:PASSCODE, for the router's CONNECT to instances with -users.",
+)
+@click.option(
+    "-instance-tls-ca",
+    "--instance-tls-ca",
+    default=None,
+    help="Reach instances over TLS, trusting the CAs in this PEM file (routes then name their -tls-addr).",
+)
+@click.option(
+    "-instance-tls-cert",
+    "--instance-tls-cert",
+    default=None,
+    help="A client certificate (PEM chain) for instances that require one (-tls-ca); with -instance-tls-key.",
+)
+@click.option("-instance-tls-key", "--instance-tls-key", default=None, help="The key of -instance-tls-cert (PEM).")
 @click.option(
     "-spawn",
     "--spawn",
@@ -165,6 +194,13 @@ def router_command(
     spawn_cap,
     spawn_max,
     spawn_args,
+    tls_addr,
+    tls_cert,
+    tls_key,
+    instance_credentials,
+    instance_tls_ca,
+    instance_tls_cert,
+    instance_tls_key,
     log_format,
 ):
     """A STOMP router in front of Curb instances: destinations, partitions and transactions.
@@ -179,6 +215,25 @@ def router_command(
     if not table.table and spawn_dir is None:
         click.echo("curb: no routes: give -route NAME=HOST:PORT (repeatable), -routes FILE or -spawn DIR", err=True)
         sys.exit(EXIT_USAGE)
+    login = passcode = None
+    if instance_credentials is not None:
+        login, passcode = _credentials(instance_credentials)
+    try:
+        server_tls = None
+        if tls_addr is not None or tls_cert or tls_key:
+            if tls_addr is None or not tls_cert or not tls_key:
+                raise click.UsageError("-tls-addr, -tls-cert and -tls-key go together")
+            server_tls = tls.load(tls.TlsFiles(tls_cert, tls_key))
+        link_tls = None
+        if instance_tls_ca is not None:
+            if bool(instance_tls_cert) != bool(instance_tls_key):
+                raise click.UsageError("-instance-tls-cert and -instance-tls-key go together")
+            link_tls = tls.client_context(instance_tls_ca, instance_tls_cert, instance_tls_key)
+        elif instance_tls_cert or instance_tls_key:
+            raise click.UsageError("-instance-tls-cert and -instance-tls-key need -instance-tls-ca")
+    except tls.TlsError as err:
+        click.echo(f"curb: TLS: {err}; fix the -tls or -instance-tls flags", err=True)
+        sys.exit(EXIT_USAGE)
     core = RouterCore(
         table,
         prefetch=prefetch,
@@ -186,27 +241,56 @@ def router_command(
         heartbeat_ms=round(heartbeat * 1000),
         link_heartbeat_ms=round(link_heartbeat * 1000),
         link_wait=link_wait,
+        login=login,
+        passcode=passcode,
         events=events,
     )
     try:
         spawning = None if spawn_dir is None else (Path(spawn_dir).resolve(), spawn_cap, spawn_max, tuple(spawn_args))
-        code = asyncio.run(serve(core, addr, route_flags, routes_file, events, spawning))
+        listeners = Listeners(addr, tls_addr, server_tls, link_tls)
+        code = asyncio.run(serve(core, listeners, route_flags, routes_file, events, spawning))
     except StartError as err:
         click.echo(f"curb: {err.line}", err=True)
         sys.exit(err.status)
     sys.exit(code)
 
 
+@dataclass(frozen=True)
+class Listeners:
+    """Where clients connect (plain and TLS), and the TLS context for links, if any."""
+
+    addr: tuple[str | None, int]
+    tls_addr: tuple[str | None, int] | None
+    server_tls: ssl.SSLContext | None
+    link_tls: ssl.SSLContext | None
+
+
+def _credentials(path: str) -> tuple[str, str]:
+    """LOGIN:PASSCODE from the first line of a file; a usage error otherwise."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            line = f.readline().rstrip("\n")
+    except (OSError, UnicodeDecodeError) as err:
+        click.echo(f"curb: cannot read -instance-credentials {path}: {err}", err=True)
+        sys.exit(EXIT_USAGE)
+    login, sep, passcode = line.partition(":")
+    if not sep or not login:
+        click.echo(f"curb: -instance-credentials {path}: write LOGIN:PASSCODE on its first line", err=True)
+        sys.exit(EXIT_USAGE)
+    return login, passcode
+
+
 async def serve(
     core: RouterCore,
-    addr,
+    listeners: Listeners,
     route_flags,
     routes_file: str | None,
     events: Events,
     spawning: tuple[Path, str, int, tuple[str, ...]] | None = None,
 ) -> int:
     loop = asyncio.get_running_loop()
-    router = Router(core)
+    router = Router(core, listeners.link_tls)
+    addr = listeners.addr
     spawner = None
     if spawning is not None:
         directory, cap, most, extra = spawning
@@ -219,9 +303,22 @@ async def serve(
             events,
         )
         core.spawn = spawner.want
-    server = await _listen(
-        "-addr", addr, lambda: loop.create_server(client_factory(router), addr[0], addr[1], reuse_address=True)
-    )
+    servers = [
+        await _listen(
+            "-addr", addr, lambda: loop.create_server(client_factory(router), addr[0], addr[1], reuse_address=True)
+        )
+    ]
+    tls_addr = listeners.tls_addr
+    if tls_addr is not None:
+        servers.append(
+            await _listen(
+                "-tls-addr",
+                tls_addr,
+                lambda: loop.create_server(
+                    client_factory(router), tls_addr[0], tls_addr[1], ssl=listeners.server_tls, reuse_address=True
+                ),
+            )
+        )
     stop = loop.create_future()
 
     def on_signal() -> None:
@@ -243,13 +340,25 @@ async def serve(
     await router.start()
     if spawner is not None:
         spawner.start()
-    names = ", ".join(_sockname(s) for s in server.sockets)
-    events("listening", f"listening on {names} (router; routes: {_describe(core_routes(core))})", addr=names)
+    names = ", ".join(_sockname(s) for s in servers[0].sockets)
+    tls_names = "".join(f"; TLS on {_sockname(s)}" for server in servers[1:] for s in server.sockets)
+    events(
+        "access",
+        "WARNING: the router has no -users: any client that reaches it may send to, consume from and count "
+        "every destination it routes; listen on 127.0.0.1 or behind a firewall",
+        level="warning",
+    )
+    events(
+        "listening",
+        f"listening on {names} (router; routes: {_describe(core_routes(core))}){tls_names}",
+        addr=names,
+    )
     systemd.notify("READY=1", f"STATUS=routing {len(core.dests)} destinations")
     await stop
     systemd.notify("STOPPING=1")
     events("stopping", "stopping: closing clients and links")
-    server.close()
+    for server in servers:
+        server.close()
     await router.close()
     if spawner is not None:
         spawner.stop()
