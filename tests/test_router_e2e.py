@@ -259,3 +259,20 @@ def test_spawn_runs_an_instance_per_new_destination_and_restarts_it(curb_router,
         with pytest.raises(StompError) as refused:
             client.wait_receipt("third")
         assert "unknown destination '/queue/third'" in str(refused.value)
+
+
+def test_two_routers_side_by_side_serve_the_same_instances(curb_broker, curb_router):
+    instances = [curb_broker(file=f"p{n}.log") for n in range(2)]
+    route = "p=" + ",".join(f"127.0.0.1:{i.port}" for i in instances)
+    first, second = curb_router([route]), curb_router([route])
+    with Client("127.0.0.1", first.port) as producer:
+        for n in range(20):
+            producer.send(b"%d" % n, receipt=f"r{n}", destination="/queue/p")
+        producer.wait_receipt("r19")
+    with Client("127.0.0.1", second.port) as consumer:
+        consumer.subscribe("s", destination="/queue/p", prefetch=8)
+        assert sorted(int(b) for b in consume(consumer, 20)) == list(range(20))
+    first.kill()  # a router holds nothing but connections: the other goes on alone
+    with Client("127.0.0.1", second.port) as client:
+        client.send(b"after", receipt="a", destination="/queue/p")
+        client.wait_receipt("a")

@@ -11,6 +11,7 @@ import pytest
 from test_security import Certs, tls_port
 
 from curb import users
+from curb.client import Client, StompError
 from curb.frame import Frame, FrameParser, encode
 
 pytestmark = pytest.mark.slow
@@ -81,3 +82,30 @@ def test_a_bad_credentials_file_is_a_usage_error(run_curb, tmp_path):
     (tmp_path / "creds").write_text("no colon here\n")
     result = run_curb("router", "-route", "q=127.0.0.1:1", "-instance-credentials", str(tmp_path / "creds"))
     assert result.returncode == 2 and "write LOGIN:PASSCODE on its first line" in result.stderr
+
+
+def test_router_users_with_permissions_per_destination(curb_broker, curb_router, run_curb, tmp_path):
+    orders, mail = curb_broker(file="orders.log"), curb_broker(file="mail.log")
+    table = [
+        users.User("alice", users.hash_password("pw"), frozenset({"send@orders"})),
+        users.User("bob", users.hash_password("pw"), frozenset(users.PERMISSIONS)),
+    ]
+    (tmp_path / "users").write_text(users.format_users(table))
+    router = curb_router(
+        [f"orders=127.0.0.1:{orders.port}", f"mail=127.0.0.1:{mail.port}"], ["-users", str(tmp_path / "users")]
+    )
+    assert "2 users from" in router.stderr_text()
+    with Client("127.0.0.1", router.port, login="alice", passcode="pw") as alice:
+        alice.send(b"o", receipt="r", destination="/queue/orders")
+        alice.wait_receipt("r")
+        alice.send(b"m", receipt="m", destination="/queue/mail")
+        with pytest.raises(StompError) as refused:
+            alice.wait_receipt("m")
+    assert "send permission needed for 'mail'" in str(refused.value)
+    with pytest.raises(StompError) as wrong:
+        Client("127.0.0.1", router.port, login="alice", passcode="nope").connect()
+    assert "access refused" in str(wrong.value)
+    with Client("127.0.0.1", router.port, login="bob", passcode="pw") as bob:
+        bob.subscribe("s", destination="/queue/orders", prefetch=1)
+        message = bob.receive(10)
+        assert message is not None and message.body == b"o"

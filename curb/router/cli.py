@@ -20,7 +20,7 @@ from curb.addr import parse_addr
 from curb.cli import _max_frame, _size
 from curb.durations import Duration
 from curb.heartbeat import MAX_MS as MAX_HEARTBEAT_MS
-from curb.instance import EXIT_USAGE, Events, StartError, _addr_text, _listen, _sockname
+from curb.instance import EXIT_USAGE, Events, StartError, _addr_text, _listen, _load_users, _sockname
 from curb.router import routes as routing
 from curb.router.core import RouterCore
 from curb.router.glue import Router, client_factory
@@ -118,6 +118,14 @@ def load_routes(route_flags: tuple[str, ...], routes_file: str | None) -> routin
     type=Duration("s", MAX_HEARTBEAT_MS / 1000, zero="refuse at once"),
     help="How long a SEND waits for an instance of its destination to be up before it is refused.",
 )
+@click.option(
+    "-users",
+    "--users",
+    "users_path",
+    default=None,
+    help="The users file (see `curb passwd`): CONNECT must log in as one of them; permissions may name "
+    "destinations (send@orders). Re-read on SIGHUP. Default: no logins.",
+)
 @click.option("-tls-addr", "--tls-addr", default=None, callback=_tls_addr, help="Serve STOMP over TLS on [HOST]:PORT.")
 @click.option("-tls-cert", "--tls-cert", default=None, help="The TLS certificate chain (PEM), for -tls-addr.")
 @click.option("-tls-key", "--tls-key", default=None, help="The TLS certificate's private key (PEM), for -tls-addr.")
@@ -194,6 +202,7 @@ def router_command(
     spawn_cap,
     spawn_max,
     spawn_args,
+    users_path,
     tls_addr,
     tls_cert,
     tls_key,
@@ -247,7 +256,7 @@ def router_command(
     )
     try:
         spawning = None if spawn_dir is None else (Path(spawn_dir).resolve(), spawn_cap, spawn_max, tuple(spawn_args))
-        listeners = Listeners(addr, tls_addr, server_tls, link_tls)
+        listeners = Listeners(addr, tls_addr, server_tls, link_tls, users_path)
         code = asyncio.run(serve(core, listeners, route_flags, routes_file, events, spawning))
     except StartError as err:
         click.echo(f"curb: {err.line}", err=True)
@@ -263,6 +272,7 @@ class Listeners:
     tls_addr: tuple[str | None, int] | None
     server_tls: ssl.SSLContext | None
     link_tls: ssl.SSLContext | None
+    users_path: str | None = None
 
 
 def _credentials(path: str) -> tuple[str, str]:
@@ -291,6 +301,9 @@ async def serve(
     loop = asyncio.get_running_loop()
     router = Router(core, listeners.link_tls)
     addr = listeners.addr
+    users_path = listeners.users_path
+    if users_path is not None:
+        router.use_users(_load_users(users_path))
     spawner = None
     if spawning is not None:
         directory, cap, most, extra = spawning
@@ -326,6 +339,12 @@ async def serve(
             stop.set_result(None)
 
     def on_reload() -> None:
+        if users_path is not None:
+            try:
+                router.use_users(_load_users(users_path))
+                events("reloaded", f"reloaded {len(core.users or {})} users from {users_path}")
+            except StartError as err:
+                events("reload_failed", f"{err.line}; kept the users read before")
         try:
             table = load_routes(route_flags, routes_file)
         except (routing.RouteError, OSError, UnicodeDecodeError) as err:
@@ -342,12 +361,15 @@ async def serve(
         spawner.start()
     names = ", ".join(_sockname(s) for s in servers[0].sockets)
     tls_names = "".join(f"; TLS on {_sockname(s)}" for server in servers[1:] for s in server.sockets)
-    events(
-        "access",
-        "WARNING: the router has no -users: any client that reaches it may send to, consume from and count "
-        "every destination it routes; listen on 127.0.0.1 or behind a firewall",
-        level="warning",
-    )
+    if users_path is None:
+        events(
+            "access",
+            "WARNING: no -users: any client that reaches the router may send to, consume from and count "
+            "every destination it routes; add -users FILE (see curb passwd) or listen on 127.0.0.1",
+            level="warning",
+        )
+    else:
+        events("access", f"{len(core.users or {})} users from {users_path}", users=len(core.users or {}))
     events(
         "listening",
         f"listening on {names} (router; routes: {_describe(core_routes(core))}){tls_names}",

@@ -58,6 +58,11 @@ Rules (invariants the tests check):
 - Spawning: with `spawn` set, a destination that no route names is offered to it; if it
   takes it, frames for that destination are handled as for an instance that is not up
   yet (SENDs parked), until `spawned_instance` routes it.
+- Access: with a users file (`users`), CONNECT must carry a login and passcode of one of
+  its users, checked off the loop (`check_login`); the frames after it wait until the
+  answer. A SEND needs `send`, a SUBSCRIBE `consume` (a `./NAME/count` one `count`), an
+  ACK or NACK `consume`, each for the frame's destination (`users.allows`: the plain
+  permission or `PERMISSION@NAME`).
 - Transactions: SEND, ACK and NACK with a `transaction` header are held in the router
   until COMMIT forwards them (each SEND stamped with `curb-transaction` and
   `curb-transaction-seq`); COMMIT's RECEIPT waits for all of their RECEIPTs. ABORT, a
@@ -72,7 +77,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from curb import heartbeat, message_limits, payload, receipts
+from curb import heartbeat, message_limits, payload, receipts, users
 from curb.access import SERVER
 from curb.commands import KNOWN_COMMANDS, prefetch_header
 from curb.deadlines import BEAT_EARLY
@@ -173,6 +178,9 @@ class ClientConn(Endpoint):
         self.deliveries: dict[str, Delivery] = {}
         self.transactions: dict[str, list[Frame]] = {}
         self.counts: dict[str, tuple[str, str]] = {}  # ./count subscriptions: id -> (name, header)
+        self.held: list[Frame] | None = None  # frames after a CONNECT whose login is being checked
+        self.permissions: frozenset[str] | None = None  # None: everything is allowed
+        self.user: str | None = None
         self.erring = False
 
 
@@ -249,6 +257,10 @@ class RouterCore:
         self._count_version = 0
         # Spawning (-spawn): asked for a destination with no route; True if it will come.
         self.spawn: Callable[[str], bool] | None = None
+        # Logins (-users): the users file, and the glue's check of a password off the loop,
+        # which answers with the user or None.
+        self.users: dict[str, users.User] | None = None
+        self.check_login: Callable[[str, str, Callable[[users.User | None], None]], None] | None = None
         self.spawning: set[str] = set()
         self.spawned: dict[str, Address] = {}
         self.routes = routes
@@ -380,6 +392,9 @@ class RouterCore:
             self._rebalance(link)
 
     def _handle(self, client: ClientConn, frame: Frame) -> None:
+        if client.held is not None:
+            client.held.append(frame)
+            return
         handler = RULES.get((client.state, frame.command))
         if handler is None:
             self._unexpected(client, frame)
@@ -419,6 +434,49 @@ class RouterCore:
         except ValueError as err:
             self._error(client, "bad heart-beat header", f"{err}.")
             return
+        if self.users is None or self.check_login is None:
+            self._connected(client, theirs)
+            return
+        login, passcode = frame.headers.get("login"), frame.headers.get("passcode", "")
+        if login is None:
+            self._refuse(client)
+            return
+        client.held = []
+        self.check_login(login, passcode, lambda user: self._checked(client, user, theirs))
+
+    def _checked(self, client: ClientConn, user: users.User | None, theirs: tuple[int, int]) -> None:
+        """The login's answer: connect and handle the frames held meanwhile, or refuse."""
+        held, client.held = client.held or [], None
+        if client.gone:
+            return
+        if user is None:
+            self._refuse(client)
+            return
+        client.user, client.permissions = user.name, user.permissions
+        self._connected(client, theirs)
+        for frame in held:
+            if client.state is CLOSING:
+                break
+            self._handle(client, frame)
+
+    def _refuse(self, client: ClientConn) -> None:
+        self._error(
+            client,
+            "access refused",
+            "Send the login and passcode of a user in the router's users file (-users).",
+        )
+
+    def _allow(self, client: ClientConn, permission: str, dest: str) -> None:
+        """QueueError unless the client's user may do `permission` on `dest`."""
+        if client.permissions is not None and not users.allows(client.permissions, permission, dest):
+            raise QueueError(
+                f"{permission} permission needed for {dest!r}",
+                f"User {client.user!r} may not {permission} on {dest!r}: the operator grants it with "
+                f"`curb passwd USERS-FILE {client.user} --perm {permission}@{dest}` (or --perm {permission} "
+                "for every destination).",
+            )
+
+    def _connected(self, client: ClientConn, theirs: tuple[int, int]) -> None:
         ours = self.heartbeat_ms
         client.send_every, client.expect_every = heartbeat.negotiate((ours, ours), theirs)
         client.state = OPEN
@@ -437,6 +495,7 @@ class RouterCore:
 
     def on_send(self, client: ClientConn, frame: Frame) -> None:
         dest = self._route(frame)
+        self._allow(client, "send", dest)
         headers = frame.headers
         lines = payload.header_lines(headers)
         size = len(lines) + 1 + len(frame.body)
@@ -487,12 +546,14 @@ class RouterCore:
             )
         counted = count_name(headers.get("destination"))
         if counted is not None and counted in self.dests:
+            self._allow(client, "count", counted)
             client.counts[sub_id] = (counted, headers["destination"])
             self.count_subs.setdefault(counted, {})[(client, sub_id)] = None
             self._place_now(client, headers.get("receipt"))
             self._send_counts(counted)
             return
         dest = self._route(frame)
+        self._allow(client, "consume", dest)
         ack = headers.get("ack", "auto")
         if ack not in ("auto", "client", "client-individual"):
             raise QueueError(
@@ -563,6 +624,7 @@ class RouterCore:
                     client.line.append(Place(receipts.late_receipt(receipt), 0, receipt))
                     self._pump(client)
             return
+        self._allow(client, "consume", delivery.link.dest)
         deliveries = [delivery]
         if delivery.client_sub.ack == "client" and frame.command == "ACK":
             deliveries = []

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import cast
 
+from curb import users
 from curb.router.core import UP, ClientConn, Endpoint, Link, RouterCore
 from curb.server import LINGER_SECONDS, peer_address
 
@@ -44,6 +45,7 @@ class Router:
         self._ticker: asyncio.TimerHandle | None = None
         self._closing = False
         self._flush_due = False
+        self._logins = users.LoginCache()
 
     async def start(self, within: float = FIRST_TRY_SECONDS) -> None:
         """Connect every link; return once each is up or failed once (at most `within`
@@ -60,6 +62,33 @@ class Router:
     def watch(self, link: Link) -> None:
         """Keep a connection to this link's instance open while the link exists."""
         self._link_tasks[link] = self.loop.create_task(self._keep_link(link))
+
+    def use_users(self, table: dict[str, users.User] | None) -> None:
+        """Check logins against this users file (None: no logins); a password is checked
+        (scrypt) on a worker thread, once per login and passcode while the file keeps the
+        user's line (users.LoginCache)."""
+        self.core.users = table
+        if table is None:
+            self.core.check_login = None
+            return
+        self._logins.retain(table)
+        self.core.check_login = self._check_login
+
+    def _check_login(self, login: str, passcode: str, answer: Callable[[users.User | None], None]) -> None:
+        table = self.core.users or {}
+        known = self._logins.get(table, login, passcode)
+        if known is not None:
+            answer(known)
+            return
+
+        def checked(done: asyncio.Future[users.User | None]) -> None:
+            user = done.result()
+            if user is not None:
+                self._logins.remember(user, passcode)
+            answer(user)
+            self.flush()
+
+        self.loop.run_in_executor(None, users.authenticate, table, login, passcode).add_done_callback(checked)
 
     def add_links(self, links: list[Link]) -> None:
         """Connect links the core made outside a routes change (a spawned instance)."""
@@ -110,6 +139,7 @@ class Router:
     def flush(self) -> None:
         """Write each endpoint's output; apply its close."""
         self._flush_due = False
+        self._logins = users.LoginCache()
         now = self.loop.time()
         for endpoint in self.core.take_dirty(now):
             transport = self.transports.get(endpoint)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from curb.addr import parse_addr
 
-_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+DESTINATION_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 QUEUE_PREFIX = "/queue/"
 LOCAL_PREFIX = "./"
 Address = tuple[str, int]
@@ -58,7 +58,7 @@ def parse_route(text: str) -> tuple[str, tuple[Address, ...]]:
 
 
 def check_name(name: str) -> None:
-    if not _NAME.fullmatch(name):
+    if not DESTINATION_NAME.fullmatch(name):
         raise RouteError(
             f"bad destination name {name[:60]!r}: use 1 to 200 letters, digits, '-', '_' or '.', e.g. orders"
         )
@@ -107,5 +107,5 @@ def destination_name(header: str | None) -> str | None:
     for prefix in (QUEUE_PREFIX, LOCAL_PREFIX):
         if header.startswith(prefix):
             name = header[len(prefix) :]
-            return name if _NAME.fullmatch(name) else None
+            return name if DESTINATION_NAME.fullmatch(name) else None
     return None
