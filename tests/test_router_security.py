@@ -21,34 +21,12 @@ def test_tls_in_front_and_behind_with_the_instance_users_file(curb_broker, curb_
     certs = Certs(tmp_path, "i")
     table = [users.User("router", users.hash_password("s3cret"), frozenset({"send", "consume", "count"}))]
     (tmp_path / "users").write_text(users.format_users(table))
-    instance = curb_broker(
-        addr="off",
-        extra_args=(
-            "-tls-addr",
-            "127.0.0.1:0",
-            "-tls-cert",
-            str(certs.cert),
-            "-tls-key",
-            str(certs.key),
-            "-users",
-            str(tmp_path / "users"),
-        ),
-    )
+    serve_tls = ("-tls-addr", "127.0.0.1:0", "-tls-cert", str(certs.cert), "-tls-key", str(certs.key))
+    instance = curb_broker(addr="off", extra_args=(*serve_tls, "-users", str(tmp_path / "users")))
     (tmp_path / "creds").write_text("router:s3cret\n")
     router = curb_router(
         [f"q=127.0.0.1:{tls_port(instance)}"],
-        [
-            "-instance-tls-ca",
-            str(certs.ca_file),
-            "-instance-credentials",
-            str(tmp_path / "creds"),
-            "-tls-addr",
-            "127.0.0.1:0",
-            "-tls-cert",
-            str(certs.cert),
-            "-tls-key",
-            str(certs.key),
-        ],
+        ["-instance-tls-ca", str(certs.ca_file), "-instance-credentials", str(tmp_path / "creds"), *serve_tls],
     )
     assert "is up" in router.stderr_text() and "access refused" not in instance.stderr_text()
     context = ssl.create_default_context(cafile=str(certs.ca_file))
