@@ -29,7 +29,8 @@ from curb import users
     multiple=True,
     metavar="PERM[,PERM...]",
     callback=lambda ctx, param, values: _permissions(values),
-    help="Permissions to give: send, consume, count, purge; repeat the flag or list them with commas. "
+    help="Permissions to give: send, consume, count, purge, or one of them @DESTINATION (curb router only, "
+    "e.g. send@orders); repeat the flag or list them with commas. "
     "Default for an existing user: keep its permissions.",
 )
 @click.option(

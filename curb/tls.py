@@ -56,6 +56,27 @@ def load(files: TlsFiles) -> ssl.SSLContext:
     return context
 
 
+def client_context(ca: str, cert: str | None = None, key: str | None = None) -> ssl.SSLContext:
+    """A context for connecting to Curb over TLS (the router's links): servers verified
+    against `ca` and their host name; with `cert` and `key`, a client certificate too.
+    TlsError names the file that failed."""
+    for path in (ca, cert, key):
+        if path is not None:
+            _check_readable(path)
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_verify_locations(cafile=ca)
+    except (ssl.SSLError, OSError) as err:
+        raise TlsError(f"{ca} holds no PEM CA certificate ({_why(err)})") from None
+    if cert is not None:
+        try:
+            context.load_cert_chain(cert, key)
+        except (ssl.SSLError, OSError) as err:
+            raise TlsError(f"{cert} and {key} are not a PEM certificate and its key ({_why(err)})") from None
+    return context
+
+
 def _check_readable(path: str) -> None:
     try:
         with open(path, "rb"):

@@ -12,7 +12,9 @@ certificate whose subject CN is the name (mutual TLS).
 
 Invariants:
 - Names hold no `:`, white space or control characters; each appears once in a file.
-- Permissions are a subset of PERMISSIONS.
+- Permissions are a subset of PERMISSIONS, or one of them scoped to a destination of
+  `curb router` (`send@orders`), which only the router reads: an instance grants only
+  unscoped ones (it serves one queue), the router either (`allows`).
 - `authenticate` costs one scrypt whether the name exists or not (a dummy hash stands in),
   and compares hashes in constant time, so its time does not tell which names exist.
 - `LoginCache` holds no passcode: only an HMAC of (name, passcode) under a key made at
@@ -29,6 +31,8 @@ import hmac
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+from curb.router.routes import DESTINATION_NAME
 
 PERMISSIONS = ("send", "consume", "count", "purge")  # purge: DELETE a queue over HTTP
 NO_PASSWORD = "!"
@@ -137,8 +141,13 @@ def parse(text: str) -> dict[str, User]:
 def format_users(users: Iterable[User]) -> str:
     """The text of a users file holding `users`, one line each, in the order given."""
     lines = ["# Curb users: name:hash:permissions (see `curb passwd --help`)"]
-    lines += [f"{u.name}:{u.hash}:{','.join(p for p in PERMISSIONS if p in u.permissions)}" for u in users]
+    lines += [f"{u.name}:{u.hash}:{','.join(_ordered(u.permissions))}" for u in users]
     return "\n".join(lines) + "\n"
+
+
+def _ordered(permissions: frozenset[str]) -> list[str]:
+    """Plain permissions in PERMISSIONS' order, then scoped ones sorted."""
+    return [p for p in PERMISSIONS if p in permissions] + sorted(p for p in permissions if p not in PERMISSIONS)
 
 
 def check_name(name: str) -> str:
@@ -149,10 +158,24 @@ def check_name(name: str) -> str:
 
 def check_permissions(names: Iterable[str]) -> frozenset[str]:
     perms = frozenset(names)
-    unknown = sorted(perms - set(PERMISSIONS))
+    unknown = sorted(p for p in perms if p not in PERMISSIONS and not _scoped(p))
     if unknown:
-        raise UsersError(f"unknown permission {unknown[0]!r}: use {', '.join(PERMISSIONS)}")
+        raise UsersError(
+            f"unknown permission {unknown[0]!r}: use {', '.join(PERMISSIONS)}, or one of them "
+            "@DESTINATION for curb router (e.g. send@orders)"
+        )
     return perms
+
+
+def allows(permissions: frozenset[str], permission: str, destination: str) -> bool:
+    """Whether a user with `permissions` may do `permission` on a router's destination."""
+    return permission in permissions or f"{permission}@{destination}" in permissions
+
+
+def _scoped(permission: str) -> bool:
+    """`PERMISSION@DESTINATION`, the destination named as `curb router` names them."""
+    kind, sep, destination = permission.partition("@")
+    return bool(sep) and kind in PERMISSIONS and DESTINATION_NAME.fullmatch(destination) is not None
 
 
 def _parse_line(line: str) -> User:

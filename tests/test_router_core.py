@@ -3,8 +3,11 @@ in, frames out (curb.router.core). Each test names the rule it checks."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
+from curb import users
 from curb.frame import Frame, FrameParser, encode
 from curb.router import routes
 from curb.router.core import UP, ClientConn, Link, RouterCore
@@ -17,6 +20,7 @@ class World:
         self.core = RouterCore(routes.build(list(route)), prefetch=prefetch)
         self.now = 0.0
         self.parsers: dict[object, FrameParser] = {}
+        self.pending: list[tuple[Callable[[users.User | None], None], users.User | None]] = []  # login checks
 
     def link(self, dest: str, index: int = 0) -> Link:
         """The link that consumes from a destination's instance number `index`."""
@@ -443,3 +447,110 @@ def test_an_ack_without_a_receipt_asks_none_of_the_instance_and_holds_up_nothing
     [ack, _] = w.out(link)
     assert ack.headers == {"id": "1"}
     assert [f.headers["receipt-id"] for f in w.out(c)] == ["u"]
+
+
+def test_count_of_a_destination_sums_its_instances_and_follows_their_changes():
+    w = World("p=127.0.0.1:1,127.0.0.1:2")
+    l1, l2 = w.up("p", 0), w.up("p", 1)
+    c = w.client()
+    w.send(c, "SUBSCRIBE", {"destination": "./p/count", "id": "n", "receipt": "r"})
+    receipt, first = w.out(c)
+    assert first.headers["destination"] == "./p/count" and receipt.headers["receipt-id"] == "r"
+    assert first.body == b'{"rdy": 0, "wip": 0, "instances": 2, "up": 2}'
+    w.answer(
+        l1,
+        "MESSAGE",
+        {"subscription": "count", "message-id": "count-1", "destination": "./count", "rdy": "3", "wip": "1"},
+    )
+    w.answer(
+        l2,
+        "MESSAGE",
+        {"subscription": "count", "message-id": "count-1", "destination": "./count", "rdy": "4", "wip": "0"},
+    )
+    assert [(f.headers["rdy"], f.headers["wip"]) for f in w.out(c)] == [("3", "1"), ("7", "1")]
+    w.core.link_lost(l2, "connection lost")
+    [down] = w.out(c)
+    assert down.body == b'{"rdy": 3, "wip": 1, "instances": 2, "up": 1}'
+    w.send(c, "ACK", {"id": down.headers["message-id"], "receipt": "k"})
+    assert [f.headers["receipt-id"] for f in w.out(c)] == ["k"]
+
+
+def users_world(*route: str) -> World:
+    """A world whose router checks logins against alice (send on orders only) and bob (everything)."""
+    w = World(*route)
+    table = {
+        "alice": users.User("alice", "!", frozenset({"send@orders", "count@orders"})),
+        "bob": users.User("bob", "!", frozenset(users.PERMISSIONS)),
+    }
+    w.core.users = table
+
+    def check(login: str, passcode: str, answer) -> None:
+        w.pending.append((answer, table.get(login) if passcode == "pw" else None))
+
+    w.core.check_login = check
+    return w
+
+
+def login(w: World, name: str, passcode: str = "pw") -> ClientConn:
+    client = w.core.client_opened("test", w.now)
+    w.send(client, "CONNECT", {"accept-version": "1.2", "login": name, "passcode": passcode})
+    return client
+
+
+def test_frames_after_connect_wait_for_the_login_check_and_then_run_in_order():
+    w = users_world("orders=127.0.0.1:1")
+    w.up("orders")
+    c = login(w, "alice")
+    w.send(c, "SEND", {"destination": "/queue/orders", "receipt": "r"}, b"x")
+    assert w.out(c) == [] and w.out(w.sender("orders")) == []
+    answer, user = w.pending.pop()
+    answer(user)
+    assert [f.command for f in w.out(c)] == ["CONNECTED"]
+    assert [f.body for f in w.out(w.sender("orders"))] == [b"x"]
+
+
+@pytest.mark.parametrize(("name", "passcode"), [("alice", "wrong"), ("mallory", "pw")])
+def test_a_failed_login_is_refused(name, passcode):
+    w = users_world("orders=127.0.0.1:1")
+    c = login(w, name, passcode)
+    answer, user = w.pending.pop()
+    answer(user)
+    [error] = w.out(c)
+    assert error.headers["message"] == "access refused" and c.close_wanted
+
+
+@pytest.mark.parametrize(
+    ("headers", "refused"),
+    [
+        ({"destination": "/queue/mail"}, "send permission needed for 'mail'"),
+        ({"destination": "/queue/orders"}, None),
+    ],
+)
+def test_a_permission_may_name_a_destination(headers, refused):
+    w = users_world("orders=127.0.0.1:1", "mail=127.0.0.1:2")
+    w.up("orders"), w.up("mail")
+    c = login(w, "alice")
+    answer, user = w.pending.pop()
+    answer(user)
+    w.out(c)
+    w.send(c, "SEND", {**headers, "receipt": "r"}, b"x")
+    if refused is None:
+        assert w.out(c) == [] and len(w.out(w.sender("orders"))) == 1
+        return
+    [error] = w.out(c)
+    assert error.headers["message"] == refused
+    assert b"curb passwd USERS-FILE alice --perm send@mail" in error.body
+
+
+def test_consuming_needs_consume_and_counting_needs_count_for_the_destination():
+    w = users_world("orders=127.0.0.1:1")
+    w.up("orders")
+    c = login(w, "alice")
+    answer, user = w.pending.pop()
+    answer(user)
+    w.out(c)
+    w.send(c, "SUBSCRIBE", {"destination": "./orders/count", "id": "n"})
+    assert [f.headers["destination"] for f in w.out(c)] == ["./orders/count"]
+    w.send(c, "SUBSCRIBE", {"destination": "/queue/orders", "id": "s"})
+    [error] = w.out(c)
+    assert error.headers["message"] == "consume permission needed for 'orders'"

@@ -3,6 +3,8 @@ instances, each a real `curb` process on loopback."""
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import time
 
@@ -231,3 +233,46 @@ def test_a_refused_send_ends_only_its_own_client(curb_broker, curb_router):
         steady.send(b"after", receipt="s1", destination="/queue/q")
         steady.wait_receipt("s1")
     assert live_bodies(instance.port)[-1] == b"after"
+
+
+def test_spawn_runs_an_instance_per_new_destination_and_restarts_it(curb_router, tmp_path):
+    spawned = tmp_path / "spawned"
+    spawned.mkdir()
+    router = curb_router([], extra_args=["-spawn", str(spawned), "-spawn-cap", "1MiB", "-spawn-max", "2"])
+    with Client("127.0.0.1", router.port) as client:
+        client.send(b"hello", receipt="r", destination="/queue/fresh")
+        client.wait_receipt("r")
+        assert (spawned / "fresh.log").exists()
+        match = re.search(r"spawned an instance for 'fresh' \(pid (\d+)\) on 127\.0\.0\.1:(\d+)", router.stderr_text())
+        assert match is not None, router.stderr_text()
+        assert live_bodies(int(match.group(2))) == [b"hello"]
+        os.kill(int(match.group(1)), signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while "restarted an instance for 'fresh'" not in router.stderr_text():
+            assert time.monotonic() < deadline, router.stderr_text()
+            time.sleep(0.05)
+        client.subscribe("s", destination="./fresh", prefetch=5)
+        assert consume(client, 1, timeout=15) == [b"hello"]
+        client.send(b"x", receipt="second", destination="/queue/second")
+        client.wait_receipt("second")
+        client.send(b"x", receipt="third", destination="/queue/third")
+        with pytest.raises(StompError) as refused:
+            client.wait_receipt("third")
+        assert "unknown destination '/queue/third'" in str(refused.value)
+
+
+def test_two_routers_side_by_side_serve_the_same_instances(curb_broker, curb_router):
+    instances = [curb_broker(file=f"p{n}.log") for n in range(2)]
+    route = "p=" + ",".join(f"127.0.0.1:{i.port}" for i in instances)
+    first, second = curb_router([route]), curb_router([route])
+    with Client("127.0.0.1", first.port) as producer:
+        for n in range(20):
+            producer.send(b"%d" % n, receipt=f"r{n}", destination="/queue/p")
+        producer.wait_receipt("r19")
+    with Client("127.0.0.1", second.port) as consumer:
+        consumer.subscribe("s", destination="/queue/p", prefetch=8)
+        assert sorted(int(b) for b in consume(consumer, 20)) == list(range(20))
+    first.kill()  # a router holds nothing but connections: the other goes on alone
+    with Client("127.0.0.1", second.port) as client:
+        client.send(b"after", receipt="a", destination="/queue/p")
+        client.wait_receipt("a")

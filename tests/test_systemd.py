@@ -139,21 +139,30 @@ def _verifiable_copy(unit: str, directory: Path) -> Path:
 def test_unit_files_pass_systemd_analyze_verify(tmp_path):
     _verifiable_copy("curb@.service", tmp_path)
     _verifiable_copy("curb@.socket", tmp_path)
+    _verify(tmp_path, tmp_path / "curb@orders.service", tmp_path / "curb@orders.socket")
+
+
+def _verify(directory: Path, *units: Path) -> None:
+    """systemd-analyze verify passes the units (found in `directory`) without a word."""
     result = subprocess.run(
-        [
-            "systemd-analyze",
-            "verify",
-            "--man=no",
-            str(tmp_path / "curb@orders.service"),
-            str(tmp_path / "curb@orders.socket"),
-        ],
+        ["systemd-analyze", "verify", "--man=no", *map(str, units)],
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "SYSTEMD_UNIT_PATH": f"{tmp_path}:"},
+        env={**os.environ, "SYSTEMD_UNIT_PATH": f"{directory}:"},
     )
     assert result.returncode == 0, result.stderr
     assert result.stderr == "", result.stderr
+
+
+@pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None,
+    reason="systemd-analyze is missing (Debian package: systemd)",
+)
+def test_router_unit_passes_systemd_analyze_verify(tmp_path):
+    unit = _verifiable_copy("curb-router.service", tmp_path)
+    _verify(tmp_path, unit)
+    assert re.search(r"^ExecStart=\S+ router \$CURB_ROUTER_ARGS$", unit.read_text(), flags=re.M)
 
 
 def test_service_unit_reads_its_settings_from_the_instance_environment_file():

@@ -8,18 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import ssl
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import click
 
+from curb import systemd, tls
 from curb.addr import parse_addr
-from curb.cli import _max_frame
+from curb.cli import _max_frame, _size
 from curb.durations import Duration
 from curb.heartbeat import MAX_MS as MAX_HEARTBEAT_MS
-from curb.instance import EXIT_USAGE, Events, StartError, _addr_text, _listen, _sockname
+from curb.instance import EXIT_USAGE, Events, StartError, _addr_text, _listen, _load_users, _sockname
 from curb.router import routes as routing
 from curb.router.core import RouterCore
 from curb.router.glue import Router, client_factory
+from curb.router.spawner import Spawner
 
 DEFAULT_PORT = 61614
 
@@ -29,6 +34,16 @@ def _addr(ctx, param, value: str):
         return parse_addr(value)
     except ValueError as err:
         raise click.BadParameter(str(err)) from None
+
+
+def _tls_addr(ctx, param, value: str | None):
+    return None if value is None else _addr(ctx, param, value)
+
+
+def _checked_size(ctx, param, value: str) -> str:
+    """A size flag passed on to instances as given, once it parses."""
+    _size(ctx, param, value)
+    return value
 
 
 def load_routes(route_flags: tuple[str, ...], routes_file: str | None) -> routing.Routes:
@@ -104,6 +119,69 @@ def load_routes(route_flags: tuple[str, ...], routes_file: str | None) -> routin
     help="How long a SEND waits for an instance of its destination to be up before it is refused.",
 )
 @click.option(
+    "-users",
+    "--users",
+    "users_path",
+    default=None,
+    help="The users file (see `curb passwd`): CONNECT must log in as one of them; permissions may name "
+    "destinations (send@orders). Re-read on SIGHUP. Default: no logins.",
+)
+@click.option("-tls-addr", "--tls-addr", default=None, callback=_tls_addr, help="Serve STOMP over TLS on [HOST]:PORT.")
+@click.option("-tls-cert", "--tls-cert", default=None, help="The TLS certificate chain (PEM), for -tls-addr.")
+@click.option("-tls-key", "--tls-key", default=None, help="The TLS certificate's private key (PEM), for -tls-addr.")
+@click.option(
+    "-instance-credentials",
+    "--instance-credentials",
+    default=None,
+    type=click.Path(dir_okay=False, exists=True),
+    help="A file whose first line is LOGIN:PASSCODE, for the router's CONNECT to instances with -users.",
+)
+@click.option(
+    "-instance-tls-ca",
+    "--instance-tls-ca",
+    default=None,
+    help="Reach instances over TLS, trusting the CAs in this PEM file (routes then name their -tls-addr).",
+)
+@click.option(
+    "-instance-tls-cert",
+    "--instance-tls-cert",
+    default=None,
+    help="A client certificate (PEM chain) for instances that require one (-tls-ca); with -instance-tls-key.",
+)
+@click.option("-instance-tls-key", "--instance-tls-key", default=None, help="The key of -instance-tls-cert (PEM).")
+@click.option(
+    "-spawn",
+    "--spawn",
+    "spawn_dir",
+    default=None,
+    type=click.Path(file_okay=False, exists=True, writable=True),
+    help="Run a Curb instance of its own for each destination no route names, its log in this directory.",
+)
+@click.option(
+    "-spawn-cap",
+    "--spawn-cap",
+    default="1GiB",
+    show_default=True,
+    callback=_checked_size,
+    help="The -cap of each spawned instance.",
+)
+@click.option(
+    "-spawn-max",
+    "--spawn-max",
+    default=64,
+    show_default=True,
+    type=click.IntRange(1, 10000),
+    help="Most instances -spawn runs; a new destination past that is refused.",
+)
+@click.option(
+    "-spawn-arg",
+    "--spawn-arg",
+    "spawn_args",
+    multiple=True,
+    metavar="ARG",
+    help="An extra flag for every spawned instance, e.g. -spawn-arg=-users=FILE (repeatable).",
+)
+@click.option(
     "-log-format",
     "--log-format",
     type=click.Choice(["text", "json"]),
@@ -112,7 +190,27 @@ def load_routes(route_flags: tuple[str, ...], routes_file: str | None) -> routin
     help="Log lines on stderr as text or as one JSON object each.",
 )
 def router_command(
-    addr, route_flags, routes_file, prefetch, max_frame, heartbeat, link_heartbeat, link_wait, log_format
+    addr,
+    route_flags,
+    routes_file,
+    prefetch,
+    max_frame,
+    heartbeat,
+    link_heartbeat,
+    link_wait,
+    spawn_dir,
+    spawn_cap,
+    spawn_max,
+    spawn_args,
+    users_path,
+    tls_addr,
+    tls_cert,
+    tls_key,
+    instance_credentials,
+    instance_tls_ca,
+    instance_tls_cert,
+    instance_tls_key,
+    log_format,
 ):
     """A STOMP router in front of Curb instances: destinations, partitions and transactions.
 
@@ -123,8 +221,27 @@ def router_command(
     except (routing.RouteError, OSError, UnicodeDecodeError) as err:
         click.echo(f"curb: {err}; fix -route or -routes", err=True)
         sys.exit(EXIT_USAGE)
-    if not table.table:
-        click.echo("curb: no routes: give -route NAME=HOST:PORT (repeatable) or -routes FILE", err=True)
+    if not table.table and spawn_dir is None:
+        click.echo("curb: no routes: give -route NAME=HOST:PORT (repeatable), -routes FILE or -spawn DIR", err=True)
+        sys.exit(EXIT_USAGE)
+    login = passcode = None
+    if instance_credentials is not None:
+        login, passcode = _credentials(instance_credentials)
+    try:
+        server_tls = None
+        if tls_addr is not None or tls_cert or tls_key:
+            if tls_addr is None or not tls_cert or not tls_key:
+                raise click.UsageError("-tls-addr, -tls-cert and -tls-key go together")
+            server_tls = tls.load(tls.TlsFiles(tls_cert, tls_key))
+        link_tls = None
+        if instance_tls_ca is not None:
+            if bool(instance_tls_cert) != bool(instance_tls_key):
+                raise click.UsageError("-instance-tls-cert and -instance-tls-key go together")
+            link_tls = tls.client_context(instance_tls_ca, instance_tls_cert, instance_tls_key)
+        elif instance_tls_cert or instance_tls_key:
+            raise click.UsageError("-instance-tls-cert and -instance-tls-key need -instance-tls-ca")
+    except tls.TlsError as err:
+        click.echo(f"curb: TLS: {err}; fix the -tls or -instance-tls flags", err=True)
         sys.exit(EXIT_USAGE)
     core = RouterCore(
         table,
@@ -133,22 +250,88 @@ def router_command(
         heartbeat_ms=round(heartbeat * 1000),
         link_heartbeat_ms=round(link_heartbeat * 1000),
         link_wait=link_wait,
+        login=login,
+        passcode=passcode,
         events=events,
     )
     try:
-        code = asyncio.run(serve(core, addr, route_flags, routes_file, events))
+        spawning = None if spawn_dir is None else (Path(spawn_dir).resolve(), spawn_cap, spawn_max, tuple(spawn_args))
+        listeners = Listeners(addr, tls_addr, server_tls, link_tls, users_path)
+        code = asyncio.run(serve(core, listeners, route_flags, routes_file, events, spawning))
     except StartError as err:
         click.echo(f"curb: {err.line}", err=True)
         sys.exit(err.status)
     sys.exit(code)
 
 
-async def serve(core: RouterCore, addr, route_flags, routes_file: str | None, events: Events) -> int:
+@dataclass(frozen=True)
+class Listeners:
+    """Where clients connect (plain and TLS), and the TLS context for links, if any."""
+
+    addr: tuple[str | None, int]
+    tls_addr: tuple[str | None, int] | None
+    server_tls: ssl.SSLContext | None
+    link_tls: ssl.SSLContext | None
+    users_path: str | None = None
+
+
+def _credentials(path: str) -> tuple[str, str]:
+    """LOGIN:PASSCODE from the first line of a file; a usage error otherwise."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            line = f.readline().rstrip("\n")
+    except (OSError, UnicodeDecodeError) as err:
+        click.echo(f"curb: cannot read -instance-credentials {path}: {err}", err=True)
+        sys.exit(EXIT_USAGE)
+    login, sep, passcode = line.partition(":")
+    if not sep or not login:
+        click.echo(f"curb: -instance-credentials {path}: write LOGIN:PASSCODE on its first line", err=True)
+        sys.exit(EXIT_USAGE)
+    return login, passcode
+
+
+async def serve(
+    core: RouterCore,
+    listeners: Listeners,
+    route_flags,
+    routes_file: str | None,
+    events: Events,
+    spawning: tuple[Path, str, int, tuple[str, ...]] | None = None,
+) -> int:
     loop = asyncio.get_running_loop()
-    router = Router(core)
-    server = await _listen(
-        "-addr", addr, lambda: loop.create_server(client_factory(router), addr[0], addr[1], reuse_address=True)
-    )
+    router = Router(core, listeners.link_tls)
+    addr = listeners.addr
+    users_path = listeners.users_path
+    if users_path is not None:
+        router.use_users(_load_users(users_path))
+    spawner = None
+    if spawning is not None:
+        directory, cap, most, extra = spawning
+        spawner = Spawner(
+            directory,
+            cap,
+            most,
+            extra,
+            lambda name, port: router.add_links(core.spawned_instance(name, ("127.0.0.1", port))),
+            events,
+        )
+        core.spawn = spawner.want
+    servers = [
+        await _listen(
+            "-addr", addr, lambda: loop.create_server(client_factory(router), addr[0], addr[1], reuse_address=True)
+        )
+    ]
+    tls_addr = listeners.tls_addr
+    if tls_addr is not None:
+        servers.append(
+            await _listen(
+                "-tls-addr",
+                tls_addr,
+                lambda: loop.create_server(
+                    client_factory(router), tls_addr[0], tls_addr[1], ssl=listeners.server_tls, reuse_address=True
+                ),
+            )
+        )
     stop = loop.create_future()
 
     def on_signal() -> None:
@@ -156,6 +339,12 @@ async def serve(core: RouterCore, addr, route_flags, routes_file: str | None, ev
             stop.set_result(None)
 
     def on_reload() -> None:
+        if users_path is not None:
+            try:
+                router.use_users(_load_users(users_path))
+                events("reloaded", f"reloaded {len(core.users or {})} users from {users_path}")
+            except StartError as err:
+                events("reload_failed", f"{err.line}; kept the users read before")
         try:
             table = load_routes(route_flags, routes_file)
         except (routing.RouteError, OSError, UnicodeDecodeError) as err:
@@ -168,12 +357,33 @@ async def serve(core: RouterCore, addr, route_flags, routes_file: str | None, ev
         loop.add_signal_handler(sig, on_signal)
     loop.add_signal_handler(signal.SIGHUP, on_reload)
     await router.start()
-    names = ", ".join(_sockname(s) for s in server.sockets)
-    events("listening", f"listening on {names} (router; routes: {_describe(core_routes(core))})", addr=names)
+    if spawner is not None:
+        spawner.start()
+    names = ", ".join(_sockname(s) for s in servers[0].sockets)
+    tls_names = "".join(f"; TLS on {_sockname(s)}" for server in servers[1:] for s in server.sockets)
+    if users_path is None:
+        events(
+            "access",
+            "WARNING: no -users: any client that reaches the router may send to, consume from and count "
+            "every destination it routes; add -users FILE (see curb passwd) or listen on 127.0.0.1",
+            level="warning",
+        )
+    else:
+        events("access", f"{len(core.users or {})} users from {users_path}", users=len(core.users or {}))
+    events(
+        "listening",
+        f"listening on {names} (router; routes: {_describe(core_routes(core))}){tls_names}",
+        addr=names,
+    )
+    systemd.notify("READY=1", f"STATUS=routing {len(core.dests)} destinations")
     await stop
+    systemd.notify("STOPPING=1")
     events("stopping", "stopping: closing clients and links")
-    server.close()
+    for server in servers:
+        server.close()
     await router.close()
+    if spawner is not None:
+        spawner.stop()
     events("stopped", "stopped")
     return 0
 

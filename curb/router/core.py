@@ -52,6 +52,17 @@ Rules (invariants the tests check):
   to the one `curb-partition-key` hashes to (the next one up if it is down). A client
   subscription's prefetch is split into shares, one per instance: at least 1 each, the
   rest to the instances that report queued messages (their `./count`), NSQ's shape.
+- `./NAME/count` (or `/queue/NAME/count`): a subscription to a destination's counts, its
+  instances' `./count` summed (and how many there are and are up), sent at once and on
+  every change; it takes no credit and its MESSAGEs need no ACK.
+- Spawning: with `spawn` set, a destination that no route names is offered to it; if it
+  takes it, frames for that destination are handled as for an instance that is not up
+  yet (SENDs parked), until `spawned_instance` routes it.
+- Access: with a users file (`users`), CONNECT must carry a login and passcode of one of
+  its users, checked off the loop (`check_login`); the frames after it wait until the
+  answer. A SEND needs `send`, a SUBSCRIBE `consume` (a `./NAME/count` one `count`), an
+  ACK or NACK `consume`, each for the frame's destination (`users.allows`: the plain
+  permission or `PERMISSION@NAME`).
 - Transactions: SEND, ACK and NACK with a `transaction` header are held in the router
   until COMMIT forwards them (each SEND stamped with `curb-transaction` and
   `curb-transaction-seq`); COMMIT's RECEIPT waits for all of their RECEIPTs. ABORT, a
@@ -61,17 +72,18 @@ Rules (invariants the tests check):
 from __future__ import annotations
 
 import collections
+import json
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from curb import heartbeat, message_limits, payload, receipts
+from curb import heartbeat, message_limits, payload, receipts, users
 from curb.access import SERVER
 from curb.commands import KNOWN_COMMANDS, prefetch_header
 from curb.deadlines import BEAT_EARLY
 from curb.frame import Frame, FrameParser, ProtocolError, decimal, encode
 from curb.queue import QueueError
-from curb.router.routes import Address, Routes, destination_name
+from curb.router.routes import Address, Routes, count_name, destination_name
 
 NEW, OPEN, CLOSING = "before CONNECT", "after CONNECT", "closing"
 DOWN, CONNECTING, UP = "down", "connecting", "up"
@@ -111,6 +123,7 @@ class Forwarded:
     headers: dict[str, str]
     body: bytes
     dest: str
+    wire: bytes | None = None  # the frame as the instance gets it, but for our receipt
 
 
 @dataclass(slots=True, eq=False)
@@ -164,6 +177,10 @@ class ClientConn(Endpoint):
         self.subs: dict[str, ClientSub] = {}
         self.deliveries: dict[str, Delivery] = {}
         self.transactions: dict[str, list[Frame]] = {}
+        self.counts: dict[str, tuple[str, str]] = {}  # ./count subscriptions: id -> (name, header)
+        self.held: list[Frame] | None = None  # frames after a CONNECT whose login is being checked
+        self.permissions: frozenset[str] | None = None  # None: everything is allowed
+        self.user: str | None = None
         self.erring = False
 
 
@@ -191,6 +208,7 @@ class Link(Endpoint):
         self.on_current = 0  # messages held from the current subscription
         self.free = 0  # the clients' free credit for this instance
         self.rdy = 0  # queued messages, from the instance's ./count
+        self.wip = 0  # messages delivered and not yet ACKed, from the same
         self.deliveries: dict[str, Delivery] = {}  # by the instance's ack id
         self.why_down = "not connected yet"
         self.tried = False  # a connection was tried (the glue's start-up waits for it)
@@ -234,6 +252,18 @@ class RouterCore:
         self.senders: dict[str, list[Link]] = {}  # its SENDS links, in the same order
         self.subs_by_dest: dict[str, list[ClientSub]] = {}
         self._turn: dict[str, int] = {}  # round-robin positions, per destination
+        # ./count subscribers per destination, and the counts each was sent last.
+        self.count_subs: dict[str, dict[tuple[ClientConn, str], dict[str, int] | None]] = {}
+        self._count_version = 0
+        # Spawning (-spawn): asked for a destination with no route; True if it will come.
+        self.spawn: Callable[[str], bool] | None = None
+        # Logins (-users): the users file, and the glue's check of a password off the loop,
+        # which answers with the user or None.
+        self.users: dict[str, users.User] | None = None
+        self.check_login: Callable[[str, str, Callable[[users.User | None], None]], None] | None = None
+        self.spawning: set[str] = set()
+        self.spawned: dict[str, Address] = {}
+        self.routes = routes
         self._numbers = 0
         self.set_routes(routes)
 
@@ -241,7 +271,23 @@ class RouterCore:
 
     def set_routes(self, routes: Routes) -> list[Link]:
         """Take a new routes table: links for new instances (returned, for the glue to
-        connect), removed ones lost. Kept instances keep their links."""
+        connect), removed ones lost. Kept instances keep their links; instances the router
+        spawned stay, unless a route now names their destination."""
+        self.routes = routes
+        table = dict(routes.table)
+        for name, address in self.spawned.items():
+            table.setdefault(name, (address,))
+        for name in self.spawning:
+            table.setdefault(name, ())
+        return self._build(table)
+
+    def spawned_instance(self, name: str, address: Address) -> list[Link]:
+        """The instance the glue spawned for `name` listens at `address`: route to it."""
+        self.spawning.discard(name)
+        self.spawned[name] = address
+        return self.set_routes(self.routes)
+
+    def _build(self, routed: dict[str, tuple[Address, ...]]) -> list[Link]:
         old = {
             (link.dest, link.address, link.role): link
             for table in (self.dests, self.senders)
@@ -250,7 +296,7 @@ class RouterCore:
         }
         tables: dict[str, dict[str, list[Link]]] = {CONSUMES: {}, SENDS: {}}
         new: list[Link] = []
-        for name, addresses in routes.table.items():
+        for name, addresses in routed.items():
             for role, table in tables.items():
                 links = []
                 for address in addresses:
@@ -331,6 +377,8 @@ class RouterCore:
         client.out.clear()
         self.clients.discard(client)
         client.transactions.clear()
+        for sub_id, (name, _) in client.counts.items():
+            self.count_subs.get(name, {}).pop((client, sub_id), None)
         touched: set[Link] = set()
         for delivery in list(client.deliveries.values()):
             self._settle(delivery)
@@ -344,6 +392,9 @@ class RouterCore:
             self._rebalance(link)
 
     def _handle(self, client: ClientConn, frame: Frame) -> None:
+        if client.held is not None:
+            client.held.append(frame)
+            return
         handler = RULES.get((client.state, frame.command))
         if handler is None:
             self._unexpected(client, frame)
@@ -383,6 +434,49 @@ class RouterCore:
         except ValueError as err:
             self._error(client, "bad heart-beat header", f"{err}.")
             return
+        if self.users is None or self.check_login is None:
+            self._connected(client, theirs)
+            return
+        login, passcode = frame.headers.get("login"), frame.headers.get("passcode", "")
+        if login is None:
+            self._refuse(client)
+            return
+        client.held = []
+        self.check_login(login, passcode, lambda user: self._checked(client, user, theirs))
+
+    def _checked(self, client: ClientConn, user: users.User | None, theirs: tuple[int, int]) -> None:
+        """The login's answer: connect and handle the frames held meanwhile, or refuse."""
+        held, client.held = client.held or [], None
+        if client.gone:
+            return
+        if user is None:
+            self._refuse(client)
+            return
+        client.user, client.permissions = user.name, user.permissions
+        self._connected(client, theirs)
+        for frame in held:
+            if client.state is CLOSING:
+                break
+            self._handle(client, frame)
+
+    def _refuse(self, client: ClientConn) -> None:
+        self._error(
+            client,
+            "access refused",
+            "Send the login and passcode of a user in the router's users file (-users).",
+        )
+
+    def _allow(self, client: ClientConn, permission: str, dest: str) -> None:
+        """QueueError unless the client's user may do `permission` on `dest`."""
+        if client.permissions is not None and not users.allows(client.permissions, permission, dest):
+            raise QueueError(
+                f"{permission} permission needed for {dest!r}",
+                f"User {client.user!r} may not {permission} on {dest!r}: the operator grants it with "
+                f"`curb passwd USERS-FILE {client.user} --perm {permission}@{dest}` (or --perm {permission} "
+                "for every destination).",
+            )
+
+    def _connected(self, client: ClientConn, theirs: tuple[int, int]) -> None:
         ours = self.heartbeat_ms
         client.send_every, client.expect_every = heartbeat.negotiate((ours, ours), theirs)
         client.state = OPEN
@@ -401,11 +495,14 @@ class RouterCore:
 
     def on_send(self, client: ClientConn, frame: Frame) -> None:
         dest = self._route(frame)
+        self._allow(client, "send", dest)
         headers = frame.headers
         lines = payload.header_lines(headers)
-        problem = message_limits.send_problem(lines, len(lines) + 1 + len(frame.body), self.max_frame)
-        if problem is not None:
-            raise QueueError(*problem)
+        size = len(lines) + 1 + len(frame.body)
+        if lines or size - 1 + message_limits.RESERVE > self.max_frame:  # else nothing to check
+            problem = message_limits.send_problem(lines, size, self.max_frame)
+            if problem is not None:
+                raise QueueError(*problem)
         tx = headers.get("transaction")
         if tx is not None:
             self._hold(client, tx, frame)
@@ -417,7 +514,8 @@ class RouterCore:
     def _forward_send(
         self, client: ClientConn, place: Place, frame: Frame, dest: str, extra: dict[str, str] | None = None
     ) -> None:
-        forwarded = {k: v for k, v in frame.headers.items() if k not in _HOP_HEADERS}
+        forwarded = {"destination": f"/queue/{dest}"}
+        forwarded.update((k, v) for k, v in frame.headers.items() if k not in _HOP_HEADERS)
         if extra:
             forwarded.update(extra)
         self._place_send(Forwarded(client, place, "SEND", forwarded, frame.body, dest))
@@ -441,12 +539,21 @@ class RouterCore:
                 "SUBSCRIBE needs an id header",
                 "Give SUBSCRIBE an id header (any name); MESSAGEs carry it as subscription and UNSUBSCRIBE names it.",
             )
-        if sub_id in client.subs:
+        if sub_id in client.subs or sub_id in client.counts:
             raise QueueError(
                 f"subscription {sub_id!r} exists already on this connection",
                 "Give each SUBSCRIBE of a connection its own id, or UNSUBSCRIBE the old one first.",
             )
+        counted = count_name(headers.get("destination"))
+        if counted is not None and counted in self.dests:
+            self._allow(client, "count", counted)
+            client.counts[sub_id] = (counted, headers["destination"])
+            self.count_subs.setdefault(counted, {})[(client, sub_id)] = None
+            self._place_now(client, headers.get("receipt"))
+            self._send_counts(counted)
+            return
         dest = self._route(frame)
+        self._allow(client, "consume", dest)
         ack = headers.get("ack", "auto")
         if ack not in ("auto", "client", "client-individual"):
             raise QueueError(
@@ -463,6 +570,11 @@ class RouterCore:
 
     def on_unsubscribe(self, client: ClientConn, frame: Frame) -> None:
         sub_id = frame.headers.get("id")
+        if sub_id is not None and sub_id in client.counts:
+            name, _ = client.counts.pop(sub_id)
+            self.count_subs.get(name, {}).pop((client, sub_id), None)
+            self._place_now(client, frame.headers.get("receipt"))
+            return
         sub = client.subs.pop(sub_id, None) if sub_id is not None else None
         if sub is None:
             raise QueueError(
@@ -486,6 +598,9 @@ class RouterCore:
 
     def _ack_or_nack(self, client: ClientConn, frame: Frame, place: Place | None = None) -> None:
         headers = frame.headers
+        if headers.get("id", "").startswith("count-") and client.counts:
+            self._place_now(client, headers.get("receipt"))  # a ./count MESSAGE needs no answer
+            return
         tx = headers.get("transaction")
         if tx is not None and place is None:
             self._ack_id(frame)  # a bad id is refused now, not at COMMIT
@@ -509,6 +624,7 @@ class RouterCore:
                     client.line.append(Place(receipts.late_receipt(receipt), 0, receipt))
                     self._pump(client)
             return
+        self._allow(client, "consume", delivery.link.dest)
         deliveries = [delivery]
         if delivery.client_sub.ack == "client" and frame.command == "ACK":
             deliveries = []
@@ -624,6 +740,9 @@ class RouterCore:
     def _route(self, frame: Frame) -> str:
         header = frame.headers.get("destination")
         name = destination_name(header)
+        if name is not None and name not in self.dests and self.spawn is not None and self.spawn(name):
+            self.spawning.add(name)
+            self.dests[name], self.senders[name] = [], []
         if name is None or name not in self.dests:
             known = ", ".join(f"/queue/{n}" for n in sorted(self.dests)) or "none"
             raise QueueError(
@@ -766,7 +885,7 @@ class RouterCore:
         was_up = link.state is UP
         link.state = DOWN
         link.why_down = why
-        link.sub_id, link.window, link.on_current, link.rdy = None, 0, 0, 0
+        link.sub_id, link.window, link.on_current, link.rdy, link.wip = None, 0, 0, 0, 0
         if was_up:
             self.events(
                 "link_down",
@@ -777,6 +896,8 @@ class RouterCore:
             )
         for delivery in list(link.deliveries.values()):
             self._settle(delivery)
+        if link.role is CONSUMES:
+            self._send_counts(link.dest)
         pending = list(link.forwarded.values())
         link.forwarded.clear()
         for sub in self.subs_by_dest.get(link.dest, ()):
@@ -841,7 +962,10 @@ class RouterCore:
             self._pump(client)
 
     def _why_down(self, dest: str) -> str:
-        return "; ".join(f"{link.name}: {link.why_down}" for link in self.senders.get(dest, ()))
+        links = self.senders.get(dest)
+        if not links:
+            return "its instance is being started" if dest in self.spawning else "it has no instance"
+        return "; ".join(f"{link.name}: {link.why_down}" for link in links)
 
     def _pick(self, dest: str, key: str | None) -> Link | None:
         links = self.senders.get(dest)
@@ -863,10 +987,10 @@ class RouterCore:
         link.next_receipt += 1
         receipt = f"r{link.next_receipt}"
         link.forwarded[receipt] = item
-        headers = item.headers
-        if item.command == "SEND":
-            headers = {"destination": f"/queue/{link.dest}", **headers}
-        self._write(link, encode(item.command, {**headers, "receipt": receipt}, item.body))
+        if item.wire is None:  # encoded once, without our receipt, which goes in per link
+            item.wire = encode(item.command, item.headers, item.body)
+        cut = len(item.command) + 1
+        self._write(link, b"%sreceipt:%s\n%s" % (item.wire[:cut], receipt.encode(), item.wire[cut:]))
 
     def _write_link(self, link: Link, command: str, headers: dict[str, str]) -> None:
         if link.state is not DOWN:
@@ -988,14 +1112,46 @@ class RouterCore:
         """An instance's ./count: move credit when whether it has queued messages changes."""
         try:
             rdy = decimal(frame.headers.get("rdy", "0"), "rdy", 1 << 62)
+            wip = decimal(frame.headers.get("wip", "0"), "wip", 1 << 62)
         except ValueError:
             return
         had = link.rdy > 0
-        link.rdy = rdy
+        link.rdy, link.wip = rdy, wip
+        self._send_counts(link.dest)
         if (rdy > 0) != had and len(self.dests.get(link.dest, ())) > 1:
             for sub in self.subs_by_dest.get(link.dest, ()):
                 self._share(sub)
             self._rebalance_dest(link.dest)
+
+    def _send_counts(self, dest: str) -> None:
+        """A ./count MESSAGE to each subscriber of the destination's counts that changed:
+        its instances' rdy and wip summed, with how many instances there are and are up."""
+        subscribers = self.count_subs.get(dest)
+        if not subscribers:
+            return
+        links = self.dests.get(dest, [])
+        up = [link for link in links if link.state is UP]
+        counts = {
+            "rdy": sum(link.rdy for link in up),
+            "wip": sum(link.wip for link in up),
+            "instances": len(links),
+            "up": len(up),
+        }
+        for key, last in list(subscribers.items()):
+            client, sub_id = key
+            if last == counts or client.state is not OPEN:
+                continue
+            subscribers[key] = counts
+            self._count_version += 1
+            headers = {
+                "subscription": sub_id,
+                "message-id": f"count-{self._count_version}",
+                "destination": client.counts[sub_id][1],
+                "content-type": "application/json",
+                "rdy": str(counts["rdy"]),
+                "wip": str(counts["wip"]),
+            }
+            self._write(client, encode("MESSAGE", headers, json.dumps(counts).encode()))
 
     def _rebalance_dest(self, dest: str) -> None:
         for link in self.dests.get(dest, ()):

@@ -4,7 +4,9 @@ Clients connect to the router's listener; the router keeps one connection (a lin
 each instance of its routes, reconnecting with a growing pause (LINK_RETRY_* seconds)
 while it is down. After every event this module writes what the core has for each
 endpoint and applies the closes it asks for; a timer calls `tick` every TICK_SECONDS for
-heart-beats. Flow control: while any link's socket buffer is above its high-water mark
+heart-beats. Output is written once per loop pass (`flush_soon`), so the frames of many
+clients read in one pass reach an instance in one write, and its answers go back so too.
+Flow control: while any link's socket buffer is above its high-water mark
 (an instance slower than its producers), no client is read, so the router's memory holds
 at most that mark per link plus what clients already sent.
 """
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import cast
 
+from curb import users
 from curb.router.core import UP, ClientConn, Endpoint, Link, RouterCore
 from curb.server import LINGER_SECONDS, peer_address
 
@@ -41,6 +44,8 @@ class Router:
         self._clients: dict[ClientConn, ClientProtocol] = {}
         self._ticker: asyncio.TimerHandle | None = None
         self._closing = False
+        self._flush_due = False
+        self._logins = users.LoginCache()
 
     async def start(self, within: float = FIRST_TRY_SECONDS) -> None:
         """Connect every link; return once each is up or failed once (at most `within`
@@ -57,6 +62,39 @@ class Router:
     def watch(self, link: Link) -> None:
         """Keep a connection to this link's instance open while the link exists."""
         self._link_tasks[link] = self.loop.create_task(self._keep_link(link))
+
+    def use_users(self, table: dict[str, users.User] | None) -> None:
+        """Check logins against this users file (None: no logins); a password is checked
+        (scrypt) on a worker thread, once per login and passcode while the file keeps the
+        user's line (users.LoginCache)."""
+        self.core.users = table
+        if table is None:
+            self.core.check_login = None
+            return
+        self._logins.retain(table)
+        self.core.check_login = self._check_login
+
+    def _check_login(self, login: str, passcode: str, answer: Callable[[users.User | None], None]) -> None:
+        table = self.core.users or {}
+        known = self._logins.get(table, login, passcode)
+        if known is not None:
+            answer(known)
+            return
+
+        def checked(done: asyncio.Future[users.User | None]) -> None:
+            user = done.result()
+            if user is not None:
+                self._logins.remember(user, passcode)
+            answer(user)
+            self.flush()
+
+        self.loop.run_in_executor(None, users.authenticate, table, login, passcode).add_done_callback(checked)
+
+    def add_links(self, links: list[Link]) -> None:
+        """Connect links the core made outside a routes change (a spawned instance)."""
+        for link in links:
+            self.watch(link)
+        self.flush()
 
     def set_routes(self, routes) -> None:
         for link in self.core.set_routes(routes):
@@ -91,8 +129,17 @@ class Router:
                 pause = LINK_RETRY_FIRST
             await asyncio.sleep(pause)
 
+    def flush_soon(self) -> None:
+        """Flush once at the end of this loop pass: what every connection read in the pass
+        made goes out in one write per endpoint, not one per frame."""
+        if not self._flush_due:
+            self._flush_due = True
+            self.loop.call_soon(self.flush)
+
     def flush(self) -> None:
         """Write each endpoint's output; apply its close."""
+        self._flush_due = False
+        self._logins = users.LoginCache()
         now = self.loop.time()
         for endpoint in self.core.take_dirty(now):
             transport = self.transports.get(endpoint)
@@ -184,7 +231,7 @@ class ClientProtocol(asyncio.Protocol):
         if self.client is None or self.client.close_wanted:
             return
         self.router.core.client_data(self.client, data, self.router.loop.time())
-        self.router.flush()
+        self.router.flush_soon()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.client is not None:
@@ -214,7 +261,7 @@ class LinkProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.link.tried = True
         self.router.core.link_data(self.link, data, self.router.loop.time())
-        self.router.flush()
+        self.router.flush_soon()
 
     def pause_writing(self) -> None:
         self.router.link_paused(self.link, True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from curb.addr import parse_addr
 
-_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+DESTINATION_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 QUEUE_PREFIX = "/queue/"
 LOCAL_PREFIX = "./"
 Address = tuple[str, int]
@@ -58,7 +58,7 @@ def parse_route(text: str) -> tuple[str, tuple[Address, ...]]:
 
 
 def check_name(name: str) -> None:
-    if not _NAME.fullmatch(name):
+    if not DESTINATION_NAME.fullmatch(name):
         raise RouteError(
             f"bad destination name {name[:60]!r}: use 1 to 200 letters, digits, '-', '_' or '.', e.g. orders"
         )
@@ -89,6 +89,17 @@ def parse_file(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
 
 
+COUNT_SUFFIX = "/count"
+
+
+def count_name(header: str | None) -> str | None:
+    """The destination whose counts a `destination` header asks for (`/queue/NAME/count`
+    or `./NAME/count`), or None."""
+    if header is None or not header.endswith(COUNT_SUFFIX):
+        return None
+    return destination_name(header[: -len(COUNT_SUFFIX)])
+
+
 def destination_name(header: str | None) -> str | None:
     """The destination a `destination` header names (`/queue/NAME` or `./NAME`), or None."""
     if header is None:
@@ -96,5 +107,5 @@ def destination_name(header: str | None) -> str | None:
     for prefix in (QUEUE_PREFIX, LOCAL_PREFIX):
         if header.startswith(prefix):
             name = header[len(prefix) :]
-            return name if _NAME.fullmatch(name) else None
+            return name if DESTINATION_NAME.fullmatch(name) else None
     return None
