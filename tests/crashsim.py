@@ -72,9 +72,8 @@ from curb.log import LogCore, LogError, QueueFull, Record, TooLarge
 from curb.log.browse import Browse
 from curb.log.cursor import RECORD_WORK, SLICE_WORK
 from curb.log.pacing import ByHand
-from curb.log.record import RING_START
+from curb.log.record import PAD_SIZE, RING_START, record_size
 
-RECORD_OVERHEAD = 67
 KIB = 1024
 STEPS = 300
 SETTLE_ROUNDS = 20
@@ -174,7 +173,7 @@ class Msg:
 
     @property
     def size(self) -> int:
-        return len(self.payload) + RECORD_OVERHEAD
+        return record_size(len(self.payload))
 
     def must_survive(self) -> bool:
         """Known to be on disk and not taken by an ACK that may have reached the disk."""
@@ -515,7 +514,7 @@ class Sim:
                 yield rec
             elif not core.walking:
                 return
-            elif slices > core.capacity // RECORD_OVERHEAD:
+            elif slices > core.capacity // PAD_SIZE:
                 self.fail("walk makes no progress", f"{slices} slices without a message handed out")
             else:
                 slices += 1

@@ -112,6 +112,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -124,8 +125,22 @@ from curb.log.cursor import KEEP_PAYLOAD, SLICE_WORK, Cursor, Record
 from curb.log.disk import Disk
 from curb.log.marks import Marks, spacing_for
 from curb.log.pacing import ByHand, Pacer
+from curb.log.parked import DEAD_HELD, DELAYED, HELD
 from curb.log.reader import RecordReader
-from curb.log.record import PAD_SIZE, RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, FormatError
+from curb.log.record import (
+    DEAD_REASONS,
+    DEAD_STATES,
+    PAD_SIZE,
+    RECORD_HEADER,
+    RING_START,
+    STATE_ACK,
+    STATE_PAD,
+    STATE_RDY,
+    FormatError,
+    mutable_block,
+    record_bytes,
+    record_size,
+)
 from curb.log.ring import Ring
 from curb.log.scan import LogDamaged, LogError, Scan
 from curb.log.sizes import SizeClasses, class_bound, size_class
@@ -136,8 +151,6 @@ CHECKPOINT_EVERY = 0.05
 PINNED_FOR = 0.1
 INLINE_SYNC_OPS = 4  # a sync of at most this many writes is small (Pacer.sync_soon)
 ID_RESERVE = 1 << 16  # ids a checkpoint reserves: at most this gap in ids after a crash
-# The state patch an ACK writes, for messages delivered up to a few times (most are).
-ACK_PATCHES = tuple(fmt.state_patch(STATE_ACK, deliveries) for deliveries in range(8))
 Done = Callable[[str | None], None]
 
 
@@ -211,6 +224,7 @@ class LogCore:
         max_payload: int = 16 << 20,
         metrics: Any = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         name: str = "log",
         slice_work: int = SLICE_WORK,
         mark_spacing: int | None = None,
@@ -223,10 +237,11 @@ class LogCore:
         self.metrics = metrics
         self.clock = clock
         self.pacer: Pacer = pacer or ByHand()
+        self.wall_ms = wall_ms  # the wall clock: send stamps, and whether a record is due
         self.end = cap - cap % 4096
         self.capacity = self.end - RING_START
         self.max_message = max_message_for(cap, max_payload)
-        self.max_record = self.max_message + PAD_SIZE
+        self.max_record = record_size(self.max_message)
         self.on_written: Callable[[], None] = lambda: None
         self.on_fatal: Callable[[str], None] = lambda reason: None
         self.on_answered: Callable[[], None] = lambda: None
@@ -263,6 +278,9 @@ class LogCore:
         self._retire_waiters: collections.deque[tuple[int, Done]] = collections.deque()
         self._ids_wanted = False
         self._browses: set[Browse] = set()
+        # Held records requeued with a delay: a heap of (due ms, id, record); stale once
+        # the record is no longer parked with that due time.
+        self._later: list[tuple[int, int, Record]] = []
         self.slice_work = slice_work  # the work of one slice of a walk of the ring (curb.cursor)
         self.marks = Marks(mark_spacing or spacing_for(self.capacity))  # filled by recovery
         self.recovery = self._recover()
@@ -285,12 +303,17 @@ class LogCore:
         try:
             ckpt = fmt.latest_checkpoint(header)
         except FormatError as err:
-            if not header.startswith(fmt.MAGIC):
+            if fmt.layout_of(header) is None:
                 raise LogError(f"{self.name}: {err}; move it away or pick another -file") from None
             raise LogDamaged(
                 f"{self.name}: {err}; keep a copy for `curb inspect`, move it away "
                 f"and start again (its messages cannot be recovered by start-up)"
             ) from None
+        if not header.startswith(fmt.MAGIC):
+            raise LogError(
+                f"{self.name} is a log of an older format ({header[:10].decode()}): a broker upgrades it when it "
+                f"starts on the file (curb.log.upgrade)"
+            )
         if size > self.end or max(ckpt.head, ckpt.tail) > self.end - PAD_SIZE:
             need = max(size, ckpt.head + PAD_SIZE, ckpt.tail + PAD_SIZE)
             raise LogError(
@@ -305,7 +328,7 @@ class LogCore:
         if fmt.recorded_cap(header) != self.end:
             # For offline readers only (curb inspect); synced with what recovery found.
             disk.pwrite(fmt.cap_line(self.end), fmt.CAP_OFFSET)
-        scan = Scan(disk, ckpt, self.end, marks=self.marks)
+        scan = Scan(disk, ckpt, self.end, marks=self.marks, now_ms=self.wall_ms())
         scan.run()
         self._next_id = max(ckpt.next_id, scan.max_id + 1, ckpt.acked_upto + 1)
         self._acked_upto = ckpt.acked_upto
@@ -319,6 +342,8 @@ class LogCore:
         )
         self._cursor.on_damage = self._damaged
         self._cursor.on_stalled = self._schedule
+        self._cursor.parked = self._parked = scan.parked
+        self._cursor.wall_ms = self.wall_ms
         self._cursor.upto = ckpt.acked_upto
         durable = Snapshot(ckpt.tail, ckpt.head, ckpt.next_id, ckpt.next_wseq, ckpt.acked_upto)
         self._checkpoints = Checkpoints(disk, ckpt.gen, durable)
@@ -355,9 +380,21 @@ class LogCore:
 
     @property
     def live_bytes(self) -> int:
-        """Bytes of every message not yet acked, as records."""
+        """Bytes of every message not yet acked, as records: delayed messages and dead
+        letters too."""
         cur = self._cursor
-        return cur.unread_bytes + self._pending_bytes + cur.outstanding_bytes
+        return cur.unread_bytes + self._pending_bytes + cur.outstanding_bytes + self._parked.bytes + cur.transit_bytes
+
+    @property
+    def delayed(self) -> int:
+        """Messages waiting for their due time (parked, and held ones requeued with a delay)."""
+        return self._parked.delayed + sum(1 for due, _, rec in self._later if rec.parked and rec.due_ms == due)
+
+    @property
+    def dead(self) -> int:
+        """Dead letters the log holds (found at start-up; those buried in this run are
+        their holder's, see `bury`)."""
+        return self._parked.dead
 
     @property
     def last_id(self) -> int:
@@ -388,7 +425,7 @@ class LogCore:
         dead copies, the end of a lap): not reclaimable until consumers move the cursor
         past them, so admission counts them as used."""
         cur = self._cursor
-        ahead_live = cur.outstanding_bytes - cur.behind_bytes
+        ahead_live = cur.outstanding_bytes - cur.behind_bytes + cur.transit_bytes + self._parked.unpassed_bytes
         return max(0, self._ring.distance(cur.rpos, cur.whead) - cur.unread_bytes - ahead_live)
 
     def headroom(self, size: int) -> int:
@@ -430,19 +467,25 @@ class LogCore:
 
     # ---------------------------------------------------------------- the broker's calls
 
-    def append(self, payload: bytes, done: Done | None = None, urgent: bool = True) -> Record:
+    def append(
+        self, payload: bytes, done: Done | None = None, urgent: bool = True, *, due_ms: int = 0, expires_ms: int = 0
+    ) -> Record:
         """Queue a message (its SEND headers and body as a stored payload). It is written
         in the next flush and `done(None)` runs once it is fsynced, or `done(reason)` if it
         could not be stored after all. urgent=False: nobody waits, so it may wait for
-        company. Raises TooLarge or QueueFull (nothing stored) when it cannot be accepted."""
-        size = RECORD_HEADER + len(payload) + 1
-        if size > self.max_record:
+        company. Raises TooLarge or QueueFull (nothing stored) when it cannot be accepted.
+        `due_ms`: not handed out before this wall time (parked until then); `expires_ms`
+        is kept with it for the caller (0: none); both below fmt.MAX_TIME_MS."""
+        if not (0 <= due_ms <= fmt.MAX_TIME_MS and 0 <= expires_ms <= fmt.MAX_TIME_MS):
+            raise ValueError(f"due and expiry times must be from 0 to {fmt.MAX_TIME_MS} ms since the epoch")
+        size = record_size(len(payload))
+        if len(payload) > self.max_message:
             raise TooLarge(
                 f"message of {len(payload)} bytes is larger than this broker can ever store "
                 f"(the limit is {self.max_message} bytes with this -cap and -max-frame)"
             )
         cur, ring = self._cursor, self._ring
-        live = cur.unread_bytes + self._pending_bytes + cur.outstanding_bytes
+        live = self.live_bytes
         if live <= 0 and self._classes.top:
             # Nothing is live (and nothing is being placed: appends come between flushes),
             # so the size classes are exact again, whatever damage made them err.
@@ -464,7 +507,7 @@ class LogCore:
             self._ids_wanted = True
             self._schedule()
             raise QueueFull("queue full now: message ids are being reserved; retry at once")
-        rec = Record(self._next_id, -1, size, 0, time.time_ns() // 1_000_000, None)
+        rec = Record(self._next_id, -1, size, 0, self.wall_ms(), None, 0, due_ms, expires_ms)
         self._next_id += 1
         if self._broken:
             if done is not None:
@@ -488,18 +531,21 @@ class LogCore:
         if rec.acked:
             return
         rec.acked = True
+        rec.parked = False
         cur = self._cursor
-        oldest = next(iter(cur.behind), None) == rec.id
-        cur.settled(rec)
         self._classes.remove(rec.size)
-        if oldest:
-            self._retired += 1
-            self._schedule()
-            return
-        deliveries = rec.deliveries
-        patch = ACK_PATCHES[deliveries] if deliveries < len(ACK_PATCHES) else fmt.state_patch(STATE_ACK, deliveries)
-        self._patches.append((rec.offset, patch))
-        self._schedule()
+        if rec.slot >= 0:  # released from the parked index: it pins the tail from there
+            self._parked.remove(rec.slot)
+            rec.slot = -1
+        else:
+            # Retired only when nothing older pins the tail (a parked record may).
+            oldest = next(iter(cur.behind), None) == rec.id and cur.tail() == rec.offset
+            cur.settled(rec)
+            if oldest:
+                self._retired += 1
+                self._schedule()
+                return
+        self._patch(rec, STATE_ACK)
 
     def ack_upto(self, upto: int, done: Done | None = None) -> None:
         """Every message with an id up to `upto` is done for good, wherever it is (never
@@ -526,6 +572,14 @@ class LogCore:
                     rec.acked = True
                     cur.settled(rec)
                     self._classes.remove(rec.size)
+            parked = self._parked
+            for seq in parked.upto(upto):
+                held_rec = parked.held.get(seq)
+                if held_rec is not None:
+                    held_rec.acked = True
+                    held_rec.slot = -1
+                self._classes.remove(parked.size(seq))
+                parked.remove(seq)
             cur.ack_upto(upto)
         if done is None:
             pass
@@ -575,10 +629,163 @@ class LogCore:
         """Whether a message with an id up to `msg_id` is accepted but not yet written."""
         return bool(self._pending) and self._pending[0][0].id <= msg_id
 
-    def requeue(self, rec: Record) -> None:
-        """The message goes back to rdy: keep its delivery count on disk."""
-        self._patches.append((rec.offset, fmt.state_patch(STATE_RDY, rec.deliveries)))
+    def requeue(self, rec: Record, due_ms: int = 0) -> None:
+        """The message goes back: its delivery count and due time are written in place
+        (durable like an ACK; `on_durable` covers it). With `due_ms` ahead of the wall
+        clock it is parked: the caller lets go of it, and `due` hands it back once due.
+        Otherwise the caller keeps it, rdy again (a dead letter stays dead: nothing is
+        written)."""
+        if rec.acked:
+            return
+        if rec.dead:
+            return
+        if due_ms > self.wall_ms():
+            rec.due_ms = due_ms
+            if rec.slot >= 0:
+                self._parked.set(rec.slot, DELAYED, due_ms)
+                rec.slot = -1
+            else:
+                rec.parked = True
+                heapq.heappush(self._later, (due_ms, rec.id, rec))
+        else:
+            rec.due_ms = 0
+        self._patch(rec, STATE_RDY)
+
+    def bury(self, rec: Record, reason: str) -> None:
+        """The held message becomes a dead letter, for `reason` ("max-deliveries" or
+        "expired"): written in place (durable like an ACK), never handed out by
+        `next_ready` again, also after a restart. The caller keeps the record (its dead
+        letters' queue); `ack` deletes it for good, `revive` makes it rdy again."""
+        if rec.acked:
+            return
+        state = DEAD_STATES[reason]
+        rec.dead = reason
+        rec.due_ms = 0
+        if rec.slot >= 0:
+            self._parked.set(rec.slot, DEAD_HELD)
+        self._patch(rec, state)
+
+    def revive(self, rec: Record) -> None:
+        """A dead letter the caller holds is rdy again with its delivery count reset
+        (a redrive), written in place; the caller puts it in the queue."""
+        if rec.acked or not rec.dead:
+            return
+        rec.dead = ""
+        rec.deliveries = 0
+        if rec.slot >= 0:
+            self._parked.set(rec.slot, HELD)
+        self._patch(rec, STATE_RDY)
+
+    def _patch(self, rec: Record, state: bytes) -> None:
+        """Rewrite the mutable block of a record's current copy (one sector: never torn)."""
+        self._patches.append((rec.offset, mutable_block(state, rec.deliveries, rec.due_ms, rec.wseq)))
         self._schedule()
+
+    # ---------------------------------------------------------------- parked records
+
+    def next_due(self) -> int | None:
+        """The earliest due time (wall ms) of a parked message; it may be early (a timer
+        armed for it then finds nothing due, and asks again), never late."""
+        later = self._later
+        while later and not (later[0][2].parked and later[0][2].due_ms == later[0][0]):
+            heapq.heappop(later)
+        soonest = self._parked.next_due()
+        if later and (soonest is None or later[0][0] < soonest):
+            soonest = later[0][0]
+        return soonest
+
+    def due(self, now_ms: int) -> list[Record]:
+        """The parked messages due by `now_ms`, earliest first, now held by the caller as
+        if `next_ready` had handed them out (delivery count kept); rdy again at the front."""
+        out: list[Record] = []
+        later = self._later
+        while later and later[0][0] <= now_ms:
+            due, _, rec = heapq.heappop(later)
+            if rec.parked and rec.due_ms == due and not rec.acked:
+                rec.parked = False
+                out.append(rec)
+        parked = self._parked
+        for seq in parked.due(now_ms):
+            released = self._read_parked(seq)
+            if released is None:
+                parked.remove(seq)
+                continue
+            released.slot = seq
+            parked.held[seq] = released
+            out.append(released)
+        return out
+
+    def next_dead(self) -> Record | None:
+        """The next dead letter the log holds (found at start-up, not yet handed out), in
+        ring order, now held by the caller: `ack` deletes it for good; `requeue` keeps
+        it dead in the caller's hands; `revive` makes it rdy."""
+        parked = self._parked
+        while (seq := parked.next_dead()) is not None:
+            rec = self._read_parked(seq)
+            if rec is None:
+                parked.remove(seq)
+                continue
+            rec.slot = seq
+            parked.set(seq, DEAD_HELD)
+            parked.held[seq] = rec
+            return rec
+        return None
+
+    def dead_records(self) -> list[Record]:
+        """A snapshot of the dead letters the log holds, in ring order (nothing changes:
+        for a browse of them)."""
+        found = (self._read_parked(seq) for seq in self._parked.dead_letters())
+        return [rec for rec in found if rec is not None]
+
+    def redrive(self, count: int | None = None, done: Done | None = None) -> int:
+        """Up to `count` (None: all) of the dead letters the log holds, oldest first, are
+        rdy again with their delivery count reset, written in place; `due` hands them out.
+        `done(None)` once that is durable. Returns how many moved."""
+        parked = self._parked
+        moved = 0
+        while count is None or moved < count:
+            seq = parked.next_dead()
+            if seq is None:
+                break
+            rec = self._read_parked(seq)
+            if rec is None:
+                parked.remove(seq)
+                continue
+            rec.deliveries = 0
+            rec.due_ms = 0
+            self._patch(rec, STATE_RDY)
+            parked.set(seq, DELAYED, 0)
+            moved += 1
+        if done is not None:
+            self.on_durable(done)
+        return moved
+
+    def _read_parked(self, seq: int) -> Record | None:
+        """The Record of a parked entry, read and checked; None (reported) if damaged."""
+        parked = self._parked
+        offset, size = parked.offset(seq), parked.size(seq)
+        raw = self.disk.pread(size, offset)
+        try:
+            hdr = fmt.parse_header(raw, 0)
+        except FormatError:
+            hdr = None
+        if hdr is None or hdr.id != parked.id(seq) or not fmt.check_payload(raw, 0, hdr):
+            self._damaged(f"parked message {parked.id(seq)} at byte {offset} is damaged; never delivered")
+            return None
+        payload = hdr.payload(raw, 0)
+        rec = Record(
+            hdr.id,
+            offset,
+            size,
+            hdr.deliveries,
+            hdr.timestamp_ms,
+            bytes(payload) if size <= KEEP_PAYLOAD else memoryview(raw)[RECORD_HEADER : RECORD_HEADER + hdr.length],
+            hdr.wseq,
+            hdr.due_ms,
+            hdr.expires_ms,
+        )
+        rec.dead = DEAD_REASONS.get(hdr.state, "")
+        return rec
 
     def on_durable(self, done: Done) -> None:
         """Run done(None) once everything asked of the log so far is on disk, every append
@@ -612,7 +819,8 @@ class LogCore:
         takes it for a delivery, so that a held message does not pin its bytes."""
         data = rec.payload
         if data is None:
-            return memoryview(self.disk.pread(rec.size, rec.offset))[RECORD_HEADER:-1]
+            raw = self.disk.pread(rec.size, rec.offset)
+            return memoryview(raw)[RECORD_HEADER : RECORD_HEADER + int(raw[85:93], 16)]
         if rec.size > KEEP_PAYLOAD:
             rec.payload = None
         return data
@@ -753,8 +961,10 @@ class LogCore:
                 break
             rec.wseq = wseq = self._next_wseq
             self._next_wseq = wseq + 1
-            header = fmt.encode_record(STATE_RDY, 0, rec.id, wseq, rec.timestamp_ms, payload)
-            runs.add(off, size, (header, payload, b"\n"))
+            header = fmt.encode_record(
+                STATE_RDY, 0, rec.id, wseq, rec.timestamp_ms, payload, due_ms=rec.due_ms, expires_ms=rec.expires_ms
+            )
+            runs.add(off, size, record_bytes(header, payload))
             rec.offset = off
             ring.head = off + size
             pending.popleft()
@@ -833,7 +1043,7 @@ class LogCore:
             ring = self._ring
             header = fmt.encode_record(STATE_PAD, 0, 0, self._next_wseq, 0, b"")
             self._next_wseq += 1
-            runs.add(ring.head, PAD_SIZE, (header, b"\n"))
+            runs.add(ring.head, PAD_SIZE, record_bytes(header, b""))
             ring.head = RING_START
         return off
 
@@ -853,32 +1063,98 @@ class LogCore:
         self._allocated = want
 
     def _compact(self, size: int, runs: WriteRuns, keep: int) -> None:
-        """Make room for `size` bytes: copy the held messages that pin the tail to the
-        head, in one batch covering a quarter of the ring (so that one sync and one
-        checkpoint release plenty of room, not one record's worth), while copies fit.
-        Only when that frees more than the next checkpoint would anyway: copying a run
-        of held messages with no dead bytes after it just moves them round the ring.
-        Copies leave `keep` bytes free."""
-        ring, cursor = self._ring, self._cursor
+        """Make room for `size` bytes: copy the held and parked messages that pin the tail
+        to the head, oldest first, in one batch covering a quarter of the ring (so that
+        one sync and one checkpoint release plenty of room, not one record's worth), while
+        copies fit. Only when that frees more than the next checkpoint would anyway:
+        copying a run of live messages with no dead bytes after it just moves them round
+        the ring. Copies leave `keep` bytes free."""
+        ring, cursor, parked = self._ring, self._cursor, self._parked
         cursor.pass_dead()
         freed_by_checkpoint = ring.distance(ring.tail, cursor.tail())
-        freed_by_moving = ring.distance(ring.tail, cursor.rpos) - cursor.behind_bytes
+        pinning = cursor.behind_bytes + parked.bytes - parked.unpassed_bytes
+        freed_by_moving = ring.distance(ring.tail, cursor.rpos) - pinning
         if freed_by_moving <= freed_by_checkpoint:
-            return  # the held records are not followed by dead bytes: copying them gains nothing
+            return  # the live records are not followed by dead bytes: copying them gains nothing
         span = size + self._reserve() + self.capacity // 4
         used = ring.distance(ring.tail, ring.head)
-        while cursor.behind:
-            rec = next(iter(cursor.behind.values()))
-            dist = ring.distance(ring.tail, rec.offset)
+        while True:
+            rec = next(iter(cursor.behind.values()), None)
+            seq = parked.oldest()
+            if seq is not None and (rec is None or cursor.back(parked.offset(seq)) > cursor.back(rec.offset)):
+                offset, rec_size = parked.offset(seq), parked.size(seq)
+            elif rec is not None:
+                offset, rec_size, seq = rec.offset, rec.size, None
+            else:
+                break
+            dist = ring.distance(ring.tail, offset)
             if dist >= span or dist >= used:
                 break
-            spot = ring.copy_spot(rec.size, keep)
-            if spot is None or not self._move(rec, spot, runs):
+            spot = ring.copy_spot(rec_size, keep)
+            if spot is None:
+                break
+            if seq is None:
+                assert rec is not None
+                if not self._move(rec, spot, runs):
+                    break
+            elif not self._move_parked(seq, spot, runs):
                 break
 
+    def _move_parked(self, seq: int, spot: tuple[int, bool], runs: WriteRuns) -> bool:
+        """Copy a parked record to the head: a Record released from it moves as a held
+        one; any other is read back, with a rewrite of its mutable block still waiting
+        applied, and the cursor parks the copy again when it passes it (`vouched`)."""
+        parked = self._parked
+        held = parked.held.get(seq)
+        if held is not None:
+            if not self._copy(held, spot, runs):
+                return False
+            parked.remove(seq)
+            held.slot = -1
+            cursor = self._cursor
+            cursor.outstanding_bytes += held.size
+            cursor.ahead[held.id] = held  # a held copy ahead of the cursor, as `Cursor.moved` makes
+            return True
+        offset, size = parked.offset(seq), parked.size(seq)
+        raw = bytearray(self.disk.pread(size, offset))
+        for at, patch in self._patches:
+            if at == offset:
+                raw[: len(patch)] = patch
+        try:
+            hdr = fmt.parse_header(raw, 0)
+        except FormatError:
+            hdr = None
+        if hdr is None or hdr.id != parked.id(seq) or not fmt.check_payload(raw, 0, hdr):
+            self._damaged(f"parked message {parked.id(seq)} at byte {offset} is damaged and cannot be copied")
+            return False
+        payload = bytes(hdr.payload(raw, 0))
+        off = self._take(spot, size, runs)
+        wseq = self._next_wseq
+        self._next_wseq += 1
+        header = fmt.encode_record(
+            hdr.state, hdr.deliveries, hdr.id, wseq, hdr.timestamp_ms, payload, True, hdr.due_ms, hdr.expires_ms
+        )
+        runs.add(off, size, record_bytes(header, payload))
+        self._ring.head = off + size
+        parked.remove(seq)
+        self._cursor.vouched.append(wseq)
+        self._cursor.transit_bytes += size
+        for browse in self._browses:
+            browse.moved(hdr.id, hdr.wseq, wseq)
+        if self.metrics is not None:
+            self.metrics.compactions += 1
+        return True
+
     def _move(self, rec: Record, spot: tuple[int, bool], runs: WriteRuns) -> bool:
-        """Copy a held message to the head: same id, current delivery count, new write
-        sequence. Its old copy is dead from now on; the cursor knows the new one."""
+        """Copy a held message to the head (`_copy`); the cursor knows the new copy."""
+        if not self._copy(rec, spot, runs):
+            return False
+        self._cursor.moved(rec)
+        return True
+
+    def _copy(self, rec: Record, spot: tuple[int, bool], runs: WriteRuns) -> bool:
+        """Write a copy of a held message at the head: same id, its state, delivery count
+        and due time as they are now, new write sequence. Its old copy is dead from now on."""
         kept = rec.payload  # a held message keeps only a small payload, as bytes
         if kept is not None:
             payload = bytes(kept)
@@ -891,16 +1167,18 @@ class LogCore:
             if hdr is None or hdr.id != rec.id or not fmt.check_payload(raw, 0, hdr):
                 self._damaged(f"message {rec.id} at byte {rec.offset} is damaged and cannot be copied")
                 return False
-            payload = raw[RECORD_HEADER:-1]
+            payload = bytes(hdr.payload(raw, 0))
         off = self._take(spot, rec.size, runs)
         old_wseq = rec.wseq
         rec.wseq = self._next_wseq
         self._next_wseq += 1
-        header = fmt.encode_record(STATE_RDY, rec.deliveries, rec.id, rec.wseq, rec.timestamp_ms, payload, copy=True)
-        runs.add(off, rec.size, (header, payload, b"\n"))
+        state = DEAD_STATES[rec.dead] if rec.dead else STATE_RDY
+        header = fmt.encode_record(
+            state, rec.deliveries, rec.id, rec.wseq, rec.timestamp_ms, payload, True, rec.due_ms, rec.expires_ms
+        )
+        runs.add(off, rec.size, record_bytes(header, payload))
         rec.offset = off
         self._ring.head = off + rec.size
-        self._cursor.moved(rec)
         for browse in self._browses:
             browse.moved(rec.id, old_wseq, rec.wseq)
         if self.metrics is not None:

@@ -30,6 +30,12 @@ Invariants:
   plus RECORD_WORK a record) per slice, then stops where it is, sets `stalled` and calls
   `on_stalled`; its owner (the log) grants the next slice later, from the event loop's
   next pass, so that passing a million dead records never holds the loop.
+- Parked records (curb.log.parked: due later, or dead) are never handed out by
+  `next_ready`. The cursor steps over the ones recovery indexed (by their recorded sizes,
+  unread), and parks the ones it meets: a fresh delayed append, and the copies of parked
+  records compaction made, known by their write sequences (`vouched`, in write order,
+  so in the order the cursor meets them). A parked copy is counted in `transit_bytes`
+  from its copy until the cursor parks it. A copy that came due meanwhile is handed out.
 - `is_live` is the one answer, for any other reader of the ring (a browse), to "is this
   record the live occurrence of a message not yet acked?": held messages by their
   current copy's offset, records the cursor has read by whether it holds them, unread
@@ -41,8 +47,11 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 
+from curb.log.parked import DELAYED, EXP, HELD, MAX, Parked
 from curb.log.reader import RecordReader
-from curb.log.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD
+from curb.log.record import RING_START, STATE_ACK, STATE_EXP, STATE_MAX, STATE_PAD, STATE_RDY, RecordHeader
+
+_PARKED = {STATE_MAX: MAX, STATE_EXP: EXP}
 
 # A payload up to this size stays with its record while the message is held (for
 # redelivery and compaction); a larger one only from its read or write until its
@@ -61,7 +70,21 @@ class Record:
     """A message handed out by the cursor and not yet acked: the broker's only
     per-message memory, bounded by what consumers hold in flight."""
 
-    __slots__ = ("acked", "deliveries", "id", "offset", "payload", "size", "timestamp_ms", "wseq")
+    __slots__ = (
+        "acked",
+        "dead",
+        "deliveries",
+        "due_ms",
+        "expires_ms",
+        "id",
+        "offset",
+        "parked",
+        "payload",
+        "size",
+        "slot",
+        "timestamp_ms",
+        "wseq",
+    )
 
     def __init__(
         self,
@@ -72,6 +95,8 @@ class Record:
         timestamp_ms: int,
         payload: bytes | memoryview | None,
         wseq: int = 0,
+        due_ms: int = 0,
+        expires_ms: int = 0,
     ):
         self.id = msg_id
         self.offset = offset
@@ -81,6 +106,11 @@ class Record:
         self.payload = payload
         self.wseq = wseq
         self.acked = False
+        self.due_ms = due_ms  # wall ms before which it is not delivered; 0: no delay
+        self.expires_ms = expires_ms  # wall ms from which it is never delivered; 0: never
+        self.dead = ""  # a dead letter's reason: "max-deliveries" or "expired"
+        self.slot = -1  # its entry in curb.log.parked while it has one (released from it)
+        self.parked = False  # held by no one: requeued with a delay, or buried
 
 
 class Cursor:
@@ -118,13 +148,30 @@ class Cursor:
         self.allowance = SLICE_WORK  # work left in this slice
         self.stalled = False  # stopped for want of allowance, with records left to read
         self.on_stalled: Callable[[], None] = lambda: None
+        self.parked = Parked()  # recovery's index replaces it (curb.log.parked)
+        self.wall_ms: Callable[[], int] = lambda: 0
+        self.vouched: collections.deque[int] = collections.deque()  # parked copies' wseqs, ahead
+        self.transit_bytes = 0
 
     def tail(self) -> int:
         """The oldest byte still needed: the first message behind the read position that
-        is not acked, else the read position itself."""
+        is not acked, or the first parked record the cursor passed, else the read
+        position itself."""
+        tail = self.rpos
         for rec in self.behind.values():
-            return rec.offset
-        return self.rpos
+            tail = rec.offset
+            break
+        seq = self.parked.oldest()
+        if seq is not None:
+            at = self.parked.offset(seq)
+            if self.back(at) > self.back(tail):
+                tail = at
+        return tail
+
+    def back(self, pos: int) -> int:
+        """Bytes from `pos` forward to the read position: how far behind it `pos` is."""
+        rpos = self.rpos
+        return rpos - pos if rpos >= pos else (self.end - pos) + (rpos - RING_START)
 
     def written(self, rec: Record, payload: bytes) -> None:
         """A new message is in the file (the caller moved `whead` past it: `whead` never
@@ -156,8 +203,11 @@ class Cursor:
         """Whether the intact record at `pos` (message `mid`, write sequence `wseq`, in
         `state`) is the live occurrence of a message not yet acked, as of now (see the
         module's invariants)."""
-        if mid <= self.upto or state == STATE_PAD:
+        if mid <= self.upto or state in (STATE_PAD, STATE_MAX, STATE_EXP):
             return False
+        seq = self.parked.find(pos, self._distance)
+        if seq is not None:
+            return self.parked.state(seq) in (DELAYED, HELD)
         held = self.behind.get(mid) or self.ahead.get(mid)
         if held is not None:
             return held.offset == pos and not held.acked
@@ -177,7 +227,12 @@ class Cursor:
         for mid, at in list(self.last.items()):
             if mid <= upto and at >= 0:
                 found = reader.intact(at, self.end)
-                if found is not None and found[0].id == mid and found[0].state != STATE_ACK:
+                if (
+                    found is not None
+                    and found[0].id == mid
+                    and found[0].state != STATE_ACK
+                    and self.parked.find(at, self._distance) is None
+                ):
                     self._uncount(found[0].size)
                 self.last[mid] = -1
         self.pass_dead()
@@ -206,6 +261,11 @@ class Cursor:
             fresh = self.fresh
             if fresh and fresh[0].offset == pos:
                 rec = fresh[0]
+                if rec.due_ms > self.wall_ms() and rec.id > self.upto:
+                    fresh.popleft()
+                    self.fresh_bytes -= rec.size
+                    self._park_fresh(rec)
+                    continue
                 if not hand_out and rec.id > self.upto:
                     self.allowance += RECORD_WORK
                     return None
@@ -218,6 +278,10 @@ class Cursor:
                     self._uncount(rec.size)
                     continue
                 return self._hand_out(rec)
+            stepped = self.parked.step_over(pos)
+            if stepped is not None:  # a parked record recovery indexed
+                self.rpos = pos + stepped
+                continue
             limit = self.whead if self.whead > pos else self.end
             found = self.reader.intact(pos, limit)
             if found is None or not self.last_wseq < found[0].wseq < self.next_wseq:
@@ -233,6 +297,15 @@ class Cursor:
             self.allowance -= size
             self.rpos = pos + size
             mid = hdr.id
+            if self.vouched and hdr.copy and self.vouched[0] == hdr.wseq:
+                self.vouched.popleft()  # a parked record's copy, made by compaction
+                self.transit_bytes -= size
+                self.max_id = max(self.max_id, mid)
+                if mid > self.upto:
+                    came_due = self._parked_copy(pos, hdr, buf, off)
+                    if came_due is not None:
+                        return self._hand_out(came_due, unread=False)
+                continue
             moved = self.ahead.get(mid)
             if moved is not None and moved.offset == pos:
                 del self.ahead[mid]
@@ -252,6 +325,11 @@ class Cursor:
                 if hdr.state != STATE_ACK:
                     self._uncount(size)
                 continue
+            if hdr.state != STATE_ACK and (hdr.state != STATE_RDY or hdr.due_ms > self.wall_ms()):
+                self.max_id = max(self.max_id, mid)
+                self._uncount(size)  # parked from now on, not unread
+                self.parked.add(pos, size, mid, _PARKED.get(hdr.state, DELAYED), hdr.due_ms)
+                continue
             if hdr.state != STATE_ACK and not hand_out:
                 # Stopped before the message to hand out: not passed, so not charged
                 # (the next slice's hand-out always makes progress).
@@ -263,11 +341,7 @@ class Cursor:
             self.max_id = max(self.max_id, mid)
             if hdr.state == STATE_ACK:
                 continue
-            # A small payload is copied out of the window (it may stay long); a large one
-            # is a view of the bytes just read and CRC-checked, taken by its delivery.
-            start, stop = off + RECORD_HEADER, off + size - 1
-            payload = bytes(buf[start:stop]) if size <= KEEP_PAYLOAD else memoryview(buf)[start:stop]
-            return self._hand_out(Record(mid, pos, size, hdr.deliveries, hdr.timestamp_ms, payload, hdr.wseq))
+            return self._hand_out(self._record(pos, hdr, buf, off))
         # Every written record is handed out: the counts are exact again, whatever
         # damage made recovery's estimate of them wrong.
         self.unread = self.unread_bytes = 0
@@ -278,9 +352,39 @@ class Cursor:
         self.unread = max(0, self.unread - 1)
         self.unread_bytes = max(0, self.unread_bytes - size)
 
-    def _hand_out(self, rec: Record) -> Record:
+    def _record(self, pos: int, hdr: RecordHeader, buf: bytes, off: int) -> Record:
+        """The Record of the intact record at `pos` (read into buf[off:])."""
+        # A small payload is copied out of the window (it may stay long); a large one is
+        # a view of the bytes just read and CRC-checked, taken by its delivery.
+        start = off + hdr.body_at
+        stop = start + hdr.length
+        payload = bytes(buf[start:stop]) if hdr.size <= KEEP_PAYLOAD else memoryview(buf)[start:stop]
+        return Record(
+            hdr.id, pos, hdr.size, hdr.deliveries, hdr.timestamp_ms, payload, hdr.wseq, hdr.due_ms, hdr.expires_ms
+        )
+
+    def _park_fresh(self, rec: Record) -> None:
+        """A fresh append whose due time is ahead: parked, no longer unread."""
         self.unread -= 1
         self.unread_bytes -= rec.size
+        self.max_id = rec.id
+        self.last_wseq = rec.wseq
+        self.rpos = rec.offset + rec.size
+        self.parked.add(rec.offset, rec.size, rec.id, DELAYED, rec.due_ms)
+
+    def _parked_copy(self, pos: int, hdr: RecordHeader, buf: bytes, off: int) -> Record | None:
+        """Park the copy of a parked record at `pos`; if it is rdy and came due in
+        transit, the Record to hand out instead."""
+        state = _PARKED.get(hdr.state, DELAYED)
+        if state != DELAYED or hdr.due_ms > self.wall_ms():
+            self.parked.add(pos, hdr.size, hdr.id, state, hdr.due_ms)
+            return None
+        return self._record(pos, hdr, buf, off)
+
+    def _hand_out(self, rec: Record, unread: bool = True) -> Record:
+        if unread:
+            self.unread -= 1
+            self.unread_bytes -= rec.size
         self.outstanding_bytes += rec.size
         self.behind_bytes += rec.size
         self.behind[rec.id] = rec
@@ -291,4 +395,8 @@ class Cursor:
         the next lap when none is left before the end of the ring."""
         nxt = self.reader.past_damage(pos, limit, self.last_wseq, self.next_wseq, self.whead)
         self.on_damage(f"damaged bytes {pos}..{nxt} skipped while reading; never delivered")
+        self.parked.pass_span(pos, nxt, self._distance)
         self.rpos = nxt
+
+    def _distance(self, a: int, b: int) -> int:
+        return b - a if b >= a else (self.end - a) + (b - RING_START)
