@@ -68,7 +68,7 @@ class Parked:
 
     def __init__(self) -> None:
         self.offsets = array("q")
-        self.sizes = array("q")
+        self.sizes = array("i")
         self.ids = array("q")
         self.states = bytearray()
         self.base = 0  # the seq of the arrays' first entry
