@@ -195,12 +195,17 @@ class Browse:
 
     def _held_ahead(self) -> list[tuple[int, bytes]]:
         """The live messages in range whose live occurrence is still ahead, once no
-        original in range is: held messages, and copies recovery found, in write order.
+        original in range is: held messages, parked ones, and copies recovery found, in
+        write order.
         Each is read back and judged by `Cursor.is_live` like any other record."""
         cur, low, high = self.cursor, self.from_id, self.to_id
         places = [rec.offset for held in (cur.behind, cur.ahead) for rec in held.values() if low <= rec.id <= high]
         places += [at for mid, at in cur.last.items() if low <= mid <= high and at >= 0]
-        places.sort()  # one read window serves neighbours
+        # Parked records (compaction copies them after newer ones) and their copies in transit.
+        parked = cur.parked
+        places += [at for mid, at in zip(parked.ids, parked.offsets, strict=True) if low <= mid <= high]
+        places += [at for _, mid, _, at in cur.vouched if low <= mid <= high]
+        places = sorted(set(places))  # one read window serves neighbours; each place once
         found: list[tuple[int, int, bytes]] = []  # (wseq, id, payload)
         reader = self.reader
         reader.drop()

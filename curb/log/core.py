@@ -572,6 +572,7 @@ class LogCore:
                     rec.acked = True
                     cur.settled(rec)
                     self._classes.remove(rec.size)
+            cur.ack_upto(upto)  # first: it tells parked records from unread ones by the index
             parked = self._parked
             for seq in parked.upto(upto):
                 held_rec = parked.held.get(seq)
@@ -580,7 +581,6 @@ class LogCore:
                     held_rec.slot = -1
                 self._classes.remove(parked.size(seq))
                 parked.remove(seq)
-            cur.ack_upto(upto)
         if done is None:
             pass
         elif upto <= self._checkpoints.durable.acked_upto:
@@ -760,11 +760,20 @@ class LogCore:
             self.on_durable(done)
         return moved
 
+    def _read_current(self, offset: int, size: int) -> bytearray:
+        """The record at `offset` as it is now: read back, with the rewrites of its mutable
+        block that wait for the next flush applied."""
+        raw = bytearray(self.disk.pread(size, offset))
+        for at, patch in self._patches:
+            if at == offset:
+                raw[: len(patch)] = patch
+        return raw
+
     def _read_parked(self, seq: int) -> Record | None:
         """The Record of a parked entry, read and checked; None (reported) if damaged."""
         parked = self._parked
         offset, size = parked.offset(seq), parked.size(seq)
-        raw = self.disk.pread(size, offset)
+        raw = self._read_current(offset, size)
         try:
             hdr = fmt.parse_header(raw, 0)
         except FormatError:
@@ -772,14 +781,14 @@ class LogCore:
         if hdr is None or hdr.id != parked.id(seq) or not fmt.check_payload(raw, 0, hdr):
             self._damaged(f"parked message {parked.id(seq)} at byte {offset} is damaged; never delivered")
             return None
-        payload = hdr.payload(raw, 0)
+        view = memoryview(raw)[RECORD_HEADER : RECORD_HEADER + hdr.length]
         rec = Record(
             hdr.id,
             offset,
             size,
             hdr.deliveries,
             hdr.timestamp_ms,
-            bytes(payload) if size <= KEEP_PAYLOAD else memoryview(raw)[RECORD_HEADER : RECORD_HEADER + hdr.length],
+            bytes(view) if size <= KEEP_PAYLOAD else view,  # as the cursor keeps payloads
             hdr.wseq,
             hdr.due_ms,
             hdr.expires_ms,
@@ -1116,10 +1125,7 @@ class LogCore:
             cursor.ahead[held.id] = held  # a held copy ahead of the cursor, as `Cursor.moved` makes
             return True
         offset, size = parked.offset(seq), parked.size(seq)
-        raw = bytearray(self.disk.pread(size, offset))
-        for at, patch in self._patches:
-            if at == offset:
-                raw[: len(patch)] = patch
+        raw = self._read_current(offset, size)
         try:
             hdr = fmt.parse_header(raw, 0)
         except FormatError:
@@ -1137,7 +1143,7 @@ class LogCore:
         runs.add(off, size, record_bytes(header, payload))
         self._ring.head = off + size
         parked.remove(seq)
-        self._cursor.vouched.append(wseq)
+        self._cursor.vouched.append((wseq, hdr.id, size, off))
         self._cursor.transit_bytes += size
         for browse in self._browses:
             browse.moved(hdr.id, hdr.wseq, wseq)

@@ -35,7 +35,8 @@ Invariants:
   unread), and parks the ones it meets: a fresh delayed append, and the copies of parked
   records compaction made, known by their write sequences (`vouched`, in write order,
   so in the order the cursor meets them). A parked copy is counted in `transit_bytes`
-  from its copy until the cursor parks it. A copy that came due meanwhile is handed out.
+  from its copy until the cursor parks it, or an ACK up to its id uncounts it. A copy
+  that came due meanwhile is handed out.
 - `is_live` is the one answer, for any other reader of the ring (a browse), to "is this
   record the live occurrence of a message not yet acked?": held messages by their
   current copy's offset, records the cursor has read by whether it holds them, unread
@@ -150,7 +151,9 @@ class Cursor:
         self.on_stalled: Callable[[], None] = lambda: None
         self.parked = Parked()  # recovery's index replaces it (curb.log.parked)
         self.wall_ms: Callable[[], int] = lambda: 0
-        self.vouched: collections.deque[int] = collections.deque()  # parked copies' wseqs, ahead
+        # Parked copies ahead, in write order: (wseq, id, bytes still counted in
+        # transit_bytes, offset).
+        self.vouched: collections.deque[tuple[int, int, int, int]] = collections.deque()
         self.transit_bytes = 0
 
     def tail(self) -> int:
@@ -205,12 +208,12 @@ class Cursor:
         module's invariants)."""
         if mid <= self.upto or state in (STATE_PAD, STATE_MAX, STATE_EXP):
             return False
-        seq = self.parked.find(pos, self._distance)
-        if seq is not None:
+        seq = self.parked.find(pos, self._distance, gone=True)
+        if seq is not None:  # parked, or was (then dead here: acked, or copied on)
             return self.parked.state(seq) in (DELAYED, HELD)
         held = self.behind.get(mid) or self.ahead.get(mid)
         if held is not None:
-            return held.offset == pos and not held.acked
+            return held.offset == pos and not held.acked and not held.dead
         if wseq <= self.last_wseq or state == STATE_ACK:
             return False  # read by the cursor and no longer held, or acked in an earlier run
         live_at = self.last.get(mid)
@@ -221,6 +224,11 @@ class Cursor:
         cursor reaches by passing dead records now and the copies recovery found further
         on (their `last` entry then names no offset, so neither occurrence counts again)."""
         self.upto = upto
+        vouched = self.vouched
+        for at, (wseq, mid, counted, offset) in enumerate(vouched):
+            if mid <= upto and counted:
+                self.transit_bytes -= counted
+                vouched[at] = (wseq, mid, 0, offset)
         # A reader of its own: the cursor's window must never hold bytes ahead of the
         # head, which a later write would make stale.
         reader = RecordReader(self.reader.disk, self.reader.max_size)
@@ -297,9 +305,8 @@ class Cursor:
             self.allowance -= size
             self.rpos = pos + size
             mid = hdr.id
-            if self.vouched and hdr.copy and self.vouched[0] == hdr.wseq:
-                self.vouched.popleft()  # a parked record's copy, made by compaction
-                self.transit_bytes -= size
+            if self.vouched and hdr.copy and self.vouched[0][0] == hdr.wseq:
+                self.transit_bytes -= self.vouched.popleft()[2]  # a parked record's copy, made by compaction
                 self.max_id = max(self.max_id, mid)
                 if mid > self.upto:
                     came_due = self._parked_copy(pos, hdr, buf, off)

@@ -184,16 +184,18 @@ class Parked:
         self.first = seq
         return seq
 
-    def find(self, pos: int, distance: Callable[[int, int], int]) -> int | None:
-        """The seq of the live entry at ring offset `pos`, if any; `distance(a, b)` is
-        the bytes from a forward to b. The live entries lie within one lap, in order."""
+    def find(self, pos: int, distance: Callable[[int, int], int], gone: bool = False) -> int | None:
+        """The seq of the live entry at ring offset `pos` (with `gone`, of a GONE one
+        too: its record is still there, dead), if any; `distance(a, b)` is the bytes from
+        a forward to b. From the first live entry on, entries lie within one lap, in
+        order, and no byte they name has been reused."""
         lo = self._first_live() - self.base
         if lo >= len(self.states):
             return None
         offsets = self.offsets
         start = offsets[lo]
         at = bisect.bisect_left(offsets, distance(start, pos), lo, key=lambda o: distance(start, o))
-        if at < len(offsets) and offsets[at] == pos and self.states[at] != GONE:
+        if at < len(offsets) and offsets[at] == pos and (gone or self.states[at] != GONE):
             return self.base + at
         return None
 
