@@ -922,6 +922,7 @@ class Sim:
         due = self.wall + self.prng.choice(DELAYS)
         self.core.requeue(rec, due)
         self.messages[tag].due_run = due
+        self.delivered.discard(tag)  # parked again: its copy may come out of next_ready once due
         self._op(tag, "due", due)
         self._op(tag, "count", rec.deliveries)
         self.trace("nack #%d id %d with a delay to wall %d (%d deliveries)", tag, rec.id, due, rec.deliveries)
@@ -935,6 +936,8 @@ class Sim:
         self._op(tag, "bury", rec.deliveries)
         self.dead_held.append((rec, tag))
         self.dead_now.add(tag)
+        if self.browse is not None:
+            self.browse.at_start.discard(tag)  # not live all along: a browse may skip it
         self.trace("bury #%d id %d (%d deliveries)", tag, rec.id, rec.deliveries)
 
     def do_release(self) -> None:
@@ -1061,6 +1064,9 @@ class Sim:
             self.live_bytes -= self.live.pop(tag)
         self.held = [[(rec, tag) for rec, tag in held if rec.id > upto] for held in self.held]
         self.redeliver = deque((rec, tag) for rec, tag in self.redeliver if rec.id > upto)
+        self.dead_held = [(rec, tag) for rec, tag in self.dead_held if rec.id > upto]
+        self.dead_now -= set(covered)
+        self.parked_tags -= set(covered)
         self.stats.uptos += 1
         receipt = rng.random() < 0.7
         self.trace("ack up to %d (%d live messages)%s", upto, len(covered), " with receipt" if receipt else "")

@@ -214,7 +214,12 @@ class Browse:
             if got is None:
                 continue
             hdr, buf, off = got
-            if hdr.wseq > self.last_wseq and hdr.id not in self.skip and cur.is_live(at, hdr.id, hdr.wseq, hdr.state):
+            if (
+                low <= hdr.id <= high  # a place may hold another record now (a parked one's was reused)
+                and hdr.wseq > self.last_wseq
+                and hdr.id not in self.skip
+                and cur.is_live(at, hdr.id, hdr.wseq, hdr.state)
+            ):
                 found.append((hdr.wseq, hdr.id, bytes(hdr.payload(buf, off))))
         reader.drop()
         found.sort()

@@ -121,7 +121,7 @@ from typing import Any
 from curb.log import record as fmt
 from curb.log.browse import Browse
 from curb.log.checkpoints import Checkpoints, Snapshot
-from curb.log.cursor import KEEP_PAYLOAD, SLICE_WORK, Cursor, Record
+from curb.log.cursor import KEEP_PAYLOAD, PARKED_LAST, SLICE_WORK, Cursor, Record
 from curb.log.disk import Disk
 from curb.log.marks import Marks, spacing_for
 from curb.log.pacing import ByHand, Pacer
@@ -337,6 +337,12 @@ class LogCore:
         self._allocated = size
         self._classes = scan.classes
         reader = RecordReader(disk, self.capacity)
+        if scan.last:
+            # A copied message whose last occurrence is parked: the cursor skips every
+            # occurrence it reads (it steps over the parked one), and none is unread.
+            for mid, pos in zip(scan.parked.ids, scan.parked.offsets, strict=True):
+                if scan.last.get(mid) == pos:
+                    scan.last[mid] = PARKED_LAST
         self._cursor = Cursor(
             reader, self.end, ckpt.tail, scan.head, self._next_wseq, scan.last, scan.messages, scan.live_bytes
         )
@@ -358,6 +364,7 @@ class LogCore:
         assert written is not None, "the checkpoint just written as flush 0 is synced by the sync above"
         self._ring.tail = written.tail
         self.marks.drop_freed(self._ring.distance, ckpt.tail, written.tail)
+        self._parked.freed(self._ring.distance, ckpt.tail, written.tail)
         # Every id below the next is on disk now, or will never be assigned.
         self._durable_id = self._next_id - 1
         return Recovery(
@@ -1144,6 +1151,7 @@ class LogCore:
         self._ring.head = off + size
         parked.remove(seq)
         self._cursor.vouched.append((wseq, hdr.id, size, off))
+        self._cursor.vouched_at.add(off)
         self._cursor.transit_bytes += size
         for browse in self._browses:
             browse.moved(hdr.id, hdr.wseq, wseq)
@@ -1270,6 +1278,7 @@ class LogCore:
         old, ring.tail = ring.tail, durable.tail
         if old != durable.tail:
             self.marks.drop_freed(ring.distance, old, durable.tail)
+            self._parked.freed(ring.distance, old, durable.tail)
             for browse in self._browses:
                 browse.freed(ring.distance, old, durable.tail)
         answered = False

@@ -10,8 +10,9 @@ Invariants:
   a crash can leave the original behind. The *last* copy in write order is the message;
   earlier copies are dead. In a run, a copy ahead of the cursor is known by `ahead`
   (id -> the held Record, whose offset is the copy); copies found at start-up are known by
-  `last` (id -> offset of the last copy). Neither grows with queue depth. Fresh messages
-  are written in id order, so any other record whose id is not above every id read
+  `last` (id -> offset of the last copy, or PARKED_LAST when that copy is parked).
+  Neither grows with queue depth. Fresh messages are written in id order, so any other
+  record whose id is not above every id read
   before it is a copy nobody vouches for (left by damage recovery skipped), never a
   message.
 - The window of bytes the cursor reads through never outlives a lap: it is dropped at
@@ -65,6 +66,7 @@ FRESH_BYTES = 1 << 20
 # other clients waiting far less than 50 ms.
 RECORD_WORK = 2048
 SLICE_WORK = 1 << 20
+PARKED_LAST = -2  # in `last`: the message's last occurrence is parked (curb.log.parked)
 
 
 class Record:
@@ -154,6 +156,7 @@ class Cursor:
         # Parked copies ahead, in write order: (wseq, id, bytes still counted in
         # transit_bytes, offset).
         self.vouched: collections.deque[tuple[int, int, int, int]] = collections.deque()
+        self.vouched_at: set[int] = set()  # their offsets
         self.transit_bytes = 0
 
     def tail(self) -> int:
@@ -211,6 +214,8 @@ class Cursor:
         seq = self.parked.find(pos, self._distance, gone=True)
         if seq is not None:  # parked, or was (then dead here: acked, or copied on)
             return self.parked.state(seq) in (DELAYED, HELD)
+        if pos in self.vouched_at:  # a parked record's copy, ahead: its state says
+            return state == STATE_RDY
         held = self.behind.get(mid) or self.ahead.get(mid)
         if held is not None:
             return held.offset == pos and not held.acked and not held.dead
@@ -235,12 +240,7 @@ class Cursor:
         for mid, at in list(self.last.items()):
             if mid <= upto and at >= 0:
                 found = reader.intact(at, self.end)
-                if (
-                    found is not None
-                    and found[0].id == mid
-                    and found[0].state != STATE_ACK
-                    and self.parked.find(at, self._distance) is None
-                ):
+                if found is not None and found[0].id == mid and found[0].state != STATE_ACK:
                     self._uncount(found[0].size)
                 self.last[mid] = -1
         self.pass_dead()
@@ -305,13 +305,22 @@ class Cursor:
             self.allowance -= size
             self.rpos = pos + size
             mid = hdr.id
-            if self.vouched and hdr.copy and self.vouched[0][0] == hdr.wseq:
-                self.transit_bytes -= self.vouched.popleft()[2]  # a parked record's copy, made by compaction
+            if self.vouched and hdr.copy and self.vouched[0][0] == hdr.wseq:  # a parked record's copy
+                state = _PARKED.get(hdr.state, DELAYED)
+                came_due = mid > self.upto and state == DELAYED and hdr.due_ms <= self.wall_ms()
+                if came_due and not hand_out:
+                    # A message to hand out: not passed, so not charged (as below).
+                    self.allowance += RECORD_WORK + size
+                    self.rpos, self.last_wseq = pos, prev_wseq
+                    return None
+                _, _, counted, at = self.vouched.popleft()
+                self.transit_bytes -= counted
+                self.vouched_at.discard(at)
                 self.max_id = max(self.max_id, mid)
+                if came_due:
+                    return self._hand_out(self._record(pos, hdr, buf, off), unread=False)
                 if mid > self.upto:
-                    came_due = self._parked_copy(pos, hdr, buf, off)
-                    if came_due is not None:
-                        return self._hand_out(came_due, unread=False)
+                    self.parked.add(pos, size, mid, state, hdr.due_ms)
                 continue
             moved = self.ahead.get(mid)
             if moved is not None and moved.offset == pos:
@@ -378,15 +387,6 @@ class Cursor:
         self.last_wseq = rec.wseq
         self.rpos = rec.offset + rec.size
         self.parked.add(rec.offset, rec.size, rec.id, DELAYED, rec.due_ms)
-
-    def _parked_copy(self, pos: int, hdr: RecordHeader, buf: bytes, off: int) -> Record | None:
-        """Park the copy of a parked record at `pos`; if it is rdy and came due in
-        transit, the Record to hand out instead."""
-        state = _PARKED.get(hdr.state, DELAYED)
-        if state != DELAYED or hdr.due_ms > self.wall_ms():
-            self.parked.add(pos, hdr.size, hdr.id, state, hdr.due_ms)
-            return None
-        return self._record(pos, hdr, buf, off)
 
     def _hand_out(self, rec: Record, unread: bool = True) -> Record:
         if unread:

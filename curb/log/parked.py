@@ -73,6 +73,7 @@ class Parked:
         self.states = bytearray()
         self.base = 0  # the seq of the arrays' first entry
         self.first = 0  # no live entry below this seq
+        self.valid = 0  # entries below this seq name bytes that may have been reused (`freed`)
         self.passed = 0
         self.fresh: list[int] = []
         self.fresh_min: int | None = None
@@ -184,12 +185,21 @@ class Parked:
         self.first = seq
         return seq
 
+    def freed(self, distance: Callable[[int, int], int], old_tail: int, new_tail: int) -> None:
+        """Space in [old_tail, new_tail) may be reused: entries there (all GONE: a live one
+        pins the tail) no longer name their records."""
+        span = distance(old_tail, new_tail)
+        seq = max(self.valid, self.base)
+        while seq < self.end and distance(old_tail, self.offsets[seq - self.base]) < span:
+            seq += 1
+        self.valid = seq
+
     def find(self, pos: int, distance: Callable[[int, int], int], gone: bool = False) -> int | None:
         """The seq of the live entry at ring offset `pos` (with `gone`, of a GONE one
         too: its record is still there, dead), if any; `distance(a, b)` is the bytes from
-        a forward to b. From the first live entry on, entries lie within one lap, in
-        order, and no byte they name has been reused."""
-        lo = self._first_live() - self.base
+        a forward to b. From `valid` on, entries lie within one lap, in order, and no
+        byte they name has been reused."""
+        lo = (max(self.valid, self.base) if gone else self._first_live()) - self.base
         if lo >= len(self.states):
             return None
         offsets = self.offsets
@@ -201,7 +211,7 @@ class Parked:
 
     def _trim(self) -> None:
         """Drop GONE entries at the front, once there are enough to be worth it."""
-        upto = min(self.first, self.passed)
+        upto = min(self.first, self.passed, self.valid)
         cut = upto - self.base
         if cut >= TRIM and cut * 2 >= len(self.states):
             del self.offsets[:cut]
