@@ -127,6 +127,27 @@ class Parked:
             self.unpassed_bytes += size
         return seq
 
+    def extend(self, offsets: list[int], sizes: list[int], ids: list[int], states: bytearray, dues: list[int]) -> None:
+        """Many parked records the cursor has yet to pass, in ring order (recovery's walk):
+        `add` for each, in bulk."""
+        first = self.end
+        self.offsets.extend(offsets)
+        self.sizes.extend(sizes)
+        self.ids.extend(ids)
+        self.states.extend(states)
+        total = sum(sizes)
+        self.bytes += total
+        self.unpassed_bytes += total
+        keys = [due << SEQ_BITS | (first + at) for at, due in enumerate(dues) if states[at] == DELAYED]
+        self.delayed += len(keys)
+        dead = [first + at for at, state in enumerate(states) if state != DELAYED]
+        self.dead += len(dead)
+        self.dead_order.extend(dead)
+        for at in range(0, len(keys), RUN):
+            self.fresh.extend(keys[at : at + RUN])
+            self.keys += len(keys[at : at + RUN])
+            self._seal()
+
     def set(self, seq: int, state: int, due_ms: int = 0) -> None:
         """A live entry changes state (a release, a requeue with a delay, a burial, a
         redrive, a dead letter handed out or back)."""
@@ -228,13 +249,23 @@ class Parked:
     # ---------------------------------------------------------------- the cursor's path
 
     def step_over(self, pos: int) -> int | None:
-        """The size of the record at `pos` if it is the next entry the cursor has not yet
-        passed (it steps over it); None otherwise."""
-        seq = self.passed
-        if seq < self.end and self.offsets[seq - self.base] == pos:
-            self._pass(seq)
-            return self.sizes[seq - self.base]
-        return None
+        """The bytes from `pos` the cursor steps over if the record there is the next
+        entry it has not yet passed: that record and the entries right after it; None
+        otherwise."""
+        seq, end, base = self.passed, self.end, self.base
+        offsets = self.offsets
+        if seq >= end or offsets[seq - base] != pos:
+            return None
+        sizes, states = self.sizes, self.states
+        at = pos
+        while seq < end and offsets[seq - base] == at:  # and the records right after it
+            size = sizes[seq - base]
+            if states[seq - base] != GONE:
+                self.unpassed_bytes -= size
+            at += size
+            seq += 1
+        self.passed = seq
+        return at - pos
 
     def _pass(self, seq: int) -> None:
         self.passed = seq + 1

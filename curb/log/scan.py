@@ -278,7 +278,10 @@ class Scan:
         max_id = self.max_id
         upto = self.upto
         marks = self.marks
-        now_ms, parked, classes = self.now_ms, self.parked, self.classes
+        now_ms = self.now_ms
+        # Parked records met, in ring order, added to the index in one go (`_park_batch`).
+        batch: tuple[list[int], list[int], list[int], bytearray, list[int]] = ([], [], [], bytearray(), [])
+        b_off, b_size, b_id, b_state, b_due = batch
         held: tuple[bytes, int, int, int, bool, int, int] | None = None  # counted once its successor parses
         odd = False
         while pos != stop and (pos > stop or stop - pos > trust_until):
@@ -320,6 +323,7 @@ class Scan:
                 h_state, h_id, h_size, h_pos, h_copy, h_wseq, h_due = held
                 if h_copy:
                     self.max_id = max_id
+                    self._park_batch(batch)  # in ring order: those before it first
                     self._count(h_state, h_id, h_size, h_pos, True, h_due)
                 else:
                     if h_id > max_id:
@@ -334,8 +338,11 @@ class Scan:
                     elif h_state == rdy and h_due <= now_ms:
                         rdy_sizes[h_size] = rdy_sizes.get(h_size, 0) + 1
                     else:
-                        parked.add(h_pos, h_size, h_id, PARKED_STATES.get(h_state, DELAYED), h_due, passed=False)
-                        classes.add(h_size)
+                        b_off.append(h_pos)
+                        b_size.append(h_size)
+                        b_id.append(h_id)
+                        b_state.append(PARKED_STATES.get(h_state, DELAYED))
+                        b_due.append(h_due)
                 held = None
             if state == pad:
                 pos = RING_START
@@ -345,6 +352,7 @@ class Scan:
         self.max_id = max_id
         self.acked += acked
         self.dead_bytes += dead_bytes
+        self._park_batch(batch)
         for size, n in rdy_sizes.items():
             self.messages += n
             self.live_bytes += size * n
@@ -354,6 +362,20 @@ class Scan:
                 return held[3]  # odd bytes after it: the checked path reads it again
             self._count(*held[:5], held[6])  # it ends where the checked path takes over
         return pos
+
+    def _park_batch(self, batch: tuple[list[int], list[int], list[int], bytearray, list[int]]) -> None:
+        """Add the parked records the skim met to the index, and empty the batch."""
+        offsets, sizes, ids, states, dues = batch
+        if not offsets:
+            return
+        self.parked.extend(offsets, sizes, ids, states, dues)
+        counts: dict[int, int] = {}
+        for size in sizes:
+            counts[size] = counts.get(size, 0) + 1
+        for size, n in counts.items():
+            self.classes.add(size, n)
+        for part in batch:
+            part.clear()
 
     def _looks_torn(self, pos: int, expect: int) -> bool:
         """Whether the bytes at pos are the start of the record due next, cut short."""
