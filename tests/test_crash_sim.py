@@ -109,6 +109,11 @@ REPLAY_REGRESSIONS = {
     "browse_takes_a_copied_parked_record_before_the_first_live_one_for_live": (102, "browsed twice"),
     "browse_takes_a_parked_copy_in_transit_for_dead": (293, "browse missed a live message"),
     "browse_reads_another_record_where_a_parked_one_was": (1884, "browse out of its range"),
+    "browse_trusts_a_dead_state_a_redrive_is_rewriting": (3003, "browse missed a live message"),
+    "a_damaged_parked_record_pins_the_tail_for_good": (
+        3822,
+        "after bit rot: accepted SEND refused later without a disk fault",
+    ),
 }
 
 

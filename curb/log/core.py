@@ -715,7 +715,7 @@ class LogCore:
         for seq in parked.due(now_ms):
             released = self._read_parked(seq)
             if released is None:
-                parked.remove(seq)
+                self._lost(seq)
                 continue
             released.slot = seq
             parked.held[seq] = released
@@ -730,7 +730,7 @@ class LogCore:
         while (seq := parked.next_dead()) is not None:
             rec = self._read_parked(seq)
             if rec is None:
-                parked.remove(seq)
+                self._lost(seq)
                 continue
             rec.slot = seq
             parked.set(seq, DEAD_HELD)
@@ -756,7 +756,7 @@ class LogCore:
                 break
             rec = self._read_parked(seq)
             if rec is None:
-                parked.remove(seq)
+                self._lost(seq)
                 continue
             rec.deliveries = 0
             rec.due_ms = 0
@@ -766,6 +766,11 @@ class LogCore:
         if done is not None:
             self.on_durable(done)
         return moved
+
+    def _lost(self, seq: int) -> None:
+        """A parked record that damage took (reported where it was found): forget it."""
+        self._classes.remove(self._parked.size(seq))
+        self._parked.remove(seq)
 
     def _read_current(self, offset: int, size: int) -> bytearray:
         """The record at `offset` as it is now: read back, with the rewrites of its mutable
@@ -1138,8 +1143,11 @@ class LogCore:
         except FormatError:
             hdr = None
         if hdr is None or hdr.id != parked.id(seq) or not fmt.check_payload(raw, 0, hdr):
-            self._damaged(f"parked message {parked.id(seq)} at byte {offset} is damaged and cannot be copied")
-            return False
+            # Lost to damage: it must not pin the tail for good (a held one's holder may
+            # still ACK it; a parked one has no one).
+            self._damaged(f"parked message {parked.id(seq)} at byte {offset} is damaged; never delivered")
+            self._lost(seq)
+            return True
         payload = bytes(hdr.payload(raw, 0))
         off = self._take(spot, size, runs)
         wseq = self._next_wseq

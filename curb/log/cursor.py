@@ -209,16 +209,19 @@ class Cursor:
         """Whether the intact record at `pos` (message `mid`, write sequence `wseq`, in
         `state`) is the live occurrence of a message not yet acked, as of now (see the
         module's invariants)."""
-        if mid <= self.upto or state in (STATE_PAD, STATE_MAX, STATE_EXP):
+        if mid <= self.upto or state == STATE_PAD:
             return False
-        seq = self.parked.find(pos, self._distance, gone=True)
-        if seq is not None:  # parked, or was (then dead here: acked, or copied on)
-            return self.parked.state(seq) in (DELAYED, HELD)
-        if pos in self.vouched_at:  # a parked record's copy, ahead: its state says
-            return state == STATE_RDY
+        # What memory knows first: a rewrite of the state may not be flushed yet.
         held = self.behind.get(mid) or self.ahead.get(mid)
         if held is not None:
             return held.offset == pos and not held.acked and not held.dead
+        seq = self.parked.find(pos, self._distance, gone=True)
+        if seq is not None:  # parked, or was (then dead here: acked, or copied on)
+            return self.parked.state(seq) in (DELAYED, HELD)
+        if state in (STATE_MAX, STATE_EXP):
+            return False
+        if pos in self.vouched_at:  # a parked record's copy, ahead: its state says
+            return state == STATE_RDY
         if wseq <= self.last_wseq or state == STATE_ACK:
             return False  # read by the cursor and no longer held, or acked in an earlier run
         live_at = self.last.get(mid)
