@@ -11,7 +11,7 @@ import pytest
 from simdisk import SimDisk
 
 from curb.log import LogCore, Record
-from curb.log.parked import DELAYED, Parked
+from curb.log.parked import DELAYED, SEQ_BITS, Parked, packed_runs
 
 WALL = 1_700_000_000_000
 CAP = 64 * 1024
@@ -253,8 +253,23 @@ def test_the_index_holds_its_entries_in_compact_arrays():
     for i in range(n):
         parked.add(512 + 32 * i, 160, i + 1, DELAYED, WALL + (i * 7919) % 100_000)
     per_entry = sum(a.itemsize for a in (parked.offsets, parked.sizes, parked.ids)) + 1
-    runs = sum(run.dues.itemsize + run.seqs.itemsize for _, _, run in parked.runs[:1])
-    assert per_entry + runs <= 40
-    assert len(parked.fresh) < 4096 and sum(len(r.dues) for _, _, r in parked.runs) + len(parked.fresh) == n
+    runs = sum(run.keys.itemsize for _, _, run in parked.runs[:1])
+    assert per_entry + runs <= 30
+    assert len(parked.fresh) < 4096 and sum(len(r) for _, _, r in parked.runs) + len(parked.fresh) == n
     out = parked.due(WALL + 10)
     assert len(out) == len([i for i in range(n) if (i * 7919) % 100_000 <= 10])
+
+
+@pytest.mark.parametrize(
+    "pairs",
+    [
+        [(WALL + 5, 1), (WALL + 7, 2), (WALL + 9, 3)],
+        [(WALL, 1), (WALL + (1 << 45), 2)],  # due times far apart: they still pack
+        [(WALL, 1), (WALL + 1, (1 << 39) + 5), (WALL + (1 << 40), 7)],  # wide seqs too: split
+    ],
+)
+def test_runs_pack_each_key_in_eight_bytes_and_give_back_what_they_hold(pairs):
+    keys = sorted(due << SEQ_BITS | seq for due, seq in pairs)
+    runs = packed_runs(keys)
+    assert [run.at(i) for run in runs for i in range(len(run))] == sorted(pairs)
+    assert all(run.keys.itemsize == 8 for run in runs)

@@ -10,9 +10,9 @@ it as an *entry*, numbered by `seq` in ring order:
   read cursor passes them, which is ring order, and only ever leave by turning GONE, so
   the first live entry is the oldest parked record in the ring: it bounds the logical
   tail, and compaction copies it first.
-- The due order: sorted *runs* of (due time, seq), two arrays of 8 bytes each, and a
-  batch of new keys (`fresh`, one int each) sorted into a run once it holds RUN keys or
-  one of them is due. A heap over the runs' first keys gives the earliest due time. A
+- The due order: sorted *runs* of (due time, seq), packed in 8 bytes each (`Run`), and
+  a batch of new keys (`fresh`, one int each) sorted into a run once it holds RUN keys
+  or one of them is due. A heap over the runs' first keys gives the earliest due time. A
   key leaves lazily: one whose entry is no longer DELAYED is stale and skipped where met;
   once stale keys outnumber live ones (and RUN), the runs are rebuilt from the live ones.
 - The dead letters in ring order: `dead_order`, the seqs of dead entries, sorted (the
@@ -53,14 +53,38 @@ TRIM = 4096  # GONE entries at the front worth a trim of the arrays
 
 
 class Run:
-    """A sorted run of due keys, consumed from the front."""
+    """A sorted run of due keys, consumed from the front: each (due, seq) packed in 8
+    bytes as `(due - due_lo) << shift | (seq - seq_lo)`, `shift` the bits its seqs span
+    (`packed_runs` splits keys until each run's spans fit)."""
 
-    __slots__ = ("dues", "pos", "seqs")
+    __slots__ = ("due_lo", "keys", "pos", "seq_lo", "shift")
 
-    def __init__(self, keys: list[int]):
-        self.dues = array("q", [k >> SEQ_BITS for k in keys])
-        self.seqs = array("q", [k & SEQ_MASK for k in keys])
+    def __init__(self, keys: list[int], due_lo: int, seq_lo: int, shift: int):
+        self.due_lo, self.seq_lo, self.shift = due_lo, seq_lo, shift
+        self.keys = array("q", [((k >> SEQ_BITS) - due_lo) << shift | ((k & SEQ_MASK) - seq_lo) for k in keys])
         self.pos = 0
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def at(self, i: int) -> tuple[int, int]:
+        """The (due, seq) of the run's i-th key."""
+        key = self.keys[i]
+        return (key >> self.shift) + self.due_lo, (key & ((1 << self.shift) - 1)) + self.seq_lo
+
+
+def packed_runs(keys: list[int]) -> list[Run]:
+    """Runs holding sorted fresh keys (`due << SEQ_BITS | seq`), halved until each one's
+    due and seq spans fit 63 bits together."""
+    if not keys:
+        return []
+    seqs = [k & SEQ_MASK for k in keys]
+    due_lo, seq_lo = keys[0] >> SEQ_BITS, min(seqs)
+    shift = (max(seqs) - seq_lo).bit_length()
+    if ((keys[-1] >> SEQ_BITS) - due_lo).bit_length() + shift <= 62 or len(keys) == 1:
+        return [Run(keys, due_lo, seq_lo, shift)]
+    half = len(keys) // 2
+    return packed_runs(keys[:half]) + packed_runs(keys[half:])
 
 
 class Parked:
@@ -297,9 +321,9 @@ class Parked:
         self.fresh_min = None
 
     def _push(self, keys: list[int]) -> None:
-        run = Run(keys)
-        self._ties += 1
-        heapq.heappush(self.runs, (run.dues[0], self._ties, run))
+        for run in packed_runs(keys):
+            self._ties += 1
+            heapq.heappush(self.runs, (run.at(0)[0], self._ties, run))
 
     def next_due(self) -> int | None:
         """The earliest due time of a DELAYED entry (never later; it may be a stale key's,
@@ -318,11 +342,11 @@ class Parked:
         runs, states, base = self.runs, self.states, self.base
         while runs and runs[0][0] <= now_ms and len(out) < limit:
             _, tie, run = runs[0]
-            seq = run.seqs[run.pos]
+            seq = run.at(run.pos)[1]
             run.pos += 1
             self.keys -= 1
-            if run.pos < len(run.dues):
-                heapq.heapreplace(runs, (run.dues[run.pos], tie, run))
+            if run.pos < len(run):
+                heapq.heapreplace(runs, (run.at(run.pos)[0], tie, run))
             else:
                 heapq.heappop(runs)
             if seq >= base and states[seq - base] == DELAYED:
@@ -340,7 +364,7 @@ class Parked:
         states, base = self.states, self.base
         keys = [k for k in self.fresh if states[(k & SEQ_MASK) - base] == DELAYED]
         for _, _, run in self.runs:
-            for due, seq in zip(run.dues[run.pos :], run.seqs[run.pos :], strict=True):
+            for due, seq in map(run.at, range(run.pos, len(run))):
                 if seq >= base and states[seq - base] == DELAYED:
                     keys.append(due << SEQ_BITS | seq)
         keys.sort()
