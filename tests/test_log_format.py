@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from curb.log import Log, LogError, LogReader
+from curb.log import Log, LogCore, LogError, LogReader
 from curb.log import record as fmt
 
 DATA = "tests/data/log-format-1.log"
@@ -104,7 +104,7 @@ def test_the_first_format_is_still_read():
 # ---------------------------------------------------------------- upgrading a first-format file
 
 
-def drain(log: Log) -> list[tuple[int, int, str, bytes]]:
+def drain(log: LogCore) -> list[tuple[int, int, str, bytes]]:
     out = []
     while (rec := log.next_ready()) is not None:
         payload = bytes(log.payload(rec))
@@ -116,7 +116,7 @@ def test_a_first_format_file_is_upgraded_at_start_up_keeping_ids_counts_and_orde
     path = tmp_path / "curb.log"
     shutil.copy(DATA, path)
     old_size = path.stat().st_size
-    log = Log(path, 64 * 1024)
+    log = Log(path, 64 * 1024).core
     try:
         found = drain(log)
         assert [(mid, deliveries) for mid, deliveries, _, _ in found] == V1_LIVE
@@ -133,7 +133,7 @@ def test_a_first_format_file_is_upgraded_at_start_up_keeping_ids_counts_and_orde
     with LogReader(str(path)) as reader:
         summary = reader.summary()
         assert summary.messages == len(V1_LIVE) + 1 and summary.delayed == summary.dead == 0
-    again = Log(path, 64 * 1024)
+    again = Log(path, 64 * 1024).core
     try:
         assert [(mid, d) for mid, d, _, _ in drain(again)] == [*V1_LIVE, (new.id, 0)]
     finally:
@@ -155,7 +155,7 @@ def test_a_crashed_upgrade_leaves_the_old_file_and_starts_again(tmp_path):
     path = tmp_path / "curb.log"
     shutil.copy(DATA, path)
     (tmp_path / "curb.log.upgrade").write_bytes(b"curb log 2\n" + b"rdy " * 5000)
-    log = Log(path, 64 * 1024)
+    log = Log(path, 64 * 1024).core
     try:
         assert [(mid, d) for mid, d, _, _ in drain(log)] == V1_LIVE
     finally:
