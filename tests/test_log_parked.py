@@ -273,3 +273,15 @@ def test_runs_pack_each_key_in_eight_bytes_and_give_back_what_they_hold(pairs):
     runs = packed_runs(keys)
     assert [run.at(i) for run in runs for i in range(len(run))] == sorted(pairs)
     assert all(run.keys.itemsize == 8 for run in runs)
+
+
+def test_next_due_knows_a_delayed_send_before_the_cursor_passes_it():
+    """The broker arms its timer from next_due right after the SEND, before any consumer
+    made the cursor pass (and park) the record; once due, next_ready hands it out."""
+    w = World()
+    late = w.send(1, due_ms=WALL + 2_000)
+    w.settle()
+    assert w.log.next_due() == WALL + 2_000, "known at once"
+    w.wall = WALL + 2_000
+    assert w.log.next_due() is None, "due now: the cursor hands it out, no timer needed"
+    assert ids(w.log.due(w.wall)) == [] and ids(w.ready()) == [late.id]

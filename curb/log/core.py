@@ -281,6 +281,9 @@ class LogCore:
         # Held records requeued with a delay: a heap of (due ms, id, record); stale once
         # the record is no longer parked with that due time.
         self._later: list[tuple[int, int, Record]] = []
+        # Delayed appends the cursor has yet to pass (then they are in the index): a heap
+        # of (due ms, id), so that `next_due` knows them from the start.
+        self._coming: list[tuple[int, int]] = []
         self.slice_work = slice_work  # the work of one slice of a walk of the ring (curb.cursor)
         self.marks = Marks(mark_spacing or spacing_for(self.capacity))  # filled by recovery
         self.recovery = self._recover()
@@ -515,6 +518,8 @@ class LogCore:
             self._schedule()
             raise QueueFull("queue full now: message ids are being reserved; retry at once")
         rec = Record(self._next_id, -1, size, 0, self.wall_ms(), None, 0, due_ms, expires_ms)
+        if due_ms:
+            heapq.heappush(self._coming, (due_ms, rec.id))
         self._next_id += 1
         if self._broken:
             if done is not None:
@@ -691,14 +696,22 @@ class LogCore:
     # ---------------------------------------------------------------- parked records
 
     def next_due(self) -> int | None:
-        """The earliest due time (wall ms) of a parked message; it may be early (a timer
-        armed for it then finds nothing due, and asks again), never late."""
+        """The earliest due time (wall ms) of a parked message, or of a delayed one the
+        cursor has yet to pass (`next_ready` hands that one out once due); it may be
+        early (a timer armed for it then finds nothing due, and asks again), never late."""
         later = self._later
         while later and not (later[0][2].parked and later[0][2].due_ms == later[0][0]):
             heapq.heappop(later)
         soonest = self._parked.next_due()
         if later and (soonest is None or later[0][0] < soonest):
             soonest = later[0][0]
+        # Appends not yet passed: the cursor hands them out once due (so those due by now
+        # wait for it, not for a timer); until then, their due time is the timer's.
+        coming, passed, now = self._coming, self._cursor.max_id, self.wall_ms()
+        while coming and (coming[0][1] <= passed or coming[0][0] <= now):
+            heapq.heappop(coming)
+        if coming and (soonest is None or coming[0][0] < soonest):
+            soonest = coming[0][0]
         return soonest
 
     def due(self, now_ms: int) -> list[Record]:
