@@ -86,7 +86,7 @@ format, curb.parked the index):
 - The wall clock is injected (`wall_ms`), as `clock` is: the log has no clock of its own.
   A record whose due time is ahead is *parked*: the read cursor never hands it out, and
   dead letters never either. Parked records stay where they are in the ring; the log
-  keeps them in `curb.parked`: in ring order (offset, size, id, a state byte: 21 bytes
+  keeps them in `curb.log.parked`: in ring order (offset, size, id, a state byte: 21 bytes
   each) for compaction and the logical tail, and by due time in sorted runs of packed
   keys (8 bytes each) for `due(now_ms)`. So 1,000,000 delayed messages cost about 29 MB
   of index, not Python objects, and the queue sees a message only once it is due.
@@ -97,12 +97,14 @@ format, curb.parked the index):
   pin the tail, whatever their due time.
 - Start-up rebuilds the index from the record headers alone: recovery's walk reads the
   state and due field of each header it skims (never a body) and hands the parked ones
-  to the index; the cursor then steps over them by their recorded sizes. The cost is the
-  walk's (about a second per million records) plus the index's appends and one sort per
-  run, so 1,000,000 delayed messages restart in under 2 s (bin/bench-delayed).
-- A message parked while held (NACK with a delay, burial) is patched in place and stays
-  a held record in memory until compaction copies it (then its copy is parked like any
-  other); a delayed SEND and every parked record found at start-up are never objects.
+  to the index in batches; the cursor then steps over runs of them by their recorded
+  sizes. The cost is the walk's (about a second per million records on a quiet machine)
+  plus the index's appends and one sort per RUN keys: about twice the CPU of a walk over
+  as many plain records (bin/bench-delayed measures both).
+- A message parked while held is patched in place and stays a Record: requeued with a
+  delay, the log keeps it (`_later`) until `due` hands it back; buried, its holder keeps
+  it (the broker's dead letters). Compaction copies such records as held ones. Delayed
+  SENDs and every parked record found at start-up are never objects.
 - Dead letters are read (`next_dead`) and redriven in ring order, oldest first; a copy
   compaction made counts as placed when it was copied. They and delayed messages count
   in `live_bytes` against -cap like any message.
