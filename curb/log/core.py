@@ -730,7 +730,6 @@ class LogCore:
         for seq in parked.due(now_ms):
             released = self._read_parked(seq)
             if released is None:
-                self._lost(seq)
                 continue
             released.slot = seq
             parked.held[seq] = released
@@ -745,7 +744,6 @@ class LogCore:
         while (seq := parked.next_dead()) is not None:
             rec = self._read_parked(seq)
             if rec is None:
-                self._lost(seq)
                 continue
             rec.slot = seq
             parked.set(seq, DEAD_HELD)
@@ -771,7 +769,6 @@ class LogCore:
                 break
             rec = self._read_parked(seq)
             if rec is None:
-                self._lost(seq)
                 continue
             rec.deliveries = 0
             rec.due_ms = 0
@@ -796,8 +793,9 @@ class LogCore:
                 raw[: len(patch)] = patch
         return raw
 
-    def _read_parked(self, seq: int) -> Record | None:
-        """The Record of a parked entry, read and checked; None (reported) if damaged."""
+    def _checked_parked(self, seq: int) -> tuple[fmt.RecordHeader, bytearray] | None:
+        """A parked entry's record as it is now, read and checked; None if damage took it
+        (reported, and the entry forgotten: it must not pin the tail for good)."""
         parked = self._parked
         offset, size = parked.offset(seq), parked.size(seq)
         raw = self._read_current(offset, size)
@@ -807,7 +805,17 @@ class LogCore:
             hdr = None
         if hdr is None or hdr.id != parked.id(seq) or not fmt.check_payload(raw, 0, hdr):
             self._damaged(f"parked message {parked.id(seq)} at byte {offset} is damaged; never delivered")
+            self._lost(seq)
             return None
+        return hdr, raw
+
+    def _read_parked(self, seq: int) -> Record | None:
+        """The Record of a parked entry; None if damage took it (`_checked_parked`)."""
+        checked = self._checked_parked(seq)
+        if checked is None:
+            return None
+        hdr, raw = checked
+        offset, size = self._parked.offset(seq), self._parked.size(seq)
         view = memoryview(raw)[RECORD_HEADER : RECORD_HEADER + hdr.length]
         rec = Record(
             hdr.id,
@@ -1151,18 +1159,11 @@ class LogCore:
             cursor.outstanding_bytes += held.size
             cursor.ahead[held.id] = held  # a held copy ahead of the cursor, as `Cursor.moved` makes
             return True
-        offset, size = parked.offset(seq), parked.size(seq)
-        raw = self._read_current(offset, size)
-        try:
-            hdr = fmt.parse_header(raw, 0)
-        except FormatError:
-            hdr = None
-        if hdr is None or hdr.id != parked.id(seq) or not fmt.check_payload(raw, 0, hdr):
-            # Lost to damage: it must not pin the tail for good (a held one's holder may
-            # still ACK it; a parked one has no one).
-            self._damaged(f"parked message {parked.id(seq)} at byte {offset} is damaged; never delivered")
-            self._lost(seq)
-            return True
+        checked = self._checked_parked(seq)
+        if checked is None:
+            return True  # lost to damage: nothing to copy, and the tail may pass it
+        hdr, raw = checked
+        size = parked.size(seq)
         payload = bytes(hdr.payload(raw, 0))
         off = self._take(spot, size, runs)
         wseq = self._next_wseq
