@@ -404,9 +404,10 @@ class LogCore:
 
     @property
     def dead(self) -> int:
-        """Dead letters the log holds (found at start-up; those buried in this run are
-        their holder's, see `bury`)."""
-        return self._parked.dead
+        """Dead letters the log holds and has not handed out (found at start-up; those
+        buried in this run, or taken by `next_dead`, are their holder's to count)."""
+        parked = self._parked
+        return parked.dead - sum(1 for seq in parked.held if parked.state(seq) == DEAD_HELD)
 
     @property
     def last_id(self) -> int:
