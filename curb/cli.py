@@ -169,7 +169,8 @@ def default_file() -> str:
     "--http",
     default=None,
     callback=_addr,
-    help="Serve the web front on [HOST]:PORT: /metrics (Prometheus), /stats (JSON). Off by default.",
+    help="Serve the web front on [HOST]:PORT: /metrics (Prometheus), /stats (JSON), the console at /, "
+    "STOMP over WebSocket at /ws and the HTTP API under /v2. Off by default.",
 )
 @click.option(
     "-http-tls",

@@ -24,7 +24,7 @@ An adapter (a `Link`) gives the driver five things and calls it back at four poi
 
 With `framed=True` (WebSocket: one STOMP frame per message, as Web-STOMP sends) each
 `write` is one whole frame, heart-beats included; otherwise pieces are cut and joined
-for the socket (curb.session.PIECE_BYTES).
+for the socket (curb.output.PIECE_BYTES).
 
 Deadlines: bytes in and out only move the session's deadline later, so after them the
 timer is re-armed only when `session.deadlines` says a sooner one may have come; a timer
@@ -37,7 +37,8 @@ import asyncio
 from typing import Protocol
 
 from curb.broker import Broker
-from curb.session import Piece, Session
+from curb.output import Piece
+from curb.session import Session
 
 
 class Link(Protocol):

@@ -40,7 +40,8 @@ from typing import cast
 
 from curb.broker import Broker
 from curb.driver import Driver
-from curb.session import Piece, Session
+from curb.output import Piece
+from curb.session import Session
 from curb.tls import handshake_failure, peer_name
 
 __all__ = ["Broker", "Connection", "Handshake"]

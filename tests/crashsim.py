@@ -20,7 +20,8 @@ The invariants, from the crash model in the design notes:
   and every SEND accepted before that on_durable is delivered after every restart, unless
   an ACK took it (on_durable covers appends still waiting for room, receipt or not);
 - next_ready never hands out a message twice in one run of the log;
-- every payload delivered is byte for byte one that was appended, under its own id;
+- every payload delivered is byte for byte one that was appended, under its own id,
+  stamped with the simulated wall time it was appended at (the log reads no clock);
 - the file never grows past the cap, nor past the log's own `end`;
 - every accepted append is answered within SETTLE_ROUNDS rounds of (clock, flush, sync),
   with no ACKs needed, and refused later only for a disk fault; QueueFull comes only when
@@ -82,7 +83,6 @@ ROUND_SECONDS = 0.06
 TRACE_KEEP = 40
 PREFIX = b"content-type:x\n\n"
 START_TIME = 1_700_000_000.0
-WALL_START = 1_700_000_000_000  # the log's wall clock, ms: it jumps ahead, never back
 WALL_JUMPS = (1, 10, 100, 1_000, 30_000, 3_600_000)
 DELAYS = (1, 20, 500, 5_000, 60_000, 7_200_000)
 
@@ -181,6 +181,7 @@ class Msg:
     dead_durable: bool = False  # its burial is on disk (and no later redrive is)
     revived_run: bool = False  # revived or redriven in this run (its count may be 0 again)
     revivals: int = 0  # revives and redrives asked for: rewrites asked before one no longer bind
+    sent_ms: int = 0  # the simulated wall time it was appended at: its record's stamp
 
     @property
     def size(self) -> int:
@@ -278,7 +279,7 @@ class Sim:
         self.replay_steps = replay_steps
         self.xrng = random.Random(f"replay steps of seed {seed}")
         self.prng = random.Random(f"parked steps of seed {seed}")
-        self.wall = WALL_START
+        self.wall_skew = 0  # ms the parked steps jumped the wall clock ahead of `now`
         self.parked_ops: list[tuple[int, str, int, int]] = []  # (tag, kind, value, revivals) rewrites, in order
         self.id_floor = 0  # every id assigned so far, in this run or an earlier one, is at most this
         self.upto_durable = 0  # the highest watermark whose receipt came
@@ -349,6 +350,11 @@ class Sim:
     def clock(self) -> float:
         return self.now
 
+    def wall_ms(self) -> int:
+        """The simulated time as the log's wall clock (epoch ms, START_TIME on), plus the
+        jumps of the parked steps: it never goes back."""
+        return int(self.now * 1000) + self.wall_skew
+
     def trace(self, fmt: str, *args) -> None:
         entry = (self.step, self.run, fmt, args)
         self.trace_lines.append(entry)
@@ -417,7 +423,7 @@ class Sim:
                     self.cfg.cap,
                     max_payload=self.cfg.max_payload,
                     clock=self.clock,
-                    wall_ms=lambda: self.wall,
+                    wall_ms=self.wall_ms,
                     slice_work=slice_work,
                     mark_spacing=mark_spacing,
                     pacer=ByHand(),  # the steps flush and sync (and settle proves none is missed)
@@ -547,7 +553,7 @@ class Sim:
                 self.fail("parked record is not a live message", f"#{tag} id {rec.id} (appended as {msg.id})")
             if not self.rot_epoch and not msg.revived_run:
                 due = rec.due_ms if state == DELAYED else 0
-                if state == DELAYED and due < msg.due_durable and msg.due_durable > self.wall:
+                if state == DELAYED and due < msg.due_durable and msg.due_durable > self.wall_ms():
                     self.fail(
                         "due time lost", f"#{tag} id {rec.id}: due {due} after restart, {msg.due_durable} on disk"
                     )
@@ -654,7 +660,7 @@ class Sim:
     def append(self, receipt: bool) -> None:
         core = self.core
         tag = len(self.messages)
-        msg = Msg(tag, make_payload(tag, self._draw_size(core.max_message)))
+        msg = Msg(tag, make_payload(tag, self._draw_size(core.max_message)), sent_ms=self.wall_ms())
         self.messages[tag] = msg
         done = self._append_callback(tag) if receipt else None
         if receipt:
@@ -745,7 +751,7 @@ class Sim:
         # until the walk passes them (`check_step`): the log's own count is the one to use.
         exact = self.exact and not self.rot_epoch and self.disk.faults == self.disk_faults and not core.walking
         live = self.live_bytes if exact else core.live_bytes
-        ahead, headroom, capacity = core.ahead_dead_bytes, core.headroom(size), core.capacity
+        ahead, headroom, capacity = core.admission.ahead_dead_bytes, core.admission.headroom(size), core.capacity
         if live + ahead + size + headroom <= capacity:
             self.note(
                 "QueueFull with room",
@@ -891,7 +897,7 @@ class Sim:
         core, rng = self.core, self.prng
         tag = len(self.messages)
         msg = Msg(tag, make_payload(tag, min(core.max_message, rng.choice((0, 40, 300, 2000)))))
-        msg.due_sent = msg.due_run = self.wall + rng.choice(DELAYS)
+        msg.due_sent = msg.due_run = self.wall_ms() + rng.choice(DELAYS)
         self.messages[tag] = msg
         receipt = rng.random() < 0.5
         done = self._append_callback(tag) if receipt else None
@@ -919,7 +925,7 @@ class Sim:
         if got is None:
             return
         rec, tag = got
-        due = self.wall + self.prng.choice(DELAYS)
+        due = self.wall_ms() + self.prng.choice(DELAYS)
         self.core.requeue(rec, due)
         self.messages[tag].due_run = due
         self.delivered.discard(tag)  # parked again: its copy may come out of next_ready once due
@@ -942,7 +948,7 @@ class Sim:
 
     def do_release(self) -> None:
         """The broker's timer: every parked message due by now comes back, none early."""
-        back = self.core.due(self.wall)
+        back = self.core.due(self.wall_ms())
         for rec, tag in [(rec, self._check_payload(rec, None)) for rec in back]:
             msg = self.messages[tag]
             if tag in self.parked_tags:
@@ -954,13 +960,13 @@ class Sim:
             self.delivered.add(tag)
             self.redeliver.append((rec, tag))
         if back:
-            self.trace("release at wall %d: %d messages", self.wall, len(back))
+            self.trace("release at wall %d: %d messages", self.wall_ms(), len(back))
         soonest = self.core.next_due()
-        if soonest is not None and soonest < self.wall and self.core.due(self.wall):
-            self.fail("due message left parked", f"next_due {soonest} < wall {self.wall} after a release")
+        if soonest is not None and soonest < self.wall_ms() and self.core.due(self.wall_ms()):
+            self.fail("due message left parked", f"next_due {soonest} < wall {self.wall_ms()} after a release")
 
     def do_wall_jump(self) -> None:
-        self.wall += self.prng.choice(WALL_JUMPS)
+        self.wall_skew += self.prng.choice(WALL_JUMPS)
 
     def do_dead_take(self) -> None:
         """A reader of the dead letters takes the next one the log holds."""
@@ -1019,7 +1025,7 @@ class Sim:
         moved = self.core.redrive(count, None)
         if moved > before or (count is not None and moved > count):
             self.fail("redrive moved too many", f"{moved} of {before} (asked {count})")
-        back = self.core.due(self.wall)
+        back = self.core.due(self.wall_ms())
         mine = []
         for rec in back:
             tag = self._check_payload(rec, None)
@@ -1185,7 +1191,7 @@ class Sim:
 
     def check_delivery(self, rec: Record, recovering: bool = False) -> int:
         """A record from next_ready: a payload we appended, byte for byte, under its own
-        id and size, not delivered before in this run, not taken by a receipted ACK."""
+        id, size and send stamp, not delivered before in this run, not taken by a receipted ACK."""
         tag = self._check_payload(rec, None)
         msg = self.messages[tag]
         if tag in self.delivered:
@@ -1199,6 +1205,8 @@ class Sim:
             self.fail("message id changed", f"#{tag} was appended as id {msg.id}, delivered as {rec.id}")
         if rec.size != msg.size:
             self.fail("record size", f"#{tag} id {rec.id}: size {rec.size}, expected {msg.size}")
+        if rec.timestamp_ms != msg.sent_ms:
+            self.fail("send stamp", f"#{tag} id {rec.id}: stamped {rec.timestamp_ms}, appended at {msg.sent_ms}")
         if not recovering and tag not in self.live:
             why = "refused with an error" if msg.refused_run == self.run else "not live in this run"
             self.fail("dead message delivered", f"#{tag} id {rec.id} ({why})")
@@ -1214,8 +1222,8 @@ class Sim:
         if self.rot_epoch:
             return  # the crash model promises less after bit rot
         due = max(msg.due_run, msg.due_durable)
-        if self.wall < due:
-            self.fail("delivered before its due time", f"#{tag} id {rec.id}: due {due}, wall {self.wall}")
+        if self.wall_ms() < due:
+            self.fail("delivered before its due time", f"#{tag} id {rec.id}: due {due}, wall {self.wall_ms()}")
         if msg.revived_run:
             return
         if msg.dead_durable:
@@ -1286,7 +1294,7 @@ class Sim:
         self.check_step()
         for rec in self._ready():
             self.check_delivery(rec)
-        self.wall += 10**10  # every delayed message is due: each comes back, once
+        self.wall_skew += 10**10  # every delayed message is due: each comes back, once
         self.do_release()
         for rec in self._ready():
             self.check_delivery(rec)

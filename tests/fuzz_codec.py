@@ -128,7 +128,7 @@ class Harness:
     def __init__(self, seed: int) -> None:
         self.later: list[Callable[[], None]] = []
         self.clock = SimClock()
-        self.core = LogCore(SimDisk(random.Random(seed)), 1 << 20, clock=self.clock.time)
+        self.core = LogCore(SimDisk(random.Random(seed)), 1 << 20, clock=self.clock.time, wall_ms=self.clock.wall_ms)
         self.broker = Broker(
             self.core,
             heartbeat_ms=0,

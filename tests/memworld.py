@@ -25,7 +25,7 @@ class MemWorld:
         self.cap = cap
         self.disk = disk if disk is not None else SimDisk(random.Random(3))
         self.clock = SimClock()
-        self.log = LogCore(self.disk, cap, clock=self.clock.time)
+        self.log = LogCore(self.disk, cap, clock=self.clock.time, wall_ms=self.clock.wall_ms)
         self.later: list[Callable[[], None]] = []
         self.broker = Broker(
             self.log,

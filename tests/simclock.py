@@ -27,6 +27,10 @@ class SimClock:
     def time(self) -> float:
         return self.now
 
+    def wall_ms(self) -> int:
+        """The same time as a wall clock in epoch milliseconds (the log's send stamps)."""
+        return int(self.now * 1000)
+
     def call_at(self, when: float, callback: Callable[[], None]) -> SimTimer:
         timer = SimTimer(when, callback)
         heapq.heappush(self._timers, (when, next(self._order), timer))

@@ -12,7 +12,7 @@ from simdisk import SimDisk
 from curb.frame import Frame
 from curb.log import LogCore, QueueFull
 from curb.log import record as fmt
-from curb.session import BROWSE_END
+from curb.render import BROWSE_END
 
 
 def ids(frames: list[Frame]) -> list[str]:

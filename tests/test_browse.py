@@ -9,10 +9,11 @@ import random
 import pytest
 from memworld import MemPeer, MemWorld
 
+from curb.access import permission_needed
 from curb.frame import Frame
 from curb.log import QueueFull, Record
 from curb.log.browse import Browse
-from curb.session import BROWSE_END, permission_needed
+from curb.render import BROWSE_END
 
 
 def browse(peer: MemPeer, **headers: str) -> list[Frame]:
@@ -147,7 +148,7 @@ def test_unsubscribe_stops_a_browse_early() -> None:
     peer.send("UNSUBSCRIBE", id="b", receipt="u")
     frames = peer.frames()
     assert [f.command for f in frames] == ["RECEIPT"]
-    assert not world.log._browses  # the log no longer tells it of copies
+    assert not world.log.browses.active  # the log no longer tells it of copies
 
 
 def test_browse_streams_only_while_the_transport_takes_output() -> None:
@@ -204,7 +205,7 @@ def test_messages_after_an_error_stop_the_browse(world: MemWorld) -> None:
     peer.send("SUBSCRIBE", id="b", browser="true")
     peer.send("FROB")
     assert [f.command for f in peer.frames()] == ["ERROR"]
-    assert not world.log._browses
+    assert not world.log.browses.active
 
 
 def steps(log_browse: Browse) -> list[int]:

@@ -10,7 +10,7 @@ from memworld import MemWorld
 
 from curb.driver import Driver
 from curb.frame import FrameParser, encode
-from curb.session import VIEW_BODY
+from curb.render import VIEW_BODY
 
 CONNECT = encode("CONNECT", {"accept-version": "1.2"})
 SUBSCRIBE = encode("SUBSCRIBE", {"id": "s", "destination": "/queue/q", "ack": "client-individual"})

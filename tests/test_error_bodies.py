@@ -1,8 +1,9 @@
 """Every ERROR the session can send, one row per source, in memory over the real log on a
 simulated disk: each has a `message` header saying what happened and a body saying what
 to do. The sources are the `error(` calls and the `raise QueueError` / `raise Refused` /
-`ProtocolError` sites of curb.session, curb.broker, curb.queue, curb.message_limits and
-curb.frame (the parser's errors share one body, so a few stand for all)."""
+`ProtocolError` sites of curb.session, curb.commands, curb.access, curb.deadlines, curb.receipts,
+curb.broker, curb.queue, curb.message_limits and curb.frame (the parser's errors share one body,
+so a few stand for all)."""
 
 from __future__ import annotations
 

@@ -110,6 +110,10 @@ def test_the_log_package_names_resolve_where_they_are_defined():
         ("broker", {"curb.session", "curb.server", "curb.instance", "curb.cli"}),
         ("session", {"curb.server", "curb.instance", "curb.cli", "asyncio", "socket"}),
         ("queue", {"curb.session", "curb.broker", "curb.log", "asyncio", "socket"}),
+        *[
+            (unit, {"curb.server", "curb.driver", "curb.instance", "asyncio", "socket", "time"})
+            for unit in ("commands", "access", "receipts", "render", "output", "deadlines")
+        ],
     ],
 )
 def test_the_layers_import_only_downwards(module, forbidden):

@@ -513,3 +513,20 @@ def test_on_durable_fails_after_the_append_it_covers_is_refused():
     core.log.on_durable(lambda err: answers.append(f"durable: {err}"))
     until(core, lambda: len(answers) == 2)
     assert answers[0].startswith("send: disk full") and answers[1].startswith("durable: disk full")
+
+
+def test_the_log_stamps_sends_with_the_wall_clock_it_is_given_and_recovery_keeps_the_stamp():
+    """The core reads no clock of its own: a simulator's wall time is what a send is
+    stamped with, what the cursor hands out, and what recovery reads back (so a test of
+    delays and expiry can move time without waiting for it)."""
+    disk = SimDisk(random.Random(5))
+    wall = [1_234_567_890_123]
+    log = LogCore(disk, CAP, clock=Clock(), wall_ms=lambda: wall[0])
+    first = log.append(b"\nfirst")
+    wall[0] += 60_000
+    log.append(b"\nsecond")
+    log.flush()
+    log.sync()
+    assert first.timestamp_ms == 1_234_567_890_123
+    after = LogCore(disk.crash("power"), CAP, clock=Clock(), wall_ms=lambda: 0)
+    assert [rec.timestamp_ms for rec in iter(after.next_ready, None)] == [1_234_567_890_123, 1_234_567_950_123]

@@ -14,8 +14,9 @@ from test_session_rules import World
 from curb.broker import Broker
 from curb.frame import FRAME_END, FrameParser
 from curb.log.cursor import Record
+from curb.output import PIECE_BYTES
 from curb.server import Connection
-from curb.session import OUTPUT_LIMIT, PIECE_BYTES
+from curb.session import OUTPUT_LIMIT
 
 MB = 1 << 20
 FRAME = MB + 300  # one MESSAGE frame of a 1 MB body, its headers included

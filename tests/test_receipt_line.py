@@ -23,12 +23,13 @@ from simdisk import Crashed, SimDisk
 from test_frame_props import settings  # its profiles: quick by default, CURB_HYPOTHESIS_PROFILE=thorough
 from test_session_rules import FakeLog
 
+from curb.access import CLOSING
 from curb.broker import Broker
 from curb.frame import Frame, FrameParser, encode
 from curb.log import QueueFull
 from curb.log.cursor import Record
 from curb.payload import split as split_payload
-from curb.session import CLOSING, Session
+from curb.session import Session
 
 Done = Callable[[str | None], None]
 MESSAGES = 24  # delivered to the peer before its frames, for its ACKs and NACKs

@@ -9,8 +9,8 @@ import pytest
 from test_session_rules import World, commands
 
 from curb import logins, users
+from curb.access import permission_needed
 from curb.frame import Frame, encode
-from curb.session import permission_needed
 
 CHEAP = {"n": 16, "r": 1, "p": 1}  # a valid scrypt hash that is quick to check in tests
 USERS = {

@@ -172,6 +172,18 @@ def test_a_page_from_another_origin_is_refused(tmp_path):
         assert evil.status == 403 and "https://evil.example" in evil.json["error"]
         assert http("DELETE", web.base + Q + "/messages", headers={"Origin": "https://evil.example"}).status == 403
         assert web.gauges()["rdy"] == 2
+        allowed = {"Origin": "https://app.example"}
+        taken = http("DELETE", web.base + Q + "/messages", headers=allowed)
+        assert taken.headers["Access-Control-Allow-Origin"] == "https://app.example"  # its scripts may read it
+        assert taken.headers["Access-Control-Allow-Credentials"] == "true"
+        preflight = http(
+            "OPTIONS",
+            web.base + Q + "/messages",
+            headers={**allowed, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "x-msg-k"},
+        )
+        assert preflight.status == 204 and "POST" in preflight.headers["Access-Control-Allow-Methods"]
+        assert preflight.headers["Access-Control-Allow-Headers"] == "x-msg-k"
+        assert "Access-Control-Allow-Origin" not in http("GET", web.base + "/stats").headers
 
 
 def test_options_discovers_the_paths_and_the_queue(tmp_path):

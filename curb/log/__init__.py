@@ -1,12 +1,20 @@
 """The log: the one owner of the queue's bytes on disk, as a package of its units.
 
-The file format is `record` (records, header, checkpoint slots), read through `reader`
-by recovery's walk and offline reads (`scan`), by the read cursor (`cursor`) and by
-browses (`browse`, started near their range by `marks`); `ring` is placement arithmetic,
-`checkpoints` the checkpoint pipeline, `sizes` the bound on the largest live record, and
-`disk` the only way to the file. `core` ties them into the log (see its docstring for the
-design and the invariants), sans I/O of its own: `pacing` is what it asks of whoever runs
-it, and `driver` runs it on an asyncio loop.
+The file is a header (magic and two checkpoint slots) followed by a ring of records
+(`record`). New records go at the head (`ring`); the queue is read from the tail in file
+order by the read cursor (`cursor`), so the broker keeps only a read position and its
+in-flight records in memory. ACK flips a record's state in place, except for the oldest
+message in flight, which the next checkpoint's tail retires with no write at all
+(consumers ACK in order, so that is nearly every ACK).
+
+The units: `record` is the file format, read through `reader` by recovery's walk and
+offline reads (`scan`), by the cursor and by browses (`browse`, kept and told of the
+log's changes by `browses`, started near their range by `marks`); `ring` is placement
+arithmetic, `checkpoints` the checkpoint pipeline, `sizes` the bound on the largest live
+record, `admission` whether a message is taken now, `waiters` who waits for durability,
+and `disk` the only way to the file. `core` ties them into the log, sans I/O of its own:
+`pacing` is what it asks of whoever runs it, and `driver` runs it on an asyncio loop.
+Each module's docstring states the invariants it keeps.
 
 The public names below are imported from their modules on first use, not when the
 package is: an offline reader (`curb inspect`, Spark's log-file source) imports
@@ -20,7 +28,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from curb.log.core import LogCore, QueueFull, TooLarge, max_message_for, parse_size
+    from curb.log.admission import QueueFull, TooLarge
+    from curb.log.core import LogCore, max_message_for, parse_size
     from curb.log.cursor import Record
     from curb.log.driver import Log
     from curb.log.scan import Entry, LogDamaged, LogError, LogReader, Summary
@@ -33,10 +42,10 @@ HOMES = {
     "LogDamaged": "scan",
     "LogError": "scan",
     "LogReader": "scan",
-    "QueueFull": "core",
+    "QueueFull": "admission",
     "Record": "cursor",
     "Summary": "scan",
-    "TooLarge": "core",
+    "TooLarge": "admission",
     "max_message_for": "core",
     "parse_size": "core",
 }

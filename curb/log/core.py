@@ -1,72 +1,48 @@
-"""The capped log file: the one owner of the queue's bytes on disk.
-
-The file is a header (magic and two checkpoint slots) followed by a ring of records
-(curb.record). New records go at the head (curb.ring); the queue is read from the tail
-in file order by the read cursor (curb.cursor), so the broker keeps only a read position
-and its in-flight records in memory. ACK flips a record's state in place, except for the
-oldest message in flight, which the next checkpoint's tail retires with no write at all
-(consumers ACK in order, so that is nearly every ACK).
+"""The log core: ties the log's units (curb.log) into one log over a Disk.
 
 `LogCore` does every step without threads, timers or an event loop of its own, so the
 crash simulator in the tests drives it over a simulated disk; it tells its pacer
 (curb.log.pacing) what waits to be flushed or synced, and `Log` (curb.log.driver) paces
-it from an asyncio loop, with fdatasync in a thread (group commit).
+it from an asyncio loop, with fdatasync in a thread (group commit). Admission
+(curb.log.admission), the callers waiting for durability (curb.log.waiters) and the open
+browses (curb.log.browses) are units of their own, each with the invariants it keeps.
 
-Invariants, each kept in one place:
-- A RECEIPT (a `done(None)`) is answered only after a sync that began after the write it
-  covers (`end_sync`).
-- Space is reused only once a synced checkpoint no longer names it (curb.checkpoints,
-  curb.ring): the head never passes the tail of the newest *durable* checkpoint.
+Invariants kept here:
+- Space is reused only once a synced checkpoint no longer names it (curb.log.checkpoints,
+  curb.log.ring): the head never passes the tail of the newest *durable* checkpoint.
 - A copy made by compaction has the message's id and a new write sequence; the last copy
-  in write order is the message (curb.cursor, curb.scan). ACK and requeue patch the
-  record's current copy only, so older copies stay `rdy` and dead.
+  in write order is the message (curb.log.cursor, curb.log.scan). ACK and requeue patch
+  the record's current copy only, so older copies stay `rdy` and dead.
 - An ACK of the oldest message held (the first of the cursor's `behind`, whose offset is
   the logical tail) is *retired*: no patch is written, and the next snapshot's tail lies
   past the message, so the first durable checkpoint after it makes the ACK durable
-  (curb.checkpoints, rule 6). Until then a crash brings the message back, as a lost
-  patch would. Whoever waits for durability (`on_durable`: ACK, NACK and DISCONNECT
-  receipts) waits for that checkpoint too, and while retired ACKs are not covered a
-  checkpoint is written at every flush the pipeline allows, so they become durable
-  within the same few sync cycles as a patch would.
-- `on_durable` covers every append accepted before it, written or still pending: while
-  appends wait for room, its callback waits (`_after_appends`, by the id of the last one
-  accepted) until none of them is pending (those an ACK up to an id took unwritten: until
-  the watermark is durable), and fails with the reason if they are refused, after their
-  own callbacks ran. So a RECEIPT for a NACK, ACK or DISCONNECT never leaves before a
-  receipt-less SEND that came before it is stored.
-- Admission (`append`) accepts a message only if the live bytes leave room for it and
-  the headroom compaction needs (`headroom`); then it is placed after at most a few sync
-  and checkpoint cycles, with no new ACKs: compaction copies held messages that pin the
-  tail, in batches, into space the headroom keeps free, so it keeps pace with producers.
+  (curb.log.checkpoints, rule 6). Until then a crash brings the message back, as a lost
+  patch would. While retired ACKs are not covered a checkpoint is written at every
+  flush the pipeline allows, so they become durable within the same few sync cycles as
+  a patch would (and `on_durable` waits for them, curb.log.waiters).
 - The ack-up-to watermark (`ack_upto`) makes every message with an id up to it dead at
-  once, with no per-record write: it is a field of every checkpoint (curb.checkpoints),
-  its RECEIPT waits for the first checkpoint carrying it to be synced, and recovery
-  counts such records as acked. Message ids are never reused: recovery resumes above
-  the checkpoint's next id, every id it finds and the watermark.
-- Browses (curb.browse) read the ring beside the cursor; the log tells each of the
-  copies compaction makes (`moved`) and of space it may reuse (`freed`). A browse starts
-  at the logical tail, or at a *mark* (curb.marks: a sparse index from id to record,
-  rebuilt by recovery's walk and kept as records are written) with an id at most its
-  from-id, when that mark still lies in the live region and its record is still there.
-  The marks of space a durable checkpoint frees are dropped with it, so no mark names
-  an older lap's bytes (such as the end of a lap past its pad, which is intact and
-  within the live region's span, but read by no one).
+  once, with no per-record write: it is a field of every checkpoint
+  (curb.log.checkpoints), its RECEIPT waits for the first checkpoint carrying it to be
+  synced, and recovery counts such records as acked. Message ids are never reused:
+  recovery resumes above the checkpoint's next id, every id it finds and the watermark.
 - No call holds the event loop for long: every walk of the ring (the cursor passing
   dead records, after an ACK up to an id or before a delivery, and a browse) does at
-  most `slice_work` of reading (curb.cursor's SLICE_WORK, a millisecond or two) per call, and goes
-  on in the next slice: the cursor's at the next `flush` (which it asks for when it
-  stalls), a browse's at its next step. Nothing durable waits for a walk: an ACK up to
-  an id is durable once a synced checkpoint carries its watermark, walked or not.
+  most `slice_work` of reading (curb.log.cursor's SLICE_WORK, a millisecond or two) per
+  call, and goes on in the next slice: the cursor's at the next `flush` (which it asks
+  for when it stalls), a browse's at its next step. Nothing durable waits for a walk:
+  an ACK up to an id is durable once a synced checkpoint carries its watermark, walked
+  or not.
 - Ids are never reused: they stay below the reservation of the newest durable
-  checkpoint (curb.checkpoints, rule 5), and recovery resumes at that reservation.
+  checkpoint (curb.log.checkpoints, rule 5), and recovery resumes at that reservation.
 - Recovery never trusts unsynced bytes twice: it syncs what it found before naming it in
   a checkpoint, and moves the write sequence past every value a stale record could hold,
   so bytes left by an earlier run can never continue the chain.
-- The header's cap line (curb.record) names the ring's end of the run that last opened
-  the file: recovery rewrites it when it differs, and nothing but offline readers reads it.
+- The header's cap line (curb.log.record) names the ring's end of the run that last
+  opened the file: recovery rewrites it when it differs, and nothing but offline readers
+  reads it.
 
-Delayed messages, dead letters and the delivery count (the design; curb.record has the
-format, curb.parked the index):
+Delayed messages, dead letters and the delivery count (the design; curb.log.record has
+the format, curb.log.parked the index):
 - Where they are recorded: in the record itself. Its first 32 bytes, the *mutable block*,
   hold the state (`rdy`; `max` or `exp` for a dead letter of reason max-deliveries or
   expired; `ack`), the delivery count (8 hex digits: no user reaches its end) and the due
@@ -121,7 +97,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from curb.log import record as fmt
+from curb.log.admission import Admission, QueueFull
 from curb.log.browse import Browse
+from curb.log.browses import Browses
 from curb.log.checkpoints import Checkpoints, Snapshot
 from curb.log.cursor import KEEP_PAYLOAD, PARKED_LAST, SLICE_WORK, Cursor, Record
 from curb.log.disk import Disk
@@ -145,23 +123,13 @@ from curb.log.record import (
 )
 from curb.log.ring import Ring
 from curb.log.scan import LogDamaged, LogError, Scan
-from curb.log.sizes import SizeClasses, class_bound, size_class
+from curb.log.waiters import Done, Waiters
 
 MIN_CAP = 16 * 1024
 ALLOCATE_STEP = 1 << 20
 CHECKPOINT_EVERY = 0.05
-PINNED_FOR = 0.1
 INLINE_SYNC_OPS = 4  # a sync of at most this many writes is small (Pacer.sync_soon)
 ID_RESERVE = 1 << 16  # ids a checkpoint reserves: at most this gap in ids after a crash
-Done = Callable[[str | None], None]
-
-
-class QueueFull(Exception):
-    """No room now: the message was not stored."""
-
-
-class TooLarge(Exception):
-    """The message can never fit under the cap: it was not stored."""
 
 
 @dataclass(slots=True)
@@ -216,7 +184,9 @@ def max_message_for(cap: int, max_payload: int = 16 << 20) -> int:
 class LogCore:
     """The queue's log over a Disk: recovery, admission, placement, compaction, the
     checkpoint pipeline and group-commit bookkeeping. Sans I/O of its own: its pacer
-    decides when to `flush` and when to `sync`."""
+    decides when to `flush` and when to `sync`. It reads no clock of its own either:
+    `clock` (monotonic seconds: checkpoint cadence, pinned tails, timings) and `wall_ms`
+    (epoch milliseconds: send stamps) are given, so a simulator controls time."""
 
     def __init__(
         self,
@@ -238,6 +208,7 @@ class LogCore:
         self.name = name
         self.metrics = metrics
         self.clock = clock
+        self.wall_ms = wall_ms  # the wall clock: send stamps
         self.pacer: Pacer = pacer or ByHand()
         self.wall_ms = wall_ms  # the wall clock: send stamps, and whether a record is due
         self.end = cap - cap % 4096
@@ -255,12 +226,7 @@ class LogCore:
         # pacer reads it).
         self.hold_flush = False
         self._pending: collections.deque[tuple[Record, bytes, Done | None, bool]] = collections.deque()
-        self._pending_bytes = 0
         self._patches: list[tuple[int, bytes]] = []
-        self._waiters: collections.deque[tuple[int, Done]] = collections.deque()
-        self._untagged: list[Done] = []
-        # on_durable callbacks waiting for pending appends: (the last id accepted, done).
-        self._after_appends: collections.deque[tuple[int, Done]] = collections.deque()
         self._flush_no = 0
         self._written_ids: collections.deque[tuple[int, int]] = collections.deque()  # (flush, its last id)
         self._durable_id = 0
@@ -270,16 +236,9 @@ class LogCore:
         self._unsynced_ops = 0
         self._room_wanted = False
         self._ckpt_due = 0.0
-        self._classes = SizeClasses()
-        self._pending_largest = 0
-        self._pin = (-1, 0.0)
-        self._roomy = 3 * (self.max_record + PAD_SIZE) + 64
         self._broken: str | None = None
-        self._upto_waiters: collections.deque[tuple[int, Done]] = collections.deque()
         self._retired = 0  # ACKs retired by the tail in this run (curb.checkpoints, rule 6)
-        self._retire_waiters: collections.deque[tuple[int, Done]] = collections.deque()
         self._ids_wanted = False
-        self._browses: set[Browse] = set()
         # Held records requeued with a delay: a heap of (due ms, id, record); stale once
         # the record is no longer parked with that due time.
         self._later: list[tuple[int, int, Record]] = []
@@ -340,7 +299,6 @@ class LogCore:
         self._next_wseq = scan.next_wseq + self.capacity // PAD_SIZE + 1
         self._ring = Ring(self.end, scan.head, ckpt.tail)
         self._allocated = size
-        self._classes = scan.classes
         reader = RecordReader(disk, self.capacity)
         if scan.last:
             # A copied message whose last occurrence is parked: the cursor skips every
@@ -358,6 +316,9 @@ class LogCore:
         self._cursor.upto = ckpt.acked_upto
         durable = Snapshot(ckpt.tail, ckpt.head, ckpt.next_id, ckpt.next_wseq, ckpt.acked_upto)
         self._checkpoints = Checkpoints(disk, ckpt.gen, durable)
+        self.waiters = Waiters(self._checkpoints)
+        self.admission = Admission(self.capacity, self.max_message, self._ring, self._cursor, scan.classes, self.clock)
+        self.browses = Browses(disk, self.end, self._cursor, self._ring, self.marks, self._waits_for, self.slice_work)
         # Start-up passes the dead records at the tail in one go: nobody waits for it yet.
         self._cursor.allowance = 1 << 62
         self._cursor.pass_dead()
@@ -368,7 +329,7 @@ class LogCore:
         written = self._checkpoints.synced(0)
         assert written is not None, "the checkpoint just written as flush 0 is synced by the sync above"
         self._ring.tail = written.tail
-        self.marks.drop_freed(self._ring.distance, ckpt.tail, written.tail)
+        self.browses.freed(ckpt.tail, written.tail)
         self._parked.freed(self._ring.distance, ckpt.tail, written.tail)
         # Every id below the next is on disk now, or will never be assigned.
         self._durable_id = self._next_id - 1
@@ -392,10 +353,8 @@ class LogCore:
 
     @property
     def live_bytes(self) -> int:
-        """Bytes of every message not yet acked, as records: delayed messages and dead
-        letters too."""
-        cur = self._cursor
-        return cur.unread_bytes + self._pending_bytes + cur.outstanding_bytes + self._parked.bytes + cur.transit_bytes
+        """Bytes of every message not yet acked, as records."""
+        return self.admission.live_bytes
 
     @property
     def delayed(self) -> int:
@@ -432,47 +391,6 @@ class LogCore:
         """The ack-up-to watermark: every message with an id up to it is acked."""
         return self._acked_upto
 
-    @property
-    def ahead_dead_bytes(self) -> int:
-        """Bytes ahead of the read position that hold no live message (acked records,
-        dead copies, the end of a lap): not reclaimable until consumers move the cursor
-        past them, so admission counts them as used."""
-        cur = self._cursor
-        ahead_live = cur.outstanding_bytes - cur.behind_bytes + cur.transit_bytes + self._parked.unpassed_bytes
-        return max(0, self._ring.distance(cur.rpos, cur.whead) - cur.unread_bytes - ahead_live)
-
-    def headroom(self, size: int) -> int:
-        """Free bytes a record of `size` needs beside the live bytes, with L the largest
-        live or waiting record: 2(L + pad) kept free for compaction's copies (one copy
-        ending a lap may waste up to a record), and L + pad for the unusable end of the
-        lap the region spans or the new record may leave; and a quarter of the held
-        messages compaction must copy to pass them, so that it gets there in a few
-        batches, not one record's worth of room at a time. All of the ring while free
-        bytes are short of the reserve and copying the held messages could not free
-        enough (a crash left the free bytes in pieces too small for their copies)."""
-        reserve = self._reserve()
-        ring = self._ring
-        free = ring.free()
-        if free < reserve:
-            cur = self._cursor
-            reachable = free + ring.distance(ring.tail, cur.tail())
-            want = self._pending_bytes + size + reserve
-            if reachable < want and not ring.clears(((r.offset, r.size) for r in cur.behind.values()), cur.rpos, want):
-                # Too fragmented for compaction to copy the held messages that pin the
-                # tail (a crash interrupted it): nothing that needs copies, until ACKs
-                # free the tail.
-                return self.capacity
-        # Sizes as the reserve will count them once placed: by their class's bound.
-        waiting = class_bound(size_class(max(size, self._pending_largest)))
-        largest = max(min(self.max_record, waiting), reserve // 2 - PAD_SIZE)
-        return 3 * (largest + PAD_SIZE) + 64 + self._cursor.behind_bytes // 4
-
-    def _reserve(self) -> int:
-        """Free bytes placements of new messages leave for compaction's copies of the
-        records in the ring (messages still waiting to be placed are not in it yet): room
-        for two of the largest, bounded within a quarter by their size classes."""
-        return 2 * (min(self.max_record, self._classes.largest) + PAD_SIZE)
-
     def _snapshot(self) -> Snapshot:
         return Snapshot(
             self._cursor.tail(), self._ring.head, self._next_id, self._next_wseq, self._acked_upto, self._retired
@@ -491,29 +409,7 @@ class LogCore:
         is kept with it for the caller (0: none); both below fmt.MAX_TIME_MS."""
         if not (0 <= due_ms <= fmt.MAX_TIME_MS and 0 <= expires_ms <= fmt.MAX_TIME_MS):
             raise ValueError(f"due and expiry times must be from 0 to {fmt.MAX_TIME_MS} ms since the epoch")
-        size = record_size(len(payload))
-        if len(payload) > self.max_message:
-            raise TooLarge(
-                f"message of {len(payload)} bytes is larger than this broker can ever store "
-                f"(the limit is {self.max_message} bytes with this -cap and -max-frame)"
-            )
-        cur, ring = self._cursor, self._ring
-        live = self.live_bytes
-        if live <= 0 and self._classes.top:
-            # Nothing is live (and nothing is being placed: appends come between flushes),
-            # so the size classes are exact again, whatever damage made them err.
-            self._classes.clear()
-        roomy = self._roomy + cur.behind_bytes // 4
-        if live + size + roomy + ring.distance(cur.rpos, cur.whead) > self.capacity or ring.free() < roomy:
-            # Not plainly roomy (the common case, which needs no exact headroom): decide
-            # by the exact rule.
-            room = self.capacity - self.headroom(size) - self.ahead_dead_bytes
-            if live + size > room:
-                raise QueueFull(
-                    f"queue full now: {live} bytes are queued and a message of "
-                    f"{len(payload)} bytes needs {max(0, live + size - room)} more "
-                    f"free; retry once consumers have caught up"
-                )
+        size = self.admission.admit(len(payload))
         if self._next_id >= self._checkpoints.id_limit:
             # Ids reserved by the durable checkpoint are used up (checkpoints come every
             # CHECKPOINT_EVERY, so only at more than ID_RESERVE messages in that time).
@@ -529,9 +425,7 @@ class LogCore:
                 done(self._broken)
             return rec
         self._pending.append((rec, payload, done, urgent))
-        self._pending_bytes += size
-        if size > self._pending_largest:
-            self._pending_largest = size
+        self.admission.accepted(size)
         self._schedule()
         return rec
 
@@ -548,7 +442,7 @@ class LogCore:
         rec.acked = True
         rec.parked = False
         cur = self._cursor
-        self._classes.remove(rec.size)
+        self.admission.classes.remove(rec.size)
         if rec.slot >= 0:  # released from the parked index: it pins the tail from there
             self._parked.remove(rec.slot)
             rec.slot = -1
@@ -570,23 +464,21 @@ class LogCore:
         synced checkpoint carries the watermark. The caller checks `upto <= last_id`."""
         if upto > self._acked_upto:
             self._acked_upto = upto
-            pending = self._pending
+            pending, admission, waiters = self._pending, self.admission, self.waiters
             while pending and pending[0][0].id <= upto:
                 rec, _, sent, _ = pending.popleft()
-                self._pending_bytes -= rec.size
+                admission.pending_bytes -= rec.size
                 if sent is not None:
-                    self._upto_waiters.append((upto, sent))
-            after = self._after_appends
-            while after and after[0][0] <= upto:  # their last appends now wait for the watermark
-                self._upto_waiters.append((upto, after.popleft()[1]))
+                    waiters.watermark.append((upto, sent))
+            waiters.taken_upto(upto)
             if not pending:
-                self._pending_largest = 0
+                admission.pending_largest = 0
             cur = self._cursor
             for held in (cur.behind, cur.ahead):
                 for rec in [r for r in held.values() if r.id <= upto and not r.acked]:
                     rec.acked = True
                     cur.settled(rec)
-                    self._classes.remove(rec.size)
+                    admission.classes.remove(rec.size)
             cur.ack_upto(upto)  # first: it tells parked records from unread ones by the index
             parked = self._parked
             for seq in parked.upto(upto):
@@ -594,7 +486,7 @@ class LogCore:
                 if held_rec is not None:
                     held_rec.acked = True
                     held_rec.slot = -1
-                self._classes.remove(parked.size(seq))
+                admission.classes.remove(parked.size(seq))
                 parked.remove(seq)
         if done is None:
             pass
@@ -605,40 +497,16 @@ class LogCore:
         else:
             # Waiters wait for the watermark as it is now, so that their deque is in
             # watermark order: each is answered by the first durable checkpoint past it.
-            self._upto_waiters.append((self._acked_upto, done))
+            self.waiters.watermark.append((self._acked_upto, done))
         self._schedule()
 
     def browse(self, from_id: int, to_id: int) -> Browse:
-        """A read of the live messages with ids in [from_id, to_id] (curb.browse); the
+        """A read of the live messages with ids in [from_id, to_id] (curb.log.browse); the
         caller steps it and ends it with `end_browse`."""
-        cur = self._cursor
-        reader = RecordReader(self.disk, self.capacity)
-        browse = Browse(cur, reader, self.end, from_id, to_id, self._waits_for, self.slice_work)
-        mark = self._mark_before(from_id)
-        if mark is not None:
-            browse.start_at(mark[1], mark[2])
-        self._browses.add(browse)
-        return browse
-
-    def _mark_before(self, msg_id: int) -> tuple[int, int, int] | None:
-        """The last mark with an id at most `msg_id` that lies in the live region (from the
-        logical tail to the head) with its record still there, if it is worth starting at."""
-        mark = self.marks.before(msg_id)
-        if mark is None:
-            return None
-        cur, ring = self._cursor, self._ring
-        tail = cur.tail()
-        if not 0 < ring.distance(tail, mark[1]) < ring.distance(tail, cur.whead):
-            return None
-        raw = self.disk.pread(RECORD_HEADER, mark[1])
-        try:
-            hdr = fmt.parse_header(raw, 0)
-        except FormatError:
-            return None
-        return mark if (hdr.id, hdr.wseq) == (mark[0], mark[2]) else None
+        return self.browses.start(from_id, to_id)
 
     def end_browse(self, browse: Browse) -> None:
-        self._browses.discard(browse)
+        self.browses.end_browse(browse)
 
     def _waits_for(self, msg_id: int) -> bool:
         """Whether a message with an id up to `msg_id` is accepted but not yet written."""
@@ -782,7 +650,7 @@ class LogCore:
 
     def _lost(self, seq: int) -> None:
         """A parked record that damage took (reported where it was found): forget it."""
-        self._classes.remove(self._parked.size(seq))
+        self.admission.classes.remove(self._parked.size(seq))
         self._parked.remove(seq)
 
     def _read_current(self, offset: int, size: int) -> bytearray:
@@ -838,25 +706,8 @@ class LogCore:
         if self._broken:
             done(self._broken)
             return
-        if self._retired > self._checkpoints.durable.retired:
-            done = self._then_retired(self._retired, done)
-        if self._pending:
-            self._after_appends.append((self._pending[-1][0].id, done))
-        else:
-            self._untagged.append(done)
+        self.waiters.on_durable(done, self._pending[-1][0].id if self._pending else None, self._retired)
         self._schedule()
-
-    def _then_retired(self, count: int, done: Done) -> Done:
-        """`done` for on_durable while retired ACKs are not all covered: after its sync,
-        it waits for the first durable checkpoint that counts `count` of them."""
-
-        def synced(err: str | None) -> None:
-            if err is None and self._checkpoints.durable.retired < count:
-                self._retire_waiters.append((count, done))
-            else:
-                done(err)
-
-        return synced
 
     def payload(self, rec: Record) -> bytes | memoryview:
         """The stored SEND headers and body of a record, as written or read (a view, never
@@ -883,7 +734,7 @@ class LogCore:
             return
         if self._urgent_upto > self._synced_no:
             self.pacer.sync_soon(self._unsynced_ops <= INLINE_SYNC_OPS)
-        elif self._written_no > self._synced_no or self._waiters:
+        elif self._written_no > self._synced_no or self.waiters.synced:
             self.pacer.sync_later()
 
     def flush(self) -> None:
@@ -906,7 +757,7 @@ class LogCore:
                 placed, wrote = self._write_appends(fno)
             else:  # a flush for ACKs alone: nothing to place, nothing to compact
                 self._room_wanted = False
-                self._pending_largest = 0
+                self.admission.pending_largest = 0
                 placed, wrote = 0, False
             self._unsynced_ops += placed
             if patches:
@@ -920,14 +771,11 @@ class LogCore:
         except OSError as err:
             self.fail(f"cannot write {self.name}: {err.strerror or err}")
             return
-        after = self._after_appends
-        while after and not self._waits_for(after[0][0]):  # its appends are written now
-            self._untagged.append(after.popleft()[1])
-        if self._untagged:
+        waiters = self.waiters
+        waiters.appends_written(self._waits_for)
+        if waiters.tag(fno):
             self._urgent_upto = fno
-            self._waiters.extend((fno, done) for done in self._untagged)
-            self._untagged.clear()
-        if self._room_wanted or self._upto_waiters or self._ids_wanted or self._retire_waiters:
+        if self._room_wanted or waiters.watermark or self._ids_wanted or waiters.retired:
             self._urgent_upto = fno
         if wrote:
             self._written_no = fno
@@ -955,7 +803,7 @@ class LogCore:
         now = self.clock()
         if (
             not self._room_wanted
-            and not self._upto_waiters
+            and not self.waiters.watermark
             and not self._ids_wanted
             and self._retired <= self._checkpoints.durable.retired
             and now < self._ckpt_due
@@ -978,14 +826,15 @@ class LogCore:
         runs = WriteRuns([], [])
         written: list[tuple[Record, bytes]] = []
         pending, ring, end, capacity = self._pending, self._ring, self.end, self.capacity
+        admission, synced = self.admission, self.waiters.synced
         reserve = early = -1  # computed when first needed, and again once a record outgrows it
         while pending:
             rec, payload, done, urgent = pending[0]
             size = rec.size
             head, tail = ring.head, ring.tail
             if reserve < 0:
-                reserve = self._reserve()
-                early = self._early(reserve)
+                reserve = admission.reserve()
+                early = admission.early(reserve)
             try:
                 if head >= tail and head + size + PAD_SIZE <= end and capacity - (head - tail) - size >= early:
                     # The common case: room at the head, far from the tail.
@@ -1013,17 +862,17 @@ class LogCore:
             rec.offset = off
             ring.head = off + size
             pending.popleft()
-            self._pending_bytes -= size
-            self._classes.add(size)
+            admission.pending_bytes -= size
+            admission.classes.add(size)
             if 2 * (size + PAD_SIZE) > reserve:
                 reserve = -1
             written.append((rec, payload))
             if done is not None:
-                self._waiters.append((fno, done))
+                synced.append((fno, done))
             if urgent:
                 self._urgent_upto = fno
         if not self._pending:
-            self._pending_largest = 0
+            admission.pending_largest = 0
         runs.write(self.disk)
         cursor = self._cursor
         cursor.whead, cursor.next_wseq = self._ring.head, self._next_wseq
@@ -1044,29 +893,18 @@ class LogCore:
         """Where a new record of `size` bytes goes now, leaving the reserve free for
         copies; None while the room is yet to come. Compaction starts early, once the
         free bytes fall below a quarter of the ring and a held message has pinned the
-        tail for PINNED_FOR seconds, so that its copies go in large batches while
+        tail for a while (curb.log.admission's `pinned`), so that its copies go in large batches while
         producers still have room (messages held only briefly are acked before they
         would be copied, rather than copied and then dead ahead of the cursor); early
         copies leave this record and the reserve their room."""
-        if self._cursor.behind and self._ring.free() - size < self._early(reserve) and self._pinned():
+        admission = self.admission
+        if self._cursor.behind and self._ring.free() - size < admission.early(reserve) and admission.pinned():
             self._compact(size, runs, keep=size + reserve + PAD_SIZE)
         off = self._place_new(size, runs, reserve)
         if off is None:
             self._compact(size, runs, keep=0)
             off = self._place_new(size, runs, reserve)
         return off
-
-    def _early(self, reserve: int) -> int:
-        """Free bytes below which compaction may start before it must."""
-        return max(2 * reserve, self.capacity // 4)
-
-    def _pinned(self) -> bool:
-        """Whether the logical tail has stayed where it is for PINNED_FOR seconds."""
-        tail, now = self._cursor.tail(), self.clock()
-        if tail != self._pin[0]:
-            self._pin = (tail, now)
-            return False
-        return now - self._pin[1] >= PINNED_FOR
 
     def _place_new(self, size: int, runs: WriteRuns, reserve: int) -> int | None:
         ring = self._ring
@@ -1121,7 +959,7 @@ class LogCore:
         freed_by_moving = ring.distance(ring.tail, cursor.rpos) - pinning
         if freed_by_moving <= freed_by_checkpoint:
             return  # the live records are not followed by dead bytes: copying them gains nothing
-        span = size + self._reserve() + self.capacity // 4
+        span = size + self.admission.reserve() + self.capacity // 4
         used = ring.distance(ring.tail, ring.head)
         while True:
             rec = next(iter(cursor.behind.values()), None)
@@ -1178,8 +1016,7 @@ class LogCore:
         self._cursor.vouched.append((wseq, hdr.id, size, off))
         self._cursor.vouched_at.add(off)
         self._cursor.transit_bytes += size
-        for browse in self._browses:
-            browse.moved(hdr.id, hdr.wseq, wseq)
+        self.browses.moved(hdr.id, hdr.wseq, wseq)
         if self.metrics is not None:
             self.metrics.compactions += 1
         return True
@@ -1218,8 +1055,7 @@ class LogCore:
         runs.add(off, rec.size, record_bytes(header, payload))
         rec.offset = off
         self._ring.head = off + rec.size
-        for browse in self._browses:
-            browse.moved(rec.id, old_wseq, rec.wseq)
+        self.browses.moved(rec.id, old_wseq, rec.wseq)
         if self.metrics is not None:
             self.metrics.compactions += 1
         return True
@@ -1235,27 +1071,27 @@ class LogCore:
 
     def cancel_pending(self, reason: str) -> None:
         """Refuse every append still waiting for room, and the on_durable calls after them."""
+        admission = self.admission
         while self._pending:
             rec, _, done, _ = self._pending.popleft()
-            self._pending_bytes -= rec.size
+            admission.pending_bytes -= rec.size
             if done is not None:
                 done(reason)
-        self._pending_largest = 0
-        while self._after_appends:
-            self._after_appends.popleft()[1](reason)
+        admission.pending_largest = 0
+        self.waiters.refuse_after_appends(reason)
 
     # ---------------------------------------------------------------- syncing
 
     def sync(self) -> None:
         """fdatasync everything written so far, then do what follows a sync."""
         target = self.begin_sync()
-        started = time.monotonic()
+        started = self.clock()
         try:
             self.disk.sync()
         except OSError as err:
             self.end_sync(target, 0.0, err)
             return
-        self.end_sync(target, time.monotonic() - started, None)
+        self.end_sync(target, self.clock() - started, None)
 
     def begin_sync(self) -> int:
         """The flush a sync starting now covers."""
@@ -1276,11 +1112,8 @@ class LogCore:
         written_ids = self._written_ids
         while written_ids and written_ids[0][0] <= target:
             self._durable_id = written_ids.popleft()[1]
-        answered = False
-        while self._waiters and self._waiters[0][0] <= target:
-            self._waiters.popleft()[1](None)
-            answered = True
-        if answered:
+        waiters = self.waiters
+        if waiters.synced_upto(target):
             self.on_answered()
         durable = self._checkpoints.synced(target)
         if durable is not None:
@@ -1288,8 +1121,8 @@ class LogCore:
         if (
             self._pending
             or self._patches
-            or self._untagged
-            or self._upto_waiters
+            or waiters.untagged
+            or waiters.watermark
             or self._retired > self._checkpoints.durable.retired
         ):
             self._schedule()
@@ -1302,32 +1135,16 @@ class LogCore:
         ring = self._ring
         old, ring.tail = ring.tail, durable.tail
         if old != durable.tail:
-            self.marks.drop_freed(ring.distance, old, durable.tail)
+            self.browses.freed(old, durable.tail)
             self._parked.freed(ring.distance, old, durable.tail)
-            for browse in self._browses:
-                browse.freed(ring.distance, old, durable.tail)
-        answered = False
-        while self._upto_waiters and self._upto_waiters[0][0] <= durable.acked_upto:
-            self._upto_waiters.popleft()[1](None)
-            answered = True
-        while self._retire_waiters and self._retire_waiters[0][0] <= durable.retired:
-            self._retire_waiters.popleft()[1](None)
-            answered = True
-        if answered:
+        if self.waiters.checkpoint_synced(durable):
             self.on_answered()
 
     def fail(self, reason: str) -> None:
         """A write or sync failed: what it covered may not be on disk, so stop for good."""
         self._broken = reason
         self.cancel_pending(reason)
-        while self._waiters:
-            self._waiters.popleft()[1](reason)
-        for done in self._untagged:
-            done(reason)
-        self._untagged.clear()
-        for waiters in (self._upto_waiters, self._retire_waiters):
-            while waiters:
-                waiters.popleft()[1](reason)
+        self.waiters.fail(reason)
         self.on_fatal(reason)
 
     @property
@@ -1341,9 +1158,9 @@ class LogCore:
         return bool(
             self._pending
             or self._patches
-            or self._untagged
-            or self._upto_waiters
-            or self._retire_waiters
+            or self.waiters.untagged
+            or self.waiters.watermark
+            or self.waiters.retired
             or self._written_no > self._synced_no
             or self._checkpoints.writing is not None
         )

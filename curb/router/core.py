@@ -65,11 +65,13 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from curb import heartbeat, message_limits, payload
+from curb import heartbeat, message_limits, payload, receipts
+from curb.access import SERVER
+from curb.commands import KNOWN_COMMANDS, prefetch_header
+from curb.deadlines import BEAT_EARLY
 from curb.frame import Frame, FrameParser, ProtocolError, decimal, encode
 from curb.queue import QueueError
 from curb.router.routes import Address, Routes, destination_name
-from curb.session import BEAT_EARLY, KNOWN_COMMANDS, SERVER, _late_receipt, _prefetch, _receipt
 
 NEW, OPEN, CLOSING = "before CONNECT", "after CONNECT", "closing"
 DOWN, CONNECTING, UP = "down", "connecting", "up"
@@ -451,7 +453,7 @@ class RouterCore:
                 f"unknown ack mode {ack!r}; use one of auto, client, client-individual",
                 "Send SUBSCRIBE with an ack header of auto, client or client-individual, or none for auto.",
             )
-        prefetch = _prefetch(headers) or self.prefetch
+        prefetch = prefetch_header(headers) or self.prefetch
         sub = ClientSub(client, sub_id, dest, headers["destination"], ack, prefetch)
         client.subs[sub_id] = sub
         self.subs_by_dest.setdefault(dest, []).append(sub)
@@ -504,7 +506,7 @@ class RouterCore:
             if place is None:
                 receipt = headers.get("receipt")
                 if receipt is not None:
-                    client.line.append(Place(_late_receipt(receipt), 0, receipt))
+                    client.line.append(Place(receipts.late_receipt(receipt), 0, receipt))
                     self._pump(client)
             return
         deliveries = [delivery]
@@ -633,7 +635,7 @@ class RouterCore:
     # ---------------------------------------------------------------- the line of receipts
 
     def _place(self, client: ClientConn, receipt: str | None, waiting: int) -> Place:
-        place = Place(_receipt(receipt) if receipt is not None else b"", waiting, receipt)
+        place = Place(receipts.receipt(receipt) if receipt is not None else b"", waiting, receipt)
         client.line.append(place)
         return place
 
@@ -834,7 +836,7 @@ class RouterCore:
         RECEIPT with curb-late:true, which promises nothing (a COMMIT's keeps its own)."""
         place.waiting -= 1
         if place.receipt is not None and not place.commit:
-            place.data = _late_receipt(place.receipt)
+            place.data = receipts.late_receipt(place.receipt)
         if not client.gone:
             self._pump(client)
 

@@ -10,7 +10,8 @@
 - Origin: a request that carries an Origin header (a browser's) is served only when that
   origin is the page's own (scheme://host of the request) or on the operator's list
   (-http-origin; `*` allows every origin). Otherwise 403, so a page on another site cannot
-  publish or consume with a user's browser credentials. Requests without Origin (curl,
+  publish or consume with a user's browser credentials. An allowed page of another origin
+  gets CORS headers (credentials allowed), and its preflight OPTIONS a 204. Requests without Origin (curl,
   programs) are not browsers' and pass.
 """
 
@@ -32,6 +33,8 @@ from curb.web.replies import Handler, Refusal
 
 REALM = 'Basic realm="curb", charset="UTF-8"'
 RETRY_SHED_SECONDS = 1
+CORS_METHODS = "GET, POST, PUT, PATCH, DELETE"
+CORS_EXPOSED = "Location, Retry-After, x-curb-id, x-curb-deliveries"
 
 
 def peer_of(request: web.Request) -> str:
@@ -124,19 +127,41 @@ def _basic(header: str) -> tuple[str, str]:
 
 
 def origin_check(allowed: Iterable[str]):
-    """Middleware: a request whose Origin is neither its own nor in `allowed` gets 403."""
+    """Middleware: a request whose Origin is neither its own nor in `allowed` gets 403. A
+    page of an allowed other origin gets CORS headers, so that its scripts may read the
+    answers (and its preflight OPTIONS an answer of its own)."""
     origins = frozenset(origin.rstrip("/") for origin in allowed)
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         origin = request.headers.get("Origin")
-        own = f"{request.scheme}://{request.host}"
-        if origin is not None and "*" not in origins and origin not in origins and origin != own:
+        if origin is None or origin == f"{request.scheme}://{request.host}":
+            return await handler(request)
+        if "*" not in origins and origin not in origins:
             raise Refusal(
                 403,
                 f"a page from {origin} may not use this broker: only its own pages and the origins of "
                 "-http-origin may; ask the operator to add it",
             )
-        return await handler(request)
+        cors = {
+            "Access-Control-Allow-Origin": origin,
+            "Access-Control-Allow-Credentials": "true",
+            "Access-Control-Expose-Headers": CORS_EXPOSED,
+            "Vary": "Origin",
+        }
+        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+            asked = request.headers.get("Access-Control-Request-Headers", "")
+            return web.Response(
+                status=204,
+                headers={**cors, "Access-Control-Allow-Methods": CORS_METHODS, "Access-Control-Allow-Headers": asked},
+            )
+        try:
+            response = await handler(request)
+        except Refusal as err:
+            err.headers.update(cors)
+            raise
+        if not response.prepared:  # a WebSocket's headers are sent already (and need none)
+            response.headers.update(cors)
+        return response
 
     return check

@@ -38,7 +38,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from curb.broker import Broker
 from curb.driver import Driver
-from curb.session import Piece
+from curb.output import Piece
 
 SUBPROTOCOLS = ("v12.stomp", "v11.stomp", "v10.stomp")
 # Bytes waiting in the transport's buffer past which the driver is paused.

@@ -40,7 +40,9 @@ from websockets.typing import Subprotocol
 from curb.frame import FrameParser, encode
 from curb.spawn import BrokerProcess
 
-PEERS = Path(__file__).resolve().parents[3] / "shared" / "bench" / "peers"
+TOP = Path(__file__).resolve().parents[2]
+# The peer scripts live beside the checkout, in ../shared/bench/peers (--peers to say where).
+PEERS = [TOP.parent / "shared" / "bench" / "peers", TOP.parent.parent / "shared" / "bench" / "peers"]
 RABBIT_HEADERS = {"persistent": "true", "durable": "true", "auto-delete": "false"}
 IDLE_SOCKETS = 1000
 
@@ -158,7 +160,9 @@ def wrk(url: str, seconds: int, body: bytes, headers: dict[str, str]) -> tuple[f
 async def idle_rss(url: str, pid: int, login: str | None = None) -> tuple[int, int]:
     """(RSS KiB before, after) IDLE_SOCKETS WebSockets are open and idle."""
     before = rss_kib(pid)
-    sockets = [await connect(url, subprotocols=[Subprotocol("v12.stomp")]) for _ in range(IDLE_SOCKETS)]
+    sockets = [
+        await connect(url, subprotocols=[Subprotocol("v12.stomp")], open_timeout=60) for _ in range(IDLE_SOCKETS)
+    ]
     await asyncio.sleep(1)
     after = rss_kib(pid)
     for ws in sockets:
@@ -174,9 +178,10 @@ def rss_kib(pid: int) -> int:
     return total
 
 
-def rabbit(command: str) -> str:
+def rabbit(peers: Path, command: str) -> str:
     return subprocess.run(
-        ["bash", str(PEERS / "rabbitmq.sh"), command],
+        ["bash", str(peers / "rabbitmq.sh"), command],
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         check=True,
@@ -216,7 +221,16 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=256, help="SENDs in flight, and the consumer's prefetch (256)")
     parser.add_argument("--http-seconds", type=int, default=10, help="seconds of wrk per broker (10)")
     parser.add_argument("--no-rabbitmq", action="store_true", help="Curb only")
+    parser.add_argument(
+        "--rabbitmq-running",
+        action="store_true",
+        help="RabbitMQ already runs with RABBIT_WEB=1: neither start nor stop it",
+    )
+    parser.add_argument("--peers", type=Path, help="the directory of rabbitmq.sh (default: ../shared/bench/peers)")
     args = parser.parse_args()
+    peers = args.peers or next((p for p in PEERS if (p / "rabbitmq.sh").is_file()), None)
+    if peers is None and not args.no_rabbitmq:
+        raise SystemExit("bin/bench-web: no ../shared/bench/peers/rabbitmq.sh: give --peers DIR, or --no-rabbitmq")
     body = b"x" * args.body
     use_rabbit = not args.no_rabbitmq
     if shutil.which("wrk") is None:
@@ -255,9 +269,11 @@ def main() -> None:
             results["rss idle"], results["rss 1000"] = before, after
         finally:
             broker.stop()
+    print(f"  Curb: {json.dumps({k: round(v) for k, v in results.items()})}", flush=True)
     peer: dict[str, float] = {}
-    if use_rabbit:
-        print(rabbit("start"), flush=True)
+    if use_rabbit and peers is not None:
+        if not args.rabbitmq_running:
+            print(rabbit(peers, "start"), flush=True)
         try:
             rabbit_http("PUT", "/api/queues/%2F/bench", {"durable": True})
             ws = "ws://127.0.0.1:15674/ws"
@@ -283,11 +299,16 @@ def main() -> None:
             )
             peer["http"], peer["http bad"] = rate, bad
             rabbit_http("DELETE", "/api/queues/%2F/bench/contents")
-            pid = int(rabbit("pid"))
-            before, after = asyncio.run(idle_rss(ws, pid))
-            peer["rss idle"], peer["rss 1000"] = before, after
+            print(f"  RabbitMQ: {json.dumps({k: round(v) for k, v in peer.items()})}", flush=True)
+            pid = int(rabbit(peers, "pid"))
+            try:
+                before, after = asyncio.run(idle_rss(ws, pid))
+                peer["rss idle"], peer["rss 1000"] = before, after
+            except (OSError, TimeoutError) as err:
+                print(f"  RabbitMQ: {IDLE_SOCKETS:,} idle WebSockets could not be opened: {err!r}", flush=True)
         finally:
-            rabbit("stop")
+            if not args.rabbitmq_running:
+                rabbit(peers, "stop")
     row("WS produce, receipt each", results["ws produce"], peer.get("ws produce"))
     row("WS consume + ACK", results["ws consume"], peer.get("ws consume"))
     row("TCP produce, receipt each (Curb)", results["tcp produce"], None)
@@ -297,7 +318,7 @@ def main() -> None:
     row(
         "RSS, 1,000 idle WebSockets",
         (results["rss 1000"] - results["rss idle"]) / 1024,
-        (peer["rss 1000"] - peer["rss idle"]) / 1024 if peer else None,
+        (peer["rss 1000"] - peer["rss idle"]) / 1024 if "rss 1000" in peer else None,
         "MiB more",
     )
     print(

@@ -44,10 +44,11 @@ from simclock import SimClock
 from simdisk import Crashed, SimDisk
 
 from curb import payload
+from curb.access import OPEN
 from curb.broker import Broker
 from curb.frame import Frame, FrameParser, encode
 from curb.log import LogCore, max_message_for
-from curb.session import OPEN, Session
+from curb.session import Session
 from sim.checker import Checker, SimFailure, body_for, tag_of
 from sim.workload import Action, Config, Workload
 
@@ -104,7 +105,7 @@ class World:
     broker scheduled (run by `Sim.settle_io`)."""
 
     def __init__(self, disk: SimDisk, cfg: Config, clock: SimClock):
-        self.log = LogCore(disk, cfg.cap, clock=clock.time)
+        self.log = LogCore(disk, cfg.cap, clock=clock.time, wall_ms=clock.wall_ms)
         self.later: list[Callable[[], None]] = []
         self.broker = Broker(
             self.log,

@@ -1,0 +1,137 @@
+"""MESSAGE frames, made one way for every kind the broker sends: a delivery, a browse's
+message and its end marker, and a `./count` update.
+
+Every MESSAGE is its subscription's prefix (MESSAGE, subscription and destination lines,
+made once at SUBSCRIBE), a message-id line and the broker's own lines for this kind (a
+delivery's ack and redelivery lines, a browse end marker's, a count's version), then a
+stored payload as the log keeps it (curb.payload: the SEND's kept header lines, already
+escaped for the wire, an empty line, the body). A count update's JSON and an end marker's empty body are
+payloads of the same shape, so `write_message` is the only place a MESSAGE is laid out.
+
+`Messages` holds what one connection's MESSAGEs need: each subscription's prefix, its
+browses and its `./count` subscription, and makes its deliveries, browse steps and
+count updates through `write_message`.
+
+A body of VIEW_BODY bytes or more goes out as a view of the payload read from the log,
+never copied into its frame; shorter ones are cheaper to copy than to send apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from curb import payload
+from curb.access import CLOSING
+from curb.frame import FRAME_END, encode
+from curb.output import Output, Piece
+
+if TYPE_CHECKING:
+    from curb.broker import Broker, Peer
+    from curb.log.browse import Browse
+    from curb.log.cursor import Record
+    from curb.queue import Subscription
+    from curb.session import Session
+
+VIEW_BODY = 64 * 1024
+BROWSE_END = "browse-end"  # the message-id of a browse's end marker
+NO_PAYLOAD = b"\n"  # no kept headers, an empty body
+Write = Callable[[Piece, bool], None]  # (data, whether a frame ends with it)
+
+
+def write_message(write: Write, head: bytes, stored: Piece) -> None:
+    """One MESSAGE: `head` (prefix, message-id and the broker's lines), then the stored
+    payload's header lines, content-length and body."""
+    lines, body = payload.split(memoryview(stored))
+    if len(body) < VIEW_BODY:
+        write(b"%s%scontent-length:%d\n\n%s%s" % (head, lines, len(body), body, FRAME_END), True)
+    else:
+        write(b"%s%scontent-length:%d\n\n" % (head, lines, len(body)), False)
+        write(body, False)
+        write(FRAME_END, True)
+
+
+def browse_end_head(prefix: bytes, last_id: int) -> bytes:
+    """A browse's end marker: nothing after it belongs to the browse; `curb-last-id` is
+    the range's end, where the next browse of a reader that plans by ids starts."""
+    return b"%smessage-id:%s\nbrowser:end\ncurb-last-id:%d\n" % (prefix, BROWSE_END.encode(), last_id)
+
+
+class Messages:
+    """One connection's subscriptions as the MESSAGEs they make, written through `write`;
+    an auto subscription's message is done once `output` has handed its frame over."""
+
+    def __init__(self, broker: Broker, peer: Session, write: Write, output: Output[Record]):
+        self._broker, self._peer, self._write, self._output = broker, peer, write, output
+        self.prefixes: dict[Subscription[Peer, Record], bytes] = {}
+        self.browses: dict[str, tuple[Browse, bytes]] = {}  # sub id -> browse, MESSAGE prefix
+        self.count_sub: str | None = None
+        self._count_prefix = b""
+        self._last_counts: dict[str, int] | None = None
+        self.counts_owed = False  # counts changed while the peer could take no output
+
+    def deliver(self, sub: Subscription[Peer, Record], rec: Record, data: Piece) -> None:
+        """One MESSAGE of the stored payload `data` for the subscription."""
+        msg_id, deliveries, auto = rec.id, rec.deliveries, sub.ack_mode == "auto"
+        if auto:
+            head = b"%smessage-id:%d\n" % (self.prefixes[sub], msg_id)
+        else:
+            head = b"%smessage-id:%d\nack:%d\n" % (self.prefixes[sub], msg_id, msg_id)
+        if deliveries > 1:
+            head += b"redelivered:true\ncurb-deliveries:%d\n" % deliveries
+        write_message(self._write, head, data)
+        if auto:
+            self._output.after_last(rec)
+
+    def browse_more(self, budget: int) -> bool:
+        """One step of each browse: its messages, and its end marker once it is over.
+        Returns whether some browse could go on at once. A closing connection ends them:
+        nothing may follow an ERROR or a DISCONNECT's RECEIPT."""
+        if self._peer.state is CLOSING:
+            self.end_browses()
+            return False
+        more = False
+        for sub_id, (browse, prefix) in list(self.browses.items()):
+            step = browse.step(budget)
+            for msg_id, data in step.messages:
+                write_message(self._write, b"%smessage-id:%d\n" % (prefix, msg_id), data)
+            if step.done:
+                write_message(self._write, browse_end_head(prefix, browse.to_id), NO_PAYLOAD)
+                del self.browses[sub_id]
+                self._broker.end_browse(browse)
+            elif not step.waiting:
+                more = True
+        return more
+
+    def end_browses(self) -> None:
+        for browse, _ in self.browses.values():
+            self._broker.end_browse(browse)
+        self.browses.clear()
+
+    def watch_counts(self, sub_id: str | None, prefix: bytes = b"") -> None:
+        """Subscribe to `./count` as `sub_id` (None: unsubscribe)."""
+        self.count_sub, self._count_prefix, self._last_counts = sub_id, prefix, None
+        self._broker.watch_counts(self._peer, sub_id is not None)
+
+    def send_counts(self, counts: dict[str, int]) -> None:
+        """One `./count` MESSAGE if the counts changed since the last (curb.counts); while
+        the peer can take no output, only the latest counts are sent, once it can."""
+        if self.count_sub is None or counts == self._last_counts:
+            return
+        if not self._peer.writable:
+            self.counts_owed = True
+            return
+        self.counts_owed = False
+        self._last_counts = counts
+        id_line, stored = self._broker.count_messages.tail(counts)
+        write_message(self._write, self._count_prefix + id_line, stored)
+
+
+def error_frame(message: str, detail: str, receipt: str | None = None, version: str | None = None) -> bytes:
+    """An ERROR: `message` in its header, `detail` (what happened and what to do) its body."""
+    headers = {"message": message, "content-type": "text/plain"}
+    if version is not None:
+        headers["version"] = version
+    if receipt is not None:
+        headers["receipt-id"] = receipt
+    return encode("ERROR", headers, (detail + "\n").encode())

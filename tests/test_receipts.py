@@ -1,0 +1,54 @@
+"""curb.receipts as tables: answers leave in the order their places were taken, whatever
+order the log answers in, and a lost frame's ERROR takes its place."""
+
+from __future__ import annotations
+
+from curb.frame import FrameParser
+from curb.receipts import ReceiptLine
+
+
+class Line:
+    def __init__(self) -> None:
+        self.out: list[bytes] = []
+        self.waiting: list = []
+        self.errors: list[tuple] = []
+        self.line = ReceiptLine(self.out.append, self.waiting.append, self.error)
+
+    def error(self, message: str, detail: str, receipt=None, entry=None) -> None:
+        self.errors.append((message, receipt))
+        self.line.settle(entry, b"ERROR:" + message.encode())
+
+    def receipts(self) -> list[str]:
+        return [f.headers.get("receipt-id", "") for f in FrameParser().feed(b"".join(self.out))]
+
+
+def test_a_receipt_due_at_once_waits_for_the_durable_one_before_it():
+    t = Line()
+    t.line.after_sync("send-1", "SEND")
+    t.line.at_once("sub-2")
+    assert t.out == [], "the SUBSCRIBE's RECEIPT overtook the SEND's"
+    t.waiting.pop(0)(None)
+    assert t.receipts() == ["send-1", "sub-2"]
+
+
+def test_a_late_receipt_says_so_and_a_lost_frame_gets_its_error_in_its_place():
+    t = Line()
+    t.line.after_sync("nack-1", "NACK", late=True)
+    t.line.after_sync("ack-2", "ACK")
+    t.line.at_once("sub-3")
+    first, second = t.waiting
+    second("disk failed (EIO)")
+    assert t.out == [] and t.errors == [("ACK not stored", "ack-2")]
+    first(None)
+    assert t.out[0].startswith(b"RECEIPT\nreceipt-id:nack-1\ncurb-late:true\n")
+    assert t.out[1] == b"ERROR:ACK not stored"
+
+
+def test_what_ends_the_line_is_written_last_and_runs_its_then():
+    t = Line()
+    closed: list[bool] = []
+    t.line.after_sync("r1", "ACK")
+    t.line.settle(t.line.end(), b"", lambda: closed.append(True))
+    assert closed == []
+    t.waiting[0](None)
+    assert t.receipts() == ["r1"] and closed == [True] and t.line.last is not None
