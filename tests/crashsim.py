@@ -896,7 +896,7 @@ class Sim:
     def do_send_delayed(self) -> None:
         core, rng = self.core, self.prng
         tag = len(self.messages)
-        msg = Msg(tag, make_payload(tag, min(core.max_message, rng.choice((0, 40, 300, 2000)))))
+        msg = Msg(tag, make_payload(tag, min(core.max_message, rng.choice((0, 40, 300, 2000)))), sent_ms=self.wall_ms())
         msg.due_sent = msg.due_run = self.wall_ms() + rng.choice(DELAYS)
         self.messages[tag] = msg
         receipt = rng.random() < 0.5
