@@ -64,6 +64,7 @@ VERIFY_NEAR_HEAD = 4 << 20
 PAD_ID = b"0" * 12
 PAD_LENGTH = b"0" * 8
 NO_DUE = b"0" * 12
+PARK_BATCH = 4096  # parked records the skim gathers before it adds them to the index
 PARKED_STATES = {STATE_MAX: MAX, STATE_EXP: EXP}
 
 
@@ -343,6 +344,8 @@ class Scan:
                         b_id.append(h_id)
                         b_state.append(PARKED_STATES.get(h_state, DELAYED))
                         b_due.append(h_due)
+                        if len(b_off) >= PARK_BATCH:  # bounded: Python ints in lists cost ~40 B each
+                            self._park_batch(batch)
                 held = None
             if state == pad:
                 pos = RING_START
