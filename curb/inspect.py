@@ -81,7 +81,8 @@ def inspect_command(path: str, messages: bool, acked: bool, limit: int | None, a
     try:
         with LogReader(path) as reader:
             summary = reader.summary()
-            list_states = ({"rdy", "ack"} if acked else {"rdy"}) if messages else set()
+            live = {"rdy", "max", "exp"}  # dead letters are kept messages too
+            list_states = (live | {"ack"} if acked else live) if messages else set()
             found = _scan(reader, list_states, limit)
     except LogDamaged as error:
         raise _Damaged(str(error)) from None
@@ -104,7 +105,10 @@ def inspect_command(path: str, messages: bool, acked: bool, limit: int | None, a
 def _summary_text(summary: Summary, found: _Findings, now_ms: int) -> str:
     lines = [f"curb log {summary.path}"]
     waiting = f"{summary.messages:,} rdy" + (" (queue empty)" if summary.messages == 0 else "")
-    lines.append(f"  messages  {waiting}, {summary.acked:,} ack not yet reclaimed")
+    lines.append(
+        f"  messages  {waiting}, {summary.delayed:,} delayed, {summary.dead:,} dead letters, "
+        f"{summary.acked:,} ack not yet reclaimed"
+    )
     lines.append(f"  oldest    {'-' if found.oldest is None else _describe(found.oldest, now_ms)}")
     lines.append(f"  retried   {_retried(found)}")
     lines.append(
@@ -158,6 +162,8 @@ def _summary_json(summary: Summary, found: _Findings, now_ms: int) -> dict:
         "cap": summary.cap,
         "messages": summary.messages,
         "acked": summary.acked,
+        "delayed": summary.delayed,
+        "dead_letters": summary.dead,
         "live_bytes": summary.live_bytes,
         "dead_bytes": summary.dead_bytes,
         "oldest_timestamp_ms": summary.oldest_timestamp_ms,
@@ -178,6 +184,8 @@ def _entry_json(entry: Entry, now_ms: int) -> dict:
         "state": entry.state,
         "deliveries": entry.deliveries,
         "timestamp_ms": entry.timestamp_ms,
+        "due_ms": entry.due_ms,
+        "expires_ms": entry.expires_ms,
         "age_seconds": max(0, now_ms - entry.timestamp_ms) / 1000,
         "offset": entry.offset,
         "size": entry.size,

@@ -73,9 +73,9 @@ from curb.log import LogCore, LogError, QueueFull, Record, TooLarge
 from curb.log.browse import Browse
 from curb.log.cursor import RECORD_WORK, SLICE_WORK
 from curb.log.pacing import ByHand
-from curb.log.record import RING_START
+from curb.log.parked import DELAYED, EXP, MAX
+from curb.log.record import PAD_SIZE, RING_START, record_size
 
-RECORD_OVERHEAD = 67
 KIB = 1024
 STEPS = 300
 SETTLE_ROUNDS = 20
@@ -83,6 +83,8 @@ ROUND_SECONDS = 0.06
 TRACE_KEEP = 40
 PREFIX = b"content-type:x\n\n"
 START_TIME = 1_700_000_000.0
+WALL_JUMPS = (1, 10, 100, 1_000, 30_000, 3_600_000)
+DELAYS = (1, 20, 500, 5_000, 60_000, 7_200_000)
 
 
 class SimFailure(Exception):
@@ -172,11 +174,18 @@ class Msg:
     acked_unconfirmed: bool = False
     acked_durable: bool = False
     epoch: int = 0
+    due_sent: int = 0  # the due time its SEND asked for
+    due_run: int = 0  # the latest due time asked for in this run (the log knows it, synced or not)
+    due_durable: int = 0  # the latest due time known on disk (wall time only grows: a max)
+    count_durable: int = 0  # the delivery count the last durable rewrite of its record wrote
+    dead_durable: bool = False  # its burial is on disk (and no later redrive is)
+    revived_run: bool = False  # revived or redriven in this run (its count may be 0 again)
+    revivals: int = 0  # revives and redrives asked for: rewrites asked before one no longer bind
     sent_ms: int = 0  # the simulated wall time it was appended at: its record's stamp
 
     @property
     def size(self) -> int:
-        return len(self.payload) + RECORD_OVERHEAD
+        return record_size(len(self.payload))
 
     def must_survive(self) -> bool:
         """Known to be on disk and not taken by an ACK that may have reached the disk."""
@@ -269,6 +278,9 @@ class Sim:
         self.seed = seed
         self.replay_steps = replay_steps
         self.xrng = random.Random(f"replay steps of seed {seed}")
+        self.prng = random.Random(f"parked steps of seed {seed}")
+        self.wall_skew = 0  # ms the parked steps jumped the wall clock ahead of `now`
+        self.parked_ops: list[tuple[int, str, int, int]] = []  # (tag, kind, value, revivals) rewrites, in order
         self.id_floor = 0  # every id assigned so far, in this run or an earlier one, is at most this
         self.upto_durable = 0  # the highest watermark whose receipt came
         # ACKs up to an id since the last restart: (id, the messages it took that had to
@@ -326,6 +338,12 @@ class Sim:
                     self.stats.mid_op += 1
                     self.crash(self.armed_mode)
                 self.check_step()
+                try:
+                    self.parked_step()
+                except Crashed:
+                    self.stats.mid_op += 1
+                    self.crash(self.armed_mode)
+                self.check_step()
         self.step = self.steps
         self.finish()
 
@@ -333,8 +351,9 @@ class Sim:
         return self.now
 
     def wall_ms(self) -> int:
-        """The simulated time as the log's wall clock (epoch ms, START_TIME on)."""
-        return int(self.now * 1000)
+        """The simulated time as the log's wall clock (epoch ms, START_TIME on), plus the
+        jumps of the parked steps: it never goes back."""
+        return int(self.now * 1000) + self.wall_skew
 
     def trace(self, fmt: str, *args) -> None:
         entry = (self.step, self.run, fmt, args)
@@ -371,6 +390,13 @@ class Sim:
         self.acks: list[int] = []
         self.confirmed = 0
         self.sends_covered = len(self.messages)  # tags from here on are appended in this run
+        self.parked_covered = len(getattr(self, "parked_ops", ()))
+        self.dead_held: list[tuple[Record, int]] = []  # dead letters the caller holds (its ./dead queue)
+        self.parked_tags: set[int] = set()  # messages the log holds parked (delayed or dead), by the model
+        self.dead_now: set[int] = set()  # dead letters, wherever they are
+        for msg in getattr(self, "messages", {}).values():
+            msg.due_run = 0
+            msg.revived_run = False
         self.fatal: str | None = None
         self.disk_faults = self.disk.faults
         self.exact = True
@@ -489,8 +515,9 @@ class Sim:
                 f"watermark {self.core.acked_upto} after restart, {self.upto_durable} was receipted",
             )
         found = self._drain_recovered()
-        self._check_uptos_whole({tag for _, tag in found})
-        self._check_recovered(found)
+        parked = self._recovered_parked()
+        self._check_uptos_whole({tag for _, tag in found} | {tag for _, tag in parked})
+        self._check_recovered(found, parked)
         if self.rng.random() < 0.5:
             for rec, tag in found:
                 self.core.requeue(rec)
@@ -501,11 +528,44 @@ class Sim:
         self.stats.restarts += 1
         self._drop_core()
         self.disk = self.disk.crash("kill")
-        live, live_bytes = self.live, self.live_bytes
+        live, live_bytes, parked_tags, dead_now = self.live, self.live_bytes, self.parked_tags, self.dead_now
         self._reset_run()
-        self.live, self.live_bytes = live, live_bytes
+        self.live, self.live_bytes, self.parked_tags, self.dead_now = live, live_bytes, parked_tags, dead_now
         self._core = self._open()
-        self._check_counts(len(live), live_bytes)
+        rdy = [tag for tag in live if tag not in parked_tags]
+        self._check_counts(len(rdy), sum(live[tag] for tag in rdy))
+
+    def _recovered_parked(self) -> list[tuple[Record, int]]:
+        """The parked records the log recovered (delayed, dead), read without changing
+        anything (white box: the log's own index), each checked like a delivery's."""
+        core = self.core
+        index = core._parked
+        out = []
+        for at, state in enumerate(index.states):
+            if state not in (DELAYED, MAX, EXP):
+                continue
+            rec = core._read_parked(index.base + at)
+            if rec is None:
+                continue  # damage the log reported (bit rot)
+            tag = self._check_payload(rec, None)
+            msg = self.messages[tag]
+            if rec.id != msg.id or (msg.acked_durable and msg.epoch == self.rot_epoch):
+                self.fail("parked record is not a live message", f"#{tag} id {rec.id} (appended as {msg.id})")
+            if not self.rot_epoch and not msg.revived_run:
+                due = rec.due_ms if state == DELAYED else 0
+                if state == DELAYED and due < msg.due_durable and msg.due_durable > self.wall_ms():
+                    self.fail(
+                        "due time lost", f"#{tag} id {rec.id}: due {due} after restart, {msg.due_durable} on disk"
+                    )
+                if rec.deliveries < msg.count_durable:
+                    self.fail(
+                        "delivery count went down",
+                        f"#{tag} id {rec.id}: {rec.deliveries} after restart, {msg.count_durable} on disk",
+                    )
+            out.append((rec, tag))
+        self.parked_tags = {tag for _, tag in out}
+        self.dead_now = {tag for rec, tag in out if rec.dead}
+        return out
 
     def _drain_recovered(self) -> list[tuple[Record, int]]:
         return [(rec, self.check_delivery(rec, recovering=True)) for rec in self._ready()]
@@ -522,7 +582,7 @@ class Sim:
                 yield rec
             elif not core.walking:
                 return
-            elif slices > core.capacity // RECORD_OVERHEAD:
+            elif slices > core.capacity // PAD_SIZE:
                 self.fail("walk makes no progress", f"{slices} slices without a message handed out")
             else:
                 slices += 1
@@ -552,8 +612,8 @@ class Sim:
                     )
         self.open_uptos.clear()
 
-    def _check_recovered(self, found: list[tuple[Record, int]]) -> None:
-        tags = {tag for _, tag in found}
+    def _check_recovered(self, found: list[tuple[Record, int]], parked: list[tuple[Record, int]]) -> None:
+        tags = {tag for _, tag in found} | {tag for _, tag in parked}
         lost = [
             m for m in self.messages.values() if m.must_survive() and m.epoch == self.rot_epoch and m.tag not in tags
         ]
@@ -567,14 +627,16 @@ class Sim:
                     f"#{m.tag} (id {m.id}, {m.size} B{', receipted' if m.receipted else ''})" for m in lost[:5]
                 ),
             )
+        dead = {rec.id for rec, _ in parked if rec.dead}
         for tag in tags:
             msg = self.messages[tag]
             msg.durable_by = msg.durable_by or "recovery"
             msg.acked_unconfirmed = msg.acked_durable = False
+            msg.dead_durable = msg.id in dead  # what recovery found is on disk now
             msg.promise(self.rot_epoch)
             self.live[tag] = msg.size
             self.live_bytes += msg.size
-        self._check_counts(len(found), self.live_bytes)
+        self._check_counts(len(found), sum(self.messages[tag].size for _, tag in found))
 
     def _check_counts(self, messages: int, live_bytes: int) -> None:
         rec = self.core.recovery
@@ -670,6 +732,7 @@ class Sim:
         self.trace("receipt #%d id %s: %s", tag, msg.id, reason or "stored")
         if reason is None:
             msg.receipted = True
+            msg.due_durable = max(msg.due_durable, msg.due_sent)
             msg.promise(self.rot_epoch)
             return
         msg.refused_run = run
@@ -709,6 +772,7 @@ class Sim:
         consumer = self.rng.randrange(len(self.held))
         if self.redeliver:
             rec, tag = self.redeliver.popleft()
+            self._check_handout(rec, tag)
             self.core.delivered(rec)
             self._check_payload(rec, tag)
             self.trace("consumer %d retakes #%d id %d", consumer, tag, rec.id)
@@ -717,8 +781,8 @@ class Sim:
             if ready is None:
                 return
             rec = ready
-            self.core.delivered(rec)
             tag = self.check_delivery(rec)
+            self.core.delivered(rec)
             self.trace("consumer %d takes #%d id %d", consumer, tag, rec.id)
         self.held[consumer].append((rec, tag))
 
@@ -761,6 +825,7 @@ class Sim:
 
     def _requeue(self, rec: Record, tag: int) -> None:
         self.core.requeue(rec)
+        self._op(tag, "count", rec.deliveries)
         self.redeliver.append((rec, tag))
         self.trace("requeue #%d id %d", tag, rec.id)
 
@@ -769,29 +834,214 @@ class Sim:
         return self.rng.choice(holding) if holding else None
 
     def _ask_durable(self) -> None:
-        """A RECEIPT for an ACK, NACK or DISCONNECT: on_durable covers every ACK so far."""
-        upto, sent, run = len(self.acks), len(self.messages), self.run
+        """A RECEIPT for an ACK, NACK or DISCONNECT: on_durable covers every ACK so far,
+        and every rewrite of a record (requeue with its delay and count, burial, redrive)."""
+        upto, sent, run, ops = len(self.acks), len(self.messages), self.run, len(self.parked_ops)
         self.waiting_durable += 1
-        self.core.on_durable(lambda reason: self._durable_done(upto, sent, run, reason))
+        self.core.on_durable(lambda reason: self._durable_done(upto, sent, run, reason, ops))
 
-    def _durable_done(self, upto: int, sent: int, run: int, reason: str | None) -> None:
+    def _durable_done(self, upto: int, sent: int, run: int, reason: str | None, ops: int = 0) -> None:
         if run != self.run:
             return
         self.waiting_durable -= 1
         self.trace("ack receipt for %d acks: %s", upto, reason or "durable")
         if reason is not None:
             return
+        for tag, kind, value, revivals in self.parked_ops[self.parked_covered : ops]:
+            msg = self.messages[tag]
+            if revivals != msg.revivals:
+                continue  # a revive or redrive asked for since may have reached the disk too
+            if kind == "due":
+                msg.due_durable = max(msg.due_durable, value)
+            elif kind == "count":
+                msg.count_durable = value
+            elif kind == "bury":
+                msg.dead_durable, msg.count_durable = True, value
+        self.parked_covered = max(self.parked_covered, ops)
         if self.disk.faults == self.disk_faults:  # else appends nobody waits for may be refused unseen
             for tag in range(self.sends_covered, sent):
                 msg = self.messages[tag]
                 if not msg.rejected and msg.refused_run != run:
                     msg.durable_by = msg.durable_by or "on_durable"
+                    msg.due_durable = max(msg.due_durable, msg.due_sent)
                     msg.promise(self.rot_epoch)
         self.sends_covered = max(self.sends_covered, sent)
         for tag in self.acks[self.confirmed : upto]:
             self.messages[tag].acked_durable = True
             self.messages[tag].promise(self.rot_epoch)
         self.confirmed = max(self.confirmed, upto)
+
+    # ------------------------------------------------------------ parked steps
+
+    def parked_step(self) -> None:
+        """Maybe one step of delays, burials and redrives, drawn from a random stream of
+        their own (so that seeds kept without them replay as before)."""
+        x = self.prng.random()
+        steps = (
+            (0.05, self.do_send_delayed),
+            (0.09, self.do_nack_delay),
+            (0.11, self.do_bury),
+            (0.16, self.do_release),
+            (0.20, self.do_wall_jump),
+            (0.22, self.do_dead_take),
+            (0.25, self.do_dead_settle),
+            (0.26, self.do_redrive),
+            (0.29, self._ask_durable),
+        )
+        for upto, step in steps:
+            if x < upto:
+                step()
+                return
+
+    def do_send_delayed(self) -> None:
+        core, rng = self.core, self.prng
+        tag = len(self.messages)
+        msg = Msg(tag, make_payload(tag, min(core.max_message, rng.choice((0, 40, 300, 2000)))), sent_ms=self.wall_ms())
+        msg.due_sent = msg.due_run = self.wall_ms() + rng.choice(DELAYS)
+        self.messages[tag] = msg
+        receipt = rng.random() < 0.5
+        done = self._append_callback(tag) if receipt else None
+        if receipt:
+            self.waiting_appends.add(tag)
+        try:
+            rec = core.append(msg.payload, done, urgent=receipt, due_ms=msg.due_sent)
+        except (TooLarge, QueueFull) as err:
+            self.waiting_appends.discard(tag)
+            self._refused(msg, type(err).__name__)
+            return
+        self._accepted(msg, rec, receipt)
+        self.trace("  (delayed to wall %d)", msg.due_sent)
+
+    def _take_held(self) -> tuple[Record, int] | None:
+        holding = [h for h in self.held if h]
+        if not holding:
+            return None
+        held = self.prng.choice(holding)
+        return held.pop(self.prng.randrange(len(held)))
+
+    def do_nack_delay(self) -> None:
+        """A NACK with a delay: the log parks the message until its due time."""
+        got = self._take_held()
+        if got is None:
+            return
+        rec, tag = got
+        due = self.wall_ms() + self.prng.choice(DELAYS)
+        self.core.requeue(rec, due)
+        self.messages[tag].due_run = due
+        self.delivered.discard(tag)  # parked again: its copy may come out of next_ready once due
+        self._op(tag, "due", due)
+        self._op(tag, "count", rec.deliveries)
+        self.trace("nack #%d id %d with a delay to wall %d (%d deliveries)", tag, rec.id, due, rec.deliveries)
+
+    def do_bury(self) -> None:
+        got = self._take_held()
+        if got is None:
+            return
+        rec, tag = got
+        self.core.bury(rec, self.prng.choice(("max-deliveries", "expired")))
+        self._op(tag, "bury", rec.deliveries)
+        self.dead_held.append((rec, tag))
+        self.dead_now.add(tag)
+        if self.browse is not None:
+            self.browse.at_start.discard(tag)  # not live all along: a browse may skip it
+        self.trace("bury #%d id %d (%d deliveries)", tag, rec.id, rec.deliveries)
+
+    def do_release(self) -> None:
+        """The broker's timer: every parked message due by now comes back, none early."""
+        back = self.core.due(self.wall_ms())
+        for rec, tag in [(rec, self._check_payload(rec, None)) for rec in back]:
+            msg = self.messages[tag]
+            if tag in self.parked_tags:
+                self.parked_tags.discard(tag)
+            self._check_handout(rec, tag)
+            if rec.dead:
+                self.fail("dead letter released as due", f"#{tag} id {rec.id}")
+            msg.due_run = 0
+            self.delivered.add(tag)
+            self.redeliver.append((rec, tag))
+        if back:
+            self.trace("release at wall %d: %d messages", self.wall_ms(), len(back))
+        soonest = self.core.next_due()
+        if soonest is not None and soonest < self.wall_ms() and self.core.due(self.wall_ms()):
+            self.fail("due message left parked", f"next_due {soonest} < wall {self.wall_ms()} after a release")
+
+    def do_wall_jump(self) -> None:
+        self.wall_skew += self.prng.choice(WALL_JUMPS)
+
+    def do_dead_take(self) -> None:
+        """A reader of the dead letters takes the next one the log holds."""
+        rec = self.core.next_dead()
+        if rec is None:
+            return
+        tag = self._check_payload(rec, None)
+        if not rec.dead:
+            self.fail("dead letter without a reason", f"#{tag} id {rec.id}")
+        self.parked_tags.discard(tag)
+        self.delivered.add(tag)
+        self.dead_held.append((rec, tag))
+        self.trace("dead letter #%d id %d taken (%s)", tag, rec.id, rec.dead)
+
+    def do_dead_settle(self) -> None:
+        """A dead letter the caller holds: ACKed for good, revived, or kept."""
+        if not self.dead_held:
+            return
+        rec, tag = self.dead_held.pop(self.prng.randrange(len(self.dead_held)))
+        msg = self.messages[tag]
+        x = self.prng.random()
+        if x < 0.4:
+            self.core.ack(rec)
+            msg.acked_unconfirmed = True
+            if self.live.pop(tag, None) is not None:
+                self.live_bytes -= msg.size
+            self.acks.append(tag)
+            self.dead_now.discard(tag)
+            self.trace("dead letter #%d id %d acked", tag, rec.id)
+        elif x < 0.8:
+            self.core.revive(rec)
+            self._revived(msg)
+            self.redeliver.append((rec, tag))
+            self.dead_now.discard(tag)
+            self.trace("dead letter #%d id %d revived", tag, rec.id)
+        else:
+            self.core.requeue(rec)  # given back: still dead, still held
+            self.dead_held.append((rec, tag))
+
+    def _op(self, tag: int, kind: str, value: int) -> None:
+        """A rewrite of a message's record, durable once an on_durable after it answers."""
+        self.parked_ops.append((tag, kind, value, self.messages[tag].revivals))
+
+    def _revived(self, msg: Msg) -> None:
+        """A revive or redrive asked for: the rewrite may reach the disk from now on (a
+        kill keeps it unsynced), so the burial and the count on disk no longer bind."""
+        msg.revived_run = True
+        msg.revivals += 1
+        msg.dead_durable = False
+        msg.count_durable = 0
+
+    def do_redrive(self) -> None:
+        """A redrive of the dead letters the log holds: each comes back from `due` at once."""
+        count = self.prng.choice((1, 3, None))
+        before = self.core.dead
+        moved = self.core.redrive(count, None)
+        if moved > before or (count is not None and moved > count):
+            self.fail("redrive moved too many", f"{moved} of {before} (asked {count})")
+        back = self.core.due(self.wall_ms())
+        mine = []
+        for rec in back:
+            tag = self._check_payload(rec, None)
+            msg = self.messages[tag]
+            if rec.deliveries == 0 and tag in self.parked_tags and msg.dead_durable:
+                mine.append(tag)
+                self.dead_now.discard(tag)
+                self._revived(msg)
+            self.parked_tags.discard(tag)
+            self._check_handout(rec, tag)
+            msg.due_run = 0
+            self.delivered.add(tag)
+            self.redeliver.append((rec, tag))
+        if len(mine) < moved and not self.rot_epoch:
+            self.fail("redrive lost a dead letter", f"{moved} moved, {len(mine)} came back")
+        self.trace("redrive of %s: %d moved", count, moved)
 
     # ------------------------------------------------------------ replay steps
 
@@ -820,6 +1070,9 @@ class Sim:
             self.live_bytes -= self.live.pop(tag)
         self.held = [[(rec, tag) for rec, tag in held if rec.id > upto] for held in self.held]
         self.redeliver = deque((rec, tag) for rec, tag in self.redeliver if rec.id > upto)
+        self.dead_held = [(rec, tag) for rec, tag in self.dead_held if rec.id > upto]
+        self.dead_now -= set(covered)
+        self.parked_tags -= set(covered)
         self.stats.uptos += 1
         receipt = rng.random() < 0.7
         self.trace("ack up to %d (%d live messages)%s", upto, len(covered), " with receipt" if receipt else "")
@@ -848,7 +1101,9 @@ class Sim:
         last = core.last_id
         first = rng.randint(0, last + 2)
         to = rng.choice((last, last, rng.randint(first, last + 3), first - 1))
-        at_start = {tag for tag in self.live if first <= (self.messages[tag].id or 0) <= to}
+        at_start = {
+            tag for tag in self.live if first <= (self.messages[tag].id or 0) <= to and tag not in self.dead_now
+        }
         self.browse = Browsing(core.browse(first, to), first, to, at_start)
         self.trace("browse %d..%d opened (%d live in range)", first, to, len(at_start))
 
@@ -868,14 +1123,14 @@ class Sim:
                 self.fail("browse out of its range", f"id {msg_id} in a browse of {b.first}..{b.last}")
             if tag in b.got and not self.rot_epoch:
                 self.fail("browsed twice", f"#{tag} id {msg_id}")
-            if strict and tag not in self.live:
+            if strict and (tag not in self.live or tag in self.dead_now):
                 self.fail("browse returned a dead message", f"#{tag} id {msg_id}")
             b.got.add(tag)
             self.stats.browsed += 1
         self.trace("browse step: %d messages%s", len(step.messages), ", done" if step.done else "")
         if not step.done:
             return
-        missed = sorted(tag for tag in b.at_start if tag in self.live and tag not in b.got)
+        missed = sorted(tag for tag in b.at_start if tag in self.live and tag not in b.got and tag not in self.dead_now)
         if missed and strict:
             self.fail(
                 "browse missed a live message",
@@ -955,7 +1210,29 @@ class Sim:
         if not recovering and tag not in self.live:
             why = "refused with an error" if msg.refused_run == self.run else "not live in this run"
             self.fail("dead message delivered", f"#{tag} id {rec.id} ({why})")
+        self._check_handout(rec, tag)
         return tag
+
+    def _check_handout(self, rec: Record, tag: int) -> None:
+        """A message handed out to a consumer (next_ready, or back from `due`): never
+        before a due time the log was told in this run or that was on disk, never a dead
+        letter whose burial was on disk, with no fewer deliveries than the last rewrite
+        of its record on disk counted."""
+        msg = self.messages[tag]
+        if self.rot_epoch:
+            return  # the crash model promises less after bit rot
+        due = max(msg.due_run, msg.due_durable)
+        if self.wall_ms() < due:
+            self.fail("delivered before its due time", f"#{tag} id {rec.id}: due {due}, wall {self.wall_ms()}")
+        if msg.revived_run:
+            return
+        if msg.dead_durable:
+            self.fail("buried message delivered", f"#{tag} id {rec.id}: its burial was on disk")
+        if rec.deliveries < msg.count_durable:
+            self.fail(
+                "delivery count went down",
+                f"#{tag} id {rec.id}: {rec.deliveries} deliveries, {msg.count_durable} were on disk",
+            )
 
     def _check_payload(self, rec: Record, tag: int | None) -> int:
         payload = bytes(self.core.payload(rec))
@@ -1017,6 +1294,14 @@ class Sim:
         self.check_step()
         for rec in self._ready():
             self.check_delivery(rec)
+        self.wall_skew += 10**10  # every delayed message is due: each comes back, once
+        self.do_release()
+        for rec in self._ready():
+            self.check_delivery(rec)
+        while self.core.next_dead() is not None:
+            pass
+        self.delivered.update(tag for _, tag in self.dead_held)
+        self.delivered.update(self.parked_tags)
         self.core.flush()
         self.core.sync()
         if self.fatal is not None or self.disk.faults != self.disk_faults:

@@ -260,11 +260,11 @@ def test_marks_past_the_pad_that_ended_a_lap_are_not_trusted() -> None:
             log.append(b"\n" + fill * 200)
             world.settle()
 
-    fill(log.end - 1500, b"a")  # a first lap, all acked: its last records end the ring
+    fill(log.end - 2500, b"a")  # a first lap, all acked: its last records end the ring
     stale = log.last_id
     log.ack_upto(stale)
     world.settle()
-    log.append(b"\n" + b"w" * 2000)  # the next lap, from the ring's start
+    log.append(b"\n" + b"w" * 2400)  # the next lap, from the ring's start
     world.settle()
     assert ring.head < log.end // 2
     fill(log.end - 12000, b"b")

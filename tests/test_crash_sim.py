@@ -97,6 +97,23 @@ REPLAY_REGRESSIONS = {
     # still waited for room in the ring; a crash then lost that SEND. on_durable now
     # waits for every append accepted before it.
     "on_durable_before_a_pending_send": (90, "SEND made durable by on_durable lost"),
+    # A redrive read the dead letter back from the disk before its rewrite (rdy, count 0)
+    # was flushed, and handed it out as a dead letter still.
+    "redrive_reads_a_dead_letter_before_its_rewrite_is_flushed": (0, "buried message delivered"),
+    "ack_upto_uncounts_a_parked_copy_as_unread": (9, "live bytes"),
+    "ack_upto_leaves_a_parked_copy_in_transit_counted": (94, "live bytes"),
+    "browse_misses_a_parked_record_moved_past_newer_ones": (15, "browse missed a live message"),
+    "browse_returns_the_original_of_a_copied_parked_record": (73, "browse returned a dead message"),
+    "a_pass_of_dead_records_hands_out_a_parked_copy_that_came_due": (268, "accepted SEND never stored"),
+    "ack_upto_uncounts_a_copied_parked_record_found_at_start_up": (263, "live bytes"),
+    "browse_takes_a_copied_parked_record_before_the_first_live_one_for_live": (102, "browsed twice"),
+    "browse_takes_a_parked_copy_in_transit_for_dead": (293, "browse missed a live message"),
+    "browse_reads_another_record_where_a_parked_one_was": (1884, "browse out of its range"),
+    "browse_trusts_a_dead_state_a_redrive_is_rewriting": (3003, "browse missed a live message"),
+    "a_damaged_parked_record_pins_the_tail_for_good": (
+        3822,
+        "after bit rot: accepted SEND refused later without a disk fault",
+    ),
 }
 
 

@@ -31,6 +31,8 @@ def entry(id, state="rdy", deliveries=0, age_ms=0, headers=None, body=b"x"):
         size=100,
         headers=headers or {},
         body=body,
+        due_ms=0,
+        expires_ms=0,
     )
 
 
@@ -46,6 +48,8 @@ def summary(entries, torn=None, cap=1 << 20):
         dead_bytes=100 * (len(entries) - len(waiting)),
         oldest_timestamp_ms=waiting[0].timestamp_ms if waiting else None,
         torn=torn,
+        delayed=0,
+        dead=0,
     )
 
 
@@ -98,7 +102,7 @@ def test_summary_answers_how_many_wait_since_when_and_whether_one_keeps_coming_b
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0] == "curb log /srv/q/curb.log"
-    assert lines[1] == "  messages  3 rdy, 1 ack not yet reclaimed"
+    assert lines[1] == "  messages  3 rdy, 0 delayed, 0 dead letters, 1 ack not yet reclaimed"
     assert lines[2].startswith("  oldest    #2, sent 3h00m ago (")
     assert lines[2].endswith(" UTC), delivered 3 times")
     assert lines[3] == "  retried   2 of them delivered before; most: #3, delivered 17 times"
@@ -109,7 +113,7 @@ def test_summary_answers_how_many_wait_since_when_and_whether_one_keeps_coming_b
 
 def test_summary_of_an_empty_queue(log_file):
     result = run(log_file([entry(1, state="ack")]))
-    assert "  messages  0 rdy (queue empty), 1 ack not yet reclaimed" in result.output
+    assert "  messages  0 rdy (queue empty), 0 delayed, 0 dead letters, 1 ack not yet reclaimed" in result.output
     assert "  oldest    -" in result.output
     assert "  retried   -" in result.output
 
@@ -301,7 +305,7 @@ def test_space_is_measured_against_the_brokers_cap_not_the_files_size(curb_broke
     cap = stats(http_port)["cap"]
     assert cap == 10 << 20
     text = run(broker.file).output
-    assert "% of cap 10.0 MiB), dead " in text and "  space     live 900." in text and "(9% of cap" in text
+    assert "% of cap 10.0 MiB), dead " in text and "  space     live 90" in text and "(9% of cap" in text
     assert json.loads(run(broker.file, "--json").output)["summary"]["cap"] == cap
 
     broker.stop()

@@ -374,7 +374,7 @@ def test_disk_full_refuses_with_a_clear_reason_and_recovers_once_space_is_freed(
 
 def test_a_record_header_line_has_a_fixed_width():
     line = fmt.encode_record(fmt.STATE_RDY, 0, 1, 1, 1, b"x", copy=True)
-    assert len(line) == RECORD_HEADER and PAD_SIZE == RECORD_HEADER + 1
+    assert len(line) == RECORD_HEADER and PAD_SIZE == fmt.record_size(0) == 4 * fmt.ALIGN
 
 
 def test_a_lap_old_pad_state_left_on_a_new_message_by_a_torn_write_is_not_a_pad():

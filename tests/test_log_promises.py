@@ -279,13 +279,13 @@ def header_fields(data: bytes | bytearray, marker: bytes) -> list[tuple[int, int
     assert newline > 0, f"no record with body {marker!r} in the file"
     start = data.rfind(b"\n", 0, newline) + 1
     fields = [(start + m.start(), start + m.end()) for m in re.finditer(rb"\S+", data[start:newline])]
-    assert len(fields) == 7 and data[start : start + 3] in (b"rdy", b"ack"), (
+    assert len(fields) == 10 and data[start : start + 3] in (b"rdy", b"ack"), (
         f"not a record header line: {bytes(data[start:newline])!r}; the log format changed, update this test"
     )
     return fields
 
 
-LENGTH, ID, CRC = 5, 2, 6
+LENGTH, ID, CRC = 8, 4, 9
 
 
 def flip(data: bytearray, at: int) -> None:

@@ -27,15 +27,17 @@ def test_place(head: int, tail: int, size: int, spot: tuple[int, bool] | None):
 # that ends the lap and 100 at the start of the next.
 SPLIT = Ring(END, END - PAD_SIZE - 100, R + 100)
 GAP = Ring(R + 8000, R + 1000, R + 1498)  # wrapped: the head is a lap ahead, 498 bytes short of the tail
+FITS = 498 - PAD_SIZE - 31  # a copy that fits in GAP leaving a pad's worth and 31 bytes
+D = PAD_SIZE - 67  # the tables below were drawn for a 67-byte pad: SPLIT's free bytes grow by this
 
 
 @pytest.mark.parametrize(
     "size,keep,spot",
     [
-        (400, 0, (R + 1000, False)),
+        (FITS, 0, (R + 1000, False)),
         (454, 0, None),  # fits before the tail, but not with a pad's worth besides
-        (400, 31, (R + 1000, False)),
-        (400, 32, None),
+        (FITS, 31, (R + 1000, False)),
+        (FITS, 32, None),
         (500, 0, None),
     ],
 )
@@ -48,21 +50,21 @@ def test_copy_spot(size: int, keep: int, spot: tuple[int, bool] | None):
     "ring,held,rest,want,clears",
     [
         # Nothing held: a checkpoint alone frees everything up to the read position.
-        (SPLIT, [], R + 500, 400, True),
+        (SPLIT, [], R + 500, 400 + D, True),
         # The first held record is too big for either piece: nothing can be copied.
-        (SPLIT, [(R + 100, 150), (R + 250, 40)], R + 500, 300, False),
+        (SPLIT, [(R + 100, 150), (R + 250, 40)], R + 500, 300 + D, False),
         # A small first record is copied to the end of the lap; the bytes before the
         # second are freed, so the second (150) fits at the start of the next lap.
-        (SPLIT, [(R + 100, 40), (R + 250, 150)], R + 500, 300, True),
+        (SPLIT, [(R + 100, 40), (R + 250, 150)], R + 500, 300 + D, True),
         # The same, but the lap's unusable end (after the pad) leaves 50 bytes short.
-        (SPLIT, [(R + 100, 40), (R + 250, 150)], R + 500, 400, False),
+        (SPLIT, [(R + 100, 40), (R + 250, 150)], R + 500, 400 + D, False),
         # Enough is free before the first copy is needed.
-        (SPLIT, [(R + 100, 150)], R + 500, 150, True),
+        (SPLIT, [(R + 100, 150)], R + 500, 150 + D, True),
         # Wrapped, 498 bytes free before the tail: a 454-byte copy would fit, but would
         # leave less than a pad's worth, and compaction does not make such a copy
         # (crash simulator seed 1028490).
         (GAP, [(R + 1498, 454), (R + 5000, 100)], R + 6000, 1000, False),
-        (GAP, [(R + 1498, 400), (R + 5000, 100)], R + 6000, 1000, True),
+        (GAP, [(R + 1498, FITS), (R + 5000, 100)], R + 6000, 1000, True),
     ],
 )
 def test_clears(ring: Ring, held: list[tuple[int, int]], rest: int, want: int, clears: bool):

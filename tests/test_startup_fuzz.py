@@ -348,9 +348,9 @@ class Layout:
             spans["header"].append(Span(e.offset, end))
             spans["payload"].append(Span(end, e.offset + e.size))
             fields = data[e.offset : end].split(b" ")
-            if len(fields) == 7:
-                at = e.offset + sum(len(f) + 1 for f in fields[:5])
-                spans["length"].append(Span(at, at + len(fields[5])))
+            if len(fields) == 10:
+                at = e.offset + sum(len(f) + 1 for f in fields[:8])
+                spans["length"].append(Span(at, at + len(fields[8])))
             else:
                 spans["length"].append(Span(end, end))
         drops = [k for k in range(1, len(entries)) if entries[k].offset < entries[k - 1].offset]
@@ -1034,7 +1034,7 @@ def test_a_huge_length_field_does_not_exhaust_memory(bases: dict[str, Base], tmp
     huge length of seed 36 ('set 1934 ffffffff (length[101])'), which in-process, with
     memory overcommitted, fails only on delivery."""
     base = bases["ring64-closed"]
-    data = mutated(base, ["set length[101] ffffffff"])
+    data = mutated(base, ["set length[-1] ffffffff"])  # the newest record, whose CRC start-up checks
     child = in_a_small_address_space(what, bytes(data), base.cap, tmp_path)
     assert "MemoryError" not in child.stderr, child.stderr
     assert child.returncode == 0, child.stderr

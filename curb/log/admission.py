@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from curb.log.cursor import Cursor
-from curb.log.record import PAD_SIZE, RECORD_HEADER
+from curb.log.record import PAD_SIZE, record_size
 from curb.log.ring import Ring
 from curb.log.sizes import SizeClasses, class_bound, size_class
 
@@ -51,7 +51,7 @@ class Admission:
     ):
         self.capacity = capacity
         self.max_message = max_message
-        self.max_record = max_message + PAD_SIZE
+        self.max_record = record_size(max_message)
         self.ring = ring
         self.cursor = cursor
         self.classes = classes
@@ -63,9 +63,10 @@ class Admission:
 
     @property
     def live_bytes(self) -> int:
-        """Bytes of every message not yet acked, as records."""
+        """Bytes of every message not yet acked, as records: delayed messages and dead
+        letters too (curb.log.parked), and their copies in transit."""
         cur = self.cursor
-        return cur.unread_bytes + self.pending_bytes + cur.outstanding_bytes
+        return cur.unread_bytes + self.pending_bytes + cur.outstanding_bytes + cur.parked.bytes + cur.transit_bytes
 
     @property
     def ahead_dead_bytes(self) -> int:
@@ -73,20 +74,20 @@ class Admission:
         dead copies, the end of a lap): not reclaimable until consumers move the cursor
         past them, so admission counts them as used."""
         cur = self.cursor
-        ahead_live = cur.outstanding_bytes - cur.behind_bytes
+        ahead_live = cur.outstanding_bytes - cur.behind_bytes + cur.transit_bytes + cur.parked.unpassed_bytes
         return max(0, self.ring.distance(cur.rpos, cur.whead) - cur.unread_bytes - ahead_live)
 
     def admit(self, payload_size: int) -> int:
         """The record size of a payload the log may take now; raises TooLarge or
         QueueFull when it may not."""
-        size = RECORD_HEADER + payload_size + 1
-        if size > self.max_record:
+        size = record_size(payload_size)
+        if payload_size > self.max_message:
             raise TooLarge(
                 f"message of {payload_size} bytes is larger than this broker can ever store "
                 f"(the limit is {self.max_message} bytes with this -cap and -max-frame)"
             )
         cur, ring = self.cursor, self.ring
-        live = cur.unread_bytes + self.pending_bytes + cur.outstanding_bytes
+        live = self.live_bytes
         if live <= 0 and self.classes.top:
             # Nothing is live (and nothing is being placed: appends come between flushes),
             # so the size classes are exact again, whatever damage made them err.

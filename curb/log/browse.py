@@ -41,7 +41,18 @@ from dataclasses import dataclass
 
 from curb.log.cursor import RECORD_WORK, SLICE_WORK, Cursor
 from curb.log.reader import RecordReader
-from curb.log.record import COPY_FLAG, RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, RecordHeader
+from curb.log.record import (
+    COPY_FLAG,
+    CRC_FROM,
+    CRC_TO,
+    RECORD_HEADER,
+    RING_START,
+    STATE_ACK,
+    STATE_PAD,
+    STATE_RDY,
+    RecordHeader,
+    record_size,
+)
 
 
 @dataclass(slots=True)
@@ -138,7 +149,7 @@ class Browse:
                 self.done = True
                 return Step(out, done=True)
             if low <= mid <= high and cur.is_live(pos, mid, wseq, state):
-                out.append((mid, buf[off + RECORD_HEADER : off + size - 1]))
+                out.append((mid, hdr.payload(buf, off)))
                 used += size
         return Step(out)
 
@@ -154,37 +165,47 @@ class Browse:
         state = buf[off : off + 3]
         if state != STATE_RDY and state != STATE_ACK:
             return None
+        if buf[off + 26 : off + 32] != buf[off + 52 : off + 58]:
+            return None  # the tag is not the write sequence's (curb.log.record)
         try:
-            length = int(buf[off + 48 : off + 56], 16)
-            mid = int(buf[off + 9 : off + 21], 16)
-            stamp = int(buf[off + 35 : off + 47], 16)
+            length = int(buf[off + 85 : off + 93], 16)
+            mid = int(buf[off + 33 : off + 45], 16)
+            stamp = int(buf[off + 59 : off + 71], 16)
+            size = record_size(length)
             hdr = RecordHeader(
                 state,
                 0,
                 mid,
-                int(buf[off + 22 : off + 34], 16),
+                int(buf[off + 46 : off + 58], 16),
                 stamp & ~COPY_FLAG,
                 length,
-                int(buf[off + 57 : off + 65], 16),
+                int(buf[off + 94 : off + 102], 16),
                 bool(stamp & COPY_FLAG),
+                size=size,
             )
         except ValueError:
             return None
-        end = off + RECORD_HEADER + length + 1
-        if mid == 0 or pos + RECORD_HEADER + length + 1 > limit or end > len(buf) or buf[end - 1] != 10:
+        end = off + size
+        if mid == 0 or pos + size > limit or end > len(buf) or buf[end - 1] != 10:
             return None
-        if zlib.crc32(buf[off + RECORD_HEADER : end - 1], zlib.crc32(buf[off + 9 : off + 56])) != hdr.crc:
+        body = off + RECORD_HEADER
+        if zlib.crc32(buf[body : body + length], zlib.crc32(buf[off + CRC_FROM : off + CRC_TO])) != hdr.crc:
             return None
         return hdr, buf, off
 
     def _held_ahead(self) -> list[tuple[int, bytes]]:
         """The live messages in range whose live occurrence is still ahead, once no
-        original in range is: held messages, and copies recovery found, in write order.
+        original in range is: held messages, parked ones, and copies recovery found, in
+        write order.
         Each is read back and judged by `Cursor.is_live` like any other record."""
         cur, low, high = self.cursor, self.from_id, self.to_id
         places = [rec.offset for held in (cur.behind, cur.ahead) for rec in held.values() if low <= rec.id <= high]
         places += [at for mid, at in cur.last.items() if low <= mid <= high and at >= 0]
-        places.sort()  # one read window serves neighbours
+        # Parked records (compaction copies them after newer ones) and their copies in transit.
+        parked = cur.parked
+        places += [at for mid, at in zip(parked.ids, parked.offsets, strict=True) if low <= mid <= high]
+        places += [at for _, mid, _, at in cur.vouched if low <= mid <= high]
+        places = sorted(set(places))  # one read window serves neighbours; each place once
         found: list[tuple[int, int, bytes]] = []  # (wseq, id, payload)
         reader = self.reader
         reader.drop()
@@ -193,8 +214,13 @@ class Browse:
             if got is None:
                 continue
             hdr, buf, off = got
-            if hdr.wseq > self.last_wseq and hdr.id not in self.skip and cur.is_live(at, hdr.id, hdr.wseq, hdr.state):
-                found.append((hdr.wseq, hdr.id, bytes(buf[off + RECORD_HEADER : off + hdr.size - 1])))
+            if (
+                low <= hdr.id <= high  # a place may hold another record now (a parked one's was reused)
+                and hdr.wseq > self.last_wseq
+                and hdr.id not in self.skip
+                and cur.is_live(at, hdr.id, hdr.wseq, hdr.state)
+            ):
+                found.append((hdr.wseq, hdr.id, bytes(hdr.payload(buf, off))))
         reader.drop()
         found.sort()
         return [(mid, payload) for _, mid, payload in found]

@@ -40,12 +40,57 @@ Invariants kept here:
 - The header's cap line (curb.log.record) names the ring's end of the run that last
   opened the file: recovery rewrites it when it differs, and nothing but offline readers
   reads it.
+
+Delayed messages, dead letters and the delivery count (the design; curb.log.record has
+the format, curb.log.parked the index):
+- Where they are recorded: in the record itself. Its first 32 bytes, the *mutable block*,
+  hold the state (`rdy`; `max` or `exp` for a dead letter of reason max-deliveries or
+  expired; `ack`), the delivery count (8 hex digits: no user reaches its end) and the due
+  time (wall ms; 0 or past: rdy now). The expiry time is fixed at SEND and covered by the
+  CRC. A delayed SEND is written with its due time; a requeue (with or without a delay),
+  a burial and a redrive rewrite the mutable block in place, like the ACK patch, and are
+  durable like it (`on_durable` covers them). Records start at multiples of 32 bytes,
+  so the block lies in one 512-byte sector and a patch is never torn: after a crash the
+  record shows the block before the patch or after it, never a mix. So a due time or a
+  dead mark that was synced is kept, and one that was not is as if never asked (the
+  message is rdy as before it: delivered again, never lost).
+- The delivery count on disk is the count at the record's last patch: every way back
+  (NACK, deadline, disconnect, shutdown) patches it, so a crash loses only deliveries
+  since the message's last patch reached disk: the delivery of a message held at the
+  crash, and those whose return was not yet synced. It never goes below a count a
+  RECEIPT covered. A redrive resets it to 0, as the operator asked.
+- The wall clock is injected (`wall_ms`), as `clock` is: the log has no clock of its own.
+  A record whose due time is ahead is *parked*: the read cursor never hands it out, and
+  dead letters never either. Parked records stay where they are in the ring; the log
+  keeps them in `curb.log.parked`: in ring order (offset, size, id, a state byte: 21 bytes
+  each) for compaction and the logical tail, and by due time in sorted runs of packed
+  keys (8 bytes each) for `due(now_ms)`. So 1,000,000 delayed messages cost about 29 MB
+  of index, not Python objects, and the queue sees a message only once it is due.
+- Compaction copies parked records like held ones: one that pins the tail is copied to
+  the head (same id, new write sequence, the mutable block as it is now) and its index
+  entry goes; the read cursor parks the copy again when it passes it (the copies it may
+  park are known by their write sequences, in order). Long-lived records therefore never
+  pin the tail, whatever their due time.
+- Start-up rebuilds the index from the record headers alone: recovery's walk reads the
+  state and due field of each header it skims (never a body) and hands the parked ones
+  to the index in batches; the cursor then steps over runs of them by their recorded
+  sizes. The cost is the walk's (about a second per million records on a quiet machine)
+  plus the index's appends and one sort per RUN keys: about twice the CPU of a walk over
+  as many plain records (bin/bench-delayed measures both).
+- A message parked while held is patched in place and stays a Record: requeued with a
+  delay, the log keeps it (`_later`) until `due` hands it back; buried, its holder keeps
+  it (the broker's dead letters). Compaction copies such records as held ones. Delayed
+  SENDs and every parked record found at start-up are never objects.
+- Dead letters are read (`next_dead`) and redriven in ring order, oldest first; a copy
+  compaction made counts as placed when it was copied. They and delayed messages count
+  in `live_bytes` against -cap like any message.
 """
 
 from __future__ import annotations
 
 import collections
 import errno
+import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,12 +101,26 @@ from curb.log.admission import Admission, QueueFull
 from curb.log.browse import Browse
 from curb.log.browses import Browses
 from curb.log.checkpoints import Checkpoints, Snapshot
-from curb.log.cursor import KEEP_PAYLOAD, SLICE_WORK, Cursor, Record
+from curb.log.cursor import KEEP_PAYLOAD, PARKED_LAST, SLICE_WORK, Cursor, Record
 from curb.log.disk import Disk
 from curb.log.marks import Marks, spacing_for
 from curb.log.pacing import ByHand, Pacer
+from curb.log.parked import DEAD_HELD, DELAYED, HELD
 from curb.log.reader import RecordReader
-from curb.log.record import PAD_SIZE, RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, FormatError
+from curb.log.record import (
+    DEAD_REASONS,
+    DEAD_STATES,
+    PAD_SIZE,
+    RECORD_HEADER,
+    RING_START,
+    STATE_ACK,
+    STATE_PAD,
+    STATE_RDY,
+    FormatError,
+    mutable_block,
+    record_bytes,
+    record_size,
+)
 from curb.log.ring import Ring
 from curb.log.scan import LogDamaged, LogError, Scan
 from curb.log.waiters import Done, Waiters
@@ -71,8 +130,6 @@ ALLOCATE_STEP = 1 << 20
 CHECKPOINT_EVERY = 0.05
 INLINE_SYNC_OPS = 4  # a sync of at most this many writes is small (Pacer.sync_soon)
 ID_RESERVE = 1 << 16  # ids a checkpoint reserves: at most this gap in ids after a crash
-# The state patch an ACK writes, for messages delivered up to a few times (most are).
-ACK_PATCHES = tuple(fmt.state_patch(STATE_ACK, deliveries) for deliveries in range(8))
 
 
 @dataclass(slots=True)
@@ -153,10 +210,11 @@ class LogCore:
         self.clock = clock
         self.wall_ms = wall_ms  # the wall clock: send stamps
         self.pacer: Pacer = pacer or ByHand()
+        self.wall_ms = wall_ms  # the wall clock: send stamps, and whether a record is due
         self.end = cap - cap % 4096
         self.capacity = self.end - RING_START
         self.max_message = max_message_for(cap, max_payload)
-        self.max_record = self.max_message + PAD_SIZE
+        self.max_record = record_size(self.max_message)
         self.on_written: Callable[[], None] = lambda: None
         self.on_fatal: Callable[[str], None] = lambda reason: None
         self.on_answered: Callable[[], None] = lambda: None
@@ -181,6 +239,12 @@ class LogCore:
         self._broken: str | None = None
         self._retired = 0  # ACKs retired by the tail in this run (curb.checkpoints, rule 6)
         self._ids_wanted = False
+        # Held records requeued with a delay: a heap of (due ms, id, record); stale once
+        # the record is no longer parked with that due time.
+        self._later: list[tuple[int, int, Record]] = []
+        # Delayed appends the cursor has yet to pass (then they are in the index): a heap
+        # of (due ms, id), so that `next_due` knows them from the start.
+        self._coming: list[tuple[int, int]] = []
         self.slice_work = slice_work  # the work of one slice of a walk of the ring (curb.cursor)
         self.marks = Marks(mark_spacing or spacing_for(self.capacity))  # filled by recovery
         self.recovery = self._recover()
@@ -203,12 +267,17 @@ class LogCore:
         try:
             ckpt = fmt.latest_checkpoint(header)
         except FormatError as err:
-            if not header.startswith(fmt.MAGIC):
+            if fmt.layout_of(header) is None:
                 raise LogError(f"{self.name}: {err}; move it away or pick another -file") from None
             raise LogDamaged(
                 f"{self.name}: {err}; keep a copy for `curb inspect`, move it away "
                 f"and start again (its messages cannot be recovered by start-up)"
             ) from None
+        if not header.startswith(fmt.MAGIC):
+            raise LogError(
+                f"{self.name} is a log of an older format ({header[:10].decode()}): a broker upgrades it when it "
+                f"starts on the file (curb.log.upgrade)"
+            )
         if size > self.end or max(ckpt.head, ckpt.tail) > self.end - PAD_SIZE:
             need = max(size, ckpt.head + PAD_SIZE, ckpt.tail + PAD_SIZE)
             raise LogError(
@@ -223,7 +292,7 @@ class LogCore:
         if fmt.recorded_cap(header) != self.end:
             # For offline readers only (curb inspect); synced with what recovery found.
             disk.pwrite(fmt.cap_line(self.end), fmt.CAP_OFFSET)
-        scan = Scan(disk, ckpt, self.end, marks=self.marks)
+        scan = Scan(disk, ckpt, self.end, marks=self.marks, now_ms=self.wall_ms())
         scan.run()
         self._next_id = max(ckpt.next_id, scan.max_id + 1, ckpt.acked_upto + 1)
         self._acked_upto = ckpt.acked_upto
@@ -231,11 +300,19 @@ class LogCore:
         self._ring = Ring(self.end, scan.head, ckpt.tail)
         self._allocated = size
         reader = RecordReader(disk, self.capacity)
+        if scan.last:
+            # A copied message whose last occurrence is parked: the cursor skips every
+            # occurrence it reads (it steps over the parked one), and none is unread.
+            for mid, pos in zip(scan.parked.ids, scan.parked.offsets, strict=True):
+                if scan.last.get(mid) == pos:
+                    scan.last[mid] = PARKED_LAST
         self._cursor = Cursor(
             reader, self.end, ckpt.tail, scan.head, self._next_wseq, scan.last, scan.messages, scan.live_bytes
         )
         self._cursor.on_damage = self._damaged
         self._cursor.on_stalled = self._schedule
+        self._cursor.parked = self._parked = scan.parked
+        self._cursor.wall_ms = self.wall_ms
         self._cursor.upto = ckpt.acked_upto
         durable = Snapshot(ckpt.tail, ckpt.head, ckpt.next_id, ckpt.next_wseq, ckpt.acked_upto)
         self._checkpoints = Checkpoints(disk, ckpt.gen, durable)
@@ -253,6 +330,7 @@ class LogCore:
         assert written is not None, "the checkpoint just written as flush 0 is synced by the sync above"
         self._ring.tail = written.tail
         self.browses.freed(ckpt.tail, written.tail)
+        self._parked.freed(self._ring.distance, ckpt.tail, written.tail)
         # Every id below the next is on disk now, or will never be assigned.
         self._durable_id = self._next_id - 1
         return Recovery(
@@ -277,6 +355,18 @@ class LogCore:
     def live_bytes(self) -> int:
         """Bytes of every message not yet acked, as records."""
         return self.admission.live_bytes
+
+    @property
+    def delayed(self) -> int:
+        """Messages waiting for their due time (parked, and held ones requeued with a delay)."""
+        return self._parked.delayed + sum(1 for due, _, rec in self._later if rec.parked and rec.due_ms == due)
+
+    @property
+    def dead(self) -> int:
+        """Dead letters the log holds and has not handed out (found at start-up; those
+        buried in this run, or taken by `next_dead`, are their holder's to count)."""
+        parked = self._parked
+        return parked.dead - sum(1 for seq in parked.held if parked.state(seq) == DEAD_HELD)
 
     @property
     def last_id(self) -> int:
@@ -308,11 +398,17 @@ class LogCore:
 
     # ---------------------------------------------------------------- the broker's calls
 
-    def append(self, payload: bytes, done: Done | None = None, urgent: bool = True) -> Record:
+    def append(
+        self, payload: bytes, done: Done | None = None, urgent: bool = True, *, due_ms: int = 0, expires_ms: int = 0
+    ) -> Record:
         """Queue a message (its SEND headers and body as a stored payload). It is written
         in the next flush and `done(None)` runs once it is fsynced, or `done(reason)` if it
         could not be stored after all. urgent=False: nobody waits, so it may wait for
-        company. Raises TooLarge or QueueFull (nothing stored) when it cannot be accepted."""
+        company. Raises TooLarge or QueueFull (nothing stored) when it cannot be accepted.
+        `due_ms`: not handed out before this wall time (parked until then); `expires_ms`
+        is kept with it for the caller (0: none); both below fmt.MAX_TIME_MS."""
+        if not (0 <= due_ms <= fmt.MAX_TIME_MS and 0 <= expires_ms <= fmt.MAX_TIME_MS):
+            raise ValueError(f"due and expiry times must be from 0 to {fmt.MAX_TIME_MS} ms since the epoch")
         size = self.admission.admit(len(payload))
         if self._next_id >= self._checkpoints.id_limit:
             # Ids reserved by the durable checkpoint are used up (checkpoints come every
@@ -320,7 +416,9 @@ class LogCore:
             self._ids_wanted = True
             self._schedule()
             raise QueueFull("queue full now: message ids are being reserved; retry at once")
-        rec = Record(self._next_id, -1, size, 0, self.wall_ms(), None)
+        rec = Record(self._next_id, -1, size, 0, self.wall_ms(), None, 0, due_ms, expires_ms)
+        if due_ms:
+            heapq.heappush(self._coming, (due_ms, rec.id))
         self._next_id += 1
         if self._broken:
             if done is not None:
@@ -342,18 +440,21 @@ class LogCore:
         if rec.acked:
             return
         rec.acked = True
+        rec.parked = False
         cur = self._cursor
-        oldest = next(iter(cur.behind), None) == rec.id
-        cur.settled(rec)
         self.admission.classes.remove(rec.size)
-        if oldest:
-            self._retired += 1
-            self._schedule()
-            return
-        deliveries = rec.deliveries
-        patch = ACK_PATCHES[deliveries] if deliveries < len(ACK_PATCHES) else fmt.state_patch(STATE_ACK, deliveries)
-        self._patches.append((rec.offset, patch))
-        self._schedule()
+        if rec.slot >= 0:  # released from the parked index: it pins the tail from there
+            self._parked.remove(rec.slot)
+            rec.slot = -1
+        else:
+            # Retired only when nothing older pins the tail (a parked record may).
+            oldest = next(iter(cur.behind), None) == rec.id and cur.tail() == rec.offset
+            cur.settled(rec)
+            if oldest:
+                self._retired += 1
+                self._schedule()
+                return
+        self._patch(rec, STATE_ACK)
 
     def ack_upto(self, upto: int, done: Done | None = None) -> None:
         """Every message with an id up to `upto` is done for good, wherever it is (never
@@ -378,7 +479,15 @@ class LogCore:
                     rec.acked = True
                     cur.settled(rec)
                     admission.classes.remove(rec.size)
-            cur.ack_upto(upto)
+            cur.ack_upto(upto)  # first: it tells parked records from unread ones by the index
+            parked = self._parked
+            for seq in parked.upto(upto):
+                held_rec = parked.held.get(seq)
+                if held_rec is not None:
+                    held_rec.acked = True
+                    held_rec.slot = -1
+                admission.classes.remove(parked.size(seq))
+                parked.remove(seq)
         if done is None:
             pass
         elif upto <= self._checkpoints.durable.acked_upto:
@@ -403,10 +512,193 @@ class LogCore:
         """Whether a message with an id up to `msg_id` is accepted but not yet written."""
         return bool(self._pending) and self._pending[0][0].id <= msg_id
 
-    def requeue(self, rec: Record) -> None:
-        """The message goes back to rdy: keep its delivery count on disk."""
-        self._patches.append((rec.offset, fmt.state_patch(STATE_RDY, rec.deliveries)))
+    def requeue(self, rec: Record, due_ms: int = 0) -> None:
+        """The message goes back: its delivery count and due time are written in place
+        (durable like an ACK; `on_durable` covers it). With `due_ms` ahead of the wall
+        clock it is parked: the caller lets go of it, and `due` hands it back once due.
+        Otherwise the caller keeps it, rdy again (a dead letter stays dead: nothing is
+        written)."""
+        if rec.acked:
+            return
+        if rec.dead:
+            return
+        if due_ms > self.wall_ms():
+            rec.due_ms = due_ms
+            if rec.slot >= 0:
+                self._parked.set(rec.slot, DELAYED, due_ms)
+                rec.slot = -1
+            else:
+                rec.parked = True
+                heapq.heappush(self._later, (due_ms, rec.id, rec))
+        else:
+            rec.due_ms = 0
+        self._patch(rec, STATE_RDY)
+
+    def bury(self, rec: Record, reason: str) -> None:
+        """The held message becomes a dead letter, for `reason` ("max-deliveries" or
+        "expired"): written in place (durable like an ACK), never handed out by
+        `next_ready` again, also after a restart. The caller keeps the record (its dead
+        letters' queue); `ack` deletes it for good, `revive` makes it rdy again."""
+        if rec.acked:
+            return
+        state = DEAD_STATES[reason]
+        rec.dead = reason
+        rec.due_ms = 0
+        if rec.slot >= 0:
+            self._parked.set(rec.slot, DEAD_HELD)
+        self._patch(rec, state)
+
+    def revive(self, rec: Record) -> None:
+        """A dead letter the caller holds is rdy again with its delivery count reset
+        (a redrive), written in place; the caller puts it in the queue."""
+        if rec.acked or not rec.dead:
+            return
+        rec.dead = ""
+        rec.deliveries = 0
+        if rec.slot >= 0:
+            self._parked.set(rec.slot, HELD)
+        self._patch(rec, STATE_RDY)
+
+    def _patch(self, rec: Record, state: bytes) -> None:
+        """Rewrite the mutable block of a record's current copy (one sector: never torn)."""
+        self._patches.append((rec.offset, mutable_block(state, rec.deliveries, rec.due_ms, rec.wseq)))
         self._schedule()
+
+    # ---------------------------------------------------------------- parked records
+
+    def next_due(self) -> int | None:
+        """The earliest due time (wall ms) of a parked message, or of a delayed one the
+        cursor has yet to pass (`next_ready` hands that one out once due); it may be
+        early (a timer armed for it then finds nothing due, and asks again), never late."""
+        later = self._later
+        while later and not (later[0][2].parked and later[0][2].due_ms == later[0][0]):
+            heapq.heappop(later)
+        soonest = self._parked.next_due()
+        if later and (soonest is None or later[0][0] < soonest):
+            soonest = later[0][0]
+        # Appends not yet passed: the cursor hands them out once due (so those due by now
+        # wait for it, not for a timer); until then, their due time is the timer's.
+        coming, passed, now = self._coming, self._cursor.max_id, self.wall_ms()
+        while coming and (coming[0][1] <= passed or coming[0][0] <= now):
+            heapq.heappop(coming)
+        if coming and (soonest is None or coming[0][0] < soonest):
+            soonest = coming[0][0]
+        return soonest
+
+    def due(self, now_ms: int) -> list[Record]:
+        """The parked messages due by `now_ms`, earliest first, now held by the caller as
+        if `next_ready` had handed them out (delivery count kept); rdy again at the front."""
+        out: list[Record] = []
+        later = self._later
+        while later and later[0][0] <= now_ms:
+            due, _, rec = heapq.heappop(later)
+            if rec.parked and rec.due_ms == due and not rec.acked:
+                rec.parked = False
+                out.append(rec)
+        parked = self._parked
+        for seq in parked.due(now_ms):
+            released = self._read_parked(seq)
+            if released is None:
+                continue
+            released.slot = seq
+            parked.held[seq] = released
+            out.append(released)
+        return out
+
+    def next_dead(self) -> Record | None:
+        """The next dead letter the log holds (found at start-up, not yet handed out), in
+        ring order, now held by the caller: `ack` deletes it for good; `requeue` keeps
+        it dead in the caller's hands; `revive` makes it rdy."""
+        parked = self._parked
+        while (seq := parked.next_dead()) is not None:
+            rec = self._read_parked(seq)
+            if rec is None:
+                continue
+            rec.slot = seq
+            parked.set(seq, DEAD_HELD)
+            parked.held[seq] = rec
+            return rec
+        return None
+
+    def dead_records(self) -> list[Record]:
+        """A snapshot of the dead letters the log holds, in ring order (nothing changes:
+        for a browse of them)."""
+        found = (self._read_parked(seq) for seq in self._parked.dead_letters())
+        return [rec for rec in found if rec is not None]
+
+    def redrive(self, count: int | None = None, done: Done | None = None) -> int:
+        """Up to `count` (None: all) of the dead letters the log holds, oldest first, are
+        rdy again with their delivery count reset, written in place; `due` hands them out.
+        `done(None)` once that is durable. Returns how many moved."""
+        parked = self._parked
+        moved = 0
+        while count is None or moved < count:
+            seq = parked.next_dead()
+            if seq is None:
+                break
+            rec = self._read_parked(seq)
+            if rec is None:
+                continue
+            rec.deliveries = 0
+            rec.due_ms = 0
+            self._patch(rec, STATE_RDY)
+            parked.set(seq, DELAYED, 0)
+            moved += 1
+        if done is not None:
+            self.on_durable(done)
+        return moved
+
+    def _lost(self, seq: int) -> None:
+        """A parked record that damage took (reported where it was found): forget it."""
+        self.admission.classes.remove(self._parked.size(seq))
+        self._parked.remove(seq)
+
+    def _read_current(self, offset: int, size: int) -> bytearray:
+        """The record at `offset` as it is now: read back, with the rewrites of its mutable
+        block that wait for the next flush applied."""
+        raw = bytearray(self.disk.pread(size, offset))
+        for at, patch in self._patches:
+            if at == offset:
+                raw[: len(patch)] = patch
+        return raw
+
+    def _checked_parked(self, seq: int) -> tuple[fmt.RecordHeader, bytearray] | None:
+        """A parked entry's record as it is now, read and checked; None if damage took it
+        (reported, and the entry forgotten: it must not pin the tail for good)."""
+        parked = self._parked
+        offset, size = parked.offset(seq), parked.size(seq)
+        raw = self._read_current(offset, size)
+        try:
+            hdr = fmt.parse_header(raw, 0)
+        except FormatError:
+            hdr = None
+        if hdr is None or hdr.id != parked.id(seq) or not fmt.check_payload(raw, 0, hdr):
+            self._damaged(f"parked message {parked.id(seq)} at byte {offset} is damaged; never delivered")
+            self._lost(seq)
+            return None
+        return hdr, raw
+
+    def _read_parked(self, seq: int) -> Record | None:
+        """The Record of a parked entry; None if damage took it (`_checked_parked`)."""
+        checked = self._checked_parked(seq)
+        if checked is None:
+            return None
+        hdr, raw = checked
+        offset, size = self._parked.offset(seq), self._parked.size(seq)
+        view = memoryview(raw)[RECORD_HEADER : RECORD_HEADER + hdr.length]
+        rec = Record(
+            hdr.id,
+            offset,
+            size,
+            hdr.deliveries,
+            hdr.timestamp_ms,
+            bytes(view) if size <= KEEP_PAYLOAD else view,  # as the cursor keeps payloads
+            hdr.wseq,
+            hdr.due_ms,
+            hdr.expires_ms,
+        )
+        rec.dead = DEAD_REASONS.get(hdr.state, "")
+        return rec
 
     def on_durable(self, done: Done) -> None:
         """Run done(None) once everything asked of the log so far is on disk, every append
@@ -423,7 +715,8 @@ class LogCore:
         takes it for a delivery, so that a held message does not pin its bytes."""
         data = rec.payload
         if data is None:
-            return memoryview(self.disk.pread(rec.size, rec.offset))[RECORD_HEADER:-1]
+            raw = self.disk.pread(rec.size, rec.offset)
+            return memoryview(raw)[RECORD_HEADER : RECORD_HEADER + int(raw[85:93], 16)]
         if rec.size > KEEP_PAYLOAD:
             rec.payload = None
         return data
@@ -562,8 +855,10 @@ class LogCore:
                 break
             rec.wseq = wseq = self._next_wseq
             self._next_wseq = wseq + 1
-            header = fmt.encode_record(STATE_RDY, 0, rec.id, wseq, rec.timestamp_ms, payload)
-            runs.add(off, size, (header, payload, b"\n"))
+            header = fmt.encode_record(
+                STATE_RDY, 0, rec.id, wseq, rec.timestamp_ms, payload, due_ms=rec.due_ms, expires_ms=rec.expires_ms
+            )
+            runs.add(off, size, record_bytes(header, payload))
             rec.offset = off
             ring.head = off + size
             pending.popleft()
@@ -631,7 +926,7 @@ class LogCore:
             ring = self._ring
             header = fmt.encode_record(STATE_PAD, 0, 0, self._next_wseq, 0, b"")
             self._next_wseq += 1
-            runs.add(ring.head, PAD_SIZE, (header, b"\n"))
+            runs.add(ring.head, PAD_SIZE, record_bytes(header, b""))
             ring.head = RING_START
         return off
 
@@ -651,32 +946,91 @@ class LogCore:
         self._allocated = want
 
     def _compact(self, size: int, runs: WriteRuns, keep: int) -> None:
-        """Make room for `size` bytes: copy the held messages that pin the tail to the
-        head, in one batch covering a quarter of the ring (so that one sync and one
-        checkpoint release plenty of room, not one record's worth), while copies fit.
-        Only when that frees more than the next checkpoint would anyway: copying a run
-        of held messages with no dead bytes after it just moves them round the ring.
-        Copies leave `keep` bytes free."""
-        ring, cursor = self._ring, self._cursor
+        """Make room for `size` bytes: copy the held and parked messages that pin the tail
+        to the head, oldest first, in one batch covering a quarter of the ring (so that
+        one sync and one checkpoint release plenty of room, not one record's worth), while
+        copies fit. Only when that frees more than the next checkpoint would anyway:
+        copying a run of live messages with no dead bytes after it just moves them round
+        the ring. Copies leave `keep` bytes free."""
+        ring, cursor, parked = self._ring, self._cursor, self._parked
         cursor.pass_dead()
         freed_by_checkpoint = ring.distance(ring.tail, cursor.tail())
-        freed_by_moving = ring.distance(ring.tail, cursor.rpos) - cursor.behind_bytes
+        pinning = cursor.behind_bytes + parked.bytes - parked.unpassed_bytes
+        freed_by_moving = ring.distance(ring.tail, cursor.rpos) - pinning
         if freed_by_moving <= freed_by_checkpoint:
-            return  # the held records are not followed by dead bytes: copying them gains nothing
+            return  # the live records are not followed by dead bytes: copying them gains nothing
         span = size + self.admission.reserve() + self.capacity // 4
         used = ring.distance(ring.tail, ring.head)
-        while cursor.behind:
-            rec = next(iter(cursor.behind.values()))
-            dist = ring.distance(ring.tail, rec.offset)
+        while True:
+            rec = next(iter(cursor.behind.values()), None)
+            seq = parked.oldest()
+            if seq is not None and (rec is None or cursor.back(parked.offset(seq)) > cursor.back(rec.offset)):
+                offset, rec_size = parked.offset(seq), parked.size(seq)
+            elif rec is not None:
+                offset, rec_size, seq = rec.offset, rec.size, None
+            else:
+                break
+            dist = ring.distance(ring.tail, offset)
             if dist >= span or dist >= used:
                 break
-            spot = ring.copy_spot(rec.size, keep)
-            if spot is None or not self._move(rec, spot, runs):
+            spot = ring.copy_spot(rec_size, keep)
+            if spot is None:
+                break
+            if seq is None:
+                assert rec is not None
+                if not self._move(rec, spot, runs):
+                    break
+            elif not self._move_parked(seq, spot, runs):
                 break
 
+    def _move_parked(self, seq: int, spot: tuple[int, bool], runs: WriteRuns) -> bool:
+        """Copy a parked record to the head: a Record released from it moves as a held
+        one; any other is read back, with a rewrite of its mutable block still waiting
+        applied, and the cursor parks the copy again when it passes it (`vouched`)."""
+        parked = self._parked
+        held = parked.held.get(seq)
+        if held is not None:
+            if not self._copy(held, spot, runs):
+                return False
+            parked.remove(seq)
+            held.slot = -1
+            cursor = self._cursor
+            cursor.outstanding_bytes += held.size
+            cursor.ahead[held.id] = held  # a held copy ahead of the cursor, as `Cursor.moved` makes
+            return True
+        checked = self._checked_parked(seq)
+        if checked is None:
+            return True  # lost to damage: nothing to copy, and the tail may pass it
+        hdr, raw = checked
+        size = parked.size(seq)
+        payload = bytes(hdr.payload(raw, 0))
+        off = self._take(spot, size, runs)
+        wseq = self._next_wseq
+        self._next_wseq += 1
+        header = fmt.encode_record(
+            hdr.state, hdr.deliveries, hdr.id, wseq, hdr.timestamp_ms, payload, True, hdr.due_ms, hdr.expires_ms
+        )
+        runs.add(off, size, record_bytes(header, payload))
+        self._ring.head = off + size
+        parked.remove(seq)
+        self._cursor.vouched.append((wseq, hdr.id, size, off))
+        self._cursor.vouched_at.add(off)
+        self._cursor.transit_bytes += size
+        self.browses.moved(hdr.id, hdr.wseq, wseq)
+        if self.metrics is not None:
+            self.metrics.compactions += 1
+        return True
+
     def _move(self, rec: Record, spot: tuple[int, bool], runs: WriteRuns) -> bool:
-        """Copy a held message to the head: same id, current delivery count, new write
-        sequence. Its old copy is dead from now on; the cursor knows the new one."""
+        """Copy a held message to the head (`_copy`); the cursor knows the new copy."""
+        if not self._copy(rec, spot, runs):
+            return False
+        self._cursor.moved(rec)
+        return True
+
+    def _copy(self, rec: Record, spot: tuple[int, bool], runs: WriteRuns) -> bool:
+        """Write a copy of a held message at the head: same id, its state, delivery count
+        and due time as they are now, new write sequence. Its old copy is dead from now on."""
         kept = rec.payload  # a held message keeps only a small payload, as bytes
         if kept is not None:
             payload = bytes(kept)
@@ -689,16 +1043,18 @@ class LogCore:
             if hdr is None or hdr.id != rec.id or not fmt.check_payload(raw, 0, hdr):
                 self._damaged(f"message {rec.id} at byte {rec.offset} is damaged and cannot be copied")
                 return False
-            payload = raw[RECORD_HEADER:-1]
+            payload = bytes(hdr.payload(raw, 0))
         off = self._take(spot, rec.size, runs)
         old_wseq = rec.wseq
         rec.wseq = self._next_wseq
         self._next_wseq += 1
-        header = fmt.encode_record(STATE_RDY, rec.deliveries, rec.id, rec.wseq, rec.timestamp_ms, payload, copy=True)
-        runs.add(off, rec.size, (header, payload, b"\n"))
+        state = DEAD_STATES[rec.dead] if rec.dead else STATE_RDY
+        header = fmt.encode_record(
+            state, rec.deliveries, rec.id, rec.wseq, rec.timestamp_ms, payload, True, rec.due_ms, rec.expires_ms
+        )
+        runs.add(off, rec.size, record_bytes(header, payload))
         rec.offset = off
         self._ring.head = off + rec.size
-        self._cursor.moved(rec)
         self.browses.moved(rec.id, old_wseq, rec.wseq)
         if self.metrics is not None:
             self.metrics.compactions += 1
@@ -780,6 +1136,7 @@ class LogCore:
         old, ring.tail = ring.tail, durable.tail
         if old != durable.tail:
             self.browses.freed(old, durable.tail)
+            self._parked.freed(ring.distance, old, durable.tail)
         if self.waiters.checkpoint_synced(durable):
             self.on_answered()
 

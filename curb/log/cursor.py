@@ -10,8 +10,9 @@ Invariants:
   a crash can leave the original behind. The *last* copy in write order is the message;
   earlier copies are dead. In a run, a copy ahead of the cursor is known by `ahead`
   (id -> the held Record, whose offset is the copy); copies found at start-up are known by
-  `last` (id -> offset of the last copy). Neither grows with queue depth. Fresh messages
-  are written in id order, so any other record whose id is not above every id read
+  `last` (id -> offset of the last copy, or PARKED_LAST when that copy is parked).
+  Neither grows with queue depth. Fresh messages are written in id order, so any other
+  record whose id is not above every id read
   before it is a copy nobody vouches for (left by damage recovery skipped), never a
   message.
 - The window of bytes the cursor reads through never outlives a lap: it is dropped at
@@ -30,6 +31,13 @@ Invariants:
   plus RECORD_WORK a record) per slice, then stops where it is, sets `stalled` and calls
   `on_stalled`; its owner (the log) grants the next slice later, from the event loop's
   next pass, so that passing a million dead records never holds the loop.
+- Parked records (curb.log.parked: due later, or dead) are never handed out by
+  `next_ready`. The cursor steps over the ones recovery indexed (by their recorded sizes,
+  unread), and parks the ones it meets: a fresh delayed append, and the copies of parked
+  records compaction made, known by their write sequences (`vouched`, in write order,
+  so in the order the cursor meets them). A parked copy is counted in `transit_bytes`
+  from its copy until the cursor parks it, or an ACK up to its id uncounts it. A copy
+  that came due meanwhile is handed out.
 - `is_live` is the one answer, for any other reader of the ring (a browse), to "is this
   record the live occurrence of a message not yet acked?": held messages by their
   current copy's offset, records the cursor has read by whether it holds them, unread
@@ -41,8 +49,11 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 
+from curb.log.parked import DELAYED, EXP, HELD, MAX, Parked
 from curb.log.reader import RecordReader
-from curb.log.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD
+from curb.log.record import RING_START, STATE_ACK, STATE_EXP, STATE_MAX, STATE_PAD, STATE_RDY, RecordHeader
+
+_PARKED = {STATE_MAX: MAX, STATE_EXP: EXP}
 
 # A payload up to this size stays with its record while the message is held (for
 # redelivery and compaction); a larger one only from its read or write until its
@@ -55,13 +66,28 @@ FRESH_BYTES = 1 << 20
 # other clients waiting far less than 50 ms.
 RECORD_WORK = 2048
 SLICE_WORK = 1 << 20
+PARKED_LAST = -2  # in `last`: the message's last occurrence is parked (curb.log.parked)
 
 
 class Record:
     """A message handed out by the cursor and not yet acked: the broker's only
     per-message memory, bounded by what consumers hold in flight."""
 
-    __slots__ = ("acked", "deliveries", "id", "offset", "payload", "size", "timestamp_ms", "wseq")
+    __slots__ = (
+        "acked",
+        "dead",
+        "deliveries",
+        "due_ms",
+        "expires_ms",
+        "id",
+        "offset",
+        "parked",
+        "payload",
+        "size",
+        "slot",
+        "timestamp_ms",
+        "wseq",
+    )
 
     def __init__(
         self,
@@ -72,6 +98,8 @@ class Record:
         timestamp_ms: int,
         payload: bytes | memoryview | None,
         wseq: int = 0,
+        due_ms: int = 0,
+        expires_ms: int = 0,
     ):
         self.id = msg_id
         self.offset = offset
@@ -81,6 +109,11 @@ class Record:
         self.payload = payload
         self.wseq = wseq
         self.acked = False
+        self.due_ms = due_ms  # wall ms before which it is not delivered; 0: no delay
+        self.expires_ms = expires_ms  # wall ms from which it is never delivered; 0: never
+        self.dead = ""  # a dead letter's reason: "max-deliveries" or "expired"
+        self.slot = -1  # its entry in curb.log.parked while it has one (released from it)
+        self.parked = False  # held by no one: requeued with a delay, or buried
 
 
 class Cursor:
@@ -118,13 +151,33 @@ class Cursor:
         self.allowance = SLICE_WORK  # work left in this slice
         self.stalled = False  # stopped for want of allowance, with records left to read
         self.on_stalled: Callable[[], None] = lambda: None
+        self.parked = Parked()  # recovery's index replaces it (curb.log.parked)
+        self.wall_ms: Callable[[], int] = lambda: 0
+        # Parked copies ahead, in write order: (wseq, id, bytes still counted in
+        # transit_bytes, offset).
+        self.vouched: collections.deque[tuple[int, int, int, int]] = collections.deque()
+        self.vouched_at: set[int] = set()  # their offsets
+        self.transit_bytes = 0
 
     def tail(self) -> int:
         """The oldest byte still needed: the first message behind the read position that
-        is not acked, else the read position itself."""
+        is not acked, or the first parked record the cursor passed, else the read
+        position itself."""
+        tail = self.rpos
         for rec in self.behind.values():
-            return rec.offset
-        return self.rpos
+            tail = rec.offset
+            break
+        seq = self.parked.oldest()
+        if seq is not None:
+            at = self.parked.offset(seq)
+            if self.back(at) > self.back(tail):
+                tail = at
+        return tail
+
+    def back(self, pos: int) -> int:
+        """Bytes from `pos` forward to the read position: how far behind it `pos` is."""
+        rpos = self.rpos
+        return rpos - pos if rpos >= pos else (self.end - pos) + (rpos - RING_START)
 
     def written(self, rec: Record, payload: bytes) -> None:
         """A new message is in the file (the caller moved `whead` past it: `whead` never
@@ -158,9 +211,17 @@ class Cursor:
         module's invariants)."""
         if mid <= self.upto or state == STATE_PAD:
             return False
+        # What memory knows first: a rewrite of the state may not be flushed yet.
         held = self.behind.get(mid) or self.ahead.get(mid)
         if held is not None:
-            return held.offset == pos and not held.acked
+            return held.offset == pos and not held.acked and not held.dead
+        seq = self.parked.find(pos, self._distance, gone=True)
+        if seq is not None:  # parked, or was (then dead here: acked, or copied on)
+            return self.parked.state(seq) in (DELAYED, HELD)
+        if state in (STATE_MAX, STATE_EXP):
+            return False
+        if pos in self.vouched_at:  # a parked record's copy, ahead: its state says
+            return state == STATE_RDY
         if wseq <= self.last_wseq or state == STATE_ACK:
             return False  # read by the cursor and no longer held, or acked in an earlier run
         live_at = self.last.get(mid)
@@ -171,6 +232,11 @@ class Cursor:
         cursor reaches by passing dead records now and the copies recovery found further
         on (their `last` entry then names no offset, so neither occurrence counts again)."""
         self.upto = upto
+        vouched = self.vouched
+        for at, (wseq, mid, counted, offset) in enumerate(vouched):
+            if mid <= upto and counted:
+                self.transit_bytes -= counted
+                vouched[at] = (wseq, mid, 0, offset)
         # A reader of its own: the cursor's window must never hold bytes ahead of the
         # head, which a later write would make stale.
         reader = RecordReader(self.reader.disk, self.reader.max_size)
@@ -206,6 +272,11 @@ class Cursor:
             fresh = self.fresh
             if fresh and fresh[0].offset == pos:
                 rec = fresh[0]
+                if rec.due_ms > self.wall_ms() and rec.id > self.upto:
+                    fresh.popleft()
+                    self.fresh_bytes -= rec.size
+                    self._park_fresh(rec)
+                    continue
                 if not hand_out and rec.id > self.upto:
                     self.allowance += RECORD_WORK
                     return None
@@ -218,6 +289,10 @@ class Cursor:
                     self._uncount(rec.size)
                     continue
                 return self._hand_out(rec)
+            stepped = self.parked.step_over(pos)
+            if stepped is not None:  # a parked record recovery indexed
+                self.rpos = pos + stepped
+                continue
             limit = self.whead if self.whead > pos else self.end
             found = self.reader.intact(pos, limit)
             if found is None or not self.last_wseq < found[0].wseq < self.next_wseq:
@@ -233,6 +308,23 @@ class Cursor:
             self.allowance -= size
             self.rpos = pos + size
             mid = hdr.id
+            if self.vouched and hdr.copy and self.vouched[0][0] == hdr.wseq:  # a parked record's copy
+                state = _PARKED.get(hdr.state, DELAYED)
+                came_due = mid > self.upto and state == DELAYED and hdr.due_ms <= self.wall_ms()
+                if came_due and not hand_out:
+                    # A message to hand out: not passed, so not charged (as below).
+                    self.allowance += RECORD_WORK + size
+                    self.rpos, self.last_wseq = pos, prev_wseq
+                    return None
+                _, _, counted, at = self.vouched.popleft()
+                self.transit_bytes -= counted
+                self.vouched_at.discard(at)
+                self.max_id = max(self.max_id, mid)
+                if came_due:
+                    return self._hand_out(self._record(pos, hdr, buf, off), unread=False)
+                if mid > self.upto:
+                    self.parked.add(pos, size, mid, state, hdr.due_ms)
+                continue
             moved = self.ahead.get(mid)
             if moved is not None and moved.offset == pos:
                 del self.ahead[mid]
@@ -252,6 +344,11 @@ class Cursor:
                 if hdr.state != STATE_ACK:
                     self._uncount(size)
                 continue
+            if hdr.state != STATE_ACK and (hdr.state != STATE_RDY or hdr.due_ms > self.wall_ms()):
+                self.max_id = max(self.max_id, mid)
+                self._uncount(size)  # parked from now on, not unread
+                self.parked.add(pos, size, mid, _PARKED.get(hdr.state, DELAYED), hdr.due_ms)
+                continue
             if hdr.state != STATE_ACK and not hand_out:
                 # Stopped before the message to hand out: not passed, so not charged
                 # (the next slice's hand-out always makes progress).
@@ -263,11 +360,7 @@ class Cursor:
             self.max_id = max(self.max_id, mid)
             if hdr.state == STATE_ACK:
                 continue
-            # A small payload is copied out of the window (it may stay long); a large one
-            # is a view of the bytes just read and CRC-checked, taken by its delivery.
-            start, stop = off + RECORD_HEADER, off + size - 1
-            payload = bytes(buf[start:stop]) if size <= KEEP_PAYLOAD else memoryview(buf)[start:stop]
-            return self._hand_out(Record(mid, pos, size, hdr.deliveries, hdr.timestamp_ms, payload, hdr.wseq))
+            return self._hand_out(self._record(pos, hdr, buf, off))
         # Every written record is handed out: the counts are exact again, whatever
         # damage made recovery's estimate of them wrong.
         self.unread = self.unread_bytes = 0
@@ -278,9 +371,30 @@ class Cursor:
         self.unread = max(0, self.unread - 1)
         self.unread_bytes = max(0, self.unread_bytes - size)
 
-    def _hand_out(self, rec: Record) -> Record:
+    def _record(self, pos: int, hdr: RecordHeader, buf: bytes, off: int) -> Record:
+        """The Record of the intact record at `pos` (read into buf[off:])."""
+        # A small payload is copied out of the window (it may stay long); a large one is
+        # a view of the bytes just read and CRC-checked, taken by its delivery.
+        start = off + hdr.body_at
+        stop = start + hdr.length
+        payload = bytes(buf[start:stop]) if hdr.size <= KEEP_PAYLOAD else memoryview(buf)[start:stop]
+        return Record(
+            hdr.id, pos, hdr.size, hdr.deliveries, hdr.timestamp_ms, payload, hdr.wseq, hdr.due_ms, hdr.expires_ms
+        )
+
+    def _park_fresh(self, rec: Record) -> None:
+        """A fresh append whose due time is ahead: parked, no longer unread."""
         self.unread -= 1
         self.unread_bytes -= rec.size
+        self.max_id = rec.id
+        self.last_wseq = rec.wseq
+        self.rpos = rec.offset + rec.size
+        self.parked.add(rec.offset, rec.size, rec.id, DELAYED, rec.due_ms)
+
+    def _hand_out(self, rec: Record, unread: bool = True) -> Record:
+        if unread:
+            self.unread -= 1
+            self.unread_bytes -= rec.size
         self.outstanding_bytes += rec.size
         self.behind_bytes += rec.size
         self.behind[rec.id] = rec
@@ -291,4 +405,8 @@ class Cursor:
         the next lap when none is left before the end of the ring."""
         nxt = self.reader.past_damage(pos, limit, self.last_wseq, self.next_wseq, self.whead)
         self.on_damage(f"damaged bytes {pos}..{nxt} skipped while reading; never delivered")
+        self.parked.pass_span(pos, nxt, self._distance)
         self.rpos = nxt
+
+    def _distance(self, a: int, b: int) -> int:
+        return b - a if b >= a else (self.end - a) + (b - RING_START)

@@ -20,6 +20,7 @@ from typing import Any
 from curb.log.core import LogCore
 from curb.log.disk import Disk, FileDisk, LockedError
 from curb.log.scan import LogError
+from curb.log.upgrade import upgrade
 
 LAZY_SYNC = 0.01
 
@@ -38,6 +39,9 @@ class Log:
         self._syncing = False
         disk = open_disk(self.path)
         try:
+            if upgrade(disk, self.path, cap - cap % 4096) is not None:  # a file of the first format
+                disk.close()
+                disk = open_disk(self.path)
             self.core = LogCore(disk, cap, max_payload=max_payload, metrics=metrics, name=self.path, pacer=self)
         except BaseException:
             disk.close()

@@ -15,24 +15,21 @@ lap of the ring). Reads past the end of the file come back short and count as da
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
-from curb.log import record as fmt
 from curb.log.disk import Disk
-from curb.log.record import RECORD_HEADER, RING_START, FormatError, RecordHeader
+from curb.log.record import RING_START, V2, FormatError, Layout, RecordHeader
 
 CHUNK = 1 << 20
-_STATES = (fmt.STATE_RDY, fmt.STATE_ACK, fmt.STATE_PAD, *fmt.TORN_STATES)
-CANDIDATE = re.compile(b"(?:" + b"|".join(_STATES) + rb") [0-9a-f]{4} [0-9a-f]{12} ")
 
 
 class RecordReader:
     """Intact records at given offsets of a disk, read through one window of bytes."""
 
-    def __init__(self, disk: Disk, max_size: int):
+    def __init__(self, disk: Disk, max_size: int, layout: Layout = V2):
         self.disk = disk
         self.max_size = max_size
+        self.layout = layout
         self.buf = b""
         self.base = 0
 
@@ -64,24 +61,25 @@ class RecordReader:
         if off + size > len(buf):
             # Read the record and the next one's header: a reader of records larger than
             # a CHUNK then reads each once, not once for its header and once whole.
-            buf, off = self.window(pos, min(size + RECORD_HEADER, limit - pos), limit)
-        if not fmt.check_payload(buf, off, hdr):
+            buf, off = self.window(pos, min(size + self.layout.header, limit - pos), limit)
+        if not self.layout.check(buf, off, hdr):
             return None
         return hdr, buf, off
 
     def _header(self, pos: int, limit: int) -> tuple[RecordHeader, int, bytes, int] | None:
         """(header, record size, buffer, index) for `header`, the window read inline: the
         read cursor calls this once a message."""
-        if pos + RECORD_HEADER > limit:
+        header = self.layout.header
+        if pos + header > limit:
             return None
         buf, off = self.buf, pos - self.base
-        if off < 0 or off + RECORD_HEADER > len(buf):
-            buf, off = self.window(pos, RECORD_HEADER, limit)
+        if off < 0 or off + header > len(buf):
+            buf, off = self.window(pos, header, limit)
         try:
-            hdr = fmt.parse_header(buf, off)
+            hdr = self.layout.parse(buf, off)
         except FormatError:
             return None
-        size = RECORD_HEADER + hdr.length + 1
+        size = hdr.size
         if size > self.max_size or pos + size > limit:
             return None
         return hdr, size, buf, off
@@ -102,8 +100,8 @@ class RecordReader:
         header's start, wherever they are: the byte before one may be damaged too."""
         at = pos + 1
         while at < limit:
-            span = self.disk.pread(min(CHUNK, limit - at) + RECORD_HEADER, at)
-            for match in CANDIDATE.finditer(span):
+            span = self.disk.pread(min(CHUNK, limit - at) + self.layout.header, at)
+            for match in self.layout.candidate.finditer(span):
                 cand = at + match.start()
                 if cand >= limit or cand >= at + CHUNK:
                     break

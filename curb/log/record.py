@@ -2,19 +2,40 @@
 
 Pure functions over bytes, shared by the broker's log and by the offline readers.
 
-A record is one text line of fixed-width fields, the payload, and a newline:
+A record is one text line of fixed-width fields, the payload, and a newline, padded with
+spaces before that newline to a multiple of ALIGN (32) bytes:
 
-    rdy 0000 00000000002a 00000000004f 019a3c2b1d40 00000065 5e1f03aa
+    rdy 00000000 000000000000 00004f 00000000002a 00000000004f 019a3c2b1d40 000000000000 00000065 5e1f03aa
     content-type:text/plain
     <blank line>
-    body bytes...
+    body bytes...<spaces>
 
-Fields: state (`rdy`, `ack` or `pad`), delivery count, message id, write sequence,
-send time (ms since the epoch; its top bit, COPY_FLAG, marks a copy that compaction made
-of a message already in the log), payload length, CRC-32 (all hex). State and delivery
-count are patched in place, so the CRC covers everything else: id, write sequence,
-time, length and payload. The payload is the SEND's own headers, escaped as on the
-wire, one per line, a blank line, then the body byte for byte.
+Fields (hex): state, delivery count, due time, tag (the *mutable block*: the first 32
+bytes), then message id, write sequence, send time (ms since the epoch; its top bit,
+COPY_FLAG, marks a copy that compaction made of a message already in the log), expiry
+time, payload length and CRC-32. The CRC covers the id to the length and the payload;
+the mutable block is rewritten in place (`mutable_block`), so it is outside the CRC.
+Times are ms since the epoch; a due time of 0 (or one passed) means rdy now, an expiry
+time of 0 never. The payload is the SEND's own headers, escaped as on the wire, one per
+line, a blank line, then the body byte for byte.
+
+States: `rdy` (queued; parked while its due time is ahead), `ack` (done), `max` and `exp`
+(dead letters, reason max-deliveries or expired: never delivered to a subscriber of the
+queue), and `pad`, which ends a lap of the ring: the next record is at RING_START. A pad
+has id 0 and no payload, and a message has an id above 0.
+
+Invariants of the mutable block:
+- Every record starts at a multiple of ALIGN (RING_START and the ring's end are
+  multiples of it, and every record's size is), so its mutable block lies within one
+  512-byte sector. Storage writes a sector whole, so a rewrite of the block (an ACK, a
+  requeue with its delay and count, a burial, a redrive) is on disk entirely or not at
+  all, never torn: recovery sees the block before the rewrite or after it.
+- The tag is the low 24 bits of the record's write sequence, which the CRC covers. A
+  record write torn at a sector boundary can leave the mutable block of an older record
+  at the same offset (aligned records often share offsets across laps) in front of new
+  bytes that pass the CRC; the tag then disagrees with the write sequence and the record
+  counts as damage (never synced, so nothing promised it), not as the new message in
+  the old one's state.
 
 The file header (the first RING_START bytes) holds the magic line, a note for humans,
 the cap line and the two checkpoint slots. The cap line records the ring's end (-cap
@@ -22,43 +43,60 @@ rounded down to 4 KiB) the broker last opened the file with, so that an offline 
 can tell how full the file is; nothing in recovery reads it, and a file written before it
 existed has spaces there (`recorded_cap` is then None).
 
-A `pad` record marks the end of a lap of the ring: the next record is at RING_START. It
-has id 0 and no payload, and a message has an id above 0, so a state that a torn write
-left from an earlier lap (the state is outside the CRC) is caught by its id and length.
+Files of the first format (magic `curb log 1`: 66-byte headers `state deliveries id wseq
+time length crc`, 4-digit counts, no alignment) are read with `V1` only to upgrade them
+(curb.upgrade); their states were patched in place unaligned, so a torn patch could leave
+part `rdy`, part `ack`, read as `rdy` (TORN_STATES_V1).
 """
 
 from __future__ import annotations
 
+import re
 import struct
 import zlib
 from dataclasses import dataclass
 
-MAGIC = b"curb log 1\n"
+MAGIC = b"curb log 2\n"
+MAGIC_V1 = b"curb log 1\n"
 HEADER_TEXT = (
     MAGIC
-    + b"# One durable STOMP queue. Records start at byte 512; each is a line\n"
-    + b"# 'state deliveries id wseq time-ms length crc32' (hex), payload, newline.\n"
+    + b"# One durable STOMP queue. Records start at byte 512, each at a multiple of 32: a line\n"
+    + b"# 'state deliveries due tag id wseq time expires length crc32' (hex), payload, newline.\n"
 )
 CAP_OFFSET = 191  # the cap line's newline; the line itself starts at 192
 SLOT_OFFSETS = (256, 384)
 RING_START = 512
 
-RECORD_HEADER = 66
-PAD_SIZE = RECORD_HEADER + 1
+ALIGN = 32
+RECORD_HEADER = 103
+MUTABLE = 32  # the mutable block: state, deliveries, due time and tag
+CRC_FROM, CRC_TO = 33, 93  # the header bytes the CRC covers: id to length
 STATE_RDY = b"rdy"
 STATE_ACK = b"ack"
 STATE_PAD = b"pad"
-MAX_DELIVERIES = 0xFFFF
-# An ACK's or requeue's patch of the state that a power loss tore at a sector boundary:
-# part `rdy`, part `ack`. Such a patch was never synced, so no RECEIPT promised it:
-# the record counts as `rdy` (delivered again, never lost).
-TORN_STATES = {STATE_RDY[:k] + STATE_ACK[k:]: STATE_RDY for k in (1, 2)} | {
-    STATE_ACK[:k] + STATE_RDY[k:]: STATE_RDY for k in (1, 2)
-}
+STATE_MAX = b"max"  # dead letter: delivered -max-deliveries times and back once more
+STATE_EXP = b"exp"  # dead letter: expired before it was delivered
+DEAD_REASONS = {STATE_MAX: "max-deliveries", STATE_EXP: "expired"}
+DEAD_STATES = {reason: state for state, reason in DEAD_REASONS.items()}
+STATES = (STATE_RDY, STATE_ACK, STATE_PAD, STATE_MAX, STATE_EXP)
+MAX_DELIVERIES = 0xFFFFFFFF
+MAX_TIME_MS = (1 << 47) - 1  # due and expiry times; the send time's top bit is COPY_FLAG
+TAG_MASK = 0xFFFFFF
 COPY_FLAG = 1 << 47
-# The header's hex fields after the state as bytes: deliveries (2), id, write sequence and
-# time (6 each, as 2 + 4), length and CRC (4 each).
-_FIELDS = struct.Struct(">HHIHIHIII")
+# The header's hex fields after the state as bytes: deliveries (4), due (6, as 2 + 4), tag
+# (3, as 1 + 2), id, write sequence, time and expiry (6 each), length and CRC (4 each).
+_FIELDS = struct.Struct(">IHIBHHIHIHIHIII")
+_SPACES = (3, 12, 25, 32, 45, 58, 71, 84, 93)
+# The bytes after a payload: spaces to the record's alignment, then the newline.
+TAILS = tuple(b" " * n + b"\n" for n in range(ALIGN))
+
+
+def record_size(length: int) -> int:
+    """The bytes a record with a payload of `length` bytes takes in the ring."""
+    return (RECORD_HEADER + length + ALIGN) & -ALIGN
+
+
+PAD_SIZE = record_size(0)
 
 
 class FormatError(Exception):
@@ -67,7 +105,7 @@ class FormatError(Exception):
 
 @dataclass(slots=True)
 class RecordHeader:
-    """The fixed-width line in front of each record's payload."""
+    """The fixed-width line in front of each record's payload, and where its payload is."""
 
     state: bytes
     deliveries: int
@@ -77,27 +115,44 @@ class RecordHeader:
     length: int
     crc: int
     copy: bool = False
+    due_ms: int = 0
+    expires_ms: int = 0
+    size: int = 0  # the record's bytes in the ring
+    body_at: int = RECORD_HEADER  # where the payload starts, from the record's start
 
-    @property
-    def size(self) -> int:
-        return RECORD_HEADER + self.length + 1
+    def payload(self, buf, off: int):
+        """The payload of this record, which starts at buf[off]: a slice of buf."""
+        return buf[off + self.body_at : off + self.body_at + self.length]
 
 
 def encode_record(
-    state: bytes, deliveries: int, msg_id: int, wseq: int, timestamp_ms: int, payload: bytes, copy: bool = False
+    state: bytes,
+    deliveries: int,
+    msg_id: int,
+    wseq: int,
+    timestamp_ms: int,
+    payload: bytes,
+    copy: bool = False,
+    due_ms: int = 0,
+    expires_ms: int = 0,
 ) -> bytes:
-    """The header line of a record; the payload and a newline follow it in the file."""
+    """The header line of a record; the payload and `TAILS[...]` follow it in the file
+    (`record_bytes` gives all three)."""
     stamp = timestamp_ms | COPY_FLAG if copy else timestamp_ms
-    mid = b"%012x %012x %012x %08x" % (msg_id, wseq, stamp, len(payload))
+    mid = b"%012x %012x %012x %012x %08x" % (msg_id, wseq, stamp, expires_ms, len(payload))
     crc = zlib.crc32(payload, zlib.crc32(mid))
-    if not deliveries and state == STATE_RDY:  # every new message
-        return b"rdy 0000 %s %08x\n" % (mid, crc)
-    return b"%s %04x %s %08x\n" % (state, min(deliveries, MAX_DELIVERIES), mid, crc)
+    return b"%s %s %08x\n" % (mutable_block(state, deliveries, due_ms, wseq), mid, crc)
 
 
-def state_patch(state: bytes, deliveries: int) -> bytes:
-    """The first 8 bytes of a record header, rewritten in place on ACK or requeue."""
-    return b"%s %04x" % (state, min(deliveries, MAX_DELIVERIES))
+def record_bytes(header: bytes, payload: bytes) -> tuple[bytes, bytes, bytes]:
+    """A record's buffers as written: header line, payload, padding and newline."""
+    return header, payload, TAILS[-(RECORD_HEADER + len(payload) + 1) % ALIGN]
+
+
+def mutable_block(state: bytes, deliveries: int, due_ms: int, wseq: int) -> bytes:
+    """The first MUTABLE bytes of a record: what an ACK, requeue, burial or redrive
+    rewrites in place (one sector, so never torn)."""
+    return b"%s %08x %012x %06x" % (state, min(deliveries, MAX_DELIVERIES), due_ms, wseq & TAG_MASK)
 
 
 def parse_header(buf, pos: int) -> RecordHeader:
@@ -106,46 +161,135 @@ def parse_header(buf, pos: int) -> RecordHeader:
     if len(buf) < pos + RECORD_HEADER or buf[pos + RECORD_HEADER - 1] != 10:
         raise FormatError("incomplete or malformed record header")
     state = bytes(buf[pos : pos + 3])
-    if state != STATE_RDY and state != STATE_ACK and state != STATE_PAD:
-        state = TORN_STATES.get(state, b"")
-        if not state:
-            raise FormatError(f"unknown record state {bytes(buf[pos : pos + 3])!r}")
+    if state not in STATES:
+        raise FormatError(f"unknown record state {state!r}")
     # Fixed-width fields: one space before each, then an even number of hex digits, so
-    # with the spaces in place the digits decode as 28 big-endian bytes in one call.
-    if (
-        buf[pos + 3] != 32
-        or buf[pos + 8] != 32
-        or buf[pos + 21] != 32
-        or buf[pos + 34] != 32
-        or buf[pos + 47] != 32
-        or buf[pos + 56] != 32
-    ):
-        raise FormatError("malformed record header")
+    # with the spaces in place the digits decode as 45 big-endian bytes in one call.
+    for at in _SPACES:
+        if buf[pos + at] != 32:
+            raise FormatError("malformed record header")
     try:
-        deliveries, id_hi, id_lo, wseq_hi, wseq_lo, stamp_hi, stamp_lo, length, crc = _FIELDS.unpack(
-            bytes.fromhex(buf[pos + 4 : pos + 65].decode("ascii"))
-        )
+        fields = _FIELDS.unpack(bytes.fromhex(buf[pos + 4 : pos + RECORD_HEADER - 1].decode("ascii")))
     except (ValueError, struct.error):  # not ASCII, not hex digits, or too few of them
         raise FormatError("malformed record header") from None
+    deliveries, due_hi, due_lo, tag_hi, tag_lo, id_hi, id_lo, wseq_hi, wseq_lo, stamp_hi, stamp_lo = fields[:11]
+    exp_hi, exp_lo, length, crc = fields[11:]
     msg_id = id_hi << 32 | id_lo
+    wseq = wseq_hi << 32 | wseq_lo
+    if (tag_hi << 16 | tag_lo) != wseq & TAG_MASK:
+        # The mutable block is another write's: an older record's, before bytes of a
+        # newer one that a crash tore (see the module's invariants).
+        raise FormatError("record's state belongs to another write")
     if (state == STATE_PAD) != (msg_id == 0 and length == 0):
-        # The state is outside the CRC: a write torn at a sector boundary can leave a
-        # lap's old `pad` on a new message, or a message's old `rdy` on a new pad.
         raise FormatError("record state does not match its id and length")
     stamp = stamp_hi << 32 | stamp_lo
     return RecordHeader(
-        state, deliveries, msg_id, wseq_hi << 32 | wseq_lo, stamp & ~COPY_FLAG, length, crc, bool(stamp & COPY_FLAG)
+        state,
+        deliveries,
+        msg_id,
+        wseq,
+        stamp & ~COPY_FLAG,
+        length,
+        crc,
+        bool(stamp & COPY_FLAG),
+        due_hi << 32 | due_lo,
+        exp_hi << 32 | exp_lo,
+        record_size(length),
     )
 
 
 def check_payload(buf, pos: int, header: RecordHeader) -> bool:
     """True if the record at buf[pos:] is complete and its CRC matches."""
-    end = pos + RECORD_HEADER + header.length + 1
+    end = pos + header.size
     if len(buf) < end or buf[end - 1] != 10:
         return False
     view = memoryview(buf)  # the CRC reads the bytes where they are: no copy of the payload
+    crc = zlib.crc32(view[pos + CRC_FROM : pos + CRC_TO])
+    return zlib.crc32(view[pos + RECORD_HEADER : pos + RECORD_HEADER + header.length], crc) == header.crc
+
+
+class Layout:
+    """How a format's records are read: the header's size, its parser, the CRC check and
+    the pattern a header's start matches (for finding records after damage)."""
+
+    def __init__(self, magic: bytes, header: int, parse, check, candidate: re.Pattern[bytes]):
+        self.magic = magic
+        self.header = header
+        self.parse = parse
+        self.check = check
+        self.candidate = candidate
+
+
+# ---------------------------------------------------------------- the first format
+
+RECORD_HEADER_V1 = 66
+# An ACK's or requeue's patch of a v1 record's state that a power loss tore at a sector
+# boundary: part `rdy`, part `ack`. Such a patch was never synced, so no RECEIPT promised
+# it: the record counts as `rdy` (delivered again, never lost).
+TORN_STATES_V1 = {STATE_RDY[:k] + STATE_ACK[k:]: STATE_RDY for k in (1, 2)} | {
+    STATE_ACK[:k] + STATE_RDY[k:]: STATE_RDY for k in (1, 2)
+}
+_FIELDS_V1 = struct.Struct(">HHIHIHIII")
+
+
+def parse_header_v1(buf, pos: int) -> RecordHeader:
+    """Parse a first-format record header at buf[pos:]; FormatError if not well formed."""
+    if len(buf) < pos + RECORD_HEADER_V1 or buf[pos + RECORD_HEADER_V1 - 1] != 10:
+        raise FormatError("incomplete or malformed record header")
+    state = bytes(buf[pos : pos + 3])
+    if state != STATE_RDY and state != STATE_ACK and state != STATE_PAD:
+        state = TORN_STATES_V1.get(state, b"")
+        if not state:
+            raise FormatError(f"unknown record state {bytes(buf[pos : pos + 3])!r}")
+    for at in (3, 8, 21, 34, 47, 56):
+        if buf[pos + at] != 32:
+            raise FormatError("malformed record header")
+    try:
+        deliveries, id_hi, id_lo, wseq_hi, wseq_lo, stamp_hi, stamp_lo, length, crc = _FIELDS_V1.unpack(
+            bytes.fromhex(buf[pos + 4 : pos + 65].decode("ascii"))
+        )
+    except (ValueError, struct.error):
+        raise FormatError("malformed record header") from None
+    msg_id = id_hi << 32 | id_lo
+    if (state == STATE_PAD) != (msg_id == 0 and length == 0):
+        raise FormatError("record state does not match its id and length")
+    stamp = stamp_hi << 32 | stamp_lo
+    return RecordHeader(
+        state,
+        deliveries,
+        msg_id,
+        wseq_hi << 32 | wseq_lo,
+        stamp & ~COPY_FLAG,
+        length,
+        crc,
+        bool(stamp & COPY_FLAG),
+        size=RECORD_HEADER_V1 + length + 1,
+        body_at=RECORD_HEADER_V1,
+    )
+
+
+def check_payload_v1(buf, pos: int, header: RecordHeader) -> bool:
+    """True if the first-format record at buf[pos:] is complete and its CRC matches."""
+    end = pos + header.size
+    if len(buf) < end or buf[end - 1] != 10:
+        return False
+    view = memoryview(buf)
     crc = zlib.crc32(view[pos + 9 : pos + 56])
-    return zlib.crc32(view[pos + RECORD_HEADER : end - 1], crc) == header.crc
+    return zlib.crc32(view[pos + RECORD_HEADER_V1 : end - 1], crc) == header.crc
+
+
+def _candidate(states: tuple[bytes, ...], digits: int) -> re.Pattern[bytes]:
+    return re.compile(b"(?:" + b"|".join(states) + rb") [0-9a-f]{%d} [0-9a-f]{12} " % digits)
+
+
+V2 = Layout(MAGIC, RECORD_HEADER, parse_header, check_payload, _candidate(STATES, 8))
+V1 = Layout(
+    MAGIC_V1,
+    RECORD_HEADER_V1,
+    parse_header_v1,
+    check_payload_v1,
+    _candidate((STATE_RDY, STATE_ACK, STATE_PAD, *TORN_STATES_V1), 4),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,10 +371,19 @@ def initial_header(end: int) -> bytes:
     return bytes(head)
 
 
+def layout_of(header: bytes) -> Layout | None:
+    """The record layout of a log whose file header this is; None if it is not a curb log."""
+    for layout in (V2, V1):
+        if header.startswith(layout.magic):
+            return layout
+    return None
+
+
 def latest_checkpoint(header: bytes) -> Checkpoint:
-    """The newest intact checkpoint in a file header; FormatError if it is not a curb log."""
-    if not header.startswith(MAGIC):
-        raise FormatError("not a curb log (no 'curb log 1' header)")
+    """The newest intact checkpoint in a file header (of either format); FormatError if
+    it is not a curb log."""
+    if layout_of(header) is None:
+        raise FormatError("not a curb log (no 'curb log 2' or 'curb log 1' header)")
     decoded = [Checkpoint.decode(header[o : o + 128]) for o in SLOT_OFFSETS]
     found = [c for c in decoded if c is not None]
     if not found:

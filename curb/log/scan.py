@@ -19,12 +19,22 @@ the log knows how large its largest live record may be. A message whose id is at
 checkpoint's ack-up-to watermark is dead whatever its record's state says: it counts as
 acked.
 
+Parked records (curb.log.parked: a `rdy` record due after `now_ms`, a dead letter) are not
+counted as messages: the walk hands them to `parked`, from their headers alone (state and
+due time are in the header, so no body is read for them either). A copy supersedes an
+earlier occurrence wherever that was counted: once the walk is done, parked entries of
+ids copied later are dropped (`_drop_superseded`).
+
+A file of the first format (curb.record's V1) is walked with every CRC checked (it is
+read only once, to upgrade it); it has no parked records.
+
 Nothing in the file can make the walk fail: every length is bounded by the largest
 record before anything is read, every loop by the size of the ring.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -32,13 +42,30 @@ from curb import payload as stored
 from curb.log import record as fmt
 from curb.log.disk import Disk, FileDisk
 from curb.log.marks import Marks
+from curb.log.parked import DELAYED, EXP, MAX, Parked
 from curb.log.reader import RecordReader
-from curb.log.record import RECORD_HEADER, RING_START, STATE_ACK, STATE_PAD, STATE_RDY, FormatError, RecordHeader
+from curb.log.record import (
+    ALIGN,
+    RECORD_HEADER,
+    RING_START,
+    STATE_ACK,
+    STATE_EXP,
+    STATE_MAX,
+    STATE_PAD,
+    STATE_RDY,
+    V2,
+    FormatError,
+    Layout,
+    RecordHeader,
+)
 from curb.log.sizes import SizeClasses
 
 VERIFY_NEAR_HEAD = 4 << 20
 PAD_ID = b"0" * 12
 PAD_LENGTH = b"0" * 8
+NO_DUE = b"0" * 12
+PARK_BATCH = 4096  # parked records the skim gathers before it adds them to the index
+PARKED_STATES = {STATE_MAX: MAX, STATE_EXP: EXP}
 
 
 class LogError(Exception):
@@ -58,12 +85,23 @@ class LogDamaged(LogError):
 class Scan:
     """One pass over a log's records, counting what recovery needs to know."""
 
-    def __init__(self, disk: Disk, ckpt: fmt.Checkpoint, end: int, marks: Marks | None = None):
+    def __init__(
+        self,
+        disk: Disk,
+        ckpt: fmt.Checkpoint,
+        end: int,
+        marks: Marks | None = None,
+        layout: Layout = V2,
+        now_ms: int = 0,
+    ):
         self.ckpt = ckpt
         self.marks = Marks(1 << 62) if marks is None else marks  # filled for the log (curb.marks)
         self.end = end
         self.file_size = disk.size()
-        self.reader = RecordReader(disk, end - RING_START)
+        self.layout = layout
+        self.now_ms = now_ms
+        self.parked = Parked()
+        self.reader = RecordReader(disk, end - RING_START, layout)
         self.head = ckpt.head
         self.next_wseq = ckpt.next_wseq
         self.max_id = 0
@@ -84,16 +122,32 @@ class Scan:
         """Count the records, checking every CRC near the head and past it, where a crash
         can tear a write; older records were synced before the checkpoint named them, so
         there only their headers are read (the cursor checks each CRC before delivery)."""
-        for _ in self._walk(VERIFY_NEAR_HEAD):
+        for _ in self._walk(VERIFY_NEAR_HEAD if self.layout is V2 else None):
             pass
+        self._drop_superseded()
         self._note_damage()
+
+    def _drop_superseded(self) -> None:
+        """Parked entries whose message has a later copy are not the message: drop them,
+        and count back the message the copy uncounted for them (`_count` takes every
+        earlier occurrence for a counted message)."""
+        parked, last = self.parked, self.last
+        if not last or not parked.states:
+            return
+        for at, (mid, pos) in enumerate(zip(parked.ids, parked.offsets, strict=True)):
+            if last.get(mid, pos) != pos:
+                seq = parked.base + at
+                size = parked.size(seq)
+                parked.remove(seq)
+                self.messages += 1
+                self.live_bytes += size
 
     def records(self) -> Iterator[tuple[int, RecordHeader, bytes, int]]:
         """Yield (offset, header, buffer, index) of every message's live occurrence in
         queue order, each checked against its CRC. Call on a Scan that has `run()`, so
         that it knows the copies."""
         last = dict(self.last)
-        again = Scan(self.reader.disk, self.ckpt, self.end)
+        again = Scan(self.reader.disk, self.ckpt, self.end, layout=self.layout)
         for pos, hdr, buf, off in again._walk(None):
             if last.get(hdr.id, pos) == pos:
                 yield pos, hdr, buf, off
@@ -103,7 +157,7 @@ class Scan:
             note = "; ".join(self.damaged)
             self.torn = note if self.torn is None else f"{note}; {self.torn}"
 
-    def _count(self, state: bytes, msg_id: int, size: int, pos: int, copy: bool) -> None:
+    def _count(self, state: bytes, msg_id: int, size: int, pos: int, copy: bool, due_ms: int = 0) -> None:
         if msg_id <= self.upto:
             state = STATE_ACK
         if copy:
@@ -119,9 +173,12 @@ class Scan:
             self.max_id = max(self.max_id, msg_id)
             if self.first_fresh is None:
                 self.first_fresh = msg_id
-        if state == STATE_RDY:
+        if state == STATE_RDY and due_ms <= self.now_ms:
             self.messages += 1
             self.live_bytes += size
+            self.classes.add(size)
+        elif state != STATE_ACK:
+            self.parked.add(pos, size, msg_id, PARKED_STATES.get(state, DELAYED), due_ms, passed=False)
             self.classes.add(size)
         else:
             self.acked += 1
@@ -160,7 +217,7 @@ class Scan:
                 continue
             self._first_rdy(hdr)
             self._mark(pos, hdr)
-            self._count(hdr.state, hdr.id, hdr.size, pos, hdr.copy)
+            self._count(hdr.state, hdr.id, hdr.size, pos, hdr.copy, hdr.due_ms)
             yield pos, hdr, buf, off
             pos += hdr.size
         pos, expect = stop, self.next_wseq
@@ -178,7 +235,7 @@ class Scan:
                 continue
             self._first_rdy(hdr)
             self._mark(pos, hdr)
-            self._count(hdr.state, hdr.id, hdr.size, pos, hdr.copy)
+            self._count(hdr.state, hdr.id, hdr.size, pos, hdr.copy, hdr.due_ms)
             yield pos, hdr, buf, off
             pos = self.head = pos + hdr.size
         self.next_wseq = expect
@@ -213,7 +270,7 @@ class Scan:
         own length may be the damage, so the checked path starts again at that record
         (a damaged length must not make the walk skip the records after it). The
         recovery of a large log spends its time here, so it is one flat loop with local
-        counts; copies (rare) go through `_count`."""
+        counts; copies (rare) go through `_count`, parked records to `parked`."""
         reader, end, max_size = self.reader, self.end, self.reader.max_size
         buf, base = reader.buf, reader.base
         rdy, ack, pad = STATE_RDY, STATE_ACK, STATE_PAD
@@ -222,7 +279,11 @@ class Scan:
         max_id = self.max_id
         upto = self.upto
         marks = self.marks
-        held: tuple[bytes, int, int, int, bool, int] | None = None  # counted once its successor parses
+        now_ms = self.now_ms
+        # Parked records met, in ring order, added to the index in one go (`_park_batch`).
+        batch: tuple[list[int], list[int], list[int], bytearray, list[int]] = ([], [], [], bytearray(), [])
+        b_off, b_size, b_id, b_state, b_due = batch
+        held: tuple[bytes, int, int, int, bool, int, int] | None = None  # counted once its successor parses
         odd = False
         while pos != stop and (pos > stop or stop - pos > trust_until):
             odd = True
@@ -235,33 +296,36 @@ class Scan:
             if buf[off + RECORD_HEADER - 1] != 10:
                 break
             state = buf[off : off + 3]
-            msg_id = size = 0
+            msg_id = size = due = 0
             wseq = -1
+            if buf[off + 26 : off + 32] != buf[off + 52 : off + 58]:
+                break  # the tag is not the write sequence's: the checked path judges it
             if state == pad:
-                if buf[off + 9 : off + 21] != PAD_ID or buf[off + 48 : off + 56] != PAD_LENGTH:
+                if buf[off + 33 : off + 45] != PAD_ID or buf[off + 85 : off + 93] != PAD_LENGTH:
                     break
             else:
-                if state != rdy and state != ack:
-                    state = fmt.TORN_STATES.get(bytes(state), b"")
-                    if not state:
-                        break
+                if state != rdy and state != ack and state not in PARKED_STATES:
+                    break
                 try:
-                    msg_id = int(buf[off + 9 : off + 21], 16)
-                    size = RECORD_HEADER + 1 + int(buf[off + 48 : off + 56], 16)
+                    msg_id = int(buf[off + 33 : off + 45], 16)
+                    size = (RECORD_HEADER + ALIGN + int(buf[off + 85 : off + 93], 16)) & -ALIGN
+                    if buf[off + 13 : off + 25] != NO_DUE:
+                        due = int(buf[off + 13 : off + 25], 16)
                     if marks.due(pos):  # the write sequence is read only where a mark is due
-                        wseq = int(buf[off + 22 : off + 34], 16)
+                        wseq = int(buf[off + 46 : off + 58], 16)
                     if self.oldest_ms is None and state == rdy:
-                        self.oldest_ms = int(buf[off + 35 : off + 47], 16) & ~fmt.COPY_FLAG
+                        self.oldest_ms = int(buf[off + 59 : off + 71], 16) & ~fmt.COPY_FLAG
                 except ValueError:
                     break
                 if size > max_size or pos + size > (stop if pos < stop else end) or msg_id == 0:
                     break
             odd = False
             if held is not None:
-                h_state, h_id, h_size, h_pos, h_copy, h_wseq = held
+                h_state, h_id, h_size, h_pos, h_copy, h_wseq, h_due = held
                 if h_copy:
                     self.max_id = max_id
-                    self._count(h_state, h_id, h_size, h_pos, True)
+                    self._park_batch(batch)  # in ring order: those before it first
+                    self._count(h_state, h_id, h_size, h_pos, True, h_due)
                 else:
                     if h_id > max_id:
                         if h_wseq >= 0 and marks.due(h_pos):  # (the record before may have taken it)
@@ -269,20 +333,29 @@ class Scan:
                         max_id = h_id
                     if self.first_fresh is None:
                         self.first_fresh = h_id
-                    if h_state == rdy and h_id > upto:
-                        rdy_sizes[h_size] = rdy_sizes.get(h_size, 0) + 1
-                    else:
+                    if h_id <= upto or h_state == ack:
                         acked += 1
                         dead_bytes += h_size
+                    elif h_state == rdy and h_due <= now_ms:
+                        rdy_sizes[h_size] = rdy_sizes.get(h_size, 0) + 1
+                    else:
+                        b_off.append(h_pos)
+                        b_size.append(h_size)
+                        b_id.append(h_id)
+                        b_state.append(PARKED_STATES.get(h_state, DELAYED))
+                        b_due.append(h_due)
+                        if len(b_off) >= PARK_BATCH:  # bounded: Python ints in lists cost ~40 B each
+                            self._park_batch(batch)
                 held = None
             if state == pad:
                 pos = RING_START
                 continue
-            held = (state, msg_id, size, pos, buf[off + 35] >= 56, wseq)  # top time digit 8-f: COPY_FLAG
+            held = (state, msg_id, size, pos, buf[off + 59] >= 56, wseq, due)  # top time digit 8-f: COPY_FLAG
             pos += size
         self.max_id = max_id
         self.acked += acked
         self.dead_bytes += dead_bytes
+        self._park_batch(batch)
         for size, n in rdy_sizes.items():
             self.messages += n
             self.live_bytes += size * n
@@ -290,21 +363,36 @@ class Scan:
         if held is not None:
             if odd:
                 return held[3]  # odd bytes after it: the checked path reads it again
-            self._count(*held[:5])  # it ends where the checked path takes over
+            self._count(*held[:5], held[6])  # it ends where the checked path takes over
         return pos
+
+    def _park_batch(self, batch: tuple[list[int], list[int], list[int], bytearray, list[int]]) -> None:
+        """Add the parked records the skim met to the index, and empty the batch."""
+        offsets, sizes, ids, states, dues = batch
+        if not offsets:
+            return
+        self.parked.extend(offsets, sizes, ids, states, dues)
+        counts: dict[int, int] = {}
+        for size in sizes:
+            counts[size] = counts.get(size, 0) + 1
+        for size, n in counts.items():
+            self.classes.add(size, n)
+        for part in batch:
+            part.clear()
 
     def _looks_torn(self, pos: int, expect: int) -> bool:
         """Whether the bytes at pos are the start of the record due next, cut short."""
         if pos >= self.end:
             return False
-        buf, off = self.reader.window(pos, RECORD_HEADER, self.end)
+        header = self.layout.header
+        buf, off = self.reader.window(pos, header, self.end)
         start = buf[off : off + 4]
-        if not start or not any(s.startswith(start) for s in (b"rdy ", b"ack ", b"pad ")):
+        if not start or not any(s.startswith(start) for s in (b"rdy ", b"ack ", b"pad ", b"max ", b"exp ")):
             return False
         try:
-            return fmt.parse_header(buf, off).wseq == expect
+            return self.layout.parse(buf, off).wseq == expect
         except FormatError:
-            return len(buf) - off < RECORD_HEADER
+            return len(buf) - off < header
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,12 +407,16 @@ class Entry:
     size: int
     headers: dict[str, str]
     body: bytes
+    due_ms: int = 0
+    expires_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Summary:
     """What a log file holds. `cap` is the ring's end the broker last opened it with
-    (-cap rounded down to 4 KiB), None for a file that does not record it."""
+    (-cap rounded down to 4 KiB), None for a file that does not record it. `messages`
+    are rdy now; `delayed` wait for their due time and `dead` are dead letters (both in
+    `live_bytes`)."""
 
     path: str
     file_bytes: int
@@ -335,14 +427,18 @@ class Summary:
     dead_bytes: int
     oldest_timestamp_ms: int | None
     torn: str | None
+    delayed: int = 0
+    dead: int = 0
 
 
 class LogReader:
     """A read-only view of a log file: it takes no lock, so it works on the file of a
     stopped broker and of a running one (whose newest records may show as torn)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, now_ms: int | None = None):
         self.path = str(path)
+        # Whether a record is delayed depends on the time: an offline reader's is now.
+        self.now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
         try:
             self.disk = FileDisk(self.path, readonly=True)
         except OSError as err:
@@ -352,8 +448,11 @@ class LogReader:
             self.ckpt = fmt.latest_checkpoint(header)
         except FormatError as err:
             self.disk.close()
-            damaged = LogDamaged if header.startswith(fmt.MAGIC) else LogError
+            damaged = LogDamaged if fmt.layout_of(header) is not None else LogError
             raise damaged(f"{self.path}: {err}") from None
+        layout = fmt.layout_of(header)
+        assert layout is not None, "latest_checkpoint accepted the header"
+        self.layout = layout
         self.cap = fmt.recorded_cap(header)
         self.end = max(self.disk.size(), self.ckpt.head, self.ckpt.tail, RING_START + fmt.PAD_SIZE)
 
@@ -367,7 +466,7 @@ class LogReader:
         self.close()
 
     def _scan(self) -> Scan:
-        scan = Scan(self.disk, self.ckpt, self.end)
+        scan = Scan(self.disk, self.ckpt, self.end, layout=self.layout, now_ms=self.now_ms)
         scan.run()
         return scan
 
@@ -376,7 +475,7 @@ class LogReader:
         included."""
         scan = self._scan()
         for pos, hdr, buf, off in scan.records():
-            payload = bytes(buf[off + RECORD_HEADER : off + hdr.size - 1])
+            payload = bytes(hdr.payload(buf, off))
             try:
                 head, body = stored.split(payload)
             except stored.PayloadError:
@@ -390,6 +489,8 @@ class LogReader:
                 hdr.size,
                 stored.decode_headers(head),
                 body,
+                hdr.due_ms,
+                hdr.expires_ms,
             )
 
     def summary(self) -> Summary:
@@ -400,8 +501,10 @@ class LogReader:
             self.cap,
             scan.messages,
             scan.acked,
-            scan.live_bytes,
+            scan.live_bytes + scan.parked.bytes,
             scan.dead_bytes,
             scan.oldest_ms,
             scan.torn,
+            scan.parked.delayed,
+            scan.parked.dead,
         )

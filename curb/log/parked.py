@@ -1,0 +1,399 @@
+"""Parked records: delayed messages and dead letters, kept in compact arrays, never as
+one Python object each (the design is in curb.log.core's docstring).
+
+A record is parked when it is neither to be handed out now nor done: a `rdy` record whose
+due time is ahead, or a dead letter. It stays where it is in the ring; this index keeps
+it as an *entry*, numbered by `seq` in ring order:
+
+- `offsets`, `sizes`, `ids` and `states`: parallel arrays in ring order, 21 bytes an
+  entry. Entries are appended in the order recovery's walk meets their records or the
+  read cursor passes them, which is ring order, and only ever leave by turning GONE, so
+  the first live entry is the oldest parked record in the ring: it bounds the logical
+  tail, and compaction copies it first.
+- The due order: sorted *runs* of (due time, seq), packed in 8 bytes each (`Run`), and
+  a batch of new keys (`fresh`, one int each) sorted into a run once it holds RUN keys
+  or one of them is due. A heap over the runs' first keys gives the earliest due time. A
+  key leaves lazily: one whose entry is no longer DELAYED is stale and skipped where met;
+  once stale keys outnumber live ones (and RUN), the runs are rebuilt from the live ones.
+- The dead letters in ring order: `dead_order`, the seqs of dead entries, sorted (the
+  cursor's appends go at its end, a burial of an entry already here is inserted).
+
+States of an entry: DELAYED (waits for its due time), MAX and EXP (dead letters, by
+reason), HELD (released by `due` or a redrive: the log made it a Record, in a consumer's
+hands or waiting in the queue; `held` maps the seq to it), DEAD_HELD (a dead letter
+handed out to a reader of the dead letters, also in `held`), GONE (acked, or copied by
+compaction, whose copy becomes an entry of its own).
+
+Invariants:
+- At most one live key per DELAYED entry: a key is added when an entry becomes DELAYED,
+  and an entry stops being DELAYED only by leaving (its key goes stale) or by `due`
+  (which popped its key).
+- `passed` is the seq below which the read cursor has stepped over the entries' records:
+  recovery's entries lie ahead of the cursor until it gets there; the cursor's own appends
+  are passed at once. Entries are trimmed from the front only below both `passed` and
+  the first live entry, so the cursor always recognises a record it must step over.
+- `bytes`, `delayed` and `dead` are the live entries' record bytes, the DELAYED entries
+  and the dead letters (MAX, EXP, DEAD_HELD).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from array import array
+from collections.abc import Callable
+from typing import Any
+
+GONE, DELAYED, MAX, EXP, HELD, DEAD_HELD = range(6)
+DEAD = (MAX, EXP)
+RUN = 4096
+SEQ_BITS = 40  # a fresh key is due << SEQ_BITS | seq
+SEQ_MASK = (1 << SEQ_BITS) - 1
+TRIM = 4096  # GONE entries at the front worth a trim of the arrays
+
+
+class Run:
+    """A sorted run of due keys, consumed from the front: each (due, seq) packed in 8
+    bytes as `(due - due_lo) << shift | (seq - seq_lo)`, `shift` the bits its seqs span
+    (`packed_runs` splits keys until each run's spans fit)."""
+
+    __slots__ = ("due_lo", "keys", "pos", "seq_lo", "shift")
+
+    def __init__(self, keys: list[int], due_lo: int, seq_lo: int, shift: int):
+        self.due_lo, self.seq_lo, self.shift = due_lo, seq_lo, shift
+        self.keys = array("q", [((k >> SEQ_BITS) - due_lo) << shift | ((k & SEQ_MASK) - seq_lo) for k in keys])
+        self.pos = 0
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def at(self, i: int) -> tuple[int, int]:
+        """The (due, seq) of the run's i-th key."""
+        key = self.keys[i]
+        return (key >> self.shift) + self.due_lo, (key & ((1 << self.shift) - 1)) + self.seq_lo
+
+
+def packed_runs(keys: list[int]) -> list[Run]:
+    """Runs holding sorted fresh keys (`due << SEQ_BITS | seq`), halved until each one's
+    due and seq spans fit 63 bits together."""
+    if not keys:
+        return []
+    seqs = [k & SEQ_MASK for k in keys]
+    due_lo, seq_lo = keys[0] >> SEQ_BITS, min(seqs)
+    shift = (max(seqs) - seq_lo).bit_length()
+    if ((keys[-1] >> SEQ_BITS) - due_lo).bit_length() + shift <= 62 or len(keys) == 1:
+        return [Run(keys, due_lo, seq_lo, shift)]
+    half = len(keys) // 2
+    return packed_runs(keys[:half]) + packed_runs(keys[half:])
+
+
+class Parked:
+    """The parked entries, in ring order, by due time and the dead ones in order."""
+
+    def __init__(self) -> None:
+        self.offsets = array("q")
+        self.sizes = array("i")
+        self.ids = array("q")
+        self.states = bytearray()
+        self.base = 0  # the seq of the arrays' first entry
+        self.first = 0  # no live entry below this seq
+        self.valid = 0  # entries below this seq name bytes that may have been reused (`freed`)
+        self.passed = 0
+        self.fresh: list[int] = []
+        self.fresh_min: int | None = None
+        self.runs: list[tuple[int, int, Run]] = []  # heap of (first due, tie, run)
+        self._ties = 0
+        self.keys = 0  # keys in runs and fresh, stale ones included
+        self.stale = 0
+        self.dead_order = array("q")
+        self.held: dict[int, Any] = {}
+        self.bytes = 0
+        self.unpassed_bytes = 0  # of live entries the cursor has yet to step over
+        self.delayed = 0
+        self.dead = 0
+
+    @property
+    def end(self) -> int:
+        """The seq the next entry gets."""
+        return self.base + len(self.states)
+
+    def state(self, seq: int) -> int:
+        return self.states[seq - self.base] if seq >= self.base else GONE
+
+    def offset(self, seq: int) -> int:
+        return self.offsets[seq - self.base]
+
+    def size(self, seq: int) -> int:
+        return self.sizes[seq - self.base]
+
+    def id(self, seq: int) -> int:
+        return self.ids[seq - self.base]
+
+    # ---------------------------------------------------------------- entries
+
+    def add(self, offset: int, size: int, mid: int, state: int, due_ms: int = 0, passed: bool = True) -> int:
+        """A parked record (DELAYED with its due time, or MAX or EXP); returns its seq."""
+        seq = self.end
+        self.offsets.append(offset)
+        self.sizes.append(size)
+        self.ids.append(mid)
+        self.states.append(state)
+        self.bytes += size
+        if state == DELAYED:
+            self.delayed += 1
+            self._key(due_ms, seq)
+        else:
+            self.dead += 1
+            self.dead_order.append(seq)
+        if passed:
+            self.passed = seq + 1
+        else:
+            self.unpassed_bytes += size
+        return seq
+
+    def extend(self, offsets: list[int], sizes: list[int], ids: list[int], states: bytearray, dues: list[int]) -> None:
+        """Many parked records the cursor has yet to pass, in ring order (recovery's walk):
+        `add` for each, in bulk."""
+        first = self.end
+        self.offsets.extend(offsets)
+        self.sizes.extend(sizes)
+        self.ids.extend(ids)
+        self.states.extend(states)
+        total = sum(sizes)
+        self.bytes += total
+        self.unpassed_bytes += total
+        keys = [due << SEQ_BITS | (first + at) for at, due in enumerate(dues) if states[at] == DELAYED]
+        self.delayed += len(keys)
+        dead = [first + at for at, state in enumerate(states) if state != DELAYED]
+        self.dead += len(dead)
+        self.dead_order.extend(dead)
+        for at in range(0, len(keys), RUN):
+            self.fresh.extend(keys[at : at + RUN])
+            self.keys += len(keys[at : at + RUN])
+            self._seal()
+
+    def set(self, seq: int, state: int, due_ms: int = 0) -> None:
+        """A live entry changes state (a release, a requeue with a delay, a burial, a
+        redrive, a dead letter handed out or back)."""
+        i = seq - self.base
+        old = self.states[i]
+        if old == state and state != DELAYED:
+            return
+        self.states[i] = state
+        self._uncount(old)
+        if old == DELAYED:
+            self.stale += 1
+        if state == DELAYED:
+            self.delayed += 1
+            self._key(due_ms, seq)
+        elif state in DEAD or state == DEAD_HELD:
+            self.dead += 1
+            order = self.dead_order
+            at = bisect.bisect_left(order, seq)
+            if at == len(order) or order[at] != seq:
+                order.insert(at, seq)
+        if state != HELD and state != DEAD_HELD:
+            self.held.pop(seq, None)
+
+    def remove(self, seq: int) -> None:
+        """The entry leaves: its message was acked, or compaction copied its record."""
+        i = seq - self.base
+        old = self.states[i]
+        if old == GONE:
+            return
+        self.states[i] = GONE
+        self._uncount(old)
+        if old == DELAYED:
+            self.stale += 1
+        self.bytes -= self.sizes[i]
+        if seq >= self.passed:
+            self.unpassed_bytes -= self.sizes[i]
+        self.held.pop(seq, None)
+        self._trim()
+
+    def _uncount(self, state: int) -> None:
+        if state == DELAYED:
+            self.delayed -= 1
+        elif state in DEAD or state == DEAD_HELD:
+            self.dead -= 1
+
+    def oldest(self) -> int | None:
+        """The seq of the first live entry the cursor has passed, if any."""
+        seq = self._first_live()
+        return seq if seq < self.passed else None
+
+    def _first_live(self) -> int:
+        states, base, end = self.states, self.base, self.end
+        seq = self.first
+        while seq < end and states[seq - base] == GONE:
+            seq += 1
+        self.first = seq
+        return seq
+
+    def freed(self, distance: Callable[[int, int], int], old_tail: int, new_tail: int) -> None:
+        """Space in [old_tail, new_tail) may be reused: entries there (all GONE: a live one
+        pins the tail) no longer name their records."""
+        span = distance(old_tail, new_tail)
+        seq = max(self.valid, self.base)
+        while seq < self.end and distance(old_tail, self.offsets[seq - self.base]) < span:
+            seq += 1
+        self.valid = seq
+
+    def find(self, pos: int, distance: Callable[[int, int], int], gone: bool = False) -> int | None:
+        """The seq of the live entry at ring offset `pos` (with `gone`, of a GONE one
+        too: its record is still there, dead), if any; `distance(a, b)` is the bytes from
+        a forward to b. From `valid` on, entries lie within one lap, in order, and no
+        byte they name has been reused."""
+        lo = (max(self.valid, self.base) if gone else self._first_live()) - self.base
+        if lo >= len(self.states):
+            return None
+        offsets = self.offsets
+        start = offsets[lo]
+        at = bisect.bisect_left(offsets, distance(start, pos), lo, key=lambda o: distance(start, o))
+        if at < len(offsets) and offsets[at] == pos and (gone or self.states[at] != GONE):
+            return self.base + at
+        return None
+
+    def _trim(self) -> None:
+        """Drop GONE entries at the front, once there are enough to be worth it."""
+        upto = min(self.first, self.passed, self.valid)
+        cut = upto - self.base
+        if cut >= TRIM and cut * 2 >= len(self.states):
+            del self.offsets[:cut]
+            del self.sizes[:cut]
+            del self.ids[:cut]
+            del self.states[:cut]
+            self.base = upto
+
+    def upto(self, upto: int) -> list[int]:
+        """The seqs of the live entries with ids up to `upto` (an ACK up to an id)."""
+        base, states = self.base, self.states
+        return [base + i for i, mid in enumerate(self.ids) if mid <= upto and states[i] != GONE]
+
+    # ---------------------------------------------------------------- the cursor's path
+
+    def step_over(self, pos: int) -> int | None:
+        """The bytes from `pos` the cursor steps over if the record there is the next
+        entry it has not yet passed: that record and the entries right after it; None
+        otherwise."""
+        seq, end, base = self.passed, self.end, self.base
+        offsets = self.offsets
+        if seq >= end or offsets[seq - base] != pos:
+            return None
+        sizes, states = self.sizes, self.states
+        at = pos
+        while seq < end and offsets[seq - base] == at:  # and the records right after it
+            size = sizes[seq - base]
+            if states[seq - base] != GONE:
+                self.unpassed_bytes -= size
+            at += size
+            seq += 1
+        self.passed = seq
+        return at - pos
+
+    def _pass(self, seq: int) -> None:
+        self.passed = seq + 1
+        if self.states[seq - self.base] != GONE:
+            self.unpassed_bytes -= self.sizes[seq - self.base]
+
+    def pass_span(self, start: int, stop: int, distance: Callable[[int, int], int]) -> None:
+        """The cursor jumped from `start` to `stop` past damage: it has passed the entries
+        in between too."""
+        span = distance(start, stop)
+        while self.passed < self.end and distance(start, self.offsets[self.passed - self.base]) < span:
+            self._pass(self.passed)
+
+    # ---------------------------------------------------------------- the due order
+
+    def _key(self, due_ms: int, seq: int) -> None:
+        self.fresh.append(due_ms << SEQ_BITS | seq)
+        self.keys += 1
+        if self.fresh_min is None or due_ms < self.fresh_min:
+            self.fresh_min = due_ms
+        if len(self.fresh) >= RUN:
+            self._seal()
+
+    def _seal(self) -> None:
+        if self.fresh:
+            self.fresh.sort()
+            self._push(self.fresh)
+        self.fresh = []
+        self.fresh_min = None
+
+    def _push(self, keys: list[int]) -> None:
+        for run in packed_runs(keys):
+            self._ties += 1
+            heapq.heappush(self.runs, (run.at(0)[0], self._ties, run))
+
+    def next_due(self) -> int | None:
+        """The earliest due time of a DELAYED entry (never later; it may be a stale key's,
+        which `due` then drops)."""
+        soonest = self.fresh_min
+        if self.runs and (soonest is None or self.runs[0][0] < soonest):
+            soonest = self.runs[0][0]
+        return soonest
+
+    def due(self, now_ms: int, limit: int = 1 << 62) -> list[int]:
+        """Release up to `limit` DELAYED entries due by `now_ms`, earliest first: they
+        become HELD (the caller makes each a Record and puts it in `held`)."""
+        if self.fresh_min is not None and self.fresh_min <= now_ms:
+            self._seal()
+        out: list[int] = []
+        runs, states, base = self.runs, self.states, self.base
+        while runs and runs[0][0] <= now_ms and len(out) < limit:
+            _, tie, run = runs[0]
+            seq = run.at(run.pos)[1]
+            run.pos += 1
+            self.keys -= 1
+            if run.pos < len(run):
+                heapq.heapreplace(runs, (run.at(run.pos)[0], tie, run))
+            else:
+                heapq.heappop(runs)
+            if seq >= base and states[seq - base] == DELAYED:
+                states[seq - base] = HELD
+                self.delayed -= 1
+                out.append(seq)
+            else:
+                self.stale -= 1
+        if self.stale > max(RUN, self.keys - self.stale):
+            self._rebuild()
+        return out
+
+    def _rebuild(self) -> None:
+        """Drop the stale keys: the runs again, from the live ones."""
+        states, base = self.states, self.base
+        keys = [k for k in self.fresh if states[(k & SEQ_MASK) - base] == DELAYED]
+        for _, _, run in self.runs:
+            for due, seq in map(run.at, range(run.pos, len(run))):
+                if seq >= base and states[seq - base] == DELAYED:
+                    keys.append(due << SEQ_BITS | seq)
+        keys.sort()
+        self.runs = []
+        self.fresh = []
+        self.fresh_min = None
+        for at in range(0, len(keys), RUN):
+            self._push(keys[at : at + RUN])
+        self.keys = len(keys)
+        self.stale = 0
+
+    # ---------------------------------------------------------------- dead letters
+
+    def dead_letters(self) -> list[int]:
+        """The seqs of the dead letters not handed out, in ring order."""
+        base, states = self.base, self.states
+        return [s for s in self.dead_order if s >= base and states[s - base] in DEAD]
+
+    def next_dead(self) -> int | None:
+        """The first dead letter not handed out, in ring order, if any."""
+        order, base, states = self.dead_order, self.base, self.states
+        drop = 0
+        for seq in order:
+            if seq >= base and states[seq - base] in (MAX, EXP, DEAD_HELD):
+                break
+            drop += 1  # gone or redriven: no longer a dead letter
+        if drop:
+            del order[:drop]
+        for seq in order:
+            if states[seq - base] in DEAD:
+                return seq
+        return None
