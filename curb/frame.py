@@ -363,7 +363,11 @@ class FrameParser:
         if raw_length is not None:
             try:
                 # decimal()'s common case inline (this runs for every frame); the rest is its
-                length = int(raw_length) if 0 < len(raw_length) < 10 and raw_length.isascii() and raw_length.isdigit() else -1
+                length = (
+                    int(raw_length)
+                    if 0 < len(raw_length) < 10 and raw_length.isascii() and raw_length.isdigit()
+                    else -1
+                )
                 if not 0 <= length <= self.max_body_bytes:
                     length = decimal(raw_length, "content-length", self.max_body_bytes)
             except ValueError as err:
