@@ -359,14 +359,16 @@ class LogCore:
     @property
     def delayed(self) -> int:
         """Messages waiting for their due time (parked, and held ones requeued with a delay)."""
-        return self._parked.delayed + sum(1 for due, _, rec in self._later if rec.parked and rec.due_ms == due)
+        later = sum(1 for due, _, rec in self._later if rec.parked and rec.due_ms == due)
+        return self._parked.delayed + self._cursor.transit_delayed + later
 
     @property
     def dead(self) -> int:
         """Dead letters the log holds and has not handed out (found at start-up; those
         buried in this run, or taken by `next_dead`, are their holder's to count)."""
         parked = self._parked
-        return parked.dead - sum(1 for seq in parked.held if parked.state(seq) == DEAD_HELD)
+        held = sum(1 for seq in parked.held if parked.state(seq) == DEAD_HELD)
+        return parked.dead + self._cursor.transit_dead - held
 
     @property
     def last_id(self) -> int:
@@ -1012,6 +1014,7 @@ class LogCore:
         )
         runs.add(off, size, record_bytes(header, payload))
         self._ring.head = off + size
+        self._cursor.carry(wseq, parked.state(seq))
         parked.remove(seq)
         self._cursor.vouched.append((wseq, hdr.id, size, off))
         self._cursor.vouched_at.add(off)

@@ -35,9 +35,10 @@ Invariants:
   `next_ready`. The cursor steps over the ones recovery indexed (by their recorded sizes,
   unread), and parks the ones it meets: a fresh delayed append, and the copies of parked
   records compaction made, known by their write sequences (`vouched`, in write order,
-  so in the order the cursor meets them). A parked copy is counted in `transit_bytes`
-  from its copy until the cursor parks it, or an ACK up to its id uncounts it. A copy
-  that came due meanwhile is handed out.
+  so in the order the cursor meets them). A parked copy is counted in `transit_bytes`,
+  and as delayed or dead (`transit_delayed`, `transit_dead`, which the log's counts
+  add), from its copy until the cursor parks it, or an ACK up to its id uncounts it. A
+  copy that came due meanwhile is handed out.
 - `is_live` is the one answer, for any other reader of the ring (a browse), to "is this
   record the live occurrence of a message not yet acked?": held messages by their
   current copy's offset, records the cursor has read by whether it holds them, unread
@@ -158,6 +159,11 @@ class Cursor:
         self.vouched: collections.deque[tuple[int, int, int, int]] = collections.deque()
         self.vouched_at: set[int] = set()  # their offsets
         self.transit_bytes = 0
+        # The parked state (DELAYED, MAX or EXP) of each copy in transit, by write sequence,
+        # and how many are delayed and dead: counted as parked until the cursor parks them.
+        self.transit_states: dict[int, int] = {}
+        self.transit_delayed = 0
+        self.transit_dead = 0
 
     def tail(self) -> int:
         """The oldest byte still needed: the first message behind the read position that
@@ -227,6 +233,22 @@ class Cursor:
         live_at = self.last.get(mid)
         return live_at is None or live_at == pos
 
+    def carry(self, wseq: int, state: int) -> None:
+        """Compaction copied a parked record in this state; the copy, `wseq`, is in transit."""
+        self.transit_states[wseq] = state
+        if state == DELAYED:
+            self.transit_delayed += 1
+        else:
+            self.transit_dead += 1
+
+    def arrived(self, wseq: int) -> None:
+        """A copy in transit is parked again (or handed out, or acked): no longer counted here."""
+        state = self.transit_states.pop(wseq, None)
+        if state == DELAYED:
+            self.transit_delayed -= 1
+        elif state is not None:
+            self.transit_dead -= 1
+
     def ack_upto(self, upto: int) -> None:
         """Raise the watermark: uncount the unread messages it makes dead, those the
         cursor reaches by passing dead records now and the copies recovery found further
@@ -237,6 +259,7 @@ class Cursor:
             if mid <= upto and counted:
                 self.transit_bytes -= counted
                 vouched[at] = (wseq, mid, 0, offset)
+                self.arrived(wseq)
         # A reader of its own: the cursor's window must never hold bytes ahead of the
         # head, which a later write would make stale.
         reader = RecordReader(self.reader.disk, self.reader.max_size)
@@ -318,6 +341,7 @@ class Cursor:
                     return None
                 _, _, counted, at = self.vouched.popleft()
                 self.transit_bytes -= counted
+                self.arrived(hdr.wseq)
                 self.vouched_at.discard(at)
                 self.max_id = max(self.max_id, mid)
                 if came_due:
