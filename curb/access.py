@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from curb import __version__, heartbeat, users
 from curb.counts import COUNT_DESTINATION
+from curb.dead import REDRIVE_DESTINATION
 from curb.frame import Frame, encode
 from curb.logins import Answer, Shed
 
@@ -36,8 +37,11 @@ PERMISSION = {"SEND": "send", "SUBSCRIBE": "consume", "ACK": "consume", "NACK": 
 
 
 def permission_needed(frame: Frame) -> str | None:
-    """The permission a frame needs, or None for a frame anyone logged in may send."""
+    """The permission a frame needs, or None for a frame anyone logged in may send. A
+    redrive changes dead letters as consuming them does: it needs `consume`."""
     command, headers = frame.command, frame.headers
+    if command == "SEND" and headers.get("destination") == REDRIVE_DESTINATION:
+        return "consume"
     if command == "SUBSCRIBE" and headers.get("destination") == COUNT_DESTINATION:
         return "count"
     if command in ("ACK", "NACK") and headers.get("id", "").startswith("count-"):

@@ -5,7 +5,10 @@ message); only this module turns that into calls on the queue state machine, the
 the metrics, so each step is written once: an ACK is `queue.ack` then `log.ack`, and every
 message that comes back unfinished (NACK, an ack deadline passed, a connection gone or
 silent past its heart-beat, shutdown) goes through `_requeue`, the one place that decides
-where it goes: today rdy again, at the front of the line, in the queue and in the log.
+where it goes (curb.redelivery: rdy again at once or after a delay, or a dead letter past
+the delivery limit), in the queue and in the log alike. An expired message the queue
+meets on the way to a delivery is dead-lettered (or dropped, `drop_expired`) by
+`_expired`. Dead letters are served by a second queue (curb.dead).
 
 Accepting a message is one rule for every front (`accept`; `publish` is the same as a
 future): the limits a MESSAGE must meet (curb.message_limits), the headers kept
@@ -14,7 +17,12 @@ maps `Refused.reason` and its `done` answer to its own words.
 
 Ack deadlines are kept by the queue; this module arms one timer (on `loop`, the event
 loop unless a test gives its own) for the earliest of them, re-arms it only when a
-sooner one appears, and when it fires returns what is due through `_requeue`.
+sooner one appears, and when it fires returns what is due through `_requeue`. Delayed
+messages (a delayed SEND, a message put back with a delay) are the log's to keep until
+due, by the log's wall clock (`log.wall_ms`, milliseconds since the epoch, so that a due
+time means the same after a restart): a second timer is armed for the log's soonest due
+time, by how far it lies from that clock now, and when it fires what is due goes to the
+front of the line (`_release`).
 
 Browses (SUBSCRIBE with browser:true) are stepped here, a bounded number of bytes per
 loop pass for each session that can take output, so that a browse of any length holds
@@ -42,6 +50,7 @@ from typing import Any, Protocol
 
 from curb import message_limits, payload
 from curb.counts import CountMessages
+from curb.dead import DeadBrowse, DeadSource
 from curb.log import QueueFull, TooLarge
 from curb.log.browse import Browse
 from curb.log.cursor import Record
@@ -49,6 +58,8 @@ from curb.logins import SHED, Answer, LoginChecks, Offload, run_now
 from curb.metrics import Metrics
 from curb.queue import Late, Queue, QueueError, Subscription
 from curb.ratelimit import LineLimit
+from curb.redelivery import DEAD, REASON_EXPIRED, REASON_MAX_DELIVERIES, Redelivery
+from curb.timing import TIME_HEADERS, send_times
 from curb.users import User
 
 COUNT_COALESCE_SECONDS = 0.05
@@ -100,10 +111,24 @@ class Store(Protocol):
     @property
     def durable_id(self) -> int: ...
 
-    def append(self, payload: bytes, done: Done | None = None, urgent: bool = True) -> Record: ...
+    def append(
+        self, payload: bytes, done: Done | None = None, urgent: bool = True, *, due_ms: int = 0, expires_ms: int = 0
+    ) -> Record: ...
     def delivered(self, rec: Record) -> None: ...
     def ack(self, rec: Record) -> None: ...
-    def requeue(self, rec: Record) -> None: ...
+    def requeue(self, rec: Record, due_ms: int = 0) -> None: ...
+    def bury(self, rec: Record, reason: str) -> None: ...
+    def revive(self, rec: Record) -> None: ...
+    def next_dead(self) -> Record | None: ...
+    def dead_records(self) -> list[Record]: ...
+    def redrive(self, count: int | None = None, done: Done | None = None) -> int: ...
+    def wall_ms(self) -> int: ...
+    def due(self, now_ms: int) -> list[Record]: ...
+    def next_due(self) -> int | None: ...
+    @property
+    def delayed(self) -> int: ...
+    @property
+    def dead(self) -> int: ...
     def ack_upto(self, upto: int, done: Done | None = None) -> None: ...
     def browse(self, from_id: int, to_id: int) -> Browse: ...
     def end_browse(self, browse: Browse) -> None: ...
@@ -111,6 +136,30 @@ class Store(Protocol):
     def payload(self, rec: Record) -> bytes | memoryview: ...
     def next_ready(self) -> Record | None: ...
     def flush(self) -> None: ...
+
+
+class Alarm:
+    """One timer on the loop, armed for the soonest time asked of it: a time later than
+    the one it is armed for costs a comparison. `fire(armed_for)` runs when it goes off;
+    it may fire a clock tick early, so `fire` treats what it was armed for as due."""
+
+    def __init__(self, loop: Loop, fire: Callable[[float], None]):
+        self._loop = loop
+        self._fire = fire
+        self.at: float | None = None  # when it fires
+        self._timer: Timer | None = None
+
+    def arm(self, when: float | None) -> None:
+        if when is None or (self.at is not None and self.at <= when):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self.at = when
+        self._timer = self._loop.call_at(when, self._fired)
+
+    def _fired(self) -> None:
+        armed_for, self.at, self._timer = self.at, None, None
+        self._fire(armed_for if armed_for is not None else self._loop.time())
 
 
 class Peer(Hashable, Protocol):
@@ -194,6 +243,8 @@ class Broker:
         refuse_delay: float = REFUSE_DELAY_SECONDS,
         max_connections: int | None = None,
         ack_timeout: float = ACK_TIMEOUT_SECONDS,
+        redelivery: Redelivery | None = None,
+        drop_expired: bool = False,
         metrics: Metrics | None = None,
         events: Callable[..., None] = lambda *a, **k: None,
         schedule: Schedule | None = None,
@@ -203,6 +254,11 @@ class Broker:
     ):
         self.log = log
         self.queue: Queue[Peer, Record] = Queue(log, default_prefetch=prefetch, ack_timeout=ack_timeout)
+        # The dead letters (curb.dead): no deadlines, no due times, no expiry.
+        self.dead: Queue[Peer, Record] = Queue(DeadSource(log), default_prefetch=prefetch, timed=False)
+        self.redelivery = redelivery or Redelivery()
+        self.drop_expired = drop_expired  # -expired drop: an expired message is ACKed, not dead-lettered
+        self.wall_ms = log.wall_ms  # the log's wall clock: due and expiry times are kept by it
         self.max_frame = max_frame
         # The largest stored payload the log takes (a sixth of its ring), known at a SEND's head.
         self.max_message: int = min(max_frame, getattr(log, "max_message", max_frame))
@@ -226,8 +282,8 @@ class Broker:
         # Read once per pump pass: an asyncio loop's time() is a Python call around
         # time.monotonic, so take that C function directly when it is the loop's clock.
         self._time = time.monotonic if type(self.loop).time is asyncio.BaseEventLoop.time else self.loop.time
-        self._deadline_timer: Timer | None = None
-        self._deadline_at: float | None = None  # when the deadline timer fires
+        self._deadlines = Alarm(self.loop, self._deadline_passed)
+        self._due = Alarm(self.loop, self._came_due)
         self.sessions: set[Peer] = set()
         self._counters: set[Peer] = set()
         self.count_messages = CountMessages()
@@ -242,6 +298,7 @@ class Broker:
         log.on_written = self.pump
         log.on_answered = self.flush_out
         log.on_disk_full = self.disk_full
+        self._arm_due()  # messages recovered delayed
 
     # ---------------------------------------------------------------- a session's steps
 
@@ -268,19 +325,26 @@ class Broker:
     def accept(self, headers: Mapping[str, str], body: bytes, done: Done | None = None, urgent: bool = True) -> None:
         """The one SEND rule, for every front (STOMP over TCP, TLS and WebSocket, HTTP):
         take a message of these headers (the one-hop ones, curb.payload.NOT_STORED, are
-        dropped, the rest kept for its MESSAGE) and body, or raise Refused with nothing
-        stored. `done(None)` runs once it is fsynced, which is what a RECEIPT or an HTTP
-        201 waits for; `done(reason)` if it could not be stored after all. urgent=False:
-        nobody waits for `done`, so the write may wait for company."""
+        dropped, the rest kept for its MESSAGE; its due and expiry times, curb.timing, are
+        read from them) and body, or raise Refused with nothing stored. `done(None)` runs
+        once it is fsynced, which is what a RECEIPT or an HTTP 201 waits for;
+        `done(reason)` if it could not be stored after all. urgent=False: nobody waits for
+        `done`, so the write may wait for company."""
         lines = payload.header_lines(headers)
         data = lines + b"\n" + body
+        due_ms = expires_ms = 0
         if lines or len(data) - 1 + message_limits.RESERVE > self.max_frame:  # else nothing to check
             problem = message_limits.send_problem(lines, len(data), self.max_frame)
             if problem is not None:
                 message, detail = problem
                 raise Refused(message, detail, TOO_LARGE if message == "message too large" else BAD_HEADERS)
+            if not headers.keys().isdisjoint(TIME_HEADERS):
+                try:
+                    due_ms, expires_ms = send_times(headers, self.wall_ms())
+                except QueueError as err:
+                    raise Refused(str(err), err.advice, BAD_HEADERS) from None
         try:
-            self.log.append(data, done, urgent=urgent)
+            self.log.append(data, done, urgent=urgent, due_ms=due_ms, expires_ms=expires_ms)
         except TooLarge as err:
             self.metrics.refused_too_large += 1
             raise Refused(
@@ -292,6 +356,8 @@ class Broker:
             self.metrics.refused_full += 1
             raise Refused("queue full", str(err), FULL, RETRY_FULL_SECONDS) from None
         self.metrics.sent += 1
+        if due_ms:
+            self._arm_due()
         if self._counters:
             self.counts_changed()
 
@@ -311,16 +377,32 @@ class Broker:
         return stored
 
     def subscribe(
-        self, session: Peer, sub_id: str, ack_mode: str, prefetch: int | None, ack_timeout: float | None = None
+        self,
+        session: Peer,
+        sub_id: str,
+        ack_mode: str,
+        prefetch: int | None,
+        ack_timeout: float | None = None,
+        dead: bool = False,
     ) -> Subscription[Peer, Record]:
+        """A subscription to the queue, or with `dead` to the dead letters (no deadline)."""
+        if dead:
+            return self.dead.subscribe(session, sub_id, ack_mode, prefetch, 0)
         return self.queue.subscribe(session, sub_id, ack_mode, prefetch, ack_timeout)
 
-    def unsubscribe(self, session: Peer, sub_id: str) -> None:
-        self.queue.unsubscribe(session, sub_id)
+    def unsubscribe(self, session: Peer, sub_id: str, dead: bool = False) -> None:
+        (self.dead if dead else self.queue).unsubscribe(session, sub_id)
 
     def ack(self, session: Peer, msg_id: int) -> None:
         """The client is done with the message (and, in client mode, the earlier ones).
-        Late (counted and logged) when its ack deadline passed: nothing changes."""
+        Late (counted and logged) when its ack deadline passed: nothing changes. A dead
+        letter's ACK deletes it for good."""
+        if self.dead.wip_count and self.dead.holds(session, msg_id):
+            for rec in self.dead.ack(session, msg_id):
+                self.log.ack(rec)
+                self.metrics.dead_acked += 1
+            self._counts_dirty()
+            return
         try:
             records = self.queue.ack(session, msg_id)
         except Late:
@@ -331,8 +413,8 @@ class Broker:
             self.metrics.acked += 1
 
     def ack_upto(self, upto: int, done: Done | None) -> None:
-        """Every message with an id up to `upto` is done for good, on every connection;
-        `done(None)` runs once that is durable."""
+        """Every message with an id up to `upto` is done for good, on every connection,
+        delayed messages and dead letters too; `done(None)` runs once that is durable."""
         last = self.log.last_id
         if upto > last:
             raise QueueError(
@@ -342,10 +424,35 @@ class Broker:
                 "marker's curb-last-id.",
             )
         records = self.queue.ack_upto(upto)
+        self.dead.ack_upto(upto)
         self.log.ack_upto(upto, done)
         self.metrics.acked += len(records)
         if self._counters:
             self.counts_changed()
+
+    def browse_dead(self, session: Peer) -> DeadBrowse:
+        """A browse of the dead letters as they are now, by id: those the log still holds
+        and those of the dead letters' queue."""
+        records = sorted(self.log.dead_records() + self.dead.messages(), key=lambda rec: rec.id)
+        browse = DeadBrowse(records, self.log.payload)
+        self._browsing.add(session)
+        self._want_browse()
+        return browse
+
+    def redrive(self, count: int | None, done: Done) -> int:
+        """Move up to `count` (None: all) dead letters back to the queue, oldest first,
+        their delivery count reset; `done(None)` once that is durable. Dead letters a
+        `./dead` subscriber holds stay. Returns how many moved. The log's own (found at
+        start-up, older than any buried since) go first, then the dead letters' queue's."""
+        moved = self.log.redrive(count)
+        revived = self.dead.take_ready(None if count is None else count - moved)
+        for rec in revived:
+            self.log.revive(rec)
+        self.queue.requeue(revived)
+        self.metrics.redriven += moved + len(revived)
+        self.log.on_durable(done)
+        self._release()
+        return moved + len(revived)
 
     def browse(self, session: Peer, from_id: int, to_id: int | None) -> Browse:
         """A browse of ids [from_id, to_id] for the session, stepped from the next loop
@@ -356,17 +463,24 @@ class Broker:
         self._want_browse()
         return browse
 
-    def end_browse(self, browse: Browse) -> None:
-        self.log.end_browse(browse)
+    def end_browse(self, browse: Browse | DeadBrowse) -> None:
+        if isinstance(browse, Browse):
+            self.log.end_browse(browse)
 
-    def nack(self, session: Peer, msg_id: int) -> None:
+    def nack(self, session: Peer, msg_id: int, delay_ms: int | None = None) -> None:
+        """The client gives the message back: rdy again after `delay_ms` (None: the
+        policy's delay), or dead past the delivery limit. A dead letter's NACK puts it
+        back among the dead."""
+        if self.dead.wip_count and self.dead.holds(session, msg_id):
+            self.dead.requeue(self.dead.nack(session, msg_id))
+            return
         try:
             records = self.queue.nack(session, msg_id)
         except Late:
             self._late(session, msg_id, "NACK")
             raise
         self.metrics.nacked += len(records)
-        self._requeue(records)
+        self._requeue(records, delay_ms)
 
     def touch(self, session: Peer, msg_id: int, seconds: float) -> None:
         """The message's ack deadline is `seconds` from now (Late as for a NACK)."""
@@ -375,7 +489,7 @@ class Broker:
         except Late:
             self._late(session, msg_id, "touch")
             raise
-        self._arm_deadline(self.queue.soonest)
+        self._deadlines.arm(self.queue.soonest)
 
     def _late(self, session: Peer, msg_id: int, what: str) -> None:
         """Count and log (as a refusal line) a settlement that came after its message's
@@ -395,7 +509,7 @@ class Broker:
         """Messages of an auto subscription went to the connection's transport: only now
         are they done, and their credit is free for more."""
         for rec in records:
-            self.queue.ack(session, rec.id)
+            (self.dead if rec.dead else self.queue).ack(session, rec.id)
             self.log.ack(rec)
         self.metrics.delivered += len(records)
         if not self._pump_wanted:
@@ -529,38 +643,80 @@ class Broker:
         self._counters.discard(session)
         self._browsing.discard(session)
         self.logins.forget(session)
+        self.dead.requeue(self.dead.close(session))
         self._requeue(self.queue.close(session))
         self.pump()
 
-    def _requeue(self, records: list[Record]) -> None:
+    def _requeue(self, records: list[Record], delay_ms: int | None = None, limit: bool = True) -> None:
         """The one place that decides where a message that came back unfinished goes
-        (NACK, ack deadline, connection gone, shutdown): rdy again, at the front of the
-        line, in the queue and in the log (which keeps its delivery count)."""
-        self.queue.requeue(records)
+        (NACK, ack deadline, connection gone; `delay_ms` is what a NACK asked for):
+        curb.redelivery's fate, in the queue and in the log (which keeps its delivery
+        count and due time). At shutdown (`limit` False) every message is rdy again at
+        once: a restart is no consumer's failure."""
+        if not limit:
+            self.queue.requeue(records)
+            for rec in records:
+                self.log.requeue(rec)
+            return
+        fate, queue, log = self.redelivery.fate, self.queue, self.log
+        wall_ms = 0
         for rec in records:
-            self.log.requeue(rec)
+            wait = fate(rec.deliveries, delay_ms)
+            if wait == 0:
+                queue.requeue([rec])
+                log.requeue(rec)
+            elif wait == DEAD:
+                self._bury(rec, REASON_MAX_DELIVERIES)
+            else:
+                wall_ms = wall_ms or self.wall_ms()
+                log.requeue(rec, wall_ms + wait)  # the log keeps it until due
+                self.metrics.delayed_requeues += 1
+        if wall_ms:
+            self._arm_due()
+
+    def _bury(self, rec: Record, reason: str) -> None:
+        """The message is a dead letter, with its reason: marked so in the log, and held
+        by the dead letters' queue."""
+        self.log.bury(rec, reason)
+        self.dead.requeue([rec])
+        self.metrics.dead_lettered[reason] += 1
+
+    def _expired(self, records: list[Record]) -> None:
+        """Messages the queue met expired: dead letters, or (-expired drop) gone."""
+        self.metrics.expired += len(records)
+        for rec in records:
+            if self.drop_expired:
+                self.log.ack(rec)
+            else:
+                self._bury(rec, REASON_EXPIRED)
+
+    # ---------------------------------------------------------------- due times
+
+    def _arm_due(self) -> None:
+        """Arm the due timer for the log's soonest delayed message (unless armed sooner)."""
+        due = self.log.next_due()
+        if due is not None:
+            self._due.arm(self.loop.time() + max(0, due - self.wall_ms()) / 1000)
+
+    def _came_due(self, armed_for: float) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        """What the log kept until now is due: rdy at the front of the line, and
+        delivered if some consumer can take it; the timer is armed for what is left."""
+        self.queue.requeue(self.log.due(self.wall_ms()))
+        self._arm_due()
+        self.pump()
 
     # ---------------------------------------------------------------- ack deadlines
 
-    def _arm_deadline(self, deadline: float | None) -> None:
-        """Arm the one deadline timer for `deadline`, unless it is armed for that or
-        sooner: a timer that fires early finds nothing due and re-arms for the earliest.
-        So a delivery costs a comparison here, not a look at every deadline."""
-        if deadline is None or (self._deadline_at is not None and self._deadline_at <= deadline):
-            return
-        if self._deadline_timer is not None:
-            self._deadline_timer.cancel()
-        self._deadline_at = deadline
-        self._deadline_timer = self.loop.call_at(deadline, self._deadline_passed)
-
-    def _deadline_passed(self) -> None:
+    def _deadline_passed(self, armed_for: float) -> None:
         """The timer fired: every delivery due by now goes back to the queue, as a NACK's
         would; the connections that held them are untouched."""
-        armed_for, self._deadline_at, self._deadline_timer = self._deadline_at, None, None
         now = self.loop.time()
         # A loop may fire a timer a clock tick early: what it was armed for is due.
-        expired = self.queue.expire(max(now, armed_for or now))
-        self._arm_deadline(self.queue.next_deadline())  # before the pump, whose deliveries may come sooner
+        expired = self.queue.expire(max(now, armed_for))
+        self._deadlines.arm(self.queue.next_deadline())  # before the pump, whose deliveries may come sooner
         if expired:
             self.metrics.ack_timeouts += len(expired)
             sub, rec = expired[-1]
@@ -583,7 +739,8 @@ class Broker:
         """Shutdown, first step: no session reads or gets messages any more; all wip is rdy."""
         for session in list(self.sessions):
             session.stop_reading()
-            self._requeue(self.queue.close(session))
+            self.dead.requeue(self.dead.close(session))
+            self._requeue(self.queue.close(session), limit=False)
 
     def close_sessions(self) -> None:
         """Shutdown, last step: every connection closes once its output is written."""
@@ -605,7 +762,8 @@ class Broker:
             try:
                 log = self.log
                 now = self._time()
-                while (got := queue.next_delivery(now)) is not None:
+                wall_ms = self.wall_ms()
+                while (got := queue.next_delivery(now, wall_ms)) is not None:
                     sub, rec = got
                     log.delivered(rec)
                     sub.conn.deliver(sub, rec, log.payload(rec))
@@ -618,12 +776,26 @@ class Broker:
                 self.metrics.delivered += delivered
                 self.metrics.redelivered += redelivered
             soonest = queue.soonest
-            if soonest is not None and (self._deadline_at is None or soonest < self._deadline_at):
-                self._arm_deadline(soonest)
+            if soonest is not None and (self._deadlines.at is None or soonest < self._deadlines.at):
+                self._deadlines.arm(soonest)
+            if queue.expired:
+                self._expired(queue.take_expired())
+        if self.dead.has_credit() and not self._pumping:
+            self._pump_dead()
         if self._counters:
             self.counts_changed()
         if self._browsing:
             self._want_browse()
+
+    def _pump_dead(self) -> None:
+        """Hand out dead letters to `./dead` subscribers while they have credit."""
+        self._pumping = True
+        try:
+            while (got := self.dead.next_delivery(0.0)) is not None:
+                sub, rec = got
+                sub.conn.deliver(sub, rec, self.log.payload(rec))
+        finally:
+            self._pumping = False
 
     def _want_browse(self) -> None:
         if not self._browse_scheduled:
@@ -684,11 +856,19 @@ class Broker:
     # ---------------------------------------------------------------- counts
 
     def counts(self) -> dict[str, int]:
+        """rdy (due and waiting), delayed (not yet due), wip, dead letters (rdy and held
+        by `./dead` subscribers) and queue subscriptions."""
         return {
             "rdy": self.log.unread + self.queue.redeliver_count,
             "wip": self.queue.wip_count,
+            "delayed": self.log.delayed,
+            "dead": self.log.dead + self.dead.redeliver_count + self.dead.wip_count,
             "subscriptions": self.queue.subscription_count,
         }
+
+    def _counts_dirty(self) -> None:
+        if self._counters:
+            self.counts_changed()
 
     def counts_changed(self) -> None:
         """Coalesce count updates for ./count subscribers into one MESSAGE per change, at
@@ -710,6 +890,8 @@ class Broker:
         return {
             "rdy": counts["rdy"],
             "wip": counts["wip"],
+            "delayed": counts["delayed"],
+            "dead": counts["dead"],
             "connections": len(self.sessions),
             "subscriptions": counts["subscriptions"],
             "log_bytes": self.log.file_bytes,

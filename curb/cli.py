@@ -43,6 +43,7 @@ from curb.instance import DEFAULT_PORT, EXIT_IO, FD_HEADROOM, Config, Events, In
 from curb.log import LogError, parse_size
 from curb.message_limits import MIN_FRAME, RESERVE
 from curb.passwd import passwd_command
+from curb.redelivery import MAX_DELAY_MS, MAX_MULTIPLIER, Redelivery
 
 
 def _size(ctx, param, value: str) -> int:
@@ -165,6 +166,47 @@ def default_file() -> str:
     "(a plain number is seconds; 0: no deadline; at most 24h). SUBSCRIBE may set its own (curb-ack-timeout).",
 )
 @click.option(
+    "-redelivery-delay",
+    "--redelivery-delay",
+    default="0",
+    show_default=True,
+    type=Duration("ms", MAX_DELAY_MS / 1000, zero="at once"),
+    help="How long a message that came back without an asked delay (NACK, ack deadline, disconnect) waits "
+    "before it is rdy again, the first time (a plain number is ms; 0: at once; at most 30 days).",
+)
+@click.option(
+    "-redelivery-multiplier",
+    "--redelivery-multiplier",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(1.0, MAX_MULTIPLIER),
+    help="The redelivery delay is multiplied by this for each delivery before (1: the same every time).",
+)
+@click.option(
+    "-redelivery-max-delay",
+    "--redelivery-max-delay",
+    default="1h",
+    show_default=True,
+    type=Duration("ms", MAX_DELAY_MS / 1000),
+    help="The most the growing redelivery delay becomes (a plain number is ms; at most 30 days).",
+)
+@click.option(
+    "-max-deliveries",
+    "--max-deliveries",
+    default=20,
+    show_default=True,
+    type=click.IntRange(0),
+    help="A message delivered this many times that comes back once more becomes a dead letter (./dead); 0: no limit.",
+)
+@click.option(
+    "-expired",
+    "--expired",
+    type=click.Choice(["dead", "drop"]),
+    default="dead",
+    show_default=True,
+    help="What becomes of an expired message (expires, curb-ttl): a dead letter, or dropped.",
+)
+@click.option(
     "-http",
     "--http",
     default=None,
@@ -213,6 +255,11 @@ def command(
     max_frame,
     heartbeat,
     ack_timeout,
+    redelivery_delay,
+    redelivery_multiplier,
+    redelivery_max_delay,
+    max_deliveries,
+    expired,
     http,
     http_tls,
     http_origins,
@@ -238,6 +285,10 @@ def command(
         max_frame=max_frame,
         heartbeat_ms=round(heartbeat * 1000),
         ack_timeout=ack_timeout,
+        redelivery=Redelivery(
+            round(redelivery_delay * 1000), redelivery_multiplier, round(redelivery_max_delay * 1000), max_deliveries
+        ),
+        drop_expired=expired == "drop",
         http=http,
         http_tls=http_tls,
         http_origins=tuple(http_origins),

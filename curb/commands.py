@@ -16,6 +16,11 @@ handlers, which read the frame's headers and tell the broker.
   would lose the message). An ACK, NACK or touch that came after its message's deadline
   passed on this connection changes nothing and is not an error: its RECEIPT, if it
   asked for one, carries `curb-late:true`.
+- Delays and dead letters (curb.timing, curb.dead): a NACK with `curb-delay:<ms>` asks
+  for that delay; `SUBSCRIBE destination:./dead` (one per connection, beside the
+  queue's) reads the dead letters, `browser:true` browses them; `SEND
+  destination:./redrive` moves them back, its RECEIPT once that is durable. A SEND's
+  due and expiry headers are the broker's (Broker.accept).
 - A bad header is a QueueError (or an `error` call) whose advice says what to send instead.
 """
 
@@ -28,8 +33,10 @@ from curb import heartbeat, message_limits, receipts
 from curb.access import NEW, OPEN, on_connect
 from curb.broker import Refused
 from curb.counts import COUNT_DESTINATION
+from curb.dead import DEAD_DESTINATION, REDRIVE_DESTINATION
 from curb.frame import Frame, decimal, escape
 from curb.queue import Late, QueueError
+from curb.timing import nack_delay
 
 if TYPE_CHECKING:
     from curb.session import Session
@@ -50,8 +57,12 @@ Handler = Callable[["Session", Frame], None]
 
 
 def on_send(session: Session, frame: Frame) -> None:
-    """The broker's one SEND rule (Broker.accept); the RECEIPT waits for the fsync."""
+    """The broker's one SEND rule (Broker.accept); the RECEIPT waits for the fsync. A
+    SEND to ./redrive is no message: it moves dead letters back."""
     headers = frame.headers
+    if headers.get("destination") == REDRIVE_DESTINATION:
+        _redrive(session, frame)
+        return
     receipt = headers.get("receipt")
     line = session.line
     entry = line.owe() if receipt is not None else None
@@ -74,6 +85,25 @@ def on_send(session: Session, frame: Frame) -> None:
         if entry is not None:
             line.remove(entry)
         raise
+
+
+def _redrive(session: Session, frame: Frame) -> None:
+    """SEND to ./redrive: dead letters back to the queue; the RECEIPT once that is durable."""
+    raw = frame.headers.get("curb-count")
+    try:
+        count = None if raw is None else decimal(raw, "curb-count", MAX_MESSAGE_ID)
+    except ValueError as err:
+        raise QueueError(
+            "bad curb-count header",
+            f"{err}: give the number of dead letters to move back, oldest first, or leave curb-count out "
+            "to move them all.",
+        ) from None
+    receipt = frame.headers.get("receipt")
+    line = session.line
+    entry = line.owe() if receipt is not None else None
+    session.broker.redrive(
+        count, _no_answer if entry is None or receipt is None else line.answer(entry, receipt, "SEND")
+    )
 
 
 def on_subscribe(session: Session, frame: Frame) -> None:
@@ -103,10 +133,17 @@ def on_subscribe(session: Session, frame: Frame) -> None:
             )
         first = _message_id(headers, "curb-from-id")
         last = _message_id(headers, "curb-to-id")
-        messages.browses[sub_id] = (broker.browse(session, 1 if first is None else first, last), prefix)
+        if headers.get("destination") == DEAD_DESTINATION:
+            messages.browses[sub_id] = (broker.browse_dead(session), prefix)
+        else:
+            messages.browses[sub_id] = (broker.browse(session, 1 if first is None else first, last), prefix)
     elif headers.get("destination") == COUNT_DESTINATION:
         messages.watch_counts(sub_id, prefix)
         session.send_counts(broker.counts())
+    elif headers.get("destination") == DEAD_DESTINATION:
+        sub = broker.subscribe(session, sub_id, headers.get("ack", "auto"), prefetch_header(headers), dead=True)
+        messages.prefixes[sub] = prefix
+        messages.dead_sub = sub_id
     else:
         raw_timeout = headers.get("curb-ack-timeout")
         try:
@@ -134,6 +171,9 @@ def on_unsubscribe(session: Session, frame: Frame) -> None:
         session.broker.end_browse(browse[0])
     elif messages.count_sub is not None and messages.count_sub == sub_id:
         messages.watch_counts(None)
+    elif messages.dead_sub is not None and messages.dead_sub == sub_id:
+        messages.dead_sub = None
+        session.broker.unsubscribe(session, sub_id, dead=True)
     else:
         session.broker.unsubscribe(session, sub_id)
     session.line.at_once(frame.headers.get("receipt"))
@@ -171,7 +211,8 @@ def on_nack(session: Session, frame: Frame) -> None:
     msg_id = _ack_id(session, frame)
     raw_touch = frame.headers.get("curb-touch")
     if raw_touch is None:
-        _settle(session, frame, msg_id, session.broker.nack)
+        delay = nack_delay(frame.headers)
+        _settle(session, frame, msg_id, lambda peer, msg: session.broker.nack(peer, msg, delay))
         return
     # curb-touch: the delivery stays, due that many ms from now; nothing to sync.
     try:

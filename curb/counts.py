@@ -35,6 +35,8 @@ class CountMessages:
                     "content-type": "application/json",
                     "rdy": str(counts["rdy"]),
                     "wip": str(counts["wip"]),
+                    "delayed": str(counts["delayed"]),
+                    "dead": str(counts["dead"]),
                 },
                 json.dumps(counts).encode(),
             )

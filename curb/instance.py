@@ -35,7 +35,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from curb import systemd, tls, users
@@ -43,6 +43,7 @@ from curb.broker import ACK_TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS, Broker
 from curb.log import Log
 from curb.metrics import Metrics
 from curb.ratelimit import LineLimit
+from curb.redelivery import Redelivery
 from curb.server import Connection, Handshake
 from curb.web.front import WebFront
 
@@ -106,6 +107,9 @@ class Config:
     max_frame: int = 16 << 20
     heartbeat_ms: int = 10_000
     ack_timeout: float = ACK_TIMEOUT_SECONDS  # seconds; 0: no deadline
+    # -redelivery-delay, -redelivery-multiplier, -redelivery-max-delay, -max-deliveries
+    redelivery: Redelivery = field(default_factory=Redelivery)
+    drop_expired: bool = False  # -expired drop
     http: Addr | None = None
     http_tls: bool = False  # -http serves https and wss with tls_files
     http_origins: tuple[str, ...] = ()  # web page origins allowed besides the broker's own
@@ -211,6 +215,8 @@ class Instance:
             connect_timeout=config.connect_timeout,
             max_connections=max_connections,
             ack_timeout=config.ack_timeout,
+            redelivery=config.redelivery,
+            drop_expired=config.drop_expired,
             metrics=self.metrics,
             events=events,
         )

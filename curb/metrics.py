@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from curb import __version__
 
 FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-GAUGE_KEYS = ("rdy", "wip", "connections", "subscriptions", "log_bytes", "live_bytes", "cap")
+GAUGE_KEYS = ("rdy", "wip", "delayed", "dead", "connections", "subscriptions", "log_bytes", "live_bytes", "cap")
 COUNTER_NAMES = (
     "sent",
     "delivered",
@@ -35,7 +35,13 @@ COUNTER_NAMES = (
     "permissions_refused",
     "ack_timeouts",
     "late_acks",
+    "delayed_requeues",
+    "expired",
+    "dead_acked",
+    "redriven",
 )
+# Why a message became a dead letter: the label values of curb_dead_lettered_total.
+DEAD_REASONS = ("max-deliveries", "expired")
 # Why a TLS handshake failed, as counted: the label values of curb_tls_handshake_failures_total
 # (curb.tls.handshake_failure sorts an error into one of them).
 TLS_FAILURES = (
@@ -56,7 +62,7 @@ class Metrics:
     `fsyncs` is derived from the histogram: call `observe_fsync` once per fsync.
     """
 
-    __slots__ = (*COUNTER_NAMES, "tls_failures", "_fsync_counts", "_fsync_seconds")
+    __slots__ = (*COUNTER_NAMES, "tls_failures", "dead_lettered", "_fsync_counts", "_fsync_seconds")
     # the counters of COUNTER_NAMES, each 0 at first
     sent: int
     delivered: int
@@ -77,11 +83,17 @@ class Metrics:
     tls_failures: dict[str, int]
     ack_timeouts: int
     late_acks: int
+    delayed_requeues: int
+    expired: int
+    dead_acked: int
+    redriven: int
+    dead_lettered: dict[str, int]
 
     def __init__(self) -> None:
         for name in COUNTER_NAMES:
             setattr(self, name, 0)
         self.tls_failures = dict.fromkeys(TLS_FAILURES, 0)  # failed TLS handshakes by reason
+        self.dead_lettered = dict.fromkeys(DEAD_REASONS, 0)  # messages made dead letters, by reason
         self._fsync_counts = [0] * (len(FSYNC_BUCKETS) + 1)
         self._fsync_seconds = 0.0
 
@@ -109,6 +121,7 @@ class Metrics:
             **{key: gauges[key] for key in GAUGE_KEYS},
             **{name: getattr(self, name) for name in COUNTER_NAMES},
             **{f"tls_failures_{reason}": count for reason, count in self.tls_failures.items()},
+            **{f"dead_lettered_{reason.replace('-', '_')}": count for reason, count in self.dead_lettered.items()},
             "fsyncs": self.fsyncs,
             "fsync_seconds_sum": self._fsync_seconds,
         }
@@ -146,6 +159,14 @@ class _Snapshot:
         for reason, count in m.tls_failures.items():
             tls.add_metric([reason], count)
         yield tls
+        dead = CounterMetricFamily(
+            "curb_dead_lettered",
+            "Messages made dead letters, by reason: max-deliveries (past -max-deliveries) or expired.",
+            labels=["reason"],
+        )
+        for reason, count in m.dead_lettered.items():
+            dead.add_metric([reason], count)
+        yield dead
         cumulative = 0
         buckets: list[tuple[str, float]] = []
         for bound, count in zip((*FSYNC_BUCKETS, "+Inf"), list(m._fsync_counts), strict=True):
@@ -158,10 +179,13 @@ class _Snapshot:
             sum_value=m._fsync_seconds,
         )
         states = GaugeMetricFamily(
-            "curb_messages", "Messages by state: rdy waits for a consumer, wip awaits ACK or NACK.", labels=["state"]
+            "curb_messages",
+            "Messages by state: rdy waits for a consumer, wip awaits ACK or NACK, delayed waits for its due "
+            "time, dead is a dead letter.",
+            labels=["state"],
         )
-        states.add_metric(["rdy"], g["rdy"])
-        states.add_metric(["wip"], g["wip"])
+        for state in ("rdy", "wip", "delayed", "dead"):
+            states.add_metric([state], g[state])
         yield states
         for name, key, help in _GAUGES:
             yield GaugeMetricFamily(name, help, value=g[key])
@@ -212,6 +236,19 @@ _COUNTERS = (
         "late_acks",
         "ACK, NACK or touch frames that came after their message's ack deadline; they changed nothing.",
     ),
+    (
+        "curb_delayed_requeues",
+        "delayed_requeues",
+        "Messages that came back and were put back with a delay (a NACK's curb-delay or -redelivery-delay).",
+    ),
+    (
+        "curb_messages_expired",
+        "expired",
+        "Messages found past their expiry (expires, curb-ttl) and never delivered: dead letters, or dropped "
+        "with -expired drop.",
+    ),
+    ("curb_dead_letters_acked", "dead_acked", "Dead letters deleted by an ACK on ./dead."),
+    ("curb_messages_redriven", "redriven", "Dead letters moved back to the queue by ./redrive."),
     ("curb_compaction_moves", "compactions", "Live records copied forward by compaction."),
 )
 # (family name, key of the gauges snapshot, help); curb_messages{state} and

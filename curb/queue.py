@@ -6,7 +6,8 @@ Rules (pure state, no sockets, no files):
   heap, oldest id first, ahead of the source.
 - Taking a message out of wip without finishing it (NACK, `close`, `expire`) does not
   place it: those calls return it, and the caller's one policy point decides where it
-  goes (today always `requeue`: rdy again at the front of the line).
+  goes: `requeue` (rdy again at the front of the line), or out of this queue (delayed
+  or a dead letter: the log keeps those).
 - A subscription holds at most `prefetch` wip messages. ACK and NACK free credit; in
   "client" mode they are cumulative over the subscription's wip in delivery order.
 - "auto" subscriptions hold wip and credit like the others: the caller ACKs a message for
@@ -34,6 +35,13 @@ Rules (pure state, no sockets, no files):
   the buckets are rebuilt from the current deadlines when they outnumber them, so they
   hold at most about twice the timed wip. A caller keeping one timer compares `soonest`
   with the time it is armed for.
+- Expiry, in wall-clock milliseconds since the epoch (`wall_ms`, given by the caller like
+  `now`): a message is never handed out at or after its `expires_ms` (0: never). One met
+  on the way to a delivery goes to `expired` instead, for the caller to take
+  (`take_expired`) and dead-letter or drop. A queue made with `timed=False` (the dead
+  letters') never looks. A message that never expires costs one attribute test per
+  delivery. Due times are not the queue's: its source (the log) hands out a message only
+  once it is due, and keeps the ones put back with a delay until then.
 - Competing subscriptions take turns, one message each, in a ring that persists across
   calls. The ring holds exactly the subscriptions that could take a message now (active,
   writable, with credit), so `next_delivery` is O(1) when nothing can be delivered.
@@ -80,6 +88,10 @@ class Message(Protocol):
     def id(self) -> int:
         """Unique, increasing in send order."""
 
+    @property
+    def expires_ms(self) -> int:
+        """Wall-clock ms from which it is never delivered; 0: never expires."""
+
 
 # The queue is generic in what it tracks, so that its caller gets its own types back:
 # M is the message type (the log's Record), C the connection a subscription belongs to
@@ -117,7 +129,12 @@ class Queue(Generic[C, M]):
     """Subscriptions, their wip and credit, and the redelivery list, over a source of new ones."""
 
     def __init__(
-        self, source: Source[M], default_prefetch: int = 100, max_prefetch: int = 10000, ack_timeout: float = 0.0
+        self,
+        source: Source[M],
+        default_prefetch: int = 100,
+        max_prefetch: int = 10000,
+        ack_timeout: float = 0.0,
+        timed: bool = True,
     ):
         if not 1 <= default_prefetch <= max_prefetch:
             raise ValueError(f"need 1 <= default_prefetch ({default_prefetch}) <= max_prefetch ({max_prefetch})")
@@ -132,6 +149,8 @@ class Queue(Generic[C, M]):
         self._blocked: set[C] = set()  # connections whose send buffer is full
         self._wip: dict[int, Subscription[C, M]] = {}  # message id -> the subscription holding it
         self._redeliver: list[tuple[int, M]] = []  # heap of (id, message), rdy again
+        self._timed = timed  # whether expiry counts (False: the dead letters)
+        self.expired: list[M] = []  # met expired on the way to a delivery, for the caller
         self._due: dict[int, int] = {}  # wip message id -> its delivery's ack deadline, ms
         self._buckets: dict[int, list[int]] = {}  # deadline ms -> ids given it, some stale
         self._deadlines: list[int] = []  # heap of the buckets' deadlines, each once
@@ -230,27 +249,33 @@ class Queue(Generic[C, M]):
         if sub is not None:
             self._refresh(sub)
 
-    def deliver(self, now: float) -> list[tuple[Subscription[C, M], M]]:
+    def deliver(self, now: float, wall_ms: int = 0) -> list[tuple[Subscription[C, M], M]]:
         """Hand out as many messages as credit allows (see `next_delivery`)."""
-        return list(iter(lambda: self.next_delivery(now), None))
+        return list(iter(lambda: self.next_delivery(now, wall_ms), None))
 
-    def next_delivery(self, now: float) -> tuple[Subscription[C, M], M] | None:
+    def next_delivery(self, now: float, wall_ms: int = 0) -> tuple[Subscription[C, M], M] | None:
         """Hand out one message, or None when no subscription could take one or none is
         rdy: redeliveries (oldest first), then new ones. Subscriptions take turns, one
         message each, up to their credit; between calls a connection may become blocked
         (`set_writable`), and then gets nothing more. A message delivered to a
-        subscription with an ack timeout is due back by `now` plus it."""
+        subscription with an ack timeout is due back by `now` plus it. One expired by
+        `wall_ms` goes to `expired` instead."""
         ring = self._ring
         if not ring:
             return None
         redeliver = self._redeliver
         message: M | None
-        if redeliver:
-            message = heapq.heappop(redeliver)[1]
-        else:
-            message = self._source.next_ready()
-            if message is None:
-                return None
+        while True:
+            if redeliver:
+                message = heapq.heappop(redeliver)[1]
+            else:
+                message = self._source.next_ready()
+                if message is None:
+                    return None
+            expires = message.expires_ms
+            if not expires or expires > wall_ms or not self._timed:
+                break
+            self.expired.append(message)
         sub = ring.popitem(last=False)[0]
         message_id = message.id
         sub.unacked[message_id] = message
@@ -278,6 +303,31 @@ class Queue(Generic[C, M]):
         redeliver = self._redeliver
         for message in messages:
             heapq.heappush(redeliver, (message.id, message))
+
+    def take_expired(self) -> list[M]:
+        """The expired messages met since the last call; the caller dead-letters or drops them."""
+        expired, self.expired = self.expired, []
+        return expired
+
+    def holds(self, conn: C, message_id: int) -> bool:
+        """Whether the message is wip here on this connection."""
+        sub = self._wip.get(message_id)
+        return sub is not None and sub.conn == conn
+
+    def messages(self) -> list[M]:
+        """The messages put back here (rdy again) and wip, by id: a snapshot, for a
+        browse of the dead letters. The source's are not among them."""
+        held = [message for _, message in self._redeliver]
+        held += [sub.unacked[message_id] for message_id, sub in self._wip.items()]
+        return sorted(held, key=lambda message: message.id)
+
+    def take_ready(self, count: int | None) -> list[M]:
+        """Take up to `count` (None: all) of the messages put back here out of the queue,
+        oldest id first, for the caller to place elsewhere (a redrive of dead letters).
+        The source's stay."""
+        redeliver = self._redeliver
+        taken = len(redeliver) if count is None else min(count, len(redeliver))
+        return [heapq.heappop(redeliver)[1] for _ in range(taken)]
 
     def touch(self, conn: C, message_id: int, deadline: float) -> None:
         """Move one wip message's ack deadline to `deadline` (later or sooner), whether or

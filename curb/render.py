@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from curb import payload
 from curb.access import CLOSING
+from curb.dead import DeadBrowse, dead_headers
 from curb.frame import FRAME_END, encode
 from curb.output import Output, Piece
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 VIEW_BODY = 64 * 1024
 BROWSE_END = "browse-end"  # the message-id of a browse's end marker
 NO_PAYLOAD = b"\n"  # no kept headers, an empty body
+FIRST_DELIVERY = b"curb-deliveries:1\n"  # the count a first delivery's MESSAGE carries
 Write = Callable[[Piece, bool], None]  # (data, whether a frame ends with it)
 
 
@@ -64,21 +66,27 @@ class Messages:
     def __init__(self, broker: Broker, peer: Session, write: Write, output: Output[Record]):
         self._broker, self._peer, self._write, self._output = broker, peer, write, output
         self.prefixes: dict[Subscription[Peer, Record], bytes] = {}
-        self.browses: dict[str, tuple[Browse, bytes]] = {}  # sub id -> browse, MESSAGE prefix
+        self.browses: dict[str, tuple[Browse | DeadBrowse, bytes]] = {}  # sub id -> browse, MESSAGE prefix
         self.count_sub: str | None = None
+        self.dead_sub: str | None = None  # the id of its ./dead subscription
         self._count_prefix = b""
         self._last_counts: dict[str, int] | None = None
         self.counts_owed = False  # counts changed while the peer could take no output
 
     def deliver(self, sub: Subscription[Peer, Record], rec: Record, data: Piece) -> None:
-        """One MESSAGE of the stored payload `data` for the subscription."""
+        """One MESSAGE of the stored payload `data` for the subscription, with the
+        message's delivery count (and a dead letter's reason, curb.dead)."""
         msg_id, deliveries, auto = rec.id, rec.deliveries, sub.ack_mode == "auto"
-        if auto:
-            head = b"%smessage-id:%d\n" % (self.prefixes[sub], msg_id)
+        if rec.dead:  # from ./dead: its reason and count
+            extra = dead_headers(rec)
+        elif deliveries > 1:
+            extra = b"redelivered:true\ncurb-deliveries:%d\n" % deliveries
         else:
-            head = b"%smessage-id:%d\nack:%d\n" % (self.prefixes[sub], msg_id, msg_id)
-        if deliveries > 1:
-            head += b"redelivered:true\ncurb-deliveries:%d\n" % deliveries
+            extra = FIRST_DELIVERY
+        if auto:
+            head = b"%smessage-id:%d\n%s" % (self.prefixes[sub], msg_id, extra)
+        else:
+            head = b"%smessage-id:%d\nack:%d\n%s" % (self.prefixes[sub], msg_id, msg_id, extra)
         write_message(self._write, head, data)
         if auto:
             self._output.after_last(rec)

@@ -1,5 +1,6 @@
 """A broker over a real LogCore on a SimDisk, driven by hand: sessions, scheduled
-callbacks, flushes and syncs happen when a test says. No sockets, no event loop."""
+callbacks, flushes and syncs happen when a test says. No sockets, no event loop; the
+log's wall clock is the SimClock's."""
 
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ class MemWorld:
     """One broker, its log on a SimDisk, a list of scheduled callbacks and a clock whose
     timers (the broker's ack deadlines) fire when scheduled work runs after their time."""
 
-    def __init__(self, cap: int = CAP, disk: SimDisk | None = None, **broker_options) -> None:
+    def __init__(self, cap: int = CAP, disk: SimDisk | None = None, now: float = 0.0, **broker_options) -> None:
         self.cap = cap
         self.disk = disk if disk is not None else SimDisk(random.Random(3))
-        self.clock = SimClock()
+        self.clock = SimClock(now)
+        self.broker_options = broker_options
         self.log = LogCore(self.disk, cap, clock=self.clock.time, wall_ms=self.clock.wall_ms)
         self.later: list[Callable[[], None]] = []
         self.broker = Broker(
@@ -67,7 +69,9 @@ class MemWorld:
         return peer
 
     def crash(self, mode: str = "kill") -> MemWorld:
-        return MemWorld(self.cap, self.disk.crash(mode))
+        """The broker after a crash: its disk as the crash left it, the same flags, and
+        the clock where it was (a restart takes no time)."""
+        return MemWorld(self.cap, self.disk.crash(mode), self.now, **self.broker_options)
 
 
 class MemPeer:

@@ -1,6 +1,7 @@
 """A clock that tests move by hand, with the `time` and `call_at` of an event loop
 (curb.broker.Loop): timers fire, in time order, only when `fire_due` is called at or
-after their time."""
+after their time. It is a wall clock too (`wall_ms`, for the log's due and expiry
+times): WALL_START_MS at time 0, moving with it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ class SimTimer:
         self.cancelled = True
 
 
+WALL_START_MS = 1_800_000_000_000
+
+
 class SimClock:
     def __init__(self, now: float = 0.0) -> None:
         self.now = now
@@ -28,8 +32,9 @@ class SimClock:
         return self.now
 
     def wall_ms(self) -> int:
-        """The same time as a wall clock in epoch milliseconds (the log's send stamps)."""
-        return int(self.now * 1000)
+        """The same time as a wall clock in epoch milliseconds (the log's send stamps, due
+        and expiry times): WALL_START_MS at time 0."""
+        return WALL_START_MS + round(self.now * 1000)
 
     def call_at(self, when: float, callback: Callable[[], None]) -> SimTimer:
         timer = SimTimer(when, callback)

@@ -53,7 +53,7 @@ def held_past_deadline(world: MemWorld) -> tuple[MemPeer, MemPeer, dict[bytes, s
     hung = consumer(world, "h", prefetch=2)
     got = hung.frames()
     acks = {f.body: f.headers["ack"] for f in got}
-    assert messages(got) == [(b"a", None, None), (b"b", None, None)]
+    assert messages(got) == [(b"a", None, "1"), (b"b", None, "1")]
     hung.send("NACK", id=acks[b"b"], curb_touch="5000")
     worker = consumer(world, "w")
     assert worker.frames() == []
@@ -72,7 +72,7 @@ def test_a_hung_consumers_message_goes_to_a_consumer_with_credit_and_nothing_els
     world.settle()
     assert receipts(hung.frames()) == [("b-done", None)]
     assert world.broker.metrics.ack_timeouts == 1
-    assert world.broker.counts() == {"rdy": 0, "wip": 1, "subscriptions": 2}
+    assert world.broker.counts() == {"rdy": 0, "wip": 1, "delayed": 0, "dead": 0, "subscriptions": 2}
 
 
 @pytest.mark.parametrize(
@@ -155,7 +155,7 @@ def test_an_auto_subscription_has_no_deadline():
     world.peer().produce([b"job"])
     peer = world.peer()
     peer.send("SUBSCRIBE", id="s", destination=QUEUE, curb_ack_timeout="5")
-    assert messages(peer.frames()) == [(b"job", None, None)]
+    assert messages(peer.frames()) == [(b"job", None, "1")]
     assert world.clock.armed == []
 
 

@@ -12,6 +12,7 @@ from simdisk import SimDisk
 from curb.frame import Frame
 from curb.log import LogCore, QueueFull
 from curb.log import record as fmt
+from curb.redelivery import Redelivery
 from curb.render import BROWSE_END
 
 
@@ -75,7 +76,7 @@ def test_upto_removes_messages_waiting_for_redelivery() -> None:
     assert world.broker.queue.redeliver_count == 1
     peer.send("ACK", curb_upto="2")
     assert world.broker.queue.redeliver_count == 0
-    assert world.broker.counts() == {"rdy": 2, "wip": 0, "subscriptions": 0}
+    assert world.broker.counts() == {"rdy": 2, "wip": 0, "delayed": 0, "dead": 0, "subscriptions": 0}
 
 
 @pytest.mark.parametrize(
@@ -240,3 +241,20 @@ def test_checkpoint_slots_of_the_older_layout_still_recover() -> None:
     log = LogCore(disk, 64 * 1024)
     assert (log.last_id, log.acked_upto) == (41, 0)
     assert fmt.Checkpoint.decode(fmt.Checkpoint(6, 512, 512, 3, 4, 2).encode()) == fmt.Checkpoint(6, 512, 512, 3, 4, 2)
+
+
+def test_upto_finishes_dead_letters_and_delayed_messages_too() -> None:
+    world, peer = world_with(3)
+    peer.send("SEND", b"later", destination="/queue/curb", curb_delay="60000")
+    consumer = world.peer()
+    consumer.send("SUBSCRIBE", id="s", destination="/queue/curb", ack="client-individual")
+    world.broker.redelivery = Redelivery(max_deliveries=1)  # the first NACK makes a dead letter
+    for frame in consumer.frames():
+        consumer.send("NACK", id=frame.headers["ack"])
+    assert world.broker.counts()["dead"] == 3 and world.broker.counts()["delayed"] == 1
+    peer.send("ACK", curb_upto="4", receipt="u")
+    world.settle()
+    assert world.broker.counts() == {"rdy": 0, "wip": 0, "delayed": 0, "dead": 0, "subscriptions": 1}
+    reader = world.peer()
+    reader.send("SUBSCRIBE", id="d", destination="./dead", ack="client-individual")
+    assert reader.frames() == []

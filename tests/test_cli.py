@@ -17,8 +17,10 @@ import pytest
 
 import curb
 from curb import cli, instance
+from curb.instance import Config
 from curb.log import LogCore, LogError
 from curb.log.disk import FileDisk
+from curb.redelivery import Redelivery
 
 DOCUMENTED_FLAGS = [
     "-cap",
@@ -35,6 +37,11 @@ DOCUMENTED_FLAGS = [
     "-connect-timeout",
     "-max-connections",
     "-ack-timeout",
+    "-redelivery-delay",
+    "-redelivery-multiplier",
+    "-redelivery-max-delay",
+    "-max-deliveries",
+    "-expired",
     "--version",
 ]
 
@@ -229,22 +236,28 @@ def test_an_ack_timeout_past_a_day_or_not_finite_is_a_usage_error(capsys, tmp_pa
     assert "-ack-timeout" in line and "0 for no deadline" in line, line
 
 
+def serve_given(monkeypatch, *args: str) -> Config:
+    """The Config the command passes to `serve` for these flags."""
+    given: list[Config] = []
+
+    async def serve(config, events) -> int:
+        given.append(config)
+        return 0
+
+    monkeypatch.setattr(cli, "serve", serve)
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["-cap", "1MiB", *args])
+    assert exit.value.code == 0
+    return given[0]
+
+
 @pytest.mark.parametrize(
     ("value", "seconds"), [(None, 1800.0), ("0", 0.0), ("300ms", 0.3), ("90", 90.0), ("2h", 7200.0)]
 )
 def test_the_ack_timeout_reaches_the_broker_in_seconds(monkeypatch, value, seconds):
     """30 minutes unless told; a plain number is seconds; 0 turns deadlines off."""
-    given: dict = {}
-
-    async def serve(config, events) -> int:
-        given["ack_timeout"] = config.ack_timeout
-        return 0
-
-    monkeypatch.setattr(cli, "serve", serve)
-    with pytest.raises(SystemExit) as exit:
-        cli.main(["-cap", "1MiB", *([] if value is None else ["-ack-timeout", value])])
-    assert exit.value.code == 0
-    assert given["ack_timeout"] == pytest.approx(seconds)
+    config = serve_given(monkeypatch, *([] if value is None else ["-ack-timeout", value]))
+    assert config.ack_timeout == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize(
@@ -434,3 +447,41 @@ def test_a_listener_queues_a_reconnect_storm_in_the_kernel_while_accepting_a_few
         return len(clients)
 
     assert asyncio.run(listen_and_connect()) == storm
+
+
+@pytest.mark.parametrize(
+    ("args", "policy", "drop"),
+    [
+        ((), Redelivery(0, 2.0, 3_600_000, 20), False),
+        (
+            ("-redelivery-delay", "1s", "-redelivery-multiplier", "3", "-redelivery-max-delay", "2m"),
+            Redelivery(1000, 3.0, 120_000, 20),
+            False,
+        ),
+        (
+            ("-redelivery-delay", "250", "-max-deliveries", "0", "-expired", "drop"),
+            Redelivery(250, 2.0, 3_600_000, 0),
+            True,
+        ),
+    ],
+)
+def test_the_redelivery_flags_reach_the_broker(monkeypatch, args, policy, drop):
+    """Defaults: at once, no growth needed, a 1 h cap, 20 deliveries, expired ones dead; a
+    plain number of -redelivery-delay is milliseconds."""
+    config = serve_given(monkeypatch, *args)
+    assert (config.redelivery, config.drop_expired) == (policy, drop)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("-redelivery-delay", "31d", "500ms, 10s, 30m or 2h"),
+        ("-redelivery-delay", "721h", "longer than the most allowed"),
+        ("-redelivery-multiplier", "0.5", "1.0<=x<=100.0"),
+        ("-max-deliveries", "-1", "x>=0"),
+        ("-expired", "keep", "'dead', 'drop'"),
+    ],
+)
+def test_a_bad_redelivery_flag_is_a_usage_error(capsys, tmp_path, flag, value, says):
+    line = usage_error(capsys, bad_flag(tmp_path, flag, value))
+    assert flag in line and says in line, line

@@ -34,9 +34,9 @@ def test_every_subscriber_gets_the_same_message_under_its_own_subscription():
 
 def test_the_shared_part_is_encoded_once_per_change():
     messages = CountMessages()
-    first = messages.tail({"rdy": 1, "wip": 0, "subscriptions": 0})
-    assert messages.tail({"rdy": 1, "wip": 0, "subscriptions": 0}) is first
-    second = messages.tail({"rdy": 2, "wip": 0, "subscriptions": 0})
+    first = messages.tail({"rdy": 1, "wip": 0, "delayed": 0, "dead": 0, "subscriptions": 0})
+    assert messages.tail({"rdy": 1, "wip": 0, "delayed": 0, "dead": 0, "subscriptions": 0}) is first
+    second = messages.tail({"rdy": 2, "wip": 0, "delayed": 0, "dead": 0, "subscriptions": 0})
     assert first[0] == b"message-id:count-1\n" and second[0] == b"message-id:count-2\n"
     out: list[bytes] = []
     render.write_message(lambda data, end: out.append(bytes(data)), b"MESSAGE\nsubscription:s\n" + second[0], second[1])

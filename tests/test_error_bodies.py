@@ -165,6 +165,49 @@ ROWS = {
         "from 0 (no deadline) to 86400000 (a day)",
         (frame("SUBSCRIBE", id="s", ack="client", curb_ack_timeout="soon"),),
     ),
+    # ------------------------------------------------ QueueError: delays, expiry, redrive
+    "bad curb-delay on SEND": Row(
+        "bad curb-delay header",
+        "Give curb-delay milliseconds from now, 0 to 2592000000",
+        (frame("SEND", curb_delay="-5"),),
+    ),
+    "curb-delay past 30 days": Row(
+        "bad curb-delay header: curb-delay 2592000001 exceeds the limit",
+        "Give curb-delay milliseconds from now, 0 to 2592000000 (30 days)",
+        (frame("SEND", curb_delay="2592000001"),),
+    ),
+    "bad AMQ_SCHEDULED_DELAY": Row(
+        "bad AMQ_SCHEDULED_DELAY header",
+        "Give AMQ_SCHEDULED_DELAY milliseconds from now",
+        (encode("SEND", {"AMQ_SCHEDULED_DELAY": "soon"}),),
+    ),
+    "AMQ_SCHEDULED_TIME past 30 days": Row(
+        "bad AMQ_SCHEDULED_TIME header",
+        "at most 2592000000 ms (30 days) from now",
+        (encode("SEND", {"AMQ_SCHEDULED_TIME": "99999999999999"}),),
+    ),
+    "two due times": Row(
+        "SEND names two due times: curb-delay and AMQ_SCHEDULED_DELAY",
+        "Give a SEND one of curb-delay",
+        (encode("SEND", {"curb-delay": "5", "AMQ_SCHEDULED_DELAY": "5"}),),
+    ),
+    "bad expires": Row(
+        "bad expires header",
+        "Give expires a time in milliseconds since the epoch (0: never)",
+        (frame("SEND", expires="x"),),
+    ),
+    "bad curb-ttl": Row("bad curb-ttl header", "Give curb-ttl milliseconds from now", (frame("SEND", curb_ttl="-1"),)),
+    "bad curb-delay on NACK": Row(
+        "bad curb-delay header",
+        "Give curb-delay milliseconds from now",
+        (SUBSCRIBE, frame("NACK", id="1", curb_delay="later")),
+        held=1,
+    ),
+    "bad curb-count on ./redrive": Row(
+        "bad curb-count header",
+        "give the number of dead letters to move back",
+        (frame("SEND", destination="./redrive", curb_count="all"),),
+    ),
     # ------------------------------------------------ QueueError: browses and their ids
     "browse still running": Row(
         "browse 'b' is still running",

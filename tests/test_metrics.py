@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 GAUGES = {
     "rdy": 12,
     "wip": 3,
+    "delayed": 18,
+    "dead": 19,
     "connections": 4,
     "subscriptions": 2,
     "log_bytes": 4096,
@@ -56,6 +58,8 @@ def test_counters_and_gauges_render_as_typed_prometheus_families():
     metrics.connect_timeouts, metrics.permissions_refused, metrics.refused_disk_full = 11, 12, 13
     metrics.tls_failures["no_certificate"], metrics.tls_failures["timeout"] = 14, 15
     metrics.ack_timeouts, metrics.late_acks = 16, 17
+    metrics.delayed_requeues, metrics.expired, metrics.dead_acked, metrics.redriven = 20, 21, 22, 23
+    metrics.dead_lettered["max-deliveries"], metrics.dead_lettered["expired"] = 24, 25
     families = parse(metrics.prometheus(GAUGES)[0].decode())
 
     counters = {
@@ -73,6 +77,10 @@ def test_counters_and_gauges_render_as_typed_prometheus_families():
         "curb_permissions_refused": 12,
         "curb_ack_timeouts": 16,
         "curb_late_acks": 17,
+        "curb_delayed_requeues": 20,
+        "curb_messages_expired": 21,
+        "curb_dead_letters_acked": 22,
+        "curb_messages_redriven": 23,
     }
     for name, expected in counters.items():
         assert families[name].type == "counter"
@@ -89,6 +97,11 @@ def test_counters_and_gauges_render_as_typed_prometheus_families():
 
     assert value(families, "curb_messages", "curb_messages", state="rdy") == 12
     assert value(families, "curb_messages", "curb_messages", state="wip") == 3
+    assert value(families, "curb_messages", "curb_messages", state="delayed") == 18
+    assert value(families, "curb_messages", "curb_messages", state="dead") == 19
+    dead = "curb_dead_lettered"
+    assert value(families, dead, dead + "_total", reason="max-deliveries") == 24
+    assert value(families, dead, dead + "_total", reason="expired") == 25
     gauges = {
         "curb_connections_open": 4,
         "curb_subscriptions": 2,
@@ -152,6 +165,12 @@ def test_stats_is_one_flat_json_object_of_gauges_and_counters():
         **{f"tls_failures_{reason}": 0 for reason in TLS_FAILURES},
         "ack_timeouts": 0,
         "late_acks": 0,
+        "delayed_requeues": 0,
+        "expired": 0,
+        "dead_acked": 0,
+        "redriven": 0,
+        "dead_lettered_max_deliveries": 0,
+        "dead_lettered_expired": 0,
         "fsyncs": 1,
         "fsync_seconds_sum": 0.5,
     }

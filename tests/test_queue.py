@@ -12,6 +12,7 @@ from curb.queue import DEADLINE_SLACK, LATE_KEPT, Late, Queue, QueueError, Subsc
 @dataclass(eq=False, frozen=True)
 class FakeMessage:
     id: int
+    expires_ms: int = 0
 
 
 class FakeSource:

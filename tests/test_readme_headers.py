@@ -1,6 +1,7 @@
 """The README's promise about SEND headers Curb does not act on ("The STOMP 1.2 subset"):
 they come back unchanged on MESSAGE and change nothing about delivery, whatever other
-brokers make of them (expiry, priority, persistence, delays)."""
+brokers make of them (priority, persistence, other brokers' delays). The delay and expiry
+headers Curb acts on are tested in tests/test_work_queue_e2e.py."""
 
 import time
 
@@ -8,12 +9,10 @@ from curb.client import Client
 
 NOW_MS = int(time.time() * 1000)
 OTHER_BROKERS_HEADERS = {
-    "expires": str(NOW_MS - 60_000),  # expired a minute ago
     "priority": "9",
     "persistent": "false",
     "reply-to": "/queue/replies",
     "correlation-id": "order-17",
-    "AMQ_SCHEDULED_DELAY": "60000",
     "x-delay": "60000",
     "deliverAt": str(NOW_MS + 3_600_000),
 }

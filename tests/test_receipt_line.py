@@ -61,10 +61,12 @@ class LaggingLog(FakeLog):
         self.closed: Callable[[], bool] = lambda: False  # whether the connection ended already
         self.late: set[str] = set()  # answered once it had ended: no ERROR can follow
 
-    def append(self, payload: bytes, done: Done | None = None, urgent: bool = True) -> Record:
+    def append(
+        self, payload: bytes, done: Done | None = None, urgent: bool = True, *, due_ms: int = 0, expires_ms: int = 0
+    ) -> Record:
         if payload.endswith(FULL):
             raise QueueFull("queue full now (test): retry once consumers have caught up")
-        rec = super().append(payload, None, urgent)
+        rec = super().append(payload, None, urgent, due_ms=due_ms, expires_ms=expires_ms)
         if done is not None:
             self._wait("SEND " + payload.rsplit(b"\n", 1)[-1].decode(), done)
         return rec

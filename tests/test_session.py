@@ -286,14 +286,15 @@ def test_count_subscription_reports_counts_at_once_and_on_change(broker, stomp_c
         return json.loads(box.messages[-1].body) if box.messages else {}
 
     [first] = counts.wait_messages(1)
-    assert json.loads(first.body) == {"rdy": 0, "wip": 0, "subscriptions": 0}
+    assert json.loads(first.body) == {"rdy": 0, "wip": 0, "delayed": 0, "dead": 0, "subscriptions": 0}
     assert (first.headers["rdy"], first.headers["wip"]) == ("0", "0")
     produce(stomp_conn, broker.port, ["n1", "n2"])
     counts.wait_for(lambda box: latest(box).get("rdy") == 2, "a count with rdy 2")
     conn, inbox = consume(stomp_conn, broker.port)
     held = inbox.wait_messages(2)
     counts.wait_for(
-        lambda box: latest(box) == {"rdy": 0, "wip": 2, "subscriptions": 1}, "a count with 2 wip on 1 subscription"
+        lambda box: latest(box) == {"rdy": 0, "wip": 2, "delayed": 0, "dead": 0, "subscriptions": 1},
+        "a count with 2 wip on 1 subscription",
     )
     assert (counts.messages[-1].headers["rdy"], counts.messages[-1].headers["wip"]) == ("0", "2")
     for message in held:

@@ -23,9 +23,16 @@ Done = Callable[[str | None], None]
 
 class FakeLog:
     """The log's public surface, in memory: appends are readable at once, and the
-    answers (RECEIPTs) wait until the test calls sync()."""
+    answers (RECEIPTs) wait until the test calls sync(). Delayed messages and dead
+    letters are kept as the log keeps them (curb.log's API): parked until due by its
+    wall clock (the SimClock's); dead letters found at start-up
+    (`dead_rdy`, which a test fills) handed out one at a time to the dead letters' queue,
+    those buried since held by the broker."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: SimClock | None = None) -> None:
+        self.clock = clock or SimClock()
+        self.parked: dict[int, tuple[int, Record]] = {}  # id -> (due ms, record)
+        self.dead_rdy: collections.deque[Record] = collections.deque()  # found at start-up, not handed out
         self.on_written: Callable[[], None] = lambda: None
         self.on_answered: Callable[[], None] = lambda: None
         self.on_disk_full: Callable[[int, str], None] = lambda refused, why: None
@@ -43,12 +50,21 @@ class FakeLog:
     def unread(self) -> int:
         return len(self.ready)
 
-    def append(self, payload: bytes, done: Done | None = None, urgent: bool = True) -> Record:
+    def wall_ms(self) -> int:
+        return self.clock.wall_ms()
+
+    def append(
+        self, payload: bytes, done: Done | None = None, urgent: bool = True, *, due_ms: int = 0, expires_ms: int = 0
+    ) -> Record:
         if self.full:
             raise QueueFull("queue full now (fake)")
         rec = Record(self.next_id, 0, len(payload), 0, 0, payload)
+        rec.due_ms, rec.expires_ms = due_ms, expires_ms
         self.next_id += 1
-        self.ready.append(rec)
+        if due_ms > self.wall_ms():
+            self.parked[rec.id] = (due_ms, rec)
+        else:
+            self.ready.append(rec)
         if done is not None:
             self.waiting.append(done)
         return rec
@@ -56,8 +72,48 @@ class FakeLog:
     def ack(self, rec: Record) -> None:
         self.acked.append(rec.id)
 
-    def requeue(self, rec: Record) -> None:
+    def requeue(self, rec: Record, due_ms: int = 0) -> None:
         self.requeued.append(rec.id)
+        if not rec.dead and due_ms > self.wall_ms():
+            rec.due_ms = due_ms
+            self.parked[rec.id] = (due_ms, rec)
+
+    def bury(self, rec: Record, reason: str) -> None:
+        rec.dead = reason
+
+    def revive(self, rec: Record) -> None:
+        rec.dead, rec.deliveries = "", 0
+
+    def next_dead(self) -> Record | None:
+        return self.dead_rdy.popleft() if self.dead_rdy else None
+
+    def dead_records(self) -> list[Record]:
+        return list(self.dead_rdy)
+
+    def redrive(self, count: int | None = None, done: Done | None = None) -> int:
+        moved = list(self.dead_rdy)[:count]
+        for rec in moved:
+            self.dead_rdy.popleft()
+            self.revive(rec)
+            self.parked[rec.id] = (0, rec)
+        if done is not None:
+            self.waiting.append(done)
+        return len(moved)
+
+    def due(self, now_ms: int) -> list[Record]:
+        due = sorted(i for i, (at, _) in self.parked.items() if at <= now_ms)
+        return [self.parked.pop(i)[1] for i in due]
+
+    def next_due(self) -> int | None:
+        return min((at for at, _ in self.parked.values()), default=None)
+
+    @property
+    def delayed(self) -> int:
+        return len(self.parked)
+
+    @property
+    def dead(self) -> int:
+        return len(self.dead_rdy)
 
     @property
     def last_id(self) -> int:
@@ -102,10 +158,10 @@ class FakeLog:
 class World:
     """A broker over a FakeLog; scheduled callbacks run when the test says."""
 
-    def __init__(self, heartbeat_ms: int = 0, prefetch: int = 100) -> None:
-        self.log = FakeLog()
-        self.later: list[Callable[[], None]] = []
+    def __init__(self, heartbeat_ms: int = 0, prefetch: int = 100, **options) -> None:
         self.clock = SimClock()
+        self.log = FakeLog(self.clock)
+        self.later: list[Callable[[], None]] = []
         self.broker = Broker(
             self.log,
             prefetch=prefetch,
@@ -113,10 +169,11 @@ class World:
             schedule=lambda delay, callback: self.later.append(callback),
             clock=self.clock.time,
             loop=self.clock,
+            **options,
         )
 
     def run_scheduled(self) -> None:
-        while self.later:
+        while self.later or self.clock.fire_due():
             later, self.later = self.later, []
             for callback in later:
                 callback()
@@ -557,4 +614,4 @@ def test_each_delivery_is_counted_by_the_log_and_shown_to_the_consumer():
         [message] = peer.frames()
         seen.append((message.headers.get("redelivered"), message.headers.get("curb-deliveries")))
         peer.send("NACK", id=message.headers["ack"])
-    assert seen == [(None, None), ("true", "2"), ("true", "3")]
+    assert seen == [(None, "1"), ("true", "2"), ("true", "3")]

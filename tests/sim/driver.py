@@ -48,6 +48,7 @@ from curb.access import OPEN
 from curb.broker import Broker
 from curb.frame import Frame, FrameParser, encode
 from curb.log import LogCore, max_message_for
+from curb.redelivery import Redelivery
 from curb.session import Session
 from sim.checker import Checker, SimFailure, body_for, tag_of
 from sim.workload import Action, Config, Workload
@@ -111,6 +112,9 @@ class World:
             self.log,
             heartbeat_ms=cfg.heartbeat_ms,
             ack_timeout=cfg.ack_timeout_ms / 1000,
+            # The checker models no dead letters yet: no message leaves the queue by the
+            # delivery limit (the broker's own tests cover it: tests/test_broker_policy.py).
+            redelivery=Redelivery(max_deliveries=0),
             schedule=lambda delay, callback: self.later.append(callback),
             clock=clock.time,
             loop=clock,

@@ -1,0 +1,70 @@
+"""The dead letters as a queue of their own: `./dead` reads them, `./redrive` sends them back.
+
+A dead letter is a message past the delivery limit or expired (curb.redelivery's
+reasons). It stays in the log with its body, headers, delivery count and reason (the log
+marks it, `bury`), and the broker serves the dead letters with a second
+`curb.queue.Queue`, untimed: the ones it buries are put back there at once (held
+records, as in flight), and its source (`DeadSource`) is the log's dead letters found at
+start-up. A `./dead` subscriber's ACK deletes one for good; its NACK, disconnect or close
+puts it back among the dead (never in the ordinary queue). A redrive makes the oldest
+dead letters ordinary messages again, count reset: the log's own first (`redrive`, from
+earlier runs), then the queue's (`revive`).
+
+A browse of `./dead` (`DeadBrowse`) is a snapshot of the dead letters when it starts,
+in id order, each sent only if it is still dead when its turn comes, a bounded number
+of bytes per step, like a browse of the queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from curb.log.browse import Step
+from curb.log.cursor import Record
+
+DEAD_DESTINATION = "./dead"
+REDRIVE_DESTINATION = "./redrive"
+
+
+class DeadLog(Protocol):
+    def next_dead(self) -> Record | None: ...
+
+
+class DeadSource:
+    """The dead letters the log found at start-up, as the dead letters' queue's source."""
+
+    def __init__(self, log: DeadLog):
+        self._log = log
+
+    def next_ready(self) -> Record | None:
+        return self._log.next_dead()
+
+
+def dead_headers(rec: Record) -> bytes:
+    """The header lines a dead letter's MESSAGE carries ahead of its own."""
+    return b"curb-dead-reason:%s\ncurb-deliveries:%d\n" % (rec.dead.encode(), rec.deliveries)
+
+
+class DeadBrowse:
+    """A browse of the dead letters that were dead when it began, by id; `step` as
+    curb.browse.Browse's, for the session's browse loop."""
+
+    def __init__(self, records: list[Record], payload: Callable[[Record], bytes | memoryview]):
+        self._records = records
+        self._next = 0
+        self._payload = payload
+        self.to_id = records[-1].id if records else 0
+
+    def step(self, budget: int) -> Step:
+        messages: list[tuple[int, bytes]] = []
+        records = self._records
+        while self._next < len(records) and budget > 0:
+            rec = records[self._next]
+            self._next += 1
+            if rec.acked or not rec.dead:
+                continue  # deleted or redriven since the browse began
+            data = dead_headers(rec) + bytes(self._payload(rec))
+            messages.append((rec.id, data))
+            budget -= len(data)
+        return Step(messages, done=self._next >= len(records))

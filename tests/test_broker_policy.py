@@ -1,0 +1,360 @@
+"""The broker's one policy point and the work-queue frames, in memory: sessions over a
+Broker over the fake log (tests/test_session_rules.py's, which keeps delayed messages
+and dead letters as the log's API does) and a simulated clock. Where a message that
+came back goes (at once, after the asked delay, after the default backoff, dead past
+the delivery limit) for every way back; delayed SENDs; expiry; ./dead and ./redrive;
+the counts. The real broker with stomp.py: tests/test_work_queue_e2e.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from simclock import WALL_START_MS
+from test_session_rules import Peer, World
+
+from curb.frame import Frame, encode
+from curb.redelivery import Redelivery
+
+QUEUE = "/queue/curb"
+
+
+def at(world: World, now: float) -> None:
+    """The clock moves to `now`; due timers and scheduled work run."""
+    world.clock.now = now
+    world.run_scheduled()
+
+
+def consumer(world: World, sub_id: str = "s", destination: str = QUEUE, prefetch: int = 10, **headers: str) -> Peer:
+    peer = world.session()
+    peer.connect()
+    subscribe = {"id": sub_id, "destination": destination, "ack": "client-individual", "prefetch-count": str(prefetch)}
+    peer.feed(encode("SUBSCRIBE", {**subscribe, **headers}))
+    return peer
+
+
+def producer(world: World, *bodies: bytes, **headers: str) -> Peer:
+    """SENDs of `bodies`; header names as given (AMQ_SCHEDULED_DELAY keeps its underscores)."""
+    peer = world.session()
+    peer.connect()
+    for body in bodies:
+        peer.feed(encode("SEND", {"destination": QUEUE, **headers}, body))
+    return peer
+
+
+def got(peer: Peer) -> list[tuple[bytes, str | None, str | None]]:
+    """(body, curb-deliveries, curb-dead-reason) of each MESSAGE."""
+    return [
+        (f.body, f.headers.get("curb-deliveries"), f.headers.get("curb-dead-reason"))
+        for f in peer.frames()
+        if f.command == "MESSAGE"
+    ]
+
+
+def one(peer: Peer) -> Frame:
+    [frame] = peer.frames()
+    assert frame.command == "MESSAGE", frame
+    return frame
+
+
+# ---------------------------------------------------------------- where a returning message goes
+
+# (policy, NACK headers, seconds after the NACK) -> redelivered by then?
+DELAYS = {
+    "default: at once": (Redelivery(), {}, 0.0, True),
+    "asked delay: not a millisecond early": (Redelivery(), {"curb-delay": "1500"}, 1.499, False),
+    "asked delay: on time": (Redelivery(), {"curb-delay": "1500"}, 1.5, True),
+    "asked 0 overrides the policy": (Redelivery(delay_ms=5000), {"curb-delay": "0"}, 0.0, True),
+    "policy delay: early": (Redelivery(delay_ms=2000), {}, 1.999, False),
+    "policy delay: on time": (Redelivery(delay_ms=2000), {}, 2.0, True),
+}
+
+
+@pytest.mark.parametrize("name", list(DELAYS))
+def test_a_nacked_message_comes_back_after_the_asked_or_default_delay(name):
+    policy, headers, after, back = DELAYS[name]
+    world = World(redelivery=policy)
+    producer(world, b"job")
+    peer = consumer(world)
+    first = one(peer)
+    peer.feed(encode("NACK", {"id": first.headers["ack"], **headers}))
+    if after:
+        assert peer.frames() == []
+    at(world, after)
+    assert got(peer) == ([(b"job", "2", None)] if back else [])
+
+
+def test_the_default_delay_grows_with_each_delivery_up_to_its_maximum():
+    world = World(redelivery=Redelivery(delay_ms=100, multiplier=3, max_delay_ms=500, max_deliveries=0))
+    producer(world, b"job")
+    peer = consumer(world)
+    waits = []
+    now = 0.0
+    for _ in range(4):
+        frame = one(peer)
+        peer.send("NACK", id=frame.headers["ack"])
+        due = world.log.next_due()
+        assert due is not None
+        waits.append(due - world.log.wall_ms())
+        now = (due - WALL_START_MS) / 1000
+        at(world, now)
+    assert waits == [100, 300, 500, 500]
+    assert world.broker.metrics.delayed_requeues == 4
+
+
+def nack(world: World, peer: Peer) -> None:
+    peer.send("NACK", id=one(peer).headers["ack"])
+
+
+def disconnect(world: World, peer: Peer) -> None:
+    one(peer)
+    peer.send("DISCONNECT")
+    world.broker.gone(peer.session)
+
+
+def connection_lost(world: World, peer: Peer) -> None:
+    one(peer)
+    peer.session.connection_lost()
+    world.broker.gone(peer.session)
+
+
+def deadline(world: World, peer: Peer) -> None:
+    one(peer)
+    at(world, world.clock.now + 1.0)
+
+
+WAYS_BACK = {"NACK": nack, "DISCONNECT": disconnect, "crash": connection_lost, "ack deadline": deadline}
+
+
+@pytest.mark.parametrize("way", list(WAYS_BACK))
+def test_a_message_delivered_the_limit_times_that_comes_back_once_more_is_dead_whatever_brought_it(way):
+    world = World(redelivery=Redelivery(max_deliveries=3), ack_timeout=1.0)
+    producer(world, b"poison", b"next")
+    stays = way in ("NACK", "ack deadline")  # the message comes back to the same consumer
+    peer = consumer(world, prefetch=1, **{"curb-ack-timeout": "1000"})
+    for n in range(3):
+        if n and not stays:
+            peer = consumer(world, prefetch=1, **{"curb-ack-timeout": "1000"})
+        WAYS_BACK[way](world, peer)
+        assert world.broker.counts()["dead"] == (1 if n == 2 else 0)
+    assert world.broker.metrics.dead_lettered["max-deliveries"] == 1
+    rest = got(peer) if stays else got(consumer(world))
+    assert rest == [(b"next", "1", None)], "the poison message no longer blocks the queue"
+    reader = consumer(world, "d", destination="./dead")
+    assert got(reader) == [(b"poison", "3", "max-deliveries")]
+
+
+def test_shutdown_puts_wip_back_at_once_and_never_counts_against_the_limit():
+    world = World(redelivery=Redelivery(delay_ms=5000, max_deliveries=1))
+    producer(world, b"job")
+    peer = consumer(world)
+    one(peer)
+    world.broker.stop_delivering()
+    assert world.broker.counts()["dead"] == 0 and world.log.delayed == 0
+    assert world.log.requeued == [1] and world.broker.counts()["rdy"] == 1
+
+
+def test_no_limit_means_never_dead():
+    world = World(redelivery=Redelivery(max_deliveries=0))
+    producer(world, b"job")
+    peer = consumer(world)
+    for _ in range(50):
+        nack(world, peer)
+    assert got(peer) == [(b"job", "51", None)]
+    assert world.broker.counts()["dead"] == 0
+
+
+# ---------------------------------------------------------------- delayed SEND
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"curb-delay": "2000"},
+        {"AMQ_SCHEDULED_DELAY": "2000"},
+        {"AMQ_SCHEDULED_TIME": str(WALL_START_MS + 2000)},
+    ],
+    ids=["curb-delay", "AMQ_SCHEDULED_DELAY", "AMQ_SCHEDULED_TIME"],
+)
+def test_a_delayed_send_is_delivered_when_due_and_not_before(headers):
+    world = World()
+    peer = consumer(world)
+    producer(world, b"later", **headers)
+    producer(world, b"now")
+    assert got(peer) == [(b"now", "1", None)]
+    assert world.broker.counts()["delayed"] == 1
+    at(world, 1.999)
+    assert got(peer) == []
+    at(world, 2.0)
+    assert got(peer) == [(b"later", "1", None)]
+    assert world.broker.counts()["delayed"] == 0
+
+
+def test_a_scheduled_time_in_the_past_is_delivered_at_once():
+    world = World()
+    peer = consumer(world)
+    producer(world, b"late", AMQ_SCHEDULED_TIME=str(WALL_START_MS - 10))
+    assert got(peer) == [(b"late", "1", None)]
+
+
+# ---------------------------------------------------------------- expiry
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_an_expired_message_is_never_delivered_and_is_dead_or_dropped(drop):
+    world = World(drop_expired=drop)
+    producer(world, b"stale", **{"curb-ttl": "1000"})
+    producer(world, b"gone", expires=str(WALL_START_MS - 1))
+    producer(world, b"never", expires="0")
+    producer(world, b"fresh", **{"curb-ttl": "60000"})
+    at(world, 1.0)
+    peer = consumer(world)
+    assert got(peer) == [(b"never", "1", None), (b"fresh", "1", None)]
+    assert world.broker.metrics.expired == 2
+    if drop:
+        assert world.log.acked == [1, 2] and world.broker.counts()["dead"] == 0
+    else:
+        assert world.broker.metrics.dead_lettered["expired"] == 2
+        reader = consumer(world, "d", destination="./dead")
+        assert got(reader) == [(b"stale", "0", "expired"), (b"gone", "0", "expired")]
+
+
+def test_a_message_that_expires_while_held_is_not_delivered_again():
+    world = World()
+    producer(world, b"job", **{"curb-ttl": "1000"})
+    peer = consumer(world)
+    frame = one(peer)
+    at(world, 1.0)
+    peer.send("NACK", id=frame.headers["ack"])
+    assert got(peer) == []
+    assert world.broker.counts()["dead"] == 1
+
+
+# ---------------------------------------------------------------- ./dead and ./redrive
+
+
+def dead_world(count: int = 3) -> World:
+    """`count` messages, each NACKed once past a delivery limit of 1."""
+    world = World(redelivery=Redelivery(max_deliveries=1))
+    producer(world, *(b"m%d" % n for n in range(count)))
+    peer = consumer(world, prefetch=count)
+    for frame in peer.frames():
+        peer.send("NACK", id=frame.headers["ack"])
+    peer.session.connection_lost()
+    world.broker.gone(peer.session)
+    assert world.broker.counts()["dead"] == count
+    return world
+
+
+def test_dead_letters_are_read_as_a_queue_ack_deletes_nack_keeps():
+    world = dead_world(2)
+    reader = consumer(world, "d", destination="./dead", prefetch=1)
+    first = one(reader)
+    assert (first.body, first.headers["curb-dead-reason"]) == (b"m0", "max-deliveries")
+    reader.send("NACK", id=first.headers["ack"])
+    again = one(reader)
+    assert again.body == b"m0", "a NACKed dead letter stays dead and comes first"
+    reader.send("ACK", id=again.headers["ack"])
+    assert got(reader) == [(b"m1", "1", "max-deliveries")]
+    assert world.log.acked == [1] and world.broker.metrics.dead_acked == 1
+    assert world.broker.counts()["dead"] == 1
+
+
+def test_a_dead_letter_held_by_a_reader_that_goes_is_dead_again():
+    world = dead_world(1)
+    reader = consumer(world, "d", destination="./dead")
+    one(reader)
+    world.broker.gone(reader.session)
+    assert world.broker.counts()["dead"] == 1 and world.broker.counts()["dead"] == 1
+    assert got(consumer(world, "d", destination="./dead")) == [(b"m0", "1", "max-deliveries")]
+
+
+def test_a_browse_of_dead_letters_changes_nothing():
+    world = dead_world(2)
+    peer = world.session()
+    peer.connect()
+    peer.send("SUBSCRIBE", id="b", destination="./dead", browser="true")
+    frames = peer.frames()
+    assert [(f.body, f.headers.get("curb-dead-reason")) for f in frames] == [
+        (b"m0", "max-deliveries"),
+        (b"m1", "max-deliveries"),
+        (b"", None),
+    ]
+    assert frames[-1].headers["browser"] == "end"
+    assert world.broker.counts()["dead"] == 2 and world.log.acked == []
+
+
+@pytest.mark.parametrize("count, moved", [(None, 3), ("2", 2), ("0", 0), ("9", 3)])
+def test_a_redrive_moves_the_oldest_dead_letters_back_with_their_count_reset(count, moved):
+    world = dead_world(3)
+    admin = world.session()
+    admin.connect()
+    headers = {"receipt": "r"} if count is None else {"receipt": "r", "curb_count": count}
+    admin.send("SEND", destination="./redrive", **headers)
+    assert admin.frames() == [], "the RECEIPT waits until the move is durable"
+    world.log.sync()
+    assert [f.headers["receipt-id"] for f in admin.frames()] == ["r"]
+    assert world.broker.metrics.redriven == moved and world.broker.counts()["dead"] == 3 - moved
+    worker = consumer(world)
+    assert got(worker) == [(b"m%d" % n, "1", None) for n in range(moved)]
+
+
+def test_counts_show_delayed_and_dead():
+    world = dead_world(1)
+    producer(world, b"later", **{"curb-delay": "5000"})
+    counts = world.broker.counts()
+    assert (counts["delayed"], counts["dead"], counts["rdy"]) == (1, 1, 0)
+    peer = world.session()
+    peer.connect()
+    peer.send("SUBSCRIBE", id="c", destination="./count")
+    [frame] = peer.frames()
+    assert json.loads(frame.body) == counts
+    assert (frame.headers["delayed"], frame.headers["dead"]) == ("1", "1")
+
+
+def recovered_dead(world: World, *bodies: bytes) -> None:
+    """Dead letters the log found at start-up (older than any the broker buries)."""
+    for body in bodies:
+        rec = world.log.append(b"\n" + body)
+        world.log.ready.remove(rec)
+        rec.dead, rec.deliveries = "expired", 4
+        world.log.dead_rdy.append(rec)
+
+
+def test_dead_letters_from_an_earlier_run_come_first_in_reads_browses_and_redrives():
+    world = World(redelivery=Redelivery(max_deliveries=1))
+    recovered_dead(world, b"old0", b"old1")
+    producer(world, b"new")
+    peer = consumer(world)
+    peer.send("NACK", id=one(peer).headers["ack"])
+    peer.session.connection_lost()
+    world.broker.gone(peer.session)
+    assert world.broker.counts()["dead"] == 3
+
+    browser = world.session()
+    browser.connect()
+    browser.send("SUBSCRIBE", id="b", destination="./dead", browser="true")
+    assert [(f.body, f.headers.get("curb-dead-reason")) for f in browser.frames()] == [
+        (b"old0", "expired"),
+        (b"old1", "expired"),
+        (b"new", "max-deliveries"),
+        (b"", None),
+    ]
+    admin = world.session()
+    admin.connect()
+    admin.send("SEND", destination="./redrive", curb_count="2")
+    assert world.broker.counts()["dead"] == 1
+    worker = consumer(world)
+    assert got(worker) == [(b"old0", "1", None), (b"old1", "1", None)]
+    admin.send("SEND", destination="./redrive")
+    assert got(worker) == [(b"new", "1", None)] and world.broker.counts()["dead"] == 0
+
+
+def test_an_auto_reader_of_dead_letters_deletes_them_once_handed_to_the_transport():
+    world = dead_world(2)
+    reader = world.session()
+    reader.connect()
+    reader.send("SUBSCRIBE", id="d", destination="./dead")
+    assert [f.body for f in reader.frames()] == [b"m0", b"m1"]
+    world.run_scheduled()
+    assert world.log.acked == [1, 2] and world.broker.counts()["dead"] == 0

@@ -1,0 +1,157 @@
+"""Delays, retries, the delivery limit, dead letters, redrive and expiry on a real broker,
+seen from stomp.py: a poison message stops blocking the queue and lands in ./dead with
+its reason and count; a consumer that crashes on a message counts; a redrive brings it
+back with its count reset; delayed SENDs (curb-delay, AMQ_SCHEDULED_DELAY,
+AMQ_SCHEDULED_TIME) come when due and not before, also after kill -9; expired messages
+are never delivered; a NACK with curb-delay and the -redelivery-delay policy wait; the
+operator sees it all in ./count and /stats. The rules as tables in memory:
+tests/test_broker_policy.py."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import stomp
+from conftest import free_port, wait_until
+from test_ack_deadline_e2e import stats
+
+QUEUE = "/queue/curb"
+
+
+def send(stomp_conn, port: int, body: str, **headers: str) -> None:
+    producer, inbox = stomp_conn(port)
+    producer.send(QUEUE, body, headers={**headers, "receipt": "sent"})
+    inbox.wait_receipt("sent")
+    producer.disconnect()
+
+
+def test_a_poison_message_becomes_a_dead_letter_and_the_queue_moves_on(curb_broker, stomp_conn):
+    http_port = free_port()
+    broker = curb_broker(extra_args=["-max-deliveries", "3", "-http", f"127.0.0.1:{http_port}"])
+    for body in ["poison", "a", "b", "c"]:
+        send(stomp_conn, broker.port, body)
+    worker, inbox = stomp_conn(broker.port)
+    worker.subscribe(QUEUE, id="w", ack="client-individual", headers={"prefetch-count": "1"})
+    for n in range(1, 4):
+        poison = inbox.wait_messages(n)[-1]
+        assert (poison.body, poison.headers["curb-deliveries"]) == ("poison", str(n))
+        worker.nack(poison.headers["ack"])
+    for n, body in enumerate(["a", "b", "c"], start=4):
+        frame = inbox.wait_messages(n)[-1]
+        assert (frame.body, frame.headers["curb-deliveries"]) == (body, "1")
+        worker.ack(frame.headers["ack"])
+    assert [f.body for f in inbox.quiet()] == ["poison"] * 3 + ["a", "b", "c"]
+
+    reader, dead_inbox = stomp_conn(broker.port)
+    reader.subscribe("./dead", id="d", ack="client-individual")
+    [dead] = dead_inbox.wait_messages(1)
+    assert (dead.body, dead.headers["curb-dead-reason"], dead.headers["curb-deliveries"]) == (
+        "poison",
+        "max-deliveries",
+        "3",
+    )
+    counters = stats(http_port)
+    assert (counters["dead"], counters["dead_lettered_max_deliveries"], counters["rdy"]) == (1, 1, 0)
+    reader.ack(dead.headers["ack"], receipt="deleted")
+    dead_inbox.wait_receipt("deleted")
+    assert stats(http_port)["dead"] == 0
+
+
+def test_a_consumer_that_crashes_on_a_message_counts_and_a_redrive_brings_it_back(curb_broker, stomp_conn):
+    broker = curb_broker(extra_args=["-max-deliveries", "2"])
+    send(stomp_conn, broker.port, "crashes its consumer")
+    for n in (1, 2):
+        crasher, inbox = stomp_conn(broker.port)
+        crasher.subscribe(QUEUE, id="c", ack="client-individual")
+        assert inbox.wait_messages(1)[0].headers["curb-deliveries"] == str(n)
+        crasher.transport.disconnect_socket()  # no DISCONNECT: the process died
+    admin, admin_inbox = stomp_conn(broker.port)
+    admin.subscribe("./count", id="count")
+    admin_inbox.wait_for(
+        lambda inbox: any(json.loads(f.body)["dead"] == 1 for f in inbox.messages), "dead:1 in ./count"
+    )
+    admin.send("./redrive", "", headers={"receipt": "redriven"})
+    admin_inbox.wait_receipt("redriven")
+    worker, inbox = stomp_conn(broker.port)
+    worker.subscribe(QUEUE, id="w", ack="client-individual")
+    [back] = inbox.wait_messages(1)
+    assert (back.body, back.headers["curb-deliveries"]) == ("crashes its consumer", "1"), "its count was reset"
+
+
+class Arrivals(stomp.ConnectionListener):
+    """The wall-clock ms each MESSAGE arrived at, by body."""
+
+    def __init__(self) -> None:
+        self.at: dict[str, int] = {}
+
+    def on_message(self, frame) -> None:
+        self.at[frame.body] = int(time.time() * 1000)
+
+
+def test_delayed_sends_come_when_due_and_not_before_even_after_kill_9(curb_broker, stomp_conn):
+    broker = curb_broker()
+    now_ms = int(time.time() * 1000)
+    send(stomp_conn, broker.port, "curb-delay", **{"curb-delay": "6000"})
+    send(stomp_conn, broker.port, "AMQ_SCHEDULED_DELAY", AMQ_SCHEDULED_DELAY="6000")
+    send(stomp_conn, broker.port, "AMQ_SCHEDULED_TIME", AMQ_SCHEDULED_TIME=str(now_ms + 6000))
+    send(stomp_conn, broker.port, "at once")
+    broker.kill()
+    broker.start()
+    worker, inbox = stomp_conn(broker.port)
+    arrivals = Arrivals()
+    worker.set_listener("arrivals", arrivals)
+    worker.subscribe(QUEUE, id="w")
+    delivered = inbox.wait_messages(4, timeout=30)
+    assert delivered[0].body == "at once"
+    assert sorted(f.body for f in delivered[1:]) == ["AMQ_SCHEDULED_DELAY", "AMQ_SCHEDULED_TIME", "curb-delay"]
+    for body in ("curb-delay", "AMQ_SCHEDULED_DELAY", "AMQ_SCHEDULED_TIME"):
+        assert arrivals.at[body] >= now_ms + 6000, f"{body} was delivered before its due time"
+
+
+def test_an_expired_message_is_never_delivered_and_waits_in_dead(curb_broker, stomp_conn):
+    broker = curb_broker()
+    now_ms = int(time.time() * 1000)
+    send(stomp_conn, broker.port, "expired", expires=str(now_ms - 1000))
+    send(stomp_conn, broker.port, "short ttl", **{"curb-ttl": "200"})
+    send(stomp_conn, broker.port, "fresh", **{"curb-ttl": "600000"})
+    time.sleep(0.3)
+    worker, inbox = stomp_conn(broker.port)
+    worker.subscribe(QUEUE, id="w")
+    assert [f.body for f in inbox.wait_messages(1)] == ["fresh"]
+    reader, dead_inbox = stomp_conn(broker.port)
+    reader.subscribe("./dead", id="d", headers={"browser": "true"})
+    browsed = dead_inbox.wait_messages(3)
+    assert [(f.body, f.headers.get("curb-dead-reason")) for f in browsed] == [
+        ("expired", "expired"),
+        ("short ttl", "expired"),
+        ("", None),  # the end marker
+    ]
+    assert [f.body for f in inbox.quiet()] == ["fresh"]
+
+
+def test_a_nack_with_a_delay_and_the_default_backoff_wait(curb_broker, stomp_conn):
+    broker = curb_broker(extra_args=["-redelivery-delay", "400ms", "-redelivery-multiplier", "2"])
+    send(stomp_conn, broker.port, "job")
+    worker, inbox = stomp_conn(broker.port)
+    worker.subscribe(QUEUE, id="w", ack="client-individual")
+    [job] = inbox.wait_messages(1)
+    nacked = time.monotonic()
+    worker.nack(job.headers["ack"], **{"curb-delay": "1200"})
+    again = inbox.wait_messages(2, timeout=10)[-1]
+    assert time.monotonic() - nacked >= 1.2
+    worker.nack(again.headers["ack"])  # the policy: 400 ms times 2 for the two deliveries before
+    nacked = time.monotonic()
+    third = inbox.wait_messages(3, timeout=10)[-1]
+    assert time.monotonic() - nacked >= 0.8
+    assert third.headers["curb-deliveries"] == "3"
+
+
+def test_a_bad_delay_is_an_error_that_says_what_the_header_takes(curb_broker, stomp_conn):
+    broker = curb_broker()
+    producer, inbox = stomp_conn(broker.port)
+    producer.send(QUEUE, "x", headers={"curb-delay": "-1"})
+    error = inbox.wait_error()
+    assert error.headers["message"].startswith("bad curb-delay header")
+    assert "0 to 2592000000" in error.body
+    assert wait_until(lambda: not producer.is_connected())
