@@ -138,35 +138,22 @@ class _Snapshot:
         m, g = self.metrics, self.gauges
         for name, attribute, help in _COUNTERS:
             yield CounterMetricFamily(name, help, value=getattr(m, attribute))
-        refused = CounterMetricFamily(
+        yield _by_reason(
             "curb_sends_refused",
             "SEND frames refused: full (no room now), too_large (can never fit under -cap) "
             "or disk_full (the file system had no room to grow the log).",
-            labels=["reason"],
+            {"full": m.refused_full, "too_large": m.refused_too_large, "disk_full": m.refused_disk_full},
         )
-        for reason, count in (
-            ("full", m.refused_full),
-            ("too_large", m.refused_too_large),
-            ("disk_full", m.refused_disk_full),
-        ):
-            refused.add_metric([reason], count)
-        yield refused
-        tls = CounterMetricFamily(
+        yield _by_reason(
             "curb_tls_handshake_failures",
             "TLS connections closed before their handshake was done, by reason.",
-            labels=["reason"],
+            m.tls_failures,
         )
-        for reason, count in m.tls_failures.items():
-            tls.add_metric([reason], count)
-        yield tls
-        dead = CounterMetricFamily(
+        yield _by_reason(
             "curb_dead_lettered",
             "Messages made dead letters, by reason: max-deliveries (past -max-deliveries) or expired.",
-            labels=["reason"],
+            m.dead_lettered,
         )
-        for reason, count in m.dead_lettered.items():
-            dead.add_metric([reason], count)
-        yield dead
         cumulative = 0
         buckets: list[tuple[str, float]] = []
         for bound, count in zip((*FSYNC_BUCKETS, "+Inf"), list(m._fsync_counts), strict=True):
@@ -194,6 +181,14 @@ class _Snapshot:
         )
         info.add_metric([__version__], 1)
         yield info
+
+
+def _by_reason(name: str, help: str, counts: dict[str, int]) -> CounterMetricFamily:
+    """A counter family with one sample per reason."""
+    family = CounterMetricFamily(name, help, labels=["reason"])
+    for reason, count in counts.items():
+        family.add_metric([reason], count)
+    return family
 
 
 # (family name without _total, Metrics attribute, help)
