@@ -46,7 +46,12 @@ def test_three_kill_cycles_at_256kib_keep_every_promise(tmp_path: Path, free_por
     assert result.returncode == 0 and summary["ok"], shown
     assert summary["cycles_done"] == 3, shown
     assert summary["receipted"] > 0 and summary["ack_receipted"] > 0 and summary["nacked"] > 0, shown
+    # The work queue's states under the kills: delayed and expiring SENDs, NACKs with a
+    # delay, and poison that became dead letters, read back from ./dead.
+    assert summary["delayed_sent"] > 0 and summary["expiring_sent"] > 0 and summary["nacked_delayed"] > 0, shown
+    assert summary["poison_dead"] > 0 and summary["dead_by_reason"].get("max-deliveries", 0) > 0, shown
     assert summary["lost"] == summary["resurrections"] == summary["duplicates"] == 0, shown
+    assert summary["early"] == summary["past_limit"] == 0, shown
     assert summary["corrupt"] == summary["unexpected_errors"] == 0, shown
     assert 512 <= summary["max_file_bytes"] <= summary["cap_bytes"] == 256 * 1024, shown
     assert summary["seconds"] < 40, shown

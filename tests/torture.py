@@ -3,17 +3,28 @@ that it kept every promise the README makes about RECEIPTs and the cap.
 
     bin/torture --cycles 100 --cap 256KiB [--seed S] [--port P] [--dir D] [--json]
 
-Each cycle starts (or restarts) `python -m curb` on one log file and port, runs 2
-producers (pipelined SENDs, a receipt each, every body unique) and 2 consumers
-(client-individual, a prefetch, an ACK with a receipt each; some held 0.2-2.5 s first,
-3% NACKed instead) until a SIGKILL 0.3-3 s later. After the last cycle the queue is
-drained until it stays empty, the broker is killed once more and drained again, then
-stopped with SIGTERM. The checks:
+Each cycle starts (or restarts) `python -m curb` on one log file and port (with a short
+`-ack-timeout` and a low `-max-deliveries`, see --ack-timeout and --max-deliveries),
+runs 2 producers (pipelined SENDs, a receipt each, every body unique; some delayed by
+`curb-delay` 50-1500 ms, some expiring by `curb-ttl` 200-3000 ms, a few poison) and 2
+consumers (client-individual, a prefetch, an ACK with a receipt each; some held 0.2-2.5 s
+first, past the ack deadline at times, 3% NACKed instead, some of those with a
+`curb-delay`, and every poison message NACKed, so that it becomes a dead letter) until
+a SIGKILL 0.3-3 s later. After the last cycle the queue is drained until it stays empty
+(delayed messages included; poison is NACKed there too), the dead letters are read from
+`./dead` and ACKed, the broker is killed once more and both are drained again, then it
+is stopped with SIGTERM. The checks:
 
-- lost: a SEND got its RECEIPT but no ACK was ever sent for that message;
-- resurrections: a message delivered again after its ACK got a RECEIPT;
+- lost: a SEND got its RECEIPT but no ACK was ever sent for that message, on the queue
+  or on `./dead`;
+- resurrections: a message delivered again after its ACK got a RECEIPT (one with
+  `curb-late:true` changed nothing and is no ACK);
+- early: a message delivered before its SEND's `curb-delay` had passed, or before its
+  NACK's `curb-delay` had (after a restart only when that NACK's RECEIPT came);
+- past the limit: a MESSAGE whose `curb-deliveries` is above `-max-deliveries`;
 - within-run duplicates: a message delivered again in the same broker run although the
-  consumer holding it neither NACKed it nor lost its connection;
+  consumer holding it neither NACKed it nor lost its connection, and well before its ack
+  deadline (DEADLINE_SLACK_S before: the consumer cannot see when it was sent);
 - corrupt: a MESSAGE whose body or headers are not what was sent;
 - stored though refused: a SEND refused as "queue full" that is delivered anyway;
 - the log file (its size, and the bytes allocated to its data) never exceeds the cap. The
@@ -55,7 +66,9 @@ import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
+from curb import durations
 from curb.client import Client, StompError
+from curb.frame import encode
 from curb.spawn import BrokerProcess, StartError
 
 HOST = "127.0.0.1"
@@ -64,8 +77,19 @@ CONSUMERS = 2
 WINDOW = 32  # SENDs awaiting their RECEIPT per producer
 PREFETCHES = (4, 32, 128)  # a consumer picks one per connection
 NACK_SHARE = 0.03
+NACK_DELAY_SHARE = 0.5  # of the NACKs, those with a curb-delay
+NACK_DELAY_MS = (20, 600)
 HOLD_SHARE = 0.05
-HOLD_S = (0.2, 2.5)
+HOLD_S = (0.2, 2.5)  # some past the ack deadline: the message goes to another consumer
+DELAY_SHARE = 0.15
+DELAY_MS = (50, 1500)
+TTL_SHARE = 0.1
+TTL_MS = (200, 3000)
+POISON_SHARE = 0.02  # every consumer NACKs these, so they become dead letters
+POISON = "p"  # the suffix of a poison message's id
+ACK_TIMEOUT = "1s"
+MAX_DELIVERIES = 4
+DEADLINE_SLACK_S = 0.5
 KILL_AFTER_S = (0.3, 3.0)
 REFUSED_PAUSE_S = (0.05, 0.3)  # a producer's pause after "queue full"
 RECONNECT_PAUSE_S = 0.1
@@ -162,18 +186,37 @@ class Ledger:
     """Everything the clients did and saw, shared by all threads; judges each delivery
     as it arrives, since whether it is a resurrection depends on what was known then."""
 
-    def __init__(self) -> None:
+    def __init__(self, ack_timeout_s: float = 1.0, max_deliveries: int = 0) -> None:
         self.lock = threading.Lock()
+        self.ack_timeout_s = ack_timeout_s
+        self.max_deliveries = max_deliveries
         self.sent: set[str] = set()
         self.receipted: set[str] = set()
         self.refused: set[str] = set()
         self.acks_sent: set[str] = set()
         self.ack_receipts: dict[str, str] = {}  # message id -> connection that got the RECEIPT
-        self.holders: dict[str, str] = {}  # message id -> connection holding it unNACKed
+        self.holders: dict[str, tuple[str, float]] = {}  # message id -> (connection holding it unNACKed, since)
         self.history: dict[str, list[str]] = {}  # message id -> its first deliveries
-        self.counts = dict.fromkeys(("delivered", "redelivered", "acked", "nacked"), 0)
+        self.send_due: dict[str, int] = {}  # message id -> wall ms its curb-delay ends at, at the earliest
+        self.expires: dict[str, int] = {}  # message id -> wall ms its curb-ttl ends at, at the latest
+        # message id -> (wall ms its NACK's curb-delay ends at, at the earliest; the run; receipted)
+        self.nack_due: dict[str, tuple[int, int, bool]] = {}
+        self.dead: dict[str, str] = {}  # message id -> reason, for the dead letters ACKed on ./dead
+        self.max_lag_ms = 0  # the longest a delayed SEND waited past its due time to arrive
+        self.counts = dict.fromkeys(
+            ("delivered", "redelivered", "acked", "nacked", "nacked_delayed", "late_acks", "after_expiry"), 0
+        )
         self.problems: dict[str, list[str]] = {
-            name: [] for name in ("resurrections", "duplicates", "corrupt", "stored_refused", "unexpected_errors")
+            name: []
+            for name in (
+                "resurrections",
+                "duplicates",
+                "early",
+                "past_limit",
+                "corrupt",
+                "stored_refused",
+                "unexpected_errors",
+            )
         }
         self.problem_counts = dict.fromkeys(self.problems, 0)
         self.resurrected: set[str] = set()
@@ -188,9 +231,16 @@ class Ledger:
         if len(self.problems[kind]) < EXAMPLES:
             self.problems[kind].append(example)
 
-    def sending(self, msg_id: str) -> None:
+    def sending(self, msg_id: str, delay_ms: int = 0, ttl_ms: int = 0) -> None:
+        """Called just before the SEND is written: its due time is at least now plus the
+        delay, its expiry at most now plus the ttl (the broker reads its clock later)."""
+        now_ms = time.time_ns() // 1_000_000
         with self.lock:
             self.sent.add(msg_id)
+            if delay_ms:
+                self.send_due[msg_id] = now_ms + delay_ms
+            if ttl_ms:
+                self.expires[msg_id] = now_ms + 1 + ttl_ms
 
     def send_receipted(self, msg_id: str) -> None:
         with self.lock:
@@ -211,6 +261,8 @@ class Ledger:
     def delivered(self, conn: str, headers: dict[str, str], body: bytes) -> str:
         """Record one MESSAGE on connection `conn` (named run/worker/epoch) and judge it;
         returns the key its ACK is tracked by."""
+        now = time.time()
+        now_ms = int(now * 1000)
         msg_id = id_of(body, headers.get(ID_HEADER))
         note = f"run {conn.split('/')[0]} to {conn} as message-id {headers.get('message-id')}" + (
             f" (redelivered, curb-deliveries {headers.get('curb-deliveries')})" if "redelivered" in headers else ""
@@ -236,15 +288,40 @@ class Ledger:
                     f"{msg_id}: ACK receipted on {self.ack_receipts[msg_id]}, "
                     f"delivered again {note}; before: {'; '.join(seen)}",
                 )
-            elif self.holders.get(msg_id, "").split("/")[0] == conn.split("/")[0]:
+            holder, since = self.holders.get(msg_id, ("", 0.0))
+            if holder.split("/")[0] == conn.split("/")[0] and now < since + self.ack_timeout_s - DEADLINE_SLACK_S:
                 self.problem(
                     "duplicates",
-                    f"{msg_id}: held by {self.holders[msg_id]} (not NACKed, connection up), delivered again {note}",
+                    f"{msg_id}: held by {holder} for {now - since:.2f} s (not NACKed, connection up, ack "
+                    f"deadline {self.ack_timeout_s:g} s), delivered again {note}",
                 )
-            self.holders[msg_id] = conn
+            self.holders[msg_id] = (conn, now)
+            self._judge_times(msg_id, conn, now_ms, note)
+            count = int(headers.get("curb-deliveries", "1"))
+            if self.max_deliveries and count > self.max_deliveries:
+                self.problem("past_limit", f"{msg_id}: curb-deliveries {count} > -max-deliveries, {note}")
             if len(seen) < HISTORY:
                 seen.append(note)
             return msg_id
+
+    def _judge_times(self, msg_id: str, conn: str, now_ms: int, note: str) -> None:
+        """Not before its SEND's delay, nor its NACK's (whose due time is kept across a
+        restart once that NACK's RECEIPT came); its expiry only measured, since a MESSAGE
+        sent just before it arrives after it (caller holds the lock)."""
+        due = self.send_due.get(msg_id)
+        if due is not None:
+            if now_ms < due:
+                self.problem("early", f"{msg_id}: {due - now_ms} ms before its SEND's curb-delay ended, {note}")
+            elif not self.history.get(msg_id):
+                self.max_lag_ms = max(self.max_lag_ms, now_ms - due)
+        nacked = self.nack_due.pop(msg_id, None)
+        if nacked is not None:
+            due, run, receipted = nacked
+            if now_ms < due and (receipted or run == int(conn.split("/")[0])):
+                self.problem("early", f"{msg_id}: {due - now_ms} ms before its NACK's curb-delay ended, {note}")
+        expires = self.expires.get(msg_id)
+        if expires is not None and now_ms > expires + 1000:
+            self.counts["after_expiry"] += 1
 
     def acking(self, msg_id: str) -> None:
         """Called before the ACK is written: from now on the message may be gone."""
@@ -252,22 +329,56 @@ class Ledger:
             self.counts["acked"] += 1
             self.acks_sent.add(msg_id)
 
-    def ack_receipted(self, msg_id: str, conn: str) -> None:
+    def ack_receipted(self, msg_id: str, conn: str, late: bool = False) -> None:
+        """An ACK's RECEIPT; with curb-late:true the ACK changed nothing (the message's
+        ack deadline had passed and it went back to the queue)."""
         with self.lock:
+            if late:
+                self.counts["late_acks"] += 1
+                self.acks_sent.discard(msg_id)
+                return
             self.ack_receipts[msg_id] = conn
             self.holders.pop(msg_id, None)
 
-    def nacking(self, msg_id: str, conn: str) -> None:
-        """Called before the NACK is written: the message may come back at once."""
+    def nacking(self, msg_id: str, conn: str, delay_ms: int | None = None) -> None:
+        """Called before the NACK is written: the message may come back at once, or
+        after its curb-delay."""
+        now_ms = time.time_ns() // 1_000_000
         with self.lock:
             self.counts["nacked"] += 1
-            if self.holders.get(msg_id) == conn:
+            if delay_ms:
+                self.counts["nacked_delayed"] += 1
+                self.nack_due[msg_id] = (now_ms + delay_ms, int(conn.split("/")[0]), False)
+            if self.holders.get(msg_id, ("",))[0] == conn:
                 del self.holders[msg_id]
+
+    def nack_receipted(self, msg_id: str) -> None:
+        """The NACK's RECEIPT: where it put the message is durable, its due time too."""
+        with self.lock:
+            due = self.nack_due.get(msg_id)
+            if due is not None:
+                self.nack_due[msg_id] = (due[0], due[1], True)
+
+    def dead_letter(self, conn: str, headers: dict[str, str], body: bytes) -> str:
+        """A MESSAGE from ./dead: judged like any delivery for corruption and
+        resurrection; its reason kept."""
+        msg_id = id_of(body, headers.get(ID_HEADER))
+        with self.lock:
+            if msg_id is None or msg_id not in self.sent:
+                self.problem("corrupt", f"{conn} got dead letter {headers.get('message-id')}, body {body[:60]!r}")
+                return f"?{headers.get('message-id')}"
+            if msg_id in self.ack_receipts:
+                self.resurrected.add(msg_id)
+                self.problem(
+                    "resurrections", f"{msg_id}: ACK receipted on {self.ack_receipts[msg_id]}, then a dead letter"
+                )
+            self.dead[msg_id] = headers.get("curb-dead-reason", "?")
+            return msg_id
 
     def released(self, conn: str) -> None:
         """A consumer's connection is gone: what it held may be delivered again."""
         with self.lock:
-            for msg_id in [m for m, holder in self.holders.items() if holder == conn]:
+            for msg_id in [m for m, (holder, _) in self.holders.items() if holder == conn]:
                 del self.holders[msg_id]
 
     def saw_file(self, path: Path) -> None:
@@ -278,9 +389,10 @@ class Ledger:
             self.max_blocks = max(self.max_blocks, blocks)
 
     def lost(self) -> list[str]:
-        """Receipted SENDs that no consumer ever ACKed (after the drain, nothing may be left)."""
+        """Receipted SENDs that no consumer ever ACKed, on the queue or as a dead letter
+        (after the drains, nothing may be left)."""
         with self.lock:
-            return sorted(self.receipted - self.acks_sent)
+            return sorted(self.receipted - self.acks_sent - self.ack_receipts.keys())
 
     def lost_example(self, msg_id: str) -> str:
         deliveries = self.history.get(msg_id)
@@ -346,11 +458,19 @@ class Producer(Worker):
         seq = 0
         while not self.life.over():
             while len(outstanding) < WINDOW:
-                msg_id = f"{conn}/{seq}"
+                rng = self.rng
+                msg_id = f"{conn}/{seq}{POISON if rng.random() < POISON_SHARE else ''}"
                 seq += 1
-                self.ledger.sending(msg_id)
+                headers = {ID_HEADER: msg_id}
+                delay = rng.randint(*DELAY_MS) if rng.random() < DELAY_SHARE else 0
+                ttl = rng.randint(*TTL_MS) if rng.random() < TTL_SHARE else 0
+                if delay:
+                    headers["curb-delay"] = str(delay)
+                if ttl:
+                    headers["curb-ttl"] = str(ttl)
+                self.ledger.sending(msg_id, delay, ttl)
                 outstanding.add(msg_id)
-                client.send(body_for(msg_id), {ID_HEADER: msg_id}, receipt=msg_id)
+                client.send(body_for(msg_id), headers, receipt=msg_id)
             frame = client.receive(timeout=0.1)
             if frame is None or frame.command != "RECEIPT":
                 continue
@@ -401,8 +521,10 @@ class Consumer(Worker):
                 self.on_message(client, frame.headers, frame.body, conn)
             elif frame.command == "RECEIPT":
                 kind, msg_id = self.pending.pop(frame.headers.get("receipt-id", ""), ("?", ""))
-                if kind == "ACK" and frame.headers.get("curb-late") != "true":  # a late ACK changed nothing
-                    self.ledger.ack_receipted(msg_id, conn)
+                if kind == "ACK":
+                    self.ledger.ack_receipted(msg_id, conn, frame.headers.get("curb-late") == "true")
+                elif kind == "NACK":
+                    self.ledger.nack_receipted(msg_id)
 
     def on_message(self, client: Client, headers: dict[str, str], body: bytes, conn: str) -> None:
         msg_id = self.ledger.delivered(conn, headers, body)
@@ -410,7 +532,7 @@ class Consumer(Worker):
             return  # an ACK written now cannot arrive, yet would count as sent
         ack_id = headers.get("ack", "")
         roll = self.rng.random()
-        if roll < NACK_SHARE:
+        if msg_id.endswith(POISON) or roll < NACK_SHARE:
             self.answer(client, "NACK", ack_id, msg_id, conn)
         elif roll < NACK_SHARE + HOLD_SHARE:
             due = time.monotonic() + self.rng.uniform(*HOLD_S)
@@ -420,13 +542,18 @@ class Consumer(Worker):
             self.answer(client, "ACK", ack_id, msg_id, conn)
 
     def answer(self, client: Client, kind: str, ack_id: str, msg_id: str, conn: str) -> None:
-        """ACK or NACK with a receipt, recorded in the ledger before it is written."""
+        """ACK or NACK (some with a curb-delay) with a receipt, recorded in the ledger
+        before it is written."""
         receipt = f"{kind[0].lower()}{self.n}"
         self.n += 1
         self.pending[receipt] = (kind, msg_id)
         if kind == "ACK":
             self.ledger.acking(msg_id)
             client.ack(ack_id, receipt=receipt)
+        elif self.rng.random() < NACK_DELAY_SHARE:
+            delay = self.rng.randint(*NACK_DELAY_MS)
+            self.ledger.nacking(msg_id, conn, delay)
+            client.write(encode("NACK", {"id": ack_id, "receipt": receipt, "curb-delay": str(delay)}))
         else:
             self.ledger.nacking(msg_id, conn)
             client.nack(ack_id, receipt=receipt)
@@ -438,15 +565,18 @@ class TortureBroker:
     across restarts, goes to one file so that a failure can show it. Answers are None when
     all went well, else what happened, for the cycle's report."""
 
-    def __init__(self, workdir: Path, cap: str, port: int) -> None:
+    def __init__(self, workdir: Path, cap: str, port: int, flags: list[str]) -> None:
         self.file = workdir / LOG_NAME
         self.cap = cap
         self.port = port
+        self.flags = flags  # -ack-timeout and -max-deliveries
         self.child = BrokerProcess(cwd=workdir, output=workdir / STDERR_NAME, timeout=STARTUP_S)
 
     def start(self) -> str | None:
         try:
-            self.port = self.child.start(["-cap", self.cap, "-addr", f"{HOST}:{self.port}", "-file", str(self.file)])
+            self.port = self.child.start(
+                ["-cap", self.cap, "-addr", f"{HOST}:{self.port}", "-file", str(self.file), *self.flags]
+            )
         except StartError as err:
             return f"broker {err}"
         return None
@@ -544,38 +674,54 @@ def one_cycle(
     return broker.start() or (router.start() if router is not None and kill == "both" else None)
 
 
-def drain(port: int, ledger: Ledger, number: int) -> str | None:
-    """Consume and ACK (with receipts) until ./count says empty, every receipt is in and
-    nothing came for QUIET_S; None when done, else why not."""
-    conn = f"{number}/drain/0"
+def drain(port: int, ledger: Ledger, number: int, dead: bool = False) -> str | None:
+    """Consume until ./count says empty, every receipt is in and nothing came for
+    QUIET_S; None when done, else why not. The queue (delayed messages included, so it
+    waits for them): ACK each with a receipt, but NACK poison, which so becomes a dead
+    letter. The dead letters (`dead`, from ./dead): ACK each with a receipt."""
+    conn = f"{number}/{'drain-dead' if dead else 'drain'}/0"
     client = Client(HOST, port, timeout=CLIENT_TIMEOUT_S)
-    pending: dict[str, str] = {}
-    acks = 0
-    counts: tuple[int, int] | None = None
+    pending: dict[str, tuple[str, str]] = {}  # receipt -> (ACK or NACK, message id)
+    answers = 0
+    empty = False
     last = time.monotonic()
     deadline = last + DRAIN_S
+    counts = "no ./count yet"
     try:
         client.connect()
-        client.subscribe("q", ack="client-individual", prefetch=DRAIN_PREFETCH)
+        client.subscribe("q", destination="./dead" if dead else "/queue/curb", prefetch=DRAIN_PREFETCH)
         client.subscribe("n", destination="./count", ack="auto")
         while time.monotonic() < deadline:
             frame = client.receive(timeout=0.1)
             if frame is not None and frame.command == "MESSAGE" and frame.headers.get("subscription") == "n":
-                counts = (int(frame.headers.get("rdy", -1)), int(frame.headers.get("wip", -1)))
+                left = ("dead",) if dead else ("rdy", "wip", "delayed")
+                counts = ", ".join(f"{name} {frame.headers.get(name)}" for name in ("rdy", "wip", "delayed", "dead"))
+                empty = all(frame.headers.get(name, "0") == "0" for name in left)
             elif frame is not None and frame.command == "MESSAGE":
-                msg_id = ledger.delivered(conn, frame.headers, frame.body)
-                receipt = f"a{acks}"
-                acks += 1
-                pending[receipt] = msg_id
-                ledger.acking(msg_id)
-                client.ack(frame.headers.get("ack", ""), receipt=receipt)
+                if dead:
+                    msg_id, kind = ledger.dead_letter(conn, frame.headers, frame.body), "ACK"
+                else:
+                    msg_id = ledger.delivered(conn, frame.headers, frame.body)
+                    kind = "NACK" if msg_id.endswith(POISON) else "ACK"
+                receipt = f"a{answers}"
+                answers += 1
+                pending[receipt] = (kind, msg_id)
+                if kind == "ACK":
+                    ledger.acking(msg_id)
+                    client.ack(frame.headers.get("ack", ""), receipt=receipt)
+                else:
+                    ledger.nacking(msg_id, conn)
+                    client.nack(frame.headers.get("ack", ""), receipt=receipt)
                 last = time.monotonic()
             elif frame is not None and frame.command == "RECEIPT":
-                ledger.ack_receipted(pending.pop(frame.headers.get("receipt-id", ""), ""), conn)
-            if counts == (0, 0) and not pending and time.monotonic() - last >= QUIET_S:
+                kind, msg_id = pending.pop(frame.headers.get("receipt-id", ""), ("?", ""))
+                if kind == "ACK":
+                    ledger.ack_receipted(msg_id, conn, frame.headers.get("curb-late") == "true")
+            if empty and not pending and time.monotonic() - last >= QUIET_S:
                 client.disconnect()
                 return None
-        return f"drain {number}: not empty after {DRAIN_S:.0f}s (rdy, wip = {counts}, {len(pending)} ACK receipts owed)"
+        what = "dead letters" if dead else "queue"
+        return f"drain {number}: {what} not empty after {DRAIN_S:.0f}s ({counts}; {len(pending)} receipts owed)"
     except (StompError, OSError, ValueError) as err:
         return f"drain {number}: {err}"
     finally:
@@ -614,12 +760,21 @@ def stderr_report(text: str) -> dict[str, object]:
 
 
 def torture(
-    cycles: int, cap: str, seed: str, port: int, workdir: Path, progress: bool, routed: bool = False
+    cycles: int,
+    cap: str,
+    seed: str,
+    port: int,
+    workdir: Path,
+    progress: bool,
+    ack_timeout: str = ACK_TIMEOUT,
+    max_deliveries: int = MAX_DELIVERIES,
+    routed: bool = False,
 ) -> dict[str, object]:
     """The whole run; returns the summary (its `failures` list is empty when all is well)."""
     began = time.monotonic()
-    ledger = Ledger()
-    broker = TortureBroker(workdir, cap, port)
+    ledger = Ledger(durations.parse(ack_timeout, "ms"), max_deliveries)
+    flags = ["-ack-timeout", ack_timeout, "-max-deliveries", str(max_deliveries)]
+    broker = TortureBroker(workdir, cap, port, flags)
     rng = random.Random(seed)
     failures: list[str] = []
     done = 0
@@ -639,11 +794,15 @@ def torture(
                 file=sys.stderr,
             )
     if failure is None:
-        failure = drain(broker.port, ledger, cycles + 1)
+        failure = drain(broker.port, ledger, cycles + 1) or drain(broker.port, ledger, cycles + 1, dead=True)
     if failure is None:
         broker.kill()
         ledger.saw_file(broker.file)
-        failure = broker.start() or drain(broker.port, ledger, cycles + 2)
+        failure = (
+            broker.start()
+            or drain(broker.port, ledger, cycles + 2)
+            or drain(broker.port, ledger, cycles + 2, dead=True)
+        )
     drained = failure is None
     failures += [failure] if failure else []
     failures += [stopped] if (stopped := broker.stop()) else []
@@ -697,6 +856,18 @@ def summarize(
         "acked": ledger.counts["acked"],
         "ack_receipted": len(ledger.ack_receipts),
         "nacked": ledger.counts["nacked"],
+        "nacked_delayed": ledger.counts["nacked_delayed"],
+        "late_acks": ledger.counts["late_acks"],
+        "delayed_sent": len(ledger.send_due),
+        "expiring_sent": len(ledger.expires),
+        "poison_sent": sum(msg_id.endswith(POISON) for msg_id in ledger.sent),
+        "dead_letters": len(ledger.dead),
+        "dead_by_reason": {
+            reason: sum(r == reason for r in ledger.dead.values()) for reason in sorted(set(ledger.dead.values()))
+        },
+        "poison_dead": sum(msg_id.endswith(POISON) for msg_id in ledger.dead),
+        "max_delay_lag_ms": ledger.max_lag_ms,
+        "delivered_over_1s_after_expiry": ledger.counts["after_expiry"],
         "lost": len(lost),
         **ledger.problem_counts,
         "resurrected_messages": len(ledger.resurrected),
@@ -724,8 +895,12 @@ def text_report(s: dict) -> str:
         f"  MESSAGEs: {s['delivered']} delivered ({s['redelivered']} redelivered), {s['acked']} ACKs sent, "
         f"{s['ack_receipted']} ACK receipts, {s['nacked']} NACKs, {s['acked_unconfirmed']} ACKed without "
         "a receipt (killed first)",
+        f"  work queue: {s['delayed_sent']} SENDs delayed (arrived at most {s['max_delay_lag_ms']} ms late), "
+        f"{s['expiring_sent']} expiring ({s['delivered_over_1s_after_expiry']} arrived over 1 s after expiry), "
+        f"{s['poison_sent']} poison ({s['poison_dead']} read from ./dead), {s['nacked_delayed']} NACKs with a "
+        f"delay, {s['late_acks']} late ACKs; dead letters {s['dead_letters']} {s['dead_by_reason']}",
         f"  lost {s['lost']}, resurrections {s['resurrections']} (of {s['resurrected_messages']} messages), "
-        f"within-run duplicates {s['duplicates']}, "
+        f"early {s['early']}, past the delivery limit {s['past_limit']}, within-run duplicates {s['duplicates']}, "
         f"corrupt {s['corrupt']}, stored though refused {s['stored_refused']}, "
         f"unexpected errors {s['unexpected_errors']}",
         f"  largest log file: {s['max_file_bytes']} bytes, {s['max_data_bytes']} allocated to data "
@@ -757,6 +932,17 @@ def parse_args(argv: Iterable[str]) -> argparse.Namespace:
     parser.add_argument(
         "--router", action="store_true", help="clients go through `curb router`; cycles kill it, the broker or both"
     )
+    parser.add_argument(
+        "--ack-timeout",
+        default=ACK_TIMEOUT,
+        help=f"the broker's -ack-timeout (default {ACK_TIMEOUT}: holds of up to 2.5 s pass it at times)",
+    )
+    parser.add_argument(
+        "--max-deliveries",
+        type=int,
+        default=MAX_DELIVERIES,
+        help=f"the broker's -max-deliveries (default {MAX_DELIVERIES}: poison becomes a dead letter soon)",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(list(argv))
@@ -766,6 +952,12 @@ def parse_args(argv: Iterable[str]) -> argparse.Namespace:
         parse_size(args.cap)
     except argparse.ArgumentTypeError as err:
         parser.error(str(err))
+    try:
+        durations.parse(args.ack_timeout, "ms")
+    except ValueError as err:
+        parser.error(f"--ack-timeout: {err}")
+    if args.max_deliveries < 0:
+        parser.error("--max-deliveries must be 0 (no limit) or more")
     return args
 
 
@@ -775,7 +967,17 @@ def main(argv: Iterable[str] = sys.argv[1:]) -> int:
     if args.dir is not None:
         args.dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="curb-torture-", dir=args.dir))
-    summary = torture(args.cycles, args.cap, seed, args.port, workdir, not args.quiet, args.router)
+    summary = torture(
+        args.cycles,
+        args.cap,
+        seed,
+        args.port,
+        workdir,
+        not args.quiet,
+        args.ack_timeout,
+        args.max_deliveries,
+        args.router,
+    )
     print(json.dumps(summary) if args.json else text_report(summary), flush=True)
     if summary["ok"] and args.dir is None:
         shutil.rmtree(workdir, ignore_errors=True)
