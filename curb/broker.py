@@ -253,10 +253,15 @@ class Broker:
         loop: Loop | None = None,
     ):
         self.log = log
-        self.queue: Queue[Peer, Record] = Queue(log, default_prefetch=prefetch, ack_timeout=ack_timeout)
+        self.redelivery = redelivery or Redelivery()
+        self.queue: Queue[Peer, Record] = Queue(
+            log,
+            default_prefetch=prefetch,
+            ack_timeout=ack_timeout,
+            max_deliveries=self.redelivery.max_deliveries,
+        )
         # The dead letters (curb.dead): no deadlines, no due times, no expiry.
         self.dead: Queue[Peer, Record] = Queue(DeadSource(log), default_prefetch=prefetch, timed=False)
-        self.redelivery = redelivery or Redelivery()
         self.drop_expired = drop_expired  # -expired drop: an expired message is ACKed, not dead-lettered
         self.wall_ms = log.wall_ms  # the log's wall clock: due and expiry times are kept by it
         self.max_frame = max_frame
@@ -780,6 +785,9 @@ class Broker:
                 self._deadlines.arm(soonest)
             if queue.expired:
                 self._expired(queue.take_expired())
+            if queue.spent:
+                for rec in queue.take_spent():
+                    self._bury(rec, REASON_MAX_DELIVERIES)
         if self.dead.has_credit() and not self._pumping:
             self._pump_dead()
         if self._counters:

@@ -40,8 +40,11 @@ Rules (pure state, no sockets, no files):
   on the way to a delivery goes to `expired` instead, for the caller to take
   (`take_expired`) and dead-letter or drop. A queue made with `timed=False` (the dead
   letters') never looks. A message that never expires costs one attribute test per
-  delivery. Due times are not the queue's: its source (the log) hands out a message only
-  once it is due, and keeps the ones put back with a delay until then.
+  delivery. Likewise a message that was delivered `max_deliveries` times already (it
+  came back at shutdown, which the caller exempts from the limit, or a restart
+  recovered its count) is never handed out again: it goes to `spent`. Due times are not
+  the queue's: its source (the log) hands out a message only once it is due, and keeps
+  the ones put back with a delay until then.
 - Competing subscriptions take turns, one message each, in a ring that persists across
   calls. The ring holds exactly the subscriptions that could take a message now (active,
   writable, with credit), so `next_delivery` is O(1) when nothing can be delivered.
@@ -92,6 +95,10 @@ class Message(Protocol):
     def expires_ms(self) -> int:
         """Wall-clock ms from which it is never delivered; 0: never expires."""
 
+    @property
+    def deliveries(self) -> int:
+        """How often it was delivered before."""
+
 
 # The queue is generic in what it tracks, so that its caller gets its own types back:
 # M is the message type (the log's Record), C the connection a subscription belongs to
@@ -135,6 +142,7 @@ class Queue(Generic[C, M]):
         max_prefetch: int = 10000,
         ack_timeout: float = 0.0,
         timed: bool = True,
+        max_deliveries: int = 0,
     ):
         if not 1 <= default_prefetch <= max_prefetch:
             raise ValueError(f"need 1 <= default_prefetch ({default_prefetch}) <= max_prefetch ({max_prefetch})")
@@ -150,6 +158,8 @@ class Queue(Generic[C, M]):
         self._wip: dict[int, Subscription[C, M]] = {}  # message id -> the subscription holding it
         self._redeliver: list[tuple[int, M]] = []  # heap of (id, message), rdy again
         self._timed = timed  # whether expiry counts (False: the dead letters)
+        self._limit = max_deliveries if timed else 0  # deliveries a message may have had; 0: any
+        self.spent: list[M] = []  # met with the limit's deliveries on the way to a delivery
         self.expired: list[M] = []  # met expired on the way to a delivery, for the caller
         self._due: dict[int, int] = {}  # wip message id -> its delivery's ack deadline, ms
         self._buckets: dict[int, list[int]] = {}  # deadline ms -> ids given it, some stale
@@ -273,9 +283,12 @@ class Queue(Generic[C, M]):
                 if message is None:
                     return None
             expires = message.expires_ms
-            if not expires or expires > wall_ms or not self._timed:
+            if expires and expires <= wall_ms and self._timed:
+                self.expired.append(message)
+            elif self._limit and message.deliveries >= self._limit:
+                self.spent.append(message)
+            else:
                 break
-            self.expired.append(message)
         sub = ring.popitem(last=False)[0]
         message_id = message.id
         sub.unacked[message_id] = message
@@ -303,6 +316,12 @@ class Queue(Generic[C, M]):
         redeliver = self._redeliver
         for message in messages:
             heapq.heappush(redeliver, (message.id, message))
+
+    def take_spent(self) -> list[M]:
+        """The messages met with `max_deliveries` deliveries already (one that came back
+        at shutdown, or whose count a restart recovered); the caller dead-letters them."""
+        spent, self.spent = self.spent, []
+        return spent
 
     def take_expired(self) -> list[M]:
         """The expired messages met since the last call; the caller dead-letters or drops them."""

@@ -13,6 +13,7 @@ from curb.queue import DEADLINE_SLACK, LATE_KEPT, Late, Queue, QueueError, Subsc
 class FakeMessage:
     id: int
     expires_ms: int = 0
+    deliveries: int = 0
 
 
 class FakeSource:

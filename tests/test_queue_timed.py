@@ -74,3 +74,21 @@ def test_holds_says_which_messages_are_wip_here_on_a_connection():
     queue.ack("c", 1)
     assert [queue.holds("c", i) for i in (1, 2, 3)] == [False, True, False]
     assert not queue.holds("other", 2)
+
+
+def test_a_message_delivered_the_limit_times_already_is_spent_not_handed_out():
+    source = TimedSource(FakeMessage(1, deliveries=3), FakeMessage(2, deliveries=2), FakeMessage(3, deliveries=9))
+    queue: Queue[str, FakeMessage] = Queue(source, max_deliveries=3)
+    queue.subscribe("c", "s", "client-individual", prefetch=10)
+    assert ids(queue.deliver(0.0, 0)) == [2]
+    assert ids_of(queue.take_spent()) == [1, 3] and queue.take_spent() == []
+
+
+def test_no_limit_or_an_untimed_queue_hands_out_any_count():
+    queues: list[Queue[str, FakeMessage]] = [
+        Queue(TimedSource(FakeMessage(1, deliveries=50))),
+        Queue(TimedSource(FakeMessage(1, deliveries=50)), timed=False, max_deliveries=3),
+    ]
+    for queue in queues:
+        queue.subscribe("c", "s", "client-individual")
+        assert ids(queue.deliver(0.0, 0)) == [1] and queue.spent == []

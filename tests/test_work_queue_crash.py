@@ -117,3 +117,19 @@ def test_the_delivery_limit_counts_deliveries_before_a_crash(mode):
     assert job.headers["curb-deliveries"] == "3"
     receipted(world, peer, "NACK", {"id": job.headers["ack"]})
     assert world.broker.counts()["dead"] == 1
+
+
+def test_a_message_at_the_limit_when_the_broker_stopped_is_dead_not_delivered_again():
+    """Shutdown puts wip back without the limit; the next delivery attempt finds the count
+    (kept on disk) at the limit and dead-letters it instead."""
+    world = MemWorld(redelivery=Redelivery(max_deliveries=2))
+    world.peer().produce([b"job"])
+    peer = consumer(world)
+    [job] = peer.frames()
+    receipted(world, peer, "NACK", {"id": job.headers["ack"]})  # back after delivery 1; delivery 2 follows
+    world.broker.stop_delivering()  # delivery 2 comes back at shutdown: rdy, not dead
+    world.settle()
+    world = world.crash("kill")
+    worker = consumer(world)
+    assert worker.frames() == []
+    assert world.broker.counts()["dead"] == 1
