@@ -313,7 +313,7 @@ class LogCore:
         self._cursor.on_stalled = self._schedule
         self._cursor.parked = self._parked = scan.parked
         self._cursor.wall_ms = self.wall_ms
-        self._cursor.upto = ckpt.acked_upto
+        self._cursor.upto = self._cursor.counted_above = ckpt.acked_upto
         durable = Snapshot(ckpt.tail, ckpt.head, ckpt.next_id, ckpt.next_wseq, ckpt.acked_upto)
         self._checkpoints = Checkpoints(disk, ckpt.gen, durable)
         self.waiters = Waiters(self._checkpoints)
