@@ -964,14 +964,10 @@ class LogCore:
         span = size + self.admission.reserve() + self.capacity // 4
         used = ring.distance(ring.tail, ring.head)
         while True:
-            rec = next(iter(cursor.behind.values()), None)
-            seq = parked.oldest()
-            if seq is not None and (rec is None or cursor.back(parked.offset(seq)) > cursor.back(rec.offset)):
-                offset, rec_size = parked.offset(seq), parked.size(seq)
-            elif rec is not None:
-                offset, rec_size, seq = rec.offset, rec.size, None
-            else:
+            first = next(cursor.pinning(), None)
+            if first is None:
                 break
+            offset, rec_size, rec, seq = first
             dist = ring.distance(ring.tail, offset)
             if dist >= span or dist >= used:
                 break

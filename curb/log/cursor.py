@@ -52,7 +52,7 @@ Invariants:
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from curb.log.parked import DELAYED, EXP, HELD, MAX, Parked
 from curb.log.reader import RecordReader
@@ -174,16 +174,28 @@ class Cursor:
         """The oldest byte still needed: the first message behind the read position that
         is not acked, or the first parked record the cursor passed, else the read
         position itself."""
-        tail = self.rpos
-        for rec in self.behind.values():
-            tail = rec.offset
-            break
-        seq = self.parked.oldest()
-        if seq is not None:
-            at = self.parked.offset(seq)
-            if self.back(at) > self.back(tail):
-                tail = at
-        return tail
+        first = next(self.pinning(), None)
+        return self.rpos if first is None else first[0]
+
+    def pinning(self) -> Iterator[tuple[int, int, Record | None, int | None]]:
+        """What pins the tail, oldest first: (offset, size, held Record or None, parked
+        seq or None) for each message behind the read position and each parked record
+        the cursor passed, merged in ring order. Compaction copies in this order and
+        admission's walk (Ring.clears) plans by it, so they never disagree on what must
+        be copied before the tail can pass."""
+        held = iter(self.behind.values())
+        seqs = self.parked.passed_live()
+        parked = self.parked
+        rec = next(held, None)
+        seq = next(seqs, None)
+        while rec is not None or seq is not None:
+            if seq is not None and (rec is None or self.back(parked.offset(seq)) > self.back(rec.offset)):
+                yield parked.offset(seq), parked.size(seq), None, seq
+                seq = next(seqs, None)
+            else:
+                assert rec is not None
+                yield rec.offset, rec.size, rec, None
+                rec = next(held, None)
 
     def back(self, pos: int) -> int:
         """Bytes from `pos` forward to the read position: how far behind it `pos` is."""
