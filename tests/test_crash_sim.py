@@ -114,6 +114,19 @@ REPLAY_REGRESSIONS = {
         3822,
         "after bit rot: accepted SEND refused later without a disk fault",
     ),
+    # A restart found copies (of dead letters compaction had moved) with ids below the
+    # ack-up-to watermark: recovery counted none of them, yet the cursor, passing them at
+    # start-up, uncounted them from the unread bytes again, and 2 KB of live messages
+    # were gone from the count. Only records above recovery's watermark are uncounted.
+    "start_up_uncounts_copies_below_the_watermark_twice": (100000, "live bytes"),
+    # A parked record released to the queue (2 KB) pinned the tail with 384 bytes
+    # free: admission's plan of the copies that would free the tail walked only the held
+    # messages, so it took a SEND that compaction, copying that record first, could
+    # never place. Both now go by Cursor.pinning.
+    "admission_plans_copies_without_the_parked_record_at_the_tail": (
+        103917,
+        "accepted SEND refused later without a disk fault",
+    ),
 }
 
 

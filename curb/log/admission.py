@@ -7,7 +7,10 @@ place without new ACKs. Invariants, each kept here:
   message counting as used (`ahead_dead_bytes`); then it is placed after at most a few
   sync and checkpoint cycles, with no new ACKs: compaction copies held messages that
   pin the tail, in batches, into space the headroom keeps free (`reserve`), so it keeps
-  pace with producers.
+  pace with producers. Whether copies can free the room at all is planned over every
+  record that pins the tail, held and parked alike, in the order compaction copies them
+  (curb.log.cursor's `pinning`): a plan over only some of them counted on room that the
+  first uncopyable record would keep, and accepted SENDs compaction could not place.
 - The headroom is counted from an upper bound of the largest live or waiting record
   (size classes, curb.log.sizes), never from an exact index of the records; when nothing
   is live the bound is exact again, whatever damage made it err.
@@ -127,10 +130,11 @@ class Admission:
             cur = self.cursor
             reachable = free + ring.distance(ring.tail, cur.tail())
             want = self.pending_bytes + size + reserve
-            if reachable < want and not ring.clears(((r.offset, r.size) for r in cur.behind.values()), cur.rpos, want):
-                # Too fragmented for compaction to copy the held messages that pin the
-                # tail (a crash interrupted it): nothing that needs copies, until ACKs
-                # free the tail.
+            pinning = ((offset, size) for offset, size, _, _ in cur.pinning())
+            if reachable < want and not ring.clears(pinning, cur.rpos, want):
+                # Too fragmented for compaction to copy the held and parked messages
+                # that pin the tail (a crash interrupted it): nothing that needs copies,
+                # until ACKs free the tail.
                 return self.capacity
         # Sizes as the reserve will count them once placed: by their class's bound.
         waiting = class_bound(size_class(max(size, self.pending_largest)))

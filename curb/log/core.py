@@ -313,7 +313,7 @@ class LogCore:
         self._cursor.on_stalled = self._schedule
         self._cursor.parked = self._parked = scan.parked
         self._cursor.wall_ms = self.wall_ms
-        self._cursor.upto = ckpt.acked_upto
+        self._cursor.upto = self._cursor.counted_above = ckpt.acked_upto
         durable = Snapshot(ckpt.tail, ckpt.head, ckpt.next_id, ckpt.next_wseq, ckpt.acked_upto)
         self._checkpoints = Checkpoints(disk, ckpt.gen, durable)
         self.waiters = Waiters(self._checkpoints)
@@ -964,14 +964,10 @@ class LogCore:
         span = size + self.admission.reserve() + self.capacity // 4
         used = ring.distance(ring.tail, ring.head)
         while True:
-            rec = next(iter(cursor.behind.values()), None)
-            seq = parked.oldest()
-            if seq is not None and (rec is None or cursor.back(parked.offset(seq)) > cursor.back(rec.offset)):
-                offset, rec_size = parked.offset(seq), parked.size(seq)
-            elif rec is not None:
-                offset, rec_size, seq = rec.offset, rec.size, None
-            else:
+            first = next(cursor.pinning(), None)
+            if first is None:
                 break
+            offset, rec_size, rec, seq = first
             dist = ring.distance(ring.tail, offset)
             if dist >= span or dist >= used:
                 break

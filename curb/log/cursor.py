@@ -26,7 +26,11 @@ Invariants:
   since, minus what was handed out, and is reset to 0 whenever the cursor reaches the
   head (recovery's count can be off only where it skimmed over damage).
 - A message whose id is at most `upto` (the ack-up-to watermark) is dead wherever it is:
-  never handed out, and uncounted from `unread` when the cursor passes it.
+  never handed out, and uncounted from `unread` when the cursor passes it, if `unread`
+  counted it: recovery counts no record with an id up to the watermark it found
+  (`counted_above`), original or copy, so passing one uncounts nothing; only records
+  above it, which this run's ACKs up to an id made dead, are still counted until passed.
+  Every uncount goes through `_uncount`, which asks this one rule.
 - The cursor's work is bounded: it reads on for at most `allowance` work (bytes read
   plus RECORD_WORK a record) per slice, then stops where it is, sets `stalled` and calls
   `on_stalled`; its owner (the log) grants the next slice later, from the event loop's
@@ -48,7 +52,7 @@ Invariants:
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from curb.log.parked import DELAYED, EXP, HELD, MAX, Parked
 from curb.log.reader import RecordReader
@@ -139,6 +143,7 @@ class Cursor:
         self.last_wseq = -1
         self.max_id = 0
         self.upto = 0
+        self.counted_above = 0  # `unread` never counted a record with an id up to this
         self.last = last
         self.unread = unread
         self.unread_bytes = unread_bytes
@@ -169,16 +174,28 @@ class Cursor:
         """The oldest byte still needed: the first message behind the read position that
         is not acked, or the first parked record the cursor passed, else the read
         position itself."""
-        tail = self.rpos
-        for rec in self.behind.values():
-            tail = rec.offset
-            break
-        seq = self.parked.oldest()
-        if seq is not None:
-            at = self.parked.offset(seq)
-            if self.back(at) > self.back(tail):
-                tail = at
-        return tail
+        first = next(self.pinning(), None)
+        return self.rpos if first is None else first[0]
+
+    def pinning(self) -> Iterator[tuple[int, int, Record | None, int | None]]:
+        """What pins the tail, oldest first: (offset, size, held Record or None, parked
+        seq or None) for each message behind the read position and each parked record
+        the cursor passed, merged in ring order. Compaction copies in this order and
+        admission's walk (Ring.clears) plans by it, so they never disagree on what must
+        be copied before the tail can pass."""
+        held = iter(self.behind.values())
+        seqs = self.parked.passed_live()
+        parked = self.parked
+        rec = next(held, None)
+        seq = next(seqs, None)
+        while rec is not None or seq is not None:
+            if seq is not None and (rec is None or self.back(parked.offset(seq)) > self.back(rec.offset)):
+                yield parked.offset(seq), parked.size(seq), None, seq
+                seq = next(seqs, None)
+            else:
+                assert rec is not None
+                yield rec.offset, rec.size, rec, None
+                rec = next(held, None)
 
     def back(self, pos: int) -> int:
         """Bytes from `pos` forward to the read position: how far behind it `pos` is."""
@@ -267,7 +284,7 @@ class Cursor:
             if mid <= upto and at >= 0:
                 found = reader.intact(at, self.end)
                 if found is not None and found[0].id == mid and found[0].state != STATE_ACK:
-                    self._uncount(found[0].size)
+                    self._uncount(mid, found[0].size)
                 self.last[mid] = -1
         self.pass_dead()
 
@@ -309,7 +326,7 @@ class Cursor:
                 self.rpos = pos + rec.size
                 self.last_wseq = rec.wseq
                 if rec.id <= self.upto:
-                    self._uncount(rec.size)
+                    self._uncount(rec.id, rec.size)
                     continue
                 return self._hand_out(rec)
             stepped = self.parked.step_over(pos)
@@ -366,11 +383,11 @@ class Cursor:
             if mid <= self.upto:
                 self.max_id = max(self.max_id, mid)
                 if hdr.state != STATE_ACK:
-                    self._uncount(size)
+                    self._uncount(mid, size)
                 continue
             if hdr.state != STATE_ACK and (hdr.state != STATE_RDY or hdr.due_ms > self.wall_ms()):
                 self.max_id = max(self.max_id, mid)
-                self._uncount(size)  # parked from now on, not unread
+                self._uncount(mid, size)  # parked from now on, not unread
                 self.parked.add(pos, size, mid, _PARKED.get(hdr.state, DELAYED), hdr.due_ms)
                 continue
             if hdr.state != STATE_ACK and not hand_out:
@@ -390,8 +407,11 @@ class Cursor:
         self.unread = self.unread_bytes = 0
         return None
 
-    def _uncount(self, size: int) -> None:
-        """An unread message the watermark made dead is passed."""
+    def _uncount(self, mid: int, size: int) -> None:
+        """An unread message is passed that the watermark made dead, or that is parked:
+        no longer unread, unless `unread` never counted it (see the module's invariants)."""
+        if mid <= self.counted_above:
+            return
         self.unread = max(0, self.unread - 1)
         self.unread_bytes = max(0, self.unread_bytes - size)
 

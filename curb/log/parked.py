@@ -41,7 +41,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 GONE, DELAYED, MAX, EXP, HELD, DEAD_HELD = range(6)
@@ -217,10 +217,14 @@ class Parked:
         elif state in DEAD or state == DEAD_HELD:
             self.dead -= 1
 
-    def oldest(self) -> int | None:
-        """The seq of the first live entry the cursor has passed, if any."""
+    def passed_live(self) -> Iterator[int]:
+        """The seqs of the live entries the cursor has passed, oldest first: the parked
+        records that pin the tail, in the order compaction copies them."""
         seq = self._first_live()
-        return seq if seq < self.passed else None
+        while seq < self.passed:
+            if self.states[seq - self.base] != GONE:
+                yield seq
+            seq += 1
 
     def _first_live(self) -> int:
         states, base, end = self.states, self.base, self.end

@@ -13,7 +13,9 @@ Invariants kept here:
   synced checkpoint has moved `tail` past it (the log moves `tail`, nobody else).
 - Copies need contiguous room: free bytes split between the end of a lap and the start of
   the next may hold no copy of a large record. `clears` answers, without writing, whether
-  copying the held records one by one can free a given number of bytes at all.
+  copying the records that pin the region (held and parked: curb.log.cursor's
+  `pinning`, the order compaction copies in) one by one can free a given number of
+  bytes at all.
 - A copy goes only where `copy_spot` says: compaction and admission's walk (`clears`)
   ask the same rule, so admission never counts on a copy that compaction would not make.
 """
