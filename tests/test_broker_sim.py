@@ -14,7 +14,9 @@ import os
 from sim.driver import STEPS, run_many, run_seed
 from simdisk import SimDisk
 
+from curb import broker
 from curb.queue import Queue
+from curb.redelivery import Redelivery
 
 SEEDS = int(os.environ.get("CURB_BROKER_SIM_SEEDS", "100"))
 JOBS = min(2, os.cpu_count() or 1)
@@ -29,6 +31,7 @@ def test_seeds_in_the_default_range_keep_every_invariant():
     assert stats.kills and stats.powers and stats.mid_op, stats.line()
     assert stats.refused and stats.acks and stats.nacks and stats.touches, stats.line()
     assert stats.late and stats.deadlines and stats.beats_lost and stats.redeliveries, stats.line()
+    assert stats.delayed and stats.expiring and stats.dead_letters and stats.redrives, stats.line()
 
 
 def test_a_seed_replays_exactly():
@@ -71,3 +74,22 @@ def test_a_deadline_that_never_releases_is_caught(monkeypatch):
     """A queue whose expire returns nothing leaves the broker's timer firing for ever."""
     monkeypatch.setattr(Queue, "expire", lambda self, now: [])
     assert caught({"livelock"}, 20)
+
+
+def test_a_broker_that_ignores_due_times_is_caught(monkeypatch):
+    """A SEND's delay read as none: its message is delivered before it is due."""
+    send_times = broker.send_times
+    monkeypatch.setattr(broker, "send_times", lambda headers, wall_ms: (0, send_times(headers, wall_ms)[1]))
+    assert caught({"delivered before it was due"}, 40)
+
+
+def test_a_broker_that_ignores_expiry_is_caught(monkeypatch):
+    send_times = broker.send_times
+    monkeypatch.setattr(broker, "send_times", lambda headers, wall_ms: (send_times(headers, wall_ms)[0], 0))
+    assert caught({"delivered after it expired"}, 40)
+
+
+def test_a_broker_without_a_delivery_limit_is_caught(monkeypatch):
+    """A message past the limit put back in the queue, not buried."""
+    monkeypatch.setattr(Redelivery, "fate", lambda self, deliveries, asked_ms=None: asked_ms or 0)
+    assert caught({"delivered past the delivery limit", "dead letter never delivered"}, 40)
