@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from sim import driver
 from sim.driver import STEPS, run_many, run_seed
 from simdisk import SimDisk
 
@@ -115,6 +116,9 @@ def test_a_broker_that_ignores_expiry_is_caught(monkeypatch):
 
 
 def test_a_broker_without_a_delivery_limit_is_caught(monkeypatch):
-    """A message past the limit put back in the queue, not buried."""
-    monkeypatch.setattr(Redelivery, "fate", lambda self, deliveries, asked_ms=None: asked_ms or 0)
+    """A broker that ignores -max-deliveries: a message past the limit is put back in the
+    queue, not buried."""
+    monkeypatch.setattr(
+        driver, "Redelivery", lambda delay, multiplier, max_delay, limit: Redelivery(delay, multiplier, max_delay, 0)
+    )
     assert caught({"delivered past the delivery limit", "dead letter never delivered"}, 40)

@@ -113,6 +113,9 @@ class Msg:
     was_limit_dead: bool = False  # buried for the delivery limit at some time
     fresh: bool = False  # redriven: its next delivery says 1
     redrives: int = 0  # how often it was redriven: a NACK from before a redrive counts no more
+    # Held (or ACKed without a durable receipt) at a crash with its count at the limit: if
+    # that count reached the disk, the queue buries it when it meets it.
+    spent: bool = False
     redrive_unsure: bool = False  # redriven, not yet durably: a crash may leave it dead
 
 
@@ -264,7 +267,7 @@ class Checker:
         moved = []
         wall = self.wall
         for msg in self.messages.values():
-            if msg.state == LIVE and msg.holder is None and msg.expires and wall >= msg.expires:
+            if msg.state == LIVE and msg.holder is None and (msg.spent or (msg.expires and wall >= msg.expires)):
                 # Maybe dead-lettered already (the queue met it expired), and so redriven:
                 # its count is unknown from here on. It stays expired, so never delivered.
                 msg.count = msg.durable_count = msg.returned = 0
@@ -384,12 +387,14 @@ class Checker:
                 "delivery count went back",
                 f"{where} with count {count} after a restart, though a receipt made {msg.durable_count} durable",
             )
-        msg.count, msg.fresh = count, False
+        msg.count, msg.fresh, msg.spent = count, False, False
 
     def _delivered_dead(self, conn: Conn, msg: Msg, reason: str, count: int) -> None:
         where = f"#{msg.tag} (message {msg.id}) from ./dead to connection {conn.serial}"
         if msg.state == LIVE and msg.holder is None and msg.expires and self.wall >= msg.expires:
             msg.state, msg.reason = DEAD, EXPIRED  # dead-lettered when the queue met it
+        elif msg.state == LIVE and msg.holder is None and msg.spent:
+            msg.state, msg.reason, msg.spent = DEAD, LIMIT, False  # met at the limit
         if msg.state != DEAD:
             raise fail("receipted ACK undone" if msg.ack_promised else "a dead letter that is not dead", where)
         if msg.holder is not None:
@@ -455,7 +460,10 @@ class Checker:
 
     def crash(self) -> None:
         self.conns.clear()
+        limit = self.cfg.max_deliveries
         for msg in self.messages.values():
+            if limit and (msg.holder is not None or msg.state == ACKED) and msg.count >= limit:
+                msg.spent = msg.was_limit_dead = True
             msg.holder = msg.deadline = None
             msg.count = msg.returned = 0
 
@@ -490,6 +498,8 @@ class Checker:
         """Queued after the restart: a dead letter only if its burial may have been lost."""
         if msg.state == DEAD and msg.dead_promised:
             raise fail("dead letter came back to life", f"{where}, queued; the NACK that buried it was receipted")
+        if msg.state == DEAD and msg.reason == LIMIT:
+            msg.spent = True  # its burial was lost, not its count: the queue buries it again
         msg.state, msg.reason = LIVE, ""
         msg.due = msg.durable_due  # a later due time may be lost with its NACK
         msg.redrive_unsure = msg.dead_promised = False
@@ -504,11 +514,11 @@ class Checker:
             raise fail("dead letter's reason", f"{where} as expired, before its expiry time")
         if got.dead not in (LIMIT, EXPIRED):
             raise fail("dead letter's reason", f"{where} as dead for {got.dead!r}")
-        buried = msg.state == DEAD or (msg.state == ACKED and msg.reason) or msg.redrive_unsure
+        buried = msg.state == DEAD or (msg.state == ACKED and msg.reason) or msg.redrive_unsure or msg.spent
         if not buried and got.dead != EXPIRED:
             raise fail("dead letter from nowhere", f"{where} as dead ({got.dead}); the model has it {msg.state}")
         msg.state, msg.reason = DEAD, got.dead
-        msg.redrive_unsure = msg.fresh = False
+        msg.redrive_unsure = msg.fresh = msg.spent = False
 
     # ---------------------------------------------------------------- checks
 
@@ -522,6 +532,10 @@ class Checker:
     def expired(self) -> set[int]:
         wall = self.wall
         return {tag for tag, m in self.messages.items() if m.state == LIVE and m.expires and wall >= m.expires}
+
+    def spent(self) -> set[int]:
+        """Queued messages that may be dead letters once the queue meets them (`Msg.spent`)."""
+        return {tag for tag, m in self.messages.items() if m.state == LIVE and m.spent}
 
     def check_counts(self, counts: dict[str, int]) -> None:
         """The queue's counts against the model: wip is what the checker holds; rdy,
