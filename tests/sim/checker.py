@@ -276,6 +276,7 @@ class Checker:
                 msg.state, msg.reason = LIVE, ""
                 msg.count = msg.durable_count = msg.returned = msg.due = msg.durable_due = 0
                 msg.fresh = msg.redrive_unsure = True
+                msg.dead_promised = False
                 msg.redrives += 1
                 moved.append(msg.tag)
         conn = self.conns[serial]
