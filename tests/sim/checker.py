@@ -7,34 +7,50 @@ the moment something else is:
 
 - a SEND whose RECEIPT came, or that a later receipt on its connection covered (a NACK's,
   a touch's, a DISCONNECT's, a late one's: "everything the connection sent before is on
-  disk"), is found by every restart until an ACK took it, and delivered at the end;
+  disk"), is found by every restart until an ACK took it (as a queued message or a dead
+  letter), and delivered at the end;
 - an ACK whose RECEIPT came, or that such a later receipt covered, is never undone: the
-  message is never found or delivered again;
+  message is never found or delivered again (an ACK on `./dead` deletes a dead letter
+  the same way);
 - a message is held by at most one consumer at a time, and by none once its ack
   deadline passed (the checker keeps each delivery's deadline: its subscription's
   timeout or the broker's, moved by touches), its holder settled it or its connection
-  went; the queue's wip count is what the checker holds, and its rdy count the live
-  messages it does not;
+  went; the queue's wip count is what the checker holds, and the queue's rdy, delayed,
+  wip and dead counts add up to the messages the checker has queued or dead;
 - an ACK, NACK or touch of a message whose deadline passed on that connection changes
   nothing and its RECEIPT says `curb-late:true`; one of a message still held does not;
+- nothing is delivered before it is due (a SEND's `curb-delay`, `AMQ_SCHEDULED_DELAY`
+  or `AMQ_SCHEDULED_TIME`; a NACK's `curb-delay`; the broker's redelivery delay, grown
+  with the count), nor at or after it expired (`expires`, `curb-ttl`): the clock is the
+  simulator's, so both are exact;
+- a message that comes back (NACK, deadline, disconnect) after being delivered
+  `max_deliveries` times is a dead letter at once: never delivered to an ordinary
+  subscriber again, never lost, served by `./dead` with `curb-dead-reason:max-deliveries`
+  (an expired one with `expired`); a MESSAGE never carries a count past the limit;
+- a redrive makes every dead letter no `./dead` subscriber holds a queued message again,
+  its count reset (the next delivery says 1), and loses none;
 - RECEIPTs come in frame order, and the only ERROR is the refusal of a SEND (queue full);
 - every delivery is a message sent, byte for byte with its headers, under one id for
   good, never a refused one; its delivery count goes up by one each time in a run,
-  `redelivered` with it, and after a crash is above the count a NACK's covered receipt
-  made durable;
+  `redelivered` with it, and after a crash is above the count a covered NACK made durable;
 - a message a restart did not find (lost with its unsynced SEND, or taken by an ACK)
   never comes back.
 
 Between a crash and the next restart's full read the model is unsure which unpromised
-messages survived; the read makes it exact again.
+changes survived (a SEND, an ACK, a burial, a NACK's due time, a redrive); the read
+makes it exact again.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-LIVE, ACKED, GONE, REFUSED = "live", "acked", "gone", "refused"
+from sim.workload import Config
+
+LIVE, ACKED, GONE, REFUSED, DEAD = "live", "acked", "gone", "refused", "dead"
+LIMIT, EXPIRED = "max-deliveries", "expired"
 COVERING = frozenset(("NACK", "touch", "DISCONNECT"))
 
 
@@ -65,6 +81,16 @@ def tag_of(body: bytes) -> int | None:
 
 
 @dataclass(slots=True)
+class Found:
+    """A message a full read of the log found after a restart."""
+
+    id: int
+    body: bytes
+    dead: str = ""  # a dead letter's reason
+    deliveries: int = 0
+
+
+@dataclass(slots=True)
 class Msg:
     """What the checker knows of one SEND."""
 
@@ -77,7 +103,20 @@ class Msg:
     holder: int | None = None  # the connection holding it now
     deadline: int | None = None  # ms; None: no ack deadline
     count: int = 0  # its delivery count as last delivered in this run (0: not yet)
-    durable_count: int = 0  # a count a receipt made durable: later deliveries are above it
+    durable_count: int = 0  # a count a receipt or a sync made durable: later deliveries are above it
+    returned: int = 0  # its count when it last came back in this run (written with its return)
+    due: int = 0  # wall ms before which it is not delivered
+    durable_due: int = 0  # a due time a receipt made durable (the SEND's, a covered NACK's)
+    expires: int = 0  # wall ms from which it is never delivered; 0: never
+    reason: str = ""  # a dead letter's reason
+    dead_promised: bool = False  # its burial is durable (the NACK that buried it was covered)
+    was_limit_dead: bool = False  # buried for the delivery limit at some time
+    fresh: bool = False  # redriven: its next delivery says 1
+    redrives: int = 0  # how often it was redriven: a NACK from before a redrive counts no more
+    # Held (or ACKed without a durable receipt) at a crash with its count at the limit: if
+    # that count reached the disk, the queue buries it when it meets it.
+    spent: bool = False
+    redrive_unsure: bool = False  # redriven, not yet durably: a crash may leave it dead
 
 
 @dataclass(slots=True)
@@ -85,9 +124,12 @@ class Effect:
     """A frame that changed the log, until a receipt covers it."""
 
     seq: int
-    kind: str  # SEND, ACK, NACK
+    kind: str  # SEND, ACK, NACK, REDRIVE
     tags: tuple[int, ...]
     count: int = 0  # NACK: the delivery count it put back
+    due: int = 0  # NACK: the due time it gave the message
+    buried: bool = False  # NACK: it made the message a dead letter
+    redrives: int = 0  # NACK: the message's redrives then
 
 
 @dataclass(slots=True)
@@ -106,6 +148,7 @@ class Conn:
 
     serial: int
     ack_mode: str = ""
+    dead: bool = False  # subscribed to ./dead
     timeout_ms: int = 0
     holding: OrderedDict[int, None] = field(default_factory=OrderedDict)  # tags, in delivery order
     late: set[int] = field(default_factory=set)  # tags whose deadline passed while held here
@@ -116,34 +159,48 @@ class Conn:
 
 
 class Checker:
-    """The model, fed by the driver; every method raises SimFailure on a broken invariant."""
+    """The model, fed by the driver; every method raises SimFailure on a broken invariant.
+    `now` is the simulated monotonic clock in ms, `wall` the wall clock the log keeps due
+    and expiry times by (the simulated clock's `wall_ms`, which the broker and the log
+    read too)."""
 
-    def __init__(self, ack_timeout_ms: int, now: int):
-        self.ack_timeout_ms = ack_timeout_ms
+    def __init__(self, cfg: Config, now: int, wall: Callable[[], int]):
+        self.cfg = cfg
         self.messages: dict[int, Msg] = {}
         self.conns: dict[int, Conn] = {}
-        self.now = now  # ms
+        self.now = now
+        self.wall_clock = wall
+
+    @property
+    def wall(self) -> int:
+        return self.wall_clock()
 
     # ---------------------------------------------------------------- connections
 
     def connected(self, serial: int) -> None:
         self.conns[serial] = Conn(serial)
 
-    def subscribed(self, serial: int, ack_mode: str, timeout_ms: int | None) -> None:
+    def subscribed(self, serial: int, ack_mode: str, timeout_ms: int | None, dead: bool = False) -> None:
         conn = self.conns[serial]
-        conn.ack_mode = ack_mode
-        conn.timeout_ms = 0 if ack_mode == "auto" else self.ack_timeout_ms if timeout_ms is None else timeout_ms
+        conn.ack_mode, conn.dead = ack_mode, dead
+        if ack_mode == "auto" or dead:
+            conn.timeout_ms = 0
+        else:
+            conn.timeout_ms = self.cfg.ack_timeout_ms if timeout_ms is None else timeout_ms
 
     def gone(self, serial: int) -> None:
-        """The connection is gone: what it held is rdy again, its receipts never come."""
+        """The connection is gone: what it held comes back, its receipts never come."""
         for tag in list(self.conns[serial].holding):
-            self._release(self.messages[tag])
+            self._come_back(self.messages[tag], None)
         del self.conns[serial]
 
     # ---------------------------------------------------------------- frames sent
 
-    def sent(self, serial: int, seq: int, tag: int, body: bytes, receipt: str | None) -> None:
-        self.messages[tag] = Msg(tag, body)
+    def sent(
+        self, serial: int, seq: int, tag: int, body: bytes, receipt: str | None, due: int = 0, expires: int = 0
+    ) -> None:
+        """A SEND, with the wall times its headers asked for (0: none)."""
+        self.messages[tag] = Msg(tag, body, due=due, durable_due=due, expires=expires)
         conn = self.conns[serial]
         conn.effects.append(Effect(seq, "SEND", (tag,)))
         if receipt is not None:
@@ -159,8 +216,18 @@ class Checker:
         if receipt is not None:
             del conn.expect[receipt]
 
-    def settle(self, serial: int, seq: int, kind: str, tag: int, receipt: str | None, touch_ms: int = 0) -> None:
-        """An ACK, NACK or touch of `tag` by this connection (kind ACK, NACK, touch)."""
+    def settle(
+        self,
+        serial: int,
+        seq: int,
+        kind: str,
+        tag: int,
+        receipt: str | None,
+        touch_ms: int = 0,
+        delay_ms: int | None = None,
+    ) -> None:
+        """An ACK, NACK or touch of `tag` by this connection (kind ACK, NACK, touch);
+        `delay_ms`: the NACK's curb-delay."""
         conn = self.conns[serial]
         msg = self.messages[tag]
         late = msg.holder != serial
@@ -177,23 +244,45 @@ class Checker:
         if conn.ack_mode == "client":
             tags = list(conn.holding)
             tags = tags[: tags.index(tag) + 1]
-        counts = []
         for settled in tags:
             m = self.messages[settled]
-            counts.append(m.count)
-            self._release(m)
             if kind == "ACK":
+                self._release(m)
                 m.state = ACKED
+            else:
+                count = m.count
+                self._come_back(m, delay_ms)
+                conn.effects.append(Effect(seq, "NACK", (settled,), count, m.due, m.state == DEAD, m.redrives))
         if receipt is not None:
             conn.expect[receipt].tags = tuple(tags)
         if kind == "ACK":
             conn.effects.append(Effect(seq, "ACK", tuple(tags)))
-        else:
-            for settled, count in zip(tags, counts, strict=True):
-                conn.effects.append(Effect(seq, "NACK", (settled,), count))
 
     def disconnecting(self, serial: int, seq: int, receipt: str) -> None:
         self.conns[serial].expect[receipt] = Expect(seq, "DISCONNECT", (), False)
+
+    def redrive(self, serial: int, seq: int, receipt: str | None) -> None:
+        """SEND ./redrive (all): every dead letter no ./dead subscriber holds is queued
+        again, its count reset."""
+        moved = []
+        wall = self.wall
+        for msg in self.messages.values():
+            if msg.state == LIVE and msg.holder is None and (msg.spent or (msg.expires and wall >= msg.expires)):
+                # Maybe dead-lettered already (the queue met it expired), and so redriven:
+                # its count is unknown from here on. It stays expired, so never delivered.
+                msg.count = msg.durable_count = msg.returned = 0
+                msg.redrives += 1
+            if msg.state == DEAD and msg.holder is None:
+                msg.state, msg.reason = LIVE, ""
+                msg.count = msg.durable_count = msg.returned = msg.due = msg.durable_due = 0
+                msg.fresh = msg.redrive_unsure = True
+                msg.dead_promised = False
+                msg.redrives += 1
+                moved.append(msg.tag)
+        conn = self.conns[serial]
+        conn.effects.append(Effect(seq, "REDRIVE", tuple(moved)))
+        if receipt is not None:
+            conn.expect[receipt] = Expect(seq, "REDRIVE", tuple(moved), False)
 
     # ---------------------------------------------------------------- frames received
 
@@ -211,32 +300,34 @@ class Checker:
                 f"connection {serial}: {expect.kind} of #{expect.tags[0]} was {'late' if expect.late else 'in time'}, "
                 f"its RECEIPT says curb-late:{str(late).lower()}",
             )
-        if expect.kind == "SEND":
-            self.messages[expect.tags[0]].stored = True
-        elif expect.kind == "ACK" and not late:
-            for tag in expect.tags:
-                self.messages[tag].ack_promised = True
         if expect.kind in COVERING or late:
             self._cover(conn, expect.seq)
-        else:
-            conn.effects = [e for e in conn.effects if e.seq != expect.seq]
+            return
+        for effect in conn.effects:
+            if effect.seq == expect.seq:
+                self._made_durable(effect)
+        conn.effects = [e for e in conn.effects if e.seq != expect.seq]
 
     def _cover(self, conn: Conn, seq: int) -> None:
         """Everything the connection sent up to frame `seq` is on disk."""
-        kept = []
         for effect in conn.effects:
-            if effect.seq > seq:
-                kept.append(effect)
-                continue
-            for tag in effect.tags:
-                msg = self.messages[tag]
-                if effect.kind == "SEND":
-                    msg.stored = True
-                elif effect.kind == "ACK":
-                    msg.ack_promised = True
-                else:
-                    msg.durable_count = max(msg.durable_count, effect.count)
-        conn.effects = kept
+            if effect.seq <= seq:
+                self._made_durable(effect)
+        conn.effects = [e for e in conn.effects if e.seq > seq]
+
+    def _made_durable(self, effect: Effect) -> None:
+        for tag in effect.tags:
+            msg = self.messages[tag]
+            if effect.kind == "SEND":
+                msg.stored = msg.state != REFUSED
+            elif effect.kind == "ACK":
+                msg.ack_promised = True
+            elif effect.kind == "REDRIVE":
+                msg.redrive_unsure = False
+            elif effect.redrives == msg.redrives:  # NACK: its count, where it put the message
+                msg.durable_count = max(msg.durable_count, effect.count)
+                msg.durable_due = max(msg.durable_due, effect.due)
+                msg.dead_promised = msg.dead_promised or (effect.buried and msg.state == DEAD)
 
     def error(self, serial: int, message: str) -> None:
         conn = self.conns[serial]
@@ -244,37 +335,41 @@ class Checker:
             raise fail("unexpected ERROR", f"connection {serial} got ERROR {message!r}")
 
     def delivered(self, serial: int, tag: int | None, msg_id: int, headers: dict[str, str], body: bytes) -> None:
+        """A MESSAGE to a queue subscriber or (`./dead`) a dead letter's."""
         msg = self.messages.get(tag) if tag is not None else None
         if tag is None or msg is None or body != msg.body or headers.get("sim-tag") != str(tag):
             raise fail("damaged delivery", f"message {msg_id}: body {body[:32]!r}, sim-tag {headers.get('sim-tag')}")
         self._check_id(msg, msg_id)
+        conn = self.conns[serial]
+        count = int(headers.get("curb-deliveries", "1"))
+        if conn.dead:
+            self._delivered_dead(conn, msg, headers.get("curb-dead-reason", ""), count)
+            return
+        where = f"#{tag} (message {msg_id}) to connection {serial}"
         if msg.state != LIVE:
             kind = {
                 REFUSED: "refused SEND delivered",
                 ACKED: "delivered after its ACK in the same run",
                 GONE: "a message gone for good came back",
+                DEAD: "dead letter delivered to a queue subscriber",
             }[msg.state]
-            if msg.ack_promised:
-                kind = "receipted ACK undone"
-            raise fail(kind, f"#{tag} (message {msg_id}) to connection {serial}")
+            raise fail("receipted ACK undone" if msg.ack_promised else kind, where)
         if msg.holder is not None:
             raise fail(
                 "held by two consumers",
-                f"#{tag} (message {msg_id}) delivered to connection {serial} while connection {msg.holder} "
-                f"holds it, its deadline {'none' if msg.deadline is None else msg.deadline - self.now} ms away",
+                f"{where} while connection {msg.holder} holds it, its deadline "
+                f"{'none' if msg.deadline is None else msg.deadline - self.now} ms away",
             )
-        count = int(headers.get("curb-deliveries", "1"))
+        if self.wall < msg.due:
+            raise fail("delivered before it was due", f"{where} {msg.due - self.wall} ms early")
+        if msg.expires and self.wall >= msg.expires:
+            raise fail("delivered after it expired", f"{where} {self.wall - msg.expires} ms after")
+        limit = self.cfg.max_deliveries
+        if limit and count > limit:
+            raise fail("delivered past the delivery limit", f"{where} with count {count}, limit {limit}")
         if (headers.get("redelivered") == "true") != (count > 1):
             raise fail("redelivered header", f"#{tag}: redelivered {headers.get('redelivered')}, count {count}")
-        if msg.count and count != msg.count + 1:
-            raise fail("delivery count", f"#{tag}: delivered with count {count} after {msg.count} in this run")
-        if not msg.count and count <= msg.durable_count:
-            raise fail(
-                "delivery count went back",
-                f"#{tag}: count {count} after a restart, though a receipt made {msg.durable_count} durable",
-            )
-        msg.count = count
-        conn = self.conns[serial]
+        self._check_count(msg, count, where)
         if conn.ack_mode == "auto":
             msg.state = ACKED  # done once handed over
             return
@@ -283,80 +378,189 @@ class Checker:
         conn.holding[tag] = None
         conn.late.discard(tag)
 
+    def _check_count(self, msg: Msg, count: int, where: str) -> None:
+        if msg.fresh and count != 1:
+            raise fail("delivery count after a redrive", f"{where} with count {count}, not 1")
+        if msg.count and count != msg.count + 1:
+            raise fail("delivery count", f"{where} with count {count} after {msg.count} in this run")
+        if not msg.count and count <= msg.durable_count:
+            raise fail(
+                "delivery count went back",
+                f"{where} with count {count} after a restart, though a receipt made {msg.durable_count} durable",
+            )
+        msg.count, msg.fresh, msg.spent = count, False, False
+
+    def _delivered_dead(self, conn: Conn, msg: Msg, reason: str, count: int) -> None:
+        where = f"#{msg.tag} (message {msg.id}) from ./dead to connection {conn.serial}"
+        if msg.state == LIVE and msg.holder is None and msg.expires and self.wall >= msg.expires:
+            msg.state, msg.reason = DEAD, EXPIRED  # dead-lettered when the queue met it
+        elif msg.state == LIVE and msg.holder is None and msg.spent:
+            msg.state, msg.reason, msg.spent = DEAD, LIMIT, False  # met at the limit
+        if msg.state != DEAD:
+            raise fail("receipted ACK undone" if msg.ack_promised else "a dead letter that is not dead", where)
+        if msg.holder is not None:
+            raise fail("held by two consumers", f"{where} while connection {msg.holder} holds it")
+        if reason != msg.reason:
+            raise fail("dead letter's reason", f"{where} says {reason!r}, expected {msg.reason!r}")
+        if msg.count and count != msg.count:
+            raise fail("dead letter's count", f"{where} says {count}, its last delivery {msg.count}")
+        msg.holder = conn.serial
+        conn.holding[msg.tag] = None
+
     def _check_id(self, msg: Msg, msg_id: int) -> None:
         if msg.id is None:
             msg.id = msg_id
         elif msg.id != msg_id:
             raise fail("message id changed", f"#{msg.tag} was message {msg.id}, now {msg_id}")
 
-    # ---------------------------------------------------------------- time and crashes
+    # ---------------------------------------------------------------- where a message goes back
 
-    def advance(self, now: int) -> None:
-        """The clock is at `now` (ms): every delivery whose deadline is due is released."""
-        self.now = now
-        for msg in self.messages.values():
-            if msg.holder is not None and msg.deadline is not None and msg.deadline <= now:
-                self.conns[msg.holder].late.add(msg.tag)
-                self._release(msg)
+    def _come_back(self, msg: Msg, asked_ms: int | None) -> None:
+        """The holder let go without an ACK (NACK, deadline, gone): the broker's policy
+        decides, and the checker applies it on its own: a dead letter back in the dead
+        letters; past the limit, a dead letter; else rdy after the NACK's delay or the
+        redelivery delay, grown with the count."""
+        self._release(msg)
+        if msg.state == DEAD:
+            return
+        msg.returned = msg.count
+        cfg = self.cfg
+        if cfg.max_deliveries and msg.count >= cfg.max_deliveries:
+            msg.state, msg.reason, msg.was_limit_dead = DEAD, LIMIT, True
+            return
+        if asked_ms is not None:
+            wait = asked_ms
+        elif cfg.redelivery_delay_ms:
+            grown = cfg.redelivery_delay_ms * cfg.redelivery_multiplier ** max(msg.count - 1, 0)
+            wait = min(cfg.redelivery_max_delay_ms, round(grown))
+        else:
+            wait = 0
+        msg.due = self.wall + wait if wait else 0
 
     def _release(self, msg: Msg) -> None:
         if msg.holder is not None:
             self.conns[msg.holder].holding.pop(msg.tag, None)
         msg.holder = msg.deadline = None
 
+    # ---------------------------------------------------------------- time and crashes
+
+    def advance(self, now: int) -> None:
+        """The clock is at `now` (ms): every delivery whose deadline is due comes back."""
+        self.now = now
+        for msg in self.messages.values():
+            if msg.holder is not None and msg.deadline is not None and msg.deadline <= now:
+                self.conns[msg.holder].late.add(msg.tag)
+                self._come_back(msg, None)
+
+    def synced(self) -> None:
+        """The log wrote and synced what it held: every return so far is on disk with
+        its count (README: a crash loses only the returns not yet synced)."""
+        for msg in self.messages.values():
+            if msg.returned > msg.durable_count:
+                msg.durable_count = msg.returned
+
     def crash(self) -> None:
         self.conns.clear()
+        limit = self.cfg.max_deliveries
         for msg in self.messages.values():
+            if limit and (msg.holder is not None or msg.state == ACKED) and msg.count >= limit:
+                msg.spent = msg.was_limit_dead = True
             msg.holder = msg.deadline = None
-            msg.count = 0
+            msg.count = msg.returned = 0
 
-    def restarted(self, found: dict[int, tuple[int, bytes]]) -> None:
-        """A full read after recovery found these messages (tag -> id, body): check them
-        against the promises and make the model exact again."""
-        for tag, (msg_id, body) in found.items():
+    def restarted(self, found: dict[int, Found]) -> None:
+        """A full read after recovery found these messages (by tag), queued or dead:
+        check them against the promises and make the model exact again."""
+        for tag, got in found.items():
             msg = self.messages.get(tag)
-            if msg is None or body != msg.body:
-                raise fail("damaged record after restart", f"message {msg_id}: {body[:32]!r}")
-            self._check_id(msg, msg_id)
+            where = f"#{tag} (message {got.id}) is in the log after a restart"
+            if msg is None or got.body != msg.body:
+                raise fail("damaged record after restart", f"message {got.id}: {got.body[:32]!r}")
+            self._check_id(msg, got.id)
             if msg.ack_promised:
-                raise fail("receipted ACK undone", f"#{tag} (message {msg_id}) is in the log after a restart")
+                raise fail("receipted ACK undone", where)
             if msg.state in (GONE, REFUSED):
                 raise fail(
-                    "refused SEND stored" if msg.state == REFUSED else "a message gone for good came back",
-                    f"#{tag} (message {msg_id}) is in the log after a restart",
+                    "refused SEND stored" if msg.state == REFUSED else "a message gone for good came back", where
                 )
-            msg.state = LIVE
+            if got.dead:
+                self._found_dead(msg, got, where)
+            else:
+                self._found_queued(msg, where)
         for msg in self.messages.values():
             if msg.tag in found or msg.state in (GONE, REFUSED):
                 continue
-            if msg.state == LIVE and msg.stored:
-                raise fail(
-                    "receipted SEND lost",
-                    f"#{msg.tag} (message {msg.id}) is not in the log after a restart",
-                )
+            if msg.stored and (msg.state == LIVE or msg.state == DEAD):
+                kind = "receipted SEND lost" if msg.state == LIVE else "dead letter lost"
+                raise fail(kind, f"#{msg.tag} (message {msg.id}) is not in the log after a restart")
             msg.state = GONE
+
+    def _found_queued(self, msg: Msg, where: str) -> None:
+        """Queued after the restart: a dead letter only if its burial may have been lost."""
+        if msg.state == DEAD and msg.dead_promised:
+            raise fail("dead letter came back to life", f"{where}, queued; the NACK that buried it was receipted")
+        if msg.state == DEAD and msg.reason == LIMIT:
+            msg.spent = True  # its burial was lost, not its count: the queue buries it again
+        msg.state, msg.reason = LIVE, ""
+        msg.due = msg.durable_due  # a later due time may be lost with its NACK
+        msg.redrive_unsure = msg.dead_promised = False
+
+    def _found_dead(self, msg: Msg, got: Found, where: str) -> None:
+        """A dead letter after the restart: for its own reason, and only if the model
+        buried it (or may have: an expired one, a redrive not yet durable, an ACK on
+        ./dead not yet durable)."""
+        if got.dead == LIMIT and not msg.was_limit_dead:
+            raise fail("dead letter's reason", f"{where} as dead for the delivery limit, never reached")
+        if got.dead == EXPIRED and not (msg.expires and self.wall >= msg.expires):
+            raise fail("dead letter's reason", f"{where} as expired, before its expiry time")
+        if got.dead not in (LIMIT, EXPIRED):
+            raise fail("dead letter's reason", f"{where} as dead for {got.dead!r}")
+        buried = msg.state == DEAD or (msg.state == ACKED and msg.reason) or msg.redrive_unsure or msg.spent
+        if not buried and got.dead != EXPIRED:
+            raise fail("dead letter from nowhere", f"{where} as dead ({got.dead}); the model has it {msg.state}")
+        msg.state, msg.reason = DEAD, got.dead
+        msg.redrive_unsure = msg.fresh = msg.spent = False
 
     # ---------------------------------------------------------------- checks
 
-    def live(self) -> set[int]:
+    def queued(self) -> set[int]:
+        """Live messages (queued, delayed or held), expired ones included."""
         return {tag for tag, msg in self.messages.items() if msg.state == LIVE}
 
+    def dead(self) -> set[int]:
+        return {tag for tag, msg in self.messages.items() if msg.state == DEAD}
+
+    def expired(self) -> set[int]:
+        wall = self.wall
+        return {tag for tag, m in self.messages.items() if m.state == LIVE and m.expires and wall >= m.expires}
+
+    def spent(self) -> set[int]:
+        """Queued messages that may be dead letters once the queue meets them (`Msg.spent`)."""
+        return {tag for tag, m in self.messages.items() if m.state == LIVE and m.spent}
+
     def check_counts(self, counts: dict[str, int]) -> None:
-        """The queue's counts against the model: wip is what the checker holds, rdy the
-        rest of the live messages."""
-        live = held = 0
+        """The queue's counts against the model: wip is what the checker holds; rdy,
+        delayed, wip and dead add up to its live and dead messages (an expired message
+        is dead-lettered when the queue meets it, which the model cannot time)."""
+        live = held = dead = 0
         for msg in self.messages.values():
             if msg.state == LIVE:
                 live += 1
                 held += msg.holder is not None
+            elif msg.state == DEAD:
+                dead += 1
         if counts["wip"] != held:
             raise fail(
                 "wip count",
                 f"the queue says {counts['wip']} held, the checker {held}"
                 + (" (a deadline passed without releasing its message?)" if counts["wip"] > held else ""),
             )
-        if counts["rdy"] != live - held:
-            raise fail("rdy count", f"the queue says {counts['rdy']} rdy, the checker {live - held}")
+        total = counts["rdy"] + counts["delayed"] + counts["wip"] + counts["dead"]
+        if total != live + dead:
+            raise fail(
+                "counts",
+                f"the queue says {counts}, the checker {live} queued and {dead} dead",
+            )
 
     def unanswered(self) -> list[str]:
         """Receipts still owed to open connections."""

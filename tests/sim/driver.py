@@ -4,7 +4,8 @@
     bin/crashsim --broker --seed S -v                # replay one seed with its trace
 
 The world is the real thing, minus sockets and the event loop: a `LogCore` on a
-`SimDisk`, the `Broker` over it with a `SimClock` for its ack-deadline timer, and one
+`SimDisk`, the `Broker` over it with a `SimClock` for its timers (ack deadlines, due
+times) and as the log's wall clock (due and expiry times), and one
 `Session` per client, fed the frames' bytes and drained of its output, which the client
 parses. The driver is the event loop and the transport: after every step it runs what
 the broker scheduled, hands each session's output to its client (and the client's
@@ -17,11 +18,13 @@ is ticked.
 A crash (kill -9 or power loss between steps, or armed to strike within the next few
 disk calls, amid recovery too) drops the world without closing anything, keeps what
 `SimDisk.crash` says survives and builds a new world on it. After every restart a full
-read of the log (a browse) must hold every promised message and no message a
-receipted ACK took; after every step the queue's counts must be the checker's. A seed
+read of the log (a browse, and the log's dead letters) must hold every promised message
+and no message a receipted ACK took; after every step the queue's counts must be the
+checker's. A seed
 ends by settling (every receipt answered), dropping every client, draining the queue
-with one consumer (it must get exactly the live messages), ACKing all of them with
-receipts, and a power loss after which the log must be empty.
+and then the dead letters, each with one consumer (it must get exactly the model's
+messages there), ACKing all of them with receipts, and a power loss after which the
+log must be empty.
 
 Every choice comes from the seed's random stream, so the same seed with the same
 --steps replays the same run; a failure prints the command that does so.
@@ -50,8 +53,8 @@ from curb.frame import Frame, FrameParser, encode
 from curb.log import LogCore, max_message_for
 from curb.redelivery import Redelivery
 from curb.session import Session
-from sim.checker import Checker, SimFailure, body_for, tag_of
-from sim.workload import Action, Config, Workload
+from sim.checker import Checker, Found, SimFailure, body_for, tag_of
+from sim.workload import DELAYS_MS, Action, Config, Workload
 
 STEPS = 300
 START_MS = 1_000_000_000  # the simulated monotonic clock, in ms
@@ -84,6 +87,10 @@ class Stats:
     deadlines: int = 0
     beats_lost: int = 0
     disconnects: int = 0
+    delayed: int = 0
+    expiring: int = 0
+    redrives: int = 0
+    dead_letters: int = 0
     failures: int = 0
 
     def add(self, other: Stats) -> None:
@@ -97,7 +104,8 @@ class Stats:
             f"sends {self.sends} (+{self.refused} refused), deliveries {self.deliveries} "
             f"({self.redeliveries} again), acks {self.acks}, nacks {self.nacks}, touches {self.touches}, "
             f"late {self.late}, deadlines passed {self.deadlines}, heart-beats lost {self.beats_lost}, "
-            f"disconnects {self.disconnects}, failures {self.failures}"
+            f"disconnects {self.disconnects}, delayed SENDs {self.delayed}, expiring SENDs {self.expiring}, "
+            f"dead letters delivered {self.dead_letters}, redrives {self.redrives}, failures {self.failures}"
         )
 
 
@@ -112,9 +120,9 @@ class World:
             self.log,
             heartbeat_ms=cfg.heartbeat_ms,
             ack_timeout=cfg.ack_timeout_ms / 1000,
-            # The checker models no dead letters yet: no message leaves the queue by the
-            # delivery limit (the broker's own tests cover it: tests/test_broker_policy.py).
-            redelivery=Redelivery(max_deliveries=0),
+            redelivery=Redelivery(
+                cfg.redelivery_delay_ms, cfg.redelivery_multiplier, cfg.redelivery_max_delay_ms, cfg.max_deliveries
+            ),
             schedule=lambda delay, callback: self.later.append(callback),
             clock=clock.time,
             loop=clock,
@@ -125,13 +133,13 @@ class Client:
     """One connection as its client knows it: the session it talks to, what it holds
     (ack id -> tag, in delivery order) and the frames it numbered."""
 
-    def __init__(self, serial: int, session: Session, consumer: bool, beats: bool):
+    def __init__(self, serial: int, session: Session, beats: bool):
         self.serial = serial
         self.session = session
         self.parser = FrameParser()
-        self.consumer = consumer
         self.beats = beats
         self.ack_mode = ""
+        self.dead = False  # subscribed to ./dead
         self.holding: dict[str, int] = {}
         self.ending = False
         self.seq = 0
@@ -163,7 +171,7 @@ class Sim:
         self.ms = START_MS
         self.clock = SimClock(self.ms / 1000)
         self.disk = SimDisk(self.rng)
-        self.checker = Checker(self.cfg.ack_timeout_ms, self.ms)
+        self.checker = Checker(self.cfg, self.ms, self.clock.wall_ms)
         self.clients: list[Client | None] = [None] * self.cfg.slots
         self.tags = itertools.count(1)
         self.serials = itertools.count(1)
@@ -212,12 +220,17 @@ class Sim:
     def do_connect(self, a: Action) -> None:
         serial = next(self.serials)
         session = Session(self.world.broker, self.now, f"sim:{serial}")
-        client = Client(serial, session, bool(a.mode), a.heartbeat_ms > 0)
+        client = Client(serial, session, a.heartbeat_ms > 0)
         self.clients[a.slot] = client
         self.checker.connected(serial)
         beats = f"{a.heartbeat_ms},{a.heartbeat_ms}"
         self.feed(client, "CONNECT", {"accept-version": "1.2", "heart-beat": beats})
-        if a.mode:
+        if a.mode == "dead":
+            client.ack_mode, client.dead = "client-individual", True
+            self.checker.subscribed(serial, client.ack_mode, None, dead=True)
+            headers = {"id": "d", "destination": "./dead", "ack": client.ack_mode, "prefetch-count": str(a.prefetch)}
+            self.feed(client, "SUBSCRIBE", headers)
+        elif a.mode:
             client.ack_mode = a.mode
             headers = {"id": "s", "destination": QUEUE, "ack": a.mode, "prefetch-count": str(a.prefetch)}
             if a.ack_timeout_ms is not None:
@@ -231,8 +244,19 @@ class Sim:
         body = body_for(tag, a.size)
         seq = client.next_seq()
         receipt = f"r{seq}" if a.receipt else None
-        self.checker.sent(client.serial, seq, tag, body, receipt)
         headers = {"destination": QUEUE, "sim-tag": str(tag)}
+        wall = self.checker.wall
+        due = expires = 0
+        if a.delay_ms is not None:
+            due = wall + a.delay_ms
+            headers[a.due_header] = str(due if a.due_header == "AMQ_SCHEDULED_TIME" else a.delay_ms)
+        if a.ttl_ms:
+            expires = wall + a.ttl_ms
+            headers[a.expiry_header] = str(expires if a.expiry_header == "expires" else a.ttl_ms)
+        self.checker.sent(client.serial, seq, tag, body, receipt, due, expires)
+        self.trace(f"  #{tag} sent" + (f", due in {due - wall} ms" if due else ""))
+        self.stats.delayed += bool(due)
+        self.stats.expiring += bool(expires)
         if receipt is not None:
             headers["receipt"] = receipt
         self.feed(client, "SEND", headers, body)
@@ -260,7 +284,7 @@ class Sim:
         tag = client.holding[a.ack_id]
         seq = client.next_seq()
         receipt = f"r{seq}" if a.receipt else None
-        self.checker.settle(client.serial, seq, kind, tag, receipt, a.ms)
+        self.checker.settle(client.serial, seq, kind, tag, receipt, a.ms, a.delay_ms)
         if kind != "touch":
             held = client.held
             for ack_id in held[: held.index(a.ack_id) + 1] if client.ack_mode == "client" else [a.ack_id]:
@@ -270,6 +294,8 @@ class Sim:
             headers["receipt"] = receipt
         if kind == "touch":
             headers["curb-touch"] = str(a.ms)
+        if a.delay_ms is not None:
+            headers["curb-delay"] = str(a.delay_ms)
         self.feed(client, "NACK" if kind == "touch" else kind, headers)
 
     def do_disconnect(self, a: Action) -> None:
@@ -286,6 +312,18 @@ class Sim:
         else:
             self.feed(client, "DISCONNECT", {})
 
+    def do_redrive(self, a: Action) -> None:
+        client = self._client(a)
+        seq = client.next_seq()
+        receipt = f"r{seq}" if a.receipt else None
+        self.checker.redrive(client.serial, seq, receipt)
+        self.feed(
+            client,
+            "SEND",
+            {"destination": "./redrive"} if receipt is None else {"destination": "./redrive", "receipt": receipt},
+        )
+        self.stats.redrives += 1
+
     def do_beat(self, a: Action) -> None:
         self._client(a).session.receive_data(b"\n", self.now)
 
@@ -295,6 +333,7 @@ class Sim:
     def do_loop(self, a: Action) -> None:
         self.world.log.flush()
         self.world.log.sync()
+        self.checker.synced()
 
     def do_flush(self, a: Action) -> None:
         self.world.log.flush()
@@ -389,6 +428,7 @@ class Sim:
             )
             self.checker.delivered(client.serial, tag, msg_id, headers, frame.body)
             self.stats.deliveries += 1
+            self.stats.dead_letters += client.dead
             self.stats.redeliveries += "redelivered" in headers
             if client.ack_mode != "auto":
                 client.holding.pop(headers["ack"], None)
@@ -424,23 +464,29 @@ class Sim:
         self.checker.restarted(found)
         return world
 
-    def _read_all(self, log: LogCore) -> dict[int, tuple[int, bytes]]:
-        """Every live message in the log, by tag: (id, body)."""
+    def _read_all(self, log: LogCore) -> dict[int, Found]:
+        """Every message in the log, by tag: the queued ones (delayed too) by a browse,
+        the dead letters by the log's list of them."""
+        found: dict[int, Found] = {}
+
+        def add(got: Found) -> None:
+            tag = tag_of(got.body)
+            if tag is None or tag in found:
+                raise SimFailure("log read after restart", f"message {got.id} {got.body[:32]!r} damaged or twice")
+            found[tag] = got
+
         browse = log.browse(1, log.last_id)
-        found: dict[int, tuple[int, bytes]] = {}
         for _ in range(log.capacity):
             step = browse.step(1 << 40)
             for msg_id, data in step.messages:
-                body = bytes(payload.split(memoryview(data))[1])
-                tag = tag_of(body)
-                if tag is None or tag in found:
-                    raise SimFailure("log read after restart", f"message {msg_id} {body[:32]!r} damaged or twice")
-                found[tag] = (msg_id, body)
+                add(Found(msg_id, bytes(payload.split(memoryview(data))[1])))
             if step.done:
                 break
         else:
             raise SimFailure("log read after restart", "the browse never ended")
         log.end_browse(browse)
+        for rec in log.dead_records():
+            add(Found(rec.id, bytes(payload.split(memoryview(log.payload(rec)))[1]), rec.dead, rec.deliveries))
         return found
 
     def crash(self, mode: str) -> None:
@@ -467,11 +513,14 @@ class Sim:
             self.advance(ROUND_MS)
             self.world.log.flush()
             self.world.log.sync()
+            self.checker.synced()
             self.settle_io()
 
     def finish(self) -> None:
-        """Settle (every receipt owed comes), drop every client, drain the queue with one
-        consumer, ACK it all with receipts, lose power: the log must be empty."""
+        """Settle (every receipt owed comes), drop every client, let every due time pass,
+        drain the queue and then the dead letters with one consumer each (each gets
+        exactly what the model has there), ACK all of it with receipts, lose power: the
+        log must be empty."""
         self.trace("finish")
         self.disk.arm_crash(None)
         self.rounds(SETTLE_ROUNDS)
@@ -481,18 +530,31 @@ class Sim:
         for slot, client in enumerate(self.clients):
             if client is not None:
                 self._gone(slot)
+        self.advance(max(DELAYS_MS) + ROUND_MS)
         self.settle_io()
-        live = self.checker.live()
-        self.do_connect(Action("connect", 0, mode="client-individual", prefetch=DRAIN_PREFETCH, ack_timeout_ms=0))
+        expired, spent = self.checker.expired(), self.checker.spent()
+        got = self._empty("client-individual", self.checker.queued() - expired, "accepted SEND never delivered", spent)
+        self._empty("dead", self.checker.dead() | expired | (spent - got), "dead letter never delivered")
+        self.checker.check_counts(self.world.broker.counts())
+        self.crash("power")
+        left = self.checker.queued() | self.checker.dead()
+        if left:
+            raise SimFailure("ACKed messages back", f"{len(left)} messages in the log after the last ACKs")
+
+    def _empty(self, mode: str, want: set[int], kind: str, maybe: frozenset[int] | set[int] = frozenset()) -> set[int]:
+        """One consumer (of the queue, or of ./dead) with credit for everything: it must
+        get exactly `want` (of `maybe`, any), and ACKs each with a receipt. Returns what
+        it got."""
+        self.do_connect(Action("connect", 0, mode=mode, prefetch=DRAIN_PREFETCH, ack_timeout_ms=0))
         self.rounds(3)
         drain = self.clients[0]
         assert drain is not None
         got = set(drain.holding.values())
-        if got != live:
-            missing = sorted(live - got)
+        if got - maybe != want - maybe:
             raise SimFailure(
-                "accepted SEND never delivered",
-                f"{len(missing)} live messages not delivered to a consumer with credit, e.g. {missing[:5]}",
+                kind,
+                f"{mode}: expected {len(want)}, got {len(got)}; missing {sorted(want - got)[:5]}, "
+                f"unexpected {sorted(got - want)[:5]}",
             )
         for ack_id in drain.held:
             self.do_ack(Action("ack", 0, receipt=True, ack_id=ack_id))
@@ -501,11 +563,9 @@ class Sim:
         owed = self.checker.unanswered()
         if owed:
             raise SimFailure("wedge", f"{len(owed)} ACK receipts unanswered at the end, e.g. {owed[:3]}")
-        self.checker.check_counts(self.world.broker.counts())
-        self.crash("power")
-        if self.checker.live():
-            raise SimFailure("ACKed messages back", f"{len(self.checker.live())} messages live after the last ACKs")
-        self.stats.deadlines += self.world.broker.metrics.ack_timeouts
+        self._gone(0)
+        self.settle_io()
+        return got
 
 
 # ---------------------------------------------------------------- running seeds

@@ -8,13 +8,17 @@ broker or the checker, so a client that holds a message past its deadline and th
 it (a late ACK) happens as it would for a real client.
 
 Actions: connect (producer, consumer in one of the ack modes with a prefetch, its own
-ack timeout or the broker's, heart-beats or none), SEND with or without receipt (small
-bodies mostly, some near the largest the cap allows), ACK / NACK / touch of a held
-message with or without receipt (the oldest, the newest or any), DISCONNECT with or
-without receipt, a connection lost, a heart-beat, time passing (a millisecond to a
-minute, past ack deadlines and heart-beat tolerances), a loop pass (the log writes and
-syncs), a write or a sync alone, and crashes: kill -9 or power loss between steps, or
-armed to strike within the next few disk calls.
+ack timeout or the broker's, heart-beats or none; or a consumer of the dead letters,
+`./dead`), SEND with or without receipt (small bodies mostly, some near the largest the
+cap allows; some delayed by `curb-delay`, `AMQ_SCHEDULED_DELAY` or `AMQ_SCHEDULED_TIME`,
+some expiring by `curb-ttl` or `expires`), ACK / NACK (some with `curb-delay`) / touch of
+a held message with or without receipt (the oldest, the newest or any), DISCONNECT with
+or without receipt, a connection lost, a heart-beat, a redrive of the dead letters, time
+passing (a millisecond to a minute, past ack deadlines, heart-beat tolerances, due and
+expiry times), a loop pass (the log writes and syncs), a write or a sync alone, and
+crashes: kill -9 or power loss between steps, or armed to strike within the next few
+disk calls. The broker's redelivery policy (delivery limit, redelivery delay and its
+growth) is drawn per seed.
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ PREFETCHES = (1, 1, 2, 4, 16)
 # heart-beat tolerances, past every deadline a seed draws.
 JUMPS_MS = (1, 1, 5, 20, 60, 250, 1000, 3000, 60_000)
 TOUCH_MS = (1, 50, 400, 2000, 10_000)
+DELAYS_MS = (1, 30, 500, 3000, 60_000)  # SEND delays; NACK delays are these or 0
+TTLS_MS = (1, 100, 1000, 10_000, 120_000)
+DUE_HEADERS = ("curb-delay", "curb-delay", "AMQ_SCHEDULED_DELAY", "AMQ_SCHEDULED_TIME")
+EXPIRY_HEADERS = ("curb-ttl", "expires")
 BASE_WEIGHTS = {
     "connect": 5.0,
     "send_receipt": 14.0,
@@ -40,6 +48,7 @@ BASE_WEIGHTS = {
     "nack": 3.5,
     "touch": 2.0,
     "disconnect": 1.5,
+    "redrive": 0.8,
     "beat": 4.0,
     "advance": 9.0,
     "loop": 10.0,
@@ -61,6 +70,13 @@ class Config:
     heartbeat_ms: int  # the broker's heart-beat offer; 0: none
     large_share: float  # the share of SENDs with a body near the largest allowed
     recovery_crash: float  # the odds of a crash amid each recovery
+    max_deliveries: int  # the broker's -max-deliveries; 0: no limit
+    redelivery_delay_ms: int  # -redelivery-delay
+    redelivery_multiplier: float  # -redelivery-multiplier
+    redelivery_max_delay_ms: int  # -redelivery-max-delay
+    delay_share: float  # SENDs with a due time
+    ttl_share: float  # SENDs with an expiry time
+    nack_delay_share: float  # NACKs with curb-delay
     weights: dict[str, float] = field(repr=False)
 
     @classmethod
@@ -73,6 +89,13 @@ class Config:
             heartbeat_ms=rng.choice((0, 0, 500, 2000)),
             large_share=rng.choice((0.0, 0.02, 0.1)),
             recovery_crash=rng.choice((0.0, 0.0, 0.1, 0.3)),
+            max_deliveries=rng.choice((0, 1, 2, 3, 5, 20)),
+            redelivery_delay_ms=rng.choice((0, 0, 0, 20, 700)),
+            redelivery_multiplier=rng.choice((1.0, 2.0, 3.5)),
+            redelivery_max_delay_ms=rng.choice((100, 5000)),
+            delay_share=rng.choice((0.0, 0.1, 0.3)),
+            ttl_share=rng.choice((0.0, 0.1, 0.3)),
+            nack_delay_share=rng.choice((0.0, 0.3)),
             weights={name: base * rng.uniform(0.3, 2.0) for name, base in BASE_WEIGHTS.items()},
         )
 
@@ -88,7 +111,11 @@ class Action:
     ack_id: str = ""  # the MESSAGE's ack header (ack, nack, touch)
     size: int = 0  # send: the body's length
     ms: int = 0  # advance: the jump; touch: the new deadline from now
-    mode: str = ""  # connect: the ack mode ("" for a producer); disconnect: "receipt", "plain", "lost"; crash
+    mode: str = ""  # connect: the ack mode ("" for a producer, "dead" for ./dead); disconnect: how; crash
+    delay_ms: int | None = None  # send: the due time's header asks for this; nack: curb-delay
+    due_header: str = ""  # send: which header says when it is due
+    ttl_ms: int = 0  # send: expires this long from now
+    expiry_header: str = ""  # send: which header says when it expires
     prefetch: int = 0
     ack_timeout_ms: int | None = None  # connect: curb-ack-timeout, None for the broker's
     heartbeat_ms: int = 0  # connect: the heart-beats this client sends and wants; 0: none
@@ -96,9 +123,23 @@ class Action:
 
     def __str__(self) -> str:
         shown = {"slot": self.slot} if self.slot >= 0 else {}
-        for name in ("receipt", "ack_id", "size", "ms", "mode", "prefetch", "ack_timeout_ms", "heartbeat_ms", "ops"):
+        for name in (
+            "receipt",
+            "ack_id",
+            "size",
+            "ms",
+            "mode",
+            "prefetch",
+            "ack_timeout_ms",
+            "heartbeat_ms",
+            "ops",
+            "delay_ms",
+            "due_header",
+            "ttl_ms",
+            "expiry_header",
+        ):
             value = getattr(self, name)
-            if value not in (False, "", 0, None) or (name == "ack_timeout_ms" and value == 0):
+            if value not in (False, "", 0, None) or (name in ("ack_timeout_ms", "delay_ms") and value == 0):
                 shown[name] = value
         return self.kind + " " + " ".join(f"{k}={v}" for k, v in shown.items())
 
@@ -111,7 +152,9 @@ class ClientView(Protocol):
         """Connected and able to send frames (not ending)."""
 
     @property
-    def consumer(self) -> bool: ...
+    def dead(self) -> bool:
+        """Subscribed to the dead letters (./dead)."""
+
     @property
     def beats(self) -> bool: ...
     @property
@@ -139,7 +182,7 @@ class Workload:
         if kind in ("send_receipt", "send_plain"):
             if not opened:
                 return Action("loop")
-            return Action("send", rng.choice(opened), receipt=kind == "send_receipt", size=self._size())
+            return self._send(rng.choice(opened), kind == "send_receipt")
         if kind in ("ack", "nack", "touch"):
             holding = [i for i in opened if clients[i].held]  # type: ignore[union-attr]
             if not holding:
@@ -149,9 +192,13 @@ class Workload:
             pick = rng.random()
             ack_id = held[0] if pick < 0.5 else held[-1] if pick < 0.7 else rng.choice(held)
             receipt = rng.random() < 0.5
-            if kind == "touch":
+            if kind == "touch" and not clients[slot].dead:  # type: ignore[union-attr]
                 return Action("touch", slot, receipt=receipt, ack_id=ack_id, ms=rng.choice(TOUCH_MS))
-            return Action(kind, slot, receipt=receipt, ack_id=ack_id)
+            if kind == "ack":
+                return Action("ack", slot, receipt=receipt, ack_id=ack_id)
+            dead = clients[slot].dead  # type: ignore[union-attr]
+            delay = rng.choice((0, *DELAYS_MS)) if not dead and rng.random() < self.cfg.nack_delay_share else None
+            return Action("nack", slot, receipt=receipt, ack_id=ack_id, delay_ms=delay)
         if kind == "disconnect":
             if not opened:
                 return Action("loop")
@@ -159,6 +206,10 @@ class Workload:
         if kind == "beat":
             beating = [i for i in opened if clients[i].beats]  # type: ignore[union-attr]
             return Action("beat", rng.choice(beating)) if beating else Action("loop")
+        if kind == "redrive":
+            if not opened:
+                return Action("loop")
+            return Action("redrive", rng.choice(opened), receipt=rng.random() < 0.8)
         if kind == "advance":
             return Action("advance", ms=rng.choice(JUMPS_MS))
         if kind == "crash":
@@ -172,6 +223,8 @@ class Workload:
         beats = rng.choice((0, 0, 300, 1000)) if self.cfg.heartbeat_ms else 0
         if rng.random() < 0.35:
             return Action("connect", slot, heartbeat_ms=beats)
+        if (self.cfg.max_deliveries or self.cfg.ttl_share) and rng.random() < 0.15:
+            return Action("connect", slot, mode="dead", prefetch=rng.choice(PREFETCHES), heartbeat_ms=beats)
         timeout = rng.choice((None, None, 0, 30, 150, 1000, 5000))
         return Action(
             "connect",
@@ -181,6 +234,15 @@ class Workload:
             ack_timeout_ms=timeout,
             heartbeat_ms=beats,
         )
+
+    def _send(self, slot: int, receipt: bool) -> Action:
+        rng, cfg = self.rng, self.cfg
+        action = Action("send", slot, receipt=receipt, size=self._size())
+        if rng.random() < cfg.delay_share:
+            action.delay_ms, action.due_header = rng.choice(DELAYS_MS), rng.choice(DUE_HEADERS)
+        if rng.random() < cfg.ttl_share:
+            action.ttl_ms, action.expiry_header = rng.choice(TTLS_MS), rng.choice(EXPIRY_HEADERS)
+        return action
 
     def _size(self) -> int:
         rng = self.rng
