@@ -2,13 +2,13 @@
 
 A dead letter is a message past the delivery limit or expired (curb.redelivery's
 reasons). It stays in the log with its body, headers, delivery count and reason (the log
-marks it, `bury`), and the broker serves the dead letters with a second
-`curb.queue.Queue`, untimed: the ones it buries are put back there at once (held
-records, as in flight), and its source (`DeadSource`) is the log's dead letters found at
-start-up. A `./dead` subscriber's ACK deletes one for good; its NACK, disconnect or close
-puts it back among the dead (never in the ordinary queue). A redrive makes the oldest
-dead letters ordinary messages again, count reset: the log's own first (`redrive`, from
-earlier runs), then the queue's (`revive`).
+marks it, `bury`, and keeps it from then on, `keep_dead`: an entry of its index, no
+object, as the dead letters found at start-up are), and the broker serves the dead
+letters with a second `curb.queue.Queue`, untimed, whose source (`DeadSource`) is the
+log's dead letters. A `./dead` subscriber's ACK deletes one for good; its NACK,
+disconnect or close puts it back among the dead (never in the ordinary queue). A
+redrive makes the dead letters ordinary messages again, count reset: the log's
+(`redrive`), then those back from `./dead` subscribers (`revive`).
 
 A browse of `./dead` (`DeadBrowse`) is a snapshot of the dead letters when it starts,
 in id order, each sent only if it is still dead when its turn comes, a bounded number

@@ -84,6 +84,9 @@ class FakeLog:
     def revive(self, rec: Record) -> None:
         rec.dead, rec.deliveries = "", 0
 
+    def keep_dead(self, rec: Record) -> None:
+        self.dead_rdy.append(rec)
+
     def next_dead(self) -> Record | None:
         return self.dead_rdy.popleft() if self.dead_rdy else None
 

@@ -93,7 +93,6 @@ from __future__ import annotations
 
 import collections
 import errno
-import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -108,7 +107,7 @@ from curb.log.cursor import KEEP_PAYLOAD, PARKED_LAST, SLICE_WORK, Cursor, Recor
 from curb.log.disk import Disk
 from curb.log.marks import Marks, spacing_for
 from curb.log.pacing import ByHand, Pacer
-from curb.log.parked import DEAD_HELD, DELAYED, HELD
+from curb.log.parked import DEAD_HELD, DELAYED, EXP, HELD, MAX
 from curb.log.reader import RecordReader
 from curb.log.record import (
     DEAD_REASONS,
@@ -117,6 +116,8 @@ from curb.log.record import (
     RECORD_HEADER,
     RING_START,
     STATE_ACK,
+    STATE_EXP,
+    STATE_MAX,
     STATE_PAD,
     STATE_RDY,
     FormatError,
@@ -145,6 +146,10 @@ class Recovery:
     torn: str | None
     skipped_bytes: int
     seconds: float
+
+
+# A dead letter's reason (Record.dead) as its state in the index.
+DEAD_INDEX = {DEAD_REASONS[STATE_MAX]: MAX, DEAD_REASONS[STATE_EXP]: EXP}
 
 
 @dataclass(slots=True)
@@ -228,7 +233,9 @@ class LogCore:
         # pacer reads it).
         self.hold_flush = False
         self._pending: collections.deque[tuple[Record, bytes, Done | None, bool]] = collections.deque()
-        self._patches: list[tuple[int, bytes]] = []
+        # Rewrites of mutable blocks waiting for the next flush, by record offset: only the
+        # newest rewrite of a block matters, and a read of a record finds its own at once.
+        self._patches: dict[int, bytes] = {}
         self._flush_no = 0
         self._written_ids: collections.deque[tuple[int, int]] = collections.deque()  # (flush, its last id)
         self._durable_id = 0
@@ -241,9 +248,10 @@ class LogCore:
         self._broken: str | None = None
         self._retired = 0  # ACKs retired by the tail in this run (curb.checkpoints, rule 6)
         self._ids_wanted = False
-        # Held records requeued with a delay: a heap of (due ms, id, record); stale once
-        # the record is no longer parked with that due time.
-        self._later: list[tuple[int, int, Record]] = []
+        # Held records the log keeps from now on (requeued with a delay, or dead letters
+        # their holder let go of), until a flush copies each to the head as an entry of
+        # the index (`_reparked`). A record is here exactly while it is `parked`.
+        self._reparks: collections.deque[Record] = collections.deque()
         # Delayed appends not yet written (then they are in the index, curb.log.parked):
         # how many, and the earliest due time among them, so that `delayed` and
         # `next_due` know them from the start.
@@ -362,7 +370,7 @@ class LogCore:
     @property
     def delayed(self) -> int:
         """Messages waiting for their due time (parked, and held ones requeued with a delay)."""
-        later = sum(1 for due, _, rec in self._later if rec.parked and rec.due_ms == due)
+        later = sum(1 for rec in self._reparks if not rec.dead)
         return self._parked.delayed + self._pending_delayed + later
 
     @property
@@ -371,7 +379,8 @@ class LogCore:
         buried in this run, or taken by `next_dead`, are their holder's to count)."""
         parked = self._parked
         held = sum(1 for seq in parked.held if parked.state(seq) == DEAD_HELD)
-        return parked.dead - held
+        kept = sum(1 for rec in self._reparks if rec.dead)
+        return parked.dead - held + kept
 
     @property
     def last_id(self) -> int:
@@ -447,7 +456,8 @@ class LogCore:
         if rec.acked:
             return
         rec.acked = True
-        rec.parked = False
+        if rec.parked:
+            self._unkeep(rec)
         cur = self._cursor
         self.admission.classes.remove(rec.size)
         if rec.slot >= 0:  # released from the parked index: it pins the tail from there
@@ -485,6 +495,8 @@ class LogCore:
             for held in (cur.behind, cur.ahead):
                 for rec in [r for r in held.values() if r.id <= upto and not r.acked]:
                     rec.acked = True
+                    if rec.parked:
+                        self._unkeep(rec)
                     cur.settled(rec)
                     admission.classes.remove(rec.size)
             cur.ack_upto(upto)  # first: it tells parked records from unread ones by the index
@@ -536,8 +548,7 @@ class LogCore:
                 self._parked.set(rec.slot, DELAYED, due_ms)
                 rec.slot = -1
             else:
-                rec.parked = True
-                heapq.heappush(self._later, (due_ms, rec.id, rec))
+                self._keep(rec)
         else:
             rec.due_ms = 0
         self._patch(rec, STATE_RDY)
@@ -556,6 +567,29 @@ class LogCore:
             self._parked.set(rec.slot, DEAD_HELD)
         self._patch(rec, state)
 
+    def keep_dead(self, rec: Record) -> None:
+        """The caller lets go of a dead letter it holds (one it buried): the log keeps it
+        from now on, as it keeps those found at start-up, and `next_dead` hands it out."""
+        if rec.acked or not rec.dead:
+            return
+        if rec.slot >= 0:
+            self._parked.set(rec.slot, DEAD_INDEX[rec.dead])
+            rec.slot = -1
+        else:
+            self._keep(rec)
+
+    def _keep(self, rec: Record) -> None:
+        """A held record (not from the index) becomes the log's to keep: copied to the head
+        at the next flush, as an entry of the index (`_repark`), and no object after that."""
+        rec.parked = True
+        self._reparks.append(rec)
+        self._schedule()
+
+    def _unkeep(self, rec: Record) -> None:
+        """A record the log kept is handed out, or copied into the index."""
+        rec.parked = False
+        self._reparks.remove(rec)
+
     def revive(self, rec: Record) -> None:
         """A dead letter the caller holds is rdy again with its delivery count reset
         (a redrive), written in place; the caller puts it in the queue."""
@@ -569,7 +603,7 @@ class LogCore:
 
     def _patch(self, rec: Record, state: bytes) -> None:
         """Rewrite the mutable block of a record's current copy (one sector: never torn)."""
-        self._patches.append((rec.offset, mutable_block(state, rec.deliveries, rec.due_ms, rec.wseq)))
+        self._patches[rec.offset] = mutable_block(state, rec.deliveries, rec.due_ms, rec.wseq)
         self._schedule()
 
     # ---------------------------------------------------------------- parked records
@@ -578,12 +612,10 @@ class LogCore:
         """The earliest due time (wall ms) of a parked message, or of a delayed one the
         cursor has yet to pass (`next_ready` hands that one out once due); it may be
         early (a timer armed for it then finds nothing due, and asks again), never late."""
-        later = self._later
-        while later and not (later[0][2].parked and later[0][2].due_ms == later[0][0]):
-            heapq.heappop(later)
         soonest = self._parked.next_due()
-        if later and (soonest is None or later[0][0] < soonest):
-            soonest = later[0][0]
+        later = min((rec.due_ms for rec in self._reparks if not rec.dead), default=None)
+        if later is not None and (soonest is None or later < soonest):
+            soonest = later
         # Appends not yet written: indexed once written, if not due by then (those due by
         # then the cursor hands out, once written: they wait for that, not for a timer).
         pending, now = self._pending_due, self.wall_ms()
@@ -599,12 +631,9 @@ class LogCore:
         """The parked messages due by `now_ms`, earliest first, now held by the caller as
         if `next_ready` had handed them out (delivery count kept); rdy again at the front."""
         out: list[Record] = []
-        later = self._later
-        while later and later[0][0] <= now_ms:
-            due, _, rec = heapq.heappop(later)
-            if rec.parked and rec.due_ms == due and not rec.acked:
-                rec.parked = False
-                out.append(rec)
+        for rec in [r for r in self._reparks if not r.dead and r.due_ms <= now_ms and not r.acked]:
+            self._unkeep(rec)
+            out.append(rec)
         parked = self._parked
         for seq in parked.due(now_ms):
             released = self._read_parked(seq)
@@ -616,9 +645,9 @@ class LogCore:
         return out
 
     def next_dead(self) -> Record | None:
-        """The next dead letter the log holds (found at start-up, not yet handed out),
-        now held by the caller: `ack` deletes it for good; `requeue` keeps it dead in the
-        caller's hands; `revive` makes it rdy."""
+        """The next dead letter the log holds (found at start-up, or kept since), now
+        held by the caller: `ack` deletes it for good; `requeue` keeps it dead in the
+        caller's hands, `keep_dead` gives it back; `revive` makes it rdy."""
         parked = self._parked
         while (seq := parked.next_dead()) is not None:
             rec = self._read_parked(seq)
@@ -628,12 +657,17 @@ class LogCore:
             parked.set(seq, DEAD_HELD)
             parked.held[seq] = rec
             return rec
+        for rec in self._reparks:
+            if rec.dead:
+                self._unkeep(rec)
+                return rec
         return None
 
     def dead_records(self) -> list[Record]:
         """A snapshot of the dead letters the log holds (nothing changes: for a browse of them)."""
         found = (self._read_parked(seq) for seq in self._parked.dead_letters())
-        return [rec for rec in found if rec is not None]
+        kept = [rec for rec in self._reparks if rec.dead]
+        return [rec for rec in found if rec is not None] + kept
 
     def redrive(self, count: int | None = None, done: Done | None = None) -> int:
         """Up to `count` (None: all) of the dead letters the log holds are rdy again with
@@ -653,6 +687,13 @@ class LogCore:
             self._patch(rec, STATE_RDY)
             parked.set(seq, DELAYED, 0)
             moved += 1
+        for rec in self._reparks:
+            if count is not None and moved >= count:
+                break
+            if rec.dead:
+                self.revive(rec)  # kept, due at once: `due` hands it out
+                rec.due_ms = 0
+                moved += 1
         if done is not None:
             self.on_durable(done)
         return moved
@@ -666,9 +707,9 @@ class LogCore:
         """The record at `offset` as it is now: read back, with the rewrites of its mutable
         block that wait for the next flush applied."""
         raw = bytearray(self.disk.pread(size, offset))
-        for at, patch in self._patches:
-            if at == offset:
-                raw[: len(patch)] = patch
+        patch = self._patches.get(offset)
+        if patch is not None:
+            raw[: len(patch)] = patch
         return raw
 
     def _checked(self, offset: int, size: int, mid: int) -> tuple[fmt.RecordHeader, bytearray] | None:
@@ -772,10 +813,12 @@ class LogCore:
                 self.admission.pending_largest = 0
                 placed, wrote = 0, False
             self._unsynced_ops += placed
+            if self._reparks and self._write_reparks():
+                wrote = True
             if patches:
                 wrote = True
                 self._unsynced_ops += len(patches)
-                for off, patch in patches:
+                for off, patch in patches.items():
                     self.disk.pwrite(patch, off)
                 patches.clear()
             if self._checkpoints.writing is None and self._checkpoint_if_due(fno, wrote):
@@ -1040,11 +1083,56 @@ class LogCore:
         return True
 
     def _move(self, rec: Record, spot: tuple[int, bool], runs: WriteRuns) -> bool:
-        """Copy a held message to the head (`_copy`); the cursor knows the new copy."""
+        """Copy a held message to the head (`_copy`); the cursor knows the new copy, or
+        the index does, if the log keeps the record (`_reparked`)."""
         if not self._copy(rec, spot, runs):
             return False
-        self._cursor.moved(rec)
+        if rec.parked:
+            self._reparked(rec)
+        else:
+            self._cursor.moved(rec)
         return True
+
+    def _write_reparks(self) -> bool:
+        """Copy the records the log keeps (`_reparks`) to the head, as entries of the
+        index, while no append waits for room and the ring keeps the room below which
+        compaction starts early (a quarter of it at least); the rest wait for a later
+        flush, or for compaction, which copies them with the held records that pin the
+        tail. Returns whether anything was written."""
+        reparks, ring, admission = self._reparks, self._ring, self.admission
+        if self._pending:
+            return False
+        runs = WriteRuns([], [])
+        keep = admission.early(admission.reserve())
+        while reparks:
+            rec = reparks[0]
+            spot = ring.copy_spot(rec.size, keep)
+            if spot is None:
+                break
+            if self._copy(rec, spot, runs):
+                self._reparked(rec)
+            else:  # damaged, and reported: it stays held, as compaction leaves it
+                self._unkeep(rec)
+        if not runs.runs:
+            return False
+        runs.write(self.disk)
+        cursor = self._cursor
+        cursor.whead, cursor.next_wseq = ring.head, self._next_wseq
+        return True
+
+    def _reparked(self, rec: Record) -> None:
+        """A record the log keeps was copied to the head: its copy is an entry of the
+        index from now on (DELAYED with its due time, or dead), the cursor no longer holds
+        it, and the Record is no longer the log's."""
+        cursor = self._cursor
+        if cursor.behind.pop(rec.id, None) is not None:
+            cursor.behind_bytes -= rec.size
+        else:
+            cursor.ahead.pop(rec.id, None)
+        cursor.outstanding_bytes -= rec.size
+        state = DEAD_INDEX[rec.dead] if rec.dead else DELAYED
+        self._parked.add(rec.offset, rec.size, rec.id, state, rec.due_ms, passed=False)
+        self._unkeep(rec)
 
     def _copy(self, rec: Record, spot: tuple[int, bool], runs: WriteRuns) -> bool:
         """Write a copy of a held message at the head: same id, its state, delivery count

@@ -234,7 +234,12 @@ class Cursor:
         if wseq <= self.last_wseq or state == STATE_ACK:
             return False  # read by the cursor and no longer held, or acked in an earlier run
         live_at = self.last.get(mid)
-        return live_at is None or live_at == pos
+        if live_at is not None:
+            return live_at == pos
+        # Ahead of the cursor, named by no index, nothing holds it: a message never read
+        # has an id above every one read (as `next_ready` judges); a lower one is a copy
+        # whose message moved on (a held copy the log later copied into the index).
+        return mid > self.max_id
 
     def ack_upto(self, upto: int) -> None:
         """Raise the watermark: uncount the unread messages it makes dead, those the
@@ -289,8 +294,12 @@ class Cursor:
                     continue
                 return self._hand_out(rec)
             stepped = self.parked.step_over(pos, self.whead)
-            if stepped is not None:  # a parked record recovery indexed
-                self.rpos = pos + stepped
+            if stepped is not None:  # parked records: indexed, never handed out here
+                self.rpos = pos + stepped[0]
+                # Their ids count as read: an occurrence of one of them met later that
+                # nothing holds (`ahead`) or names (`last`) is stale. No unread message
+                # lies after them with an id below theirs (ids are assigned in write order).
+                self.max_id = max(self.max_id, stepped[1])
                 continue
             limit = self.whead if self.whead > pos else self.end
             found = self.reader.intact(pos, limit)

@@ -276,25 +276,26 @@ class Parked:
 
     # ---------------------------------------------------------------- the cursor's path
 
-    def step_over(self, pos: int, stop: int) -> int | None:
-        """The bytes from `pos` the cursor steps over if the record there is the next
-        entry it has not yet passed: that record and the entries right after it, up to
-        `stop` (the write head: an entry is made when its record is placed, and may lie
-        at or past what is written yet); None otherwise."""
+    def step_over(self, pos: int, stop: int) -> tuple[int, int] | None:
+        """What the cursor steps over if the record at `pos` is the next entry it has not
+        yet passed: that record and the entries right after it, up to `stop` (the write
+        head: an entry is made when its record is placed, and may lie at or past what is
+        written yet), as (bytes, the highest id among them); None otherwise."""
         seq, end, base = self.passed, self.end, self.base
         offsets = self.offsets
         if seq >= end or offsets[seq - base] != pos:
             return None
-        sizes, states = self.sizes, self.states
-        at = pos
+        sizes, states, ids = self.sizes, self.states, self.ids
+        at, high = pos, 0
         while seq < end and offsets[seq - base] == at and at != stop:  # and the records right after it
             size = sizes[seq - base]
             if states[seq - base] != GONE:
                 self.unpassed_bytes -= size
+            high = max(high, ids[seq - base])
             at += size
             seq += 1
         self.passed = seq
-        return at - pos
+        return at - pos, high
 
     def _pass(self, seq: int) -> None:
         self.passed = seq + 1

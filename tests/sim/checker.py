@@ -397,10 +397,14 @@ class Checker:
 
     def _delivered_dead(self, conn: Conn, msg: Msg, reason: str, count: int) -> None:
         where = f"#{msg.tag} (message {msg.id}) from ./dead to connection {conn.serial}"
-        if msg.state == LIVE and msg.holder is None and msg.expires and self.wall >= msg.expires:
-            msg.state, msg.reason = DEAD, EXPIRED  # dead-lettered when the queue met it
-        elif msg.state == LIVE and msg.holder is None and msg.spent:
-            msg.state, msg.reason, msg.spent = DEAD, LIMIT, False  # met at the limit
+        if msg.state == LIVE and msg.holder is None:
+            # Dead-lettered when the queue met it: expired, or met at the limit (either
+            # reason, when both held then).
+            met = {EXPIRED} if msg.expires and self.wall >= msg.expires else set()
+            met |= {LIMIT} if msg.spent else set()
+            if met:
+                msg.state, msg.reason = DEAD, reason if reason in met else min(met)
+                msg.spent = False
         if msg.state != DEAD:
             raise fail("receipted ACK undone" if msg.ack_promised else "a dead letter that is not dead", where)
         if msg.holder is not None:
@@ -508,6 +512,8 @@ class Checker:
             msg.spent = True  # its burial was lost, not its count: the queue buries it again
         if msg.redrive_unsure and msg.redrive_at_limit:
             msg.spent = True  # the redrive's reset was lost, maybe not its count at the limit
+        if msg.redrive_unsure:
+            msg.fresh = False  # its count reset may be lost with the redrive: any count goes
         msg.state, msg.reason = LIVE, ""
         msg.due = msg.durable_due  # a later due time may be lost with its NACK
         msg.redrive_unsure = msg.redrive_at_limit = msg.dead_promised = False
