@@ -330,10 +330,13 @@ def _ack_id(session: Session, frame: Frame) -> int | None:
 
 def _milliseconds(raw: str, name: str, least: int) -> float:
     """Seconds in a header of milliseconds from `least` to MAX_DEADLINE_MS; ValueError
-    naming the header otherwise."""
-    value = decimal(raw, name, MAX_DEADLINE_MS)
+    naming the header and those bounds otherwise (one rule, whatever was wrong)."""
+    try:
+        value = decimal(raw, name, MAX_DEADLINE_MS)
+    except ValueError:
+        value = -1
     if value < least:
-        raise ValueError(f"{name} must be at least {least}, not {value}")
+        raise ValueError(f"{name} must be a whole number from {least} to {MAX_DEADLINE_MS}, not {raw[:40]!r}")
     return value / 1000
 
 
