@@ -35,7 +35,7 @@ from curb.broker import Refused
 from curb.counts import COUNT_DESTINATION
 from curb.dead import DEAD_DESTINATION, REDRIVE_DESTINATION
 from curb.frame import Frame, decimal, escape
-from curb.queue import Late, QueueError
+from curb.queue import MAX_PREFETCH, Late, QueueError
 from curb.timing import nack_delay
 
 if TYPE_CHECKING:
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 # were no valid frame (its headers: the reason and the receipt); no parsed frame has it,
 # since a NUL ends a frame.
 UNPARSABLE = "\0unparsable"
-MAX_PREFETCH = 1_000_000  # unacked messages one subscription may hold
 PREFETCH_ADVICE = (
     f"Give prefetch-count (or activemq.prefetchSize) a whole number from 1 to {MAX_PREFETCH}, "
     "or leave it out for the broker's -prefetch."
@@ -364,8 +363,8 @@ def prefetch_header(headers: dict[str, str]) -> int | None:
         return None
     try:
         value = decimal(raw, "prefetch", MAX_PREFETCH)
-    except ValueError as err:
-        raise QueueError(f"bad prefetch: {err}", PREFETCH_ADVICE) from None
+    except ValueError:
+        value = 0
     if value < 1:
-        raise QueueError(f"bad prefetch {value}: use a positive integer up to {MAX_PREFETCH}", PREFETCH_ADVICE)
+        raise QueueError(f"bad prefetch {raw[:40]!r}: use a whole number from 1 to {MAX_PREFETCH}", PREFETCH_ADVICE)
     return value

@@ -148,9 +148,11 @@ ROWS = {
         "Send SUBSCRIBE with an ack header of auto, client, client-individual",
         (frame("SUBSCRIBE", id="s", ack="sometimes"),),
     ),
-    "prefetch 0": Row("bad prefetch 0", "Give prefetch-count", (frame("SUBSCRIBE", id="s", prefetch_count="0"),)),
+    "prefetch 0": Row("bad prefetch '0'", "Give prefetch-count", (frame("SUBSCRIBE", id="s", prefetch_count="0"),)),
     "prefetch not a number": Row(
-        "bad prefetch: prefetch must be", "Give prefetch-count", (frame("SUBSCRIBE", id="s", prefetch_count="ten"),)
+        "bad prefetch 'ten': use a whole number from 1 to",
+        "Give prefetch-count",
+        (frame("SUBSCRIBE", id="s", prefetch_count="ten"),),
     ),
     "UNSUBSCRIBE without id": Row(
         "UNSUBSCRIBE needs an id header", "Give UNSUBSCRIBE the id header its SUBSCRIBE had", (frame("UNSUBSCRIBE"),)
