@@ -19,8 +19,8 @@ handlers, which read the frame's headers and tell the broker.
 - Delays and dead letters (curb.timing, curb.dead): a NACK with `curb-delay:<ms>` asks
   for that delay; `SUBSCRIBE destination:./dead` (one per connection, beside the
   queue's) reads the dead letters, `browser:true` browses them; `SEND
-  destination:./redrive` moves them back, its RECEIPT once that is durable. A SEND's
-  due and expiry headers are the broker's (Broker.accept).
+  destination:./redrive` moves them back, its RECEIPT (with `curb-moved:<n>`) once that
+  is durable. A SEND's due and expiry headers are the broker's (Broker.accept).
 - A bad header is a QueueError (or an `error` call) whose advice says what to send instead.
 """
 
@@ -87,7 +87,8 @@ def on_send(session: Session, frame: Frame) -> None:
 
 
 def _redrive(session: Session, frame: Frame) -> None:
-    """SEND to ./redrive: dead letters back to the queue; the RECEIPT once that is durable."""
+    """SEND to ./redrive: dead letters back to the queue; the RECEIPT, saying how many
+    moved (`curb-moved`), once that is durable."""
     raw = frame.headers.get("curb-count")
     try:
         count = None if raw is None else decimal(raw, "curb-count", MAX_MESSAGE_ID)
@@ -97,12 +98,8 @@ def _redrive(session: Session, frame: Frame) -> None:
             f"{err}: give the number of dead letters to move back, oldest first, or leave curb-count out "
             "to move them all.",
         ) from None
-    receipt = frame.headers.get("receipt")
-    line = session.line
-    entry = line.owe() if receipt is not None else None
-    session.broker.redrive(
-        count, _no_answer if entry is None or receipt is None else line.answer(entry, receipt, "SEND")
-    )
+    moved = session.broker.redrive(count, _no_answer)
+    session.line.after_sync(frame.headers.get("receipt"), "SEND", extra=b"curb-moved:%d\n" % moved)
 
 
 def on_subscribe(session: Session, frame: Frame) -> None:
@@ -203,7 +200,8 @@ def _ack_upto(session: Session, frame: Frame, upto: int) -> None:
 
 
 def _no_answer(err: str | None) -> None:
-    """What waits for an ACK curb-upto without a receipt: nothing."""
+    """What waits for an ACK curb-upto without a receipt, or for a redrive (whose RECEIPT
+    waits on its own): nothing."""
 
 
 def on_nack(session: Session, frame: Frame) -> None:

@@ -293,7 +293,7 @@ def test_a_redrive_moves_the_oldest_dead_letters_back_with_their_count_reset(cou
     admin.send("SEND", destination="./redrive", **headers)
     assert admin.frames() == [], "the RECEIPT waits until the move is durable"
     world.log.sync()
-    assert [f.headers["receipt-id"] for f in admin.frames()] == ["r"]
+    assert [(f.headers["receipt-id"], f.headers["curb-moved"]) for f in admin.frames()] == [("r", str(moved))]
     assert world.broker.metrics.redriven == moved and world.broker.counts()["dead"] == 3 - moved
     worker = consumer(world)
     assert got(worker) == [(b"m%d" % n, "1", None) for n in range(moved)]

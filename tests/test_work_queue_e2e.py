@@ -71,12 +71,26 @@ def test_a_consumer_that_crashes_on_a_message_counts_and_a_redrive_brings_it_bac
     admin_inbox.wait_for(
         lambda inbox: any(json.loads(f.body)["dead"] == 1 for f in inbox.messages), "dead:1 in ./count"
     )
+    moved = Receipts()
+    admin.set_listener("moved", moved)
     admin.send("./redrive", "", headers={"receipt": "redriven"})
     admin_inbox.wait_receipt("redriven")
+    assert wait_until(lambda: "redriven" in moved.headers)
+    assert moved.headers["redriven"]["curb-moved"] == "1", "the RECEIPT says how many dead letters moved"
     worker, inbox = stomp_conn(broker.port)
     worker.subscribe(QUEUE, id="w", ack="client-individual")
     [back] = inbox.wait_messages(1)
     assert (back.body, back.headers["curb-deliveries"]) == ("crashes its consumer", "1"), "its count was reset"
+
+
+class Receipts(stomp.ConnectionListener):
+    """The headers of each RECEIPT, by receipt-id."""
+
+    def __init__(self) -> None:
+        self.headers: dict[str, dict[str, str]] = {}
+
+    def on_receipt(self, frame) -> None:
+        self.headers[frame.headers["receipt-id"]] = frame.headers
 
 
 class Arrivals(stomp.ConnectionListener):
