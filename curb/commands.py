@@ -20,7 +20,8 @@ handlers, which read the frame's headers and tell the broker.
   for that delay; `SUBSCRIBE destination:./dead` (one per connection, beside the
   queue's) reads the dead letters, `browser:true` browses them; `SEND
   destination:./redrive` moves them back, its RECEIPT (with `curb-moved:<n>`) once that
-  is durable. A SEND's due and expiry headers are the broker's (Broker.accept).
+  is durable. A SEND's due and expiry headers are the broker's (Broker.accept); a SEND
+  to another `./` name or a misspelt `./redrive` is refused (curb.destinations).
 - A bad header is a QueueError (or an `error` call) whose advice says what to send instead.
 """
 
@@ -34,9 +35,10 @@ from curb.access import NEW, OPEN, on_connect
 from curb.broker import Refused
 from curb.counts import COUNT_DESTINATION
 from curb.dead import DEAD_DESTINATION, REDRIVE_DESTINATION
+from curb.destinations import send_refusal
 from curb.frame import Frame, decimal, escape
 from curb.queue import MAX_PREFETCH, Late, QueueError
-from curb.timing import nack_delay
+from curb.timing import TIME_HEADERS, nack_delay
 
 if TYPE_CHECKING:
     from curb.session import Session
@@ -59,9 +61,13 @@ def on_send(session: Session, frame: Frame) -> None:
     """The broker's one SEND rule (Broker.accept); the RECEIPT waits for the fsync. A
     SEND to ./redrive is no message: it moves dead letters back."""
     headers = frame.headers
-    if headers.get("destination") == REDRIVE_DESTINATION:
+    destination = headers.get("destination")
+    if destination == REDRIVE_DESTINATION:
         _redrive(session, frame)
         return
+    refusal = send_refusal(destination)
+    if refusal is not None:
+        raise refusal
     receipt = headers.get("receipt")
     line = session.line
     entry = line.owe() if receipt is not None else None
@@ -88,7 +94,21 @@ def on_send(session: Session, frame: Frame) -> None:
 
 def _redrive(session: Session, frame: Frame) -> None:
     """SEND to ./redrive: dead letters back to the queue; the RECEIPT, saying how many
-    moved (`curb-moved`), once that is durable."""
+    moved (`curb-moved`), once that is durable. A redrive is done at once and carries
+    nothing, so a due time or a body, which it could not honour, is refused."""
+    timed = [name for name in TIME_HEADERS if name in frame.headers]
+    if timed:
+        raise QueueError(
+            f"{REDRIVE_DESTINATION} takes no {timed[0]} header",
+            "A redrive moves dead letters at once and cannot wait: send it without "
+            f"{', '.join(timed)}, when the dead letters should move.",
+        )
+    if frame.body:
+        raise QueueError(
+            f"{REDRIVE_DESTINATION} takes no body",
+            "A redrive moves dead letters and stores nothing: send ./redrive with an empty body "
+            "(curb-count:<n> moves at most n); to send a job, use another destination, such as /queue/work.",
+        )
     raw = frame.headers.get("curb-count")
     try:
         count = None if raw is None else decimal(raw, "curb-count", MAX_MESSAGE_ID)

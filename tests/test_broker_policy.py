@@ -299,6 +299,58 @@ def test_a_redrive_moves_the_oldest_dead_letters_back_with_their_count_reset(cou
     assert got(worker) == [(b"m%d" % n, "1", None) for n in range(moved)]
 
 
+# A SEND's destination -> whether it is stored as an ordinary job (README: Dead letters).
+DESTINATIONS = {
+    "/queue/work": True,
+    "/queue/redrive-report": True,
+    "jobs": True,
+    "./dead": False,
+    "./count": False,
+    "./purge": False,
+    "./Redrive": False,
+    "./redrive ": False,
+    "/queue/redrive": False,
+    "/queue/REDRIVE": False,
+    "redrive": False,
+}
+
+
+@pytest.mark.parametrize("destination", list(DESTINATIONS))
+def test_a_send_to_a_reserved_or_misspelt_name_is_an_error_never_a_job(destination):
+    world = World()
+    peer = world.session()
+    peer.connect()
+    peer.send("SEND", destination=destination, receipt="r")
+    world.log.sync()
+    frames = peer.frames()
+    if DESTINATIONS[destination]:
+        assert [f.command for f in frames] == ["RECEIPT"] and world.broker.counts()["rdy"] == 1
+    else:
+        assert [f.command for f in frames] == ["ERROR"] and world.broker.counts()["rdy"] == 0
+        assert world.log.next_id == 1 and world.broker.metrics.redriven == 0, "nothing stored, nothing moved"
+
+
+# SEND headers that would change what a SEND does, and are refused rather than ignored.
+REFUSED_HEADERS = {
+    "./redrive with curb-delay": ("./redrive", {"curb-delay": "1000"}, b""),
+    "./redrive with AMQ_SCHEDULED_DELAY": ("./redrive", {"AMQ_SCHEDULED_DELAY": "1000"}, b""),
+    "./redrive with a body": ("./redrive", {}, b"redrive everything"),
+    "AMQ_SCHEDULED_REPEAT": (QUEUE, {"AMQ_SCHEDULED_REPEAT": "5"}, b"job"),
+    "AMQ_SCHEDULED_PERIOD": (QUEUE, {"AMQ_SCHEDULED_PERIOD": "60000"}, b"job"),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED_HEADERS))
+def test_a_send_whose_headers_curb_cannot_honour_is_refused_and_changes_nothing(name):
+    destination, headers, body = REFUSED_HEADERS[name]
+    world = dead_world(1)
+    peer = producer(world, body, destination=destination, **headers)
+    [error] = peer.frames()
+    assert error.command == "ERROR", error
+    counts = world.broker.counts()
+    assert (counts["rdy"], counts["delayed"], counts["dead"], world.broker.metrics.redriven) == (0, 0, 1, 0)
+
+
 def test_counts_show_delayed_and_dead():
     world = dead_world(1)
     producer(world, b"later", **{"curb-delay": "5000"})

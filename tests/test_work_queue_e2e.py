@@ -169,3 +169,26 @@ def test_a_bad_delay_is_an_error_that_says_what_the_header_takes(curb_broker, st
     assert error.headers["message"].startswith("bad curb-delay header")
     assert "0 to 2592000000" in error.body
     assert wait_until(lambda: not producer.is_connected())
+
+
+def test_a_send_curb_cannot_honour_is_an_error_and_nothing_is_stored(curb_broker, stomp_conn):
+    http_port = free_port()
+    broker = curb_broker(extra_args=["-http", f"127.0.0.1:{http_port}"])
+    refused = {
+        ("./Redrive", ()): "did you mean ./redrive?",
+        ("/queue/redrive", ()): "did you mean ./redrive?",
+        ("./dead", ()): "SEND to ./dead refused",
+        ("./redrive", (("curb-delay", "60000"),)): "./redrive takes no curb-delay header",
+        (QUEUE, (("AMQ_SCHEDULED_DELAY", "1000"), ("AMQ_SCHEDULED_PERIOD", "1000"), ("AMQ_SCHEDULED_REPEAT", "9"))): (
+            "Curb does not repeat messages"
+        ),
+    }
+    for (destination, headers), words in refused.items():
+        producer, inbox = stomp_conn(broker.port)
+        producer.send(destination, "", headers={**dict(headers), "receipt": "sent"})
+        error = inbox.wait_error()
+        assert words in error.headers["message"], error.headers
+        assert error.body.strip(), "the body says what to do"
+        inbox.wait_disconnected()
+    counters = stats(http_port)
+    assert (counters["rdy"], counters["delayed"], counters["sent"]) == (0, 0, 0), "nothing was stored"
