@@ -9,6 +9,10 @@ ahead; a bad value (negative, not a number, too large) is refused with an error 
 says what the header takes. ActiveMQ's repetitions (`AMQ_SCHEDULED_REPEAT`,
 `AMQ_SCHEDULED_PERIOD`, `AMQ_SCHEDULED_CRON`) are refused too: kept and ignored, they
 would promise runs that never come. Times are returned as wall-clock ms (0: none).
+
+Never early: a delay counts from the wall clock's next millisecond (`due_after`), so a
+delayed message is never delivered before its SEND (or NACK) plus the delay, however
+the clock's reading rounds the true time down.
 """
 
 from __future__ import annotations
@@ -51,6 +55,15 @@ def _value(headers: Mapping[str, str], name: str, maximum: int) -> int | None:
         raise _refused(name, str(err)) from None
 
 
+def due_after(wall_ms: int, delay_ms: int) -> int:
+    """The due time of a delay of `delay_ms` from now, never early: the wall clock reads
+    whole milliseconds rounded down (`wall_ms`), so the true time may be up to a
+    millisecond past the reading, and the delay counts from the next millisecond. A due
+    time is released once the clock reads it (true time at or past it), so a message is
+    never delivered before now plus its delay, and at most about a millisecond after."""
+    return wall_ms + 1 + delay_ms
+
+
 def send_times(headers: Mapping[str, str], wall_ms: int) -> tuple[int, int]:
     """(due_ms, expires_ms) of a SEND with these headers at wall-clock ms `wall_ms`, each
     0 for none. QueueError (the frame's ERROR) for a bad or conflicting value, and for a
@@ -80,7 +93,7 @@ def send_times(headers: Mapping[str, str], wall_ms: int) -> tuple[int, int]:
             due = at if at > wall_ms else 0
         else:
             delay = _value(headers, name, MAX_DELAY_MS) or 0
-            due = wall_ms + delay if delay else 0
+            due = due_after(wall_ms, delay) if delay else 0
     expires = _value(headers, "expires", MAX_EPOCH_MS) or 0
     ttl = _value(headers, "curb-ttl", MAX_EPOCH_MS) or 0
     if ttl:

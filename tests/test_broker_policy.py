@@ -8,6 +8,7 @@ the counts. The real broker with stomp.py: tests/test_work_queue_e2e.py."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from simclock import WALL_START_MS
@@ -63,10 +64,10 @@ def one(peer: Peer) -> Frame:
 DELAYS = {
     "default: at once": (Redelivery(), {}, 0.0, True),
     "asked delay: not a millisecond early": (Redelivery(), {"curb-delay": "1500"}, 1.499, False),
-    "asked delay: on time": (Redelivery(), {"curb-delay": "1500"}, 1.5, True),
+    "asked delay: within a millisecond": (Redelivery(), {"curb-delay": "1500"}, 1.501, True),
     "asked 0 overrides the policy": (Redelivery(delay_ms=5000), {"curb-delay": "0"}, 0.0, True),
     "policy delay: early": (Redelivery(delay_ms=2000), {}, 1.999, False),
-    "policy delay: on time": (Redelivery(delay_ms=2000), {}, 2.0, True),
+    "policy delay: within a millisecond": (Redelivery(delay_ms=2000), {}, 2.001, True),
 }
 
 
@@ -98,8 +99,55 @@ def test_the_default_delay_grows_with_each_delivery_up_to_its_maximum():
         waits.append(due - world.log.wall_ms())
         now = (due - WALL_START_MS) / 1000
         at(world, now)
-    assert waits == [100, 300, 500, 500]
+    assert waits == [101, 301, 501, 501], "each counted from the clock's next millisecond"
     assert world.broker.metrics.delayed_requeues == 4
+
+
+def sub_millisecond_world(**options) -> World:
+    """A World whose wall clock reads whole milliseconds rounded down, as the log's does
+    (time.time_ns() // 1_000_000): the true time runs ahead of a reading by up to a
+    millisecond. At true time 0 a message is sent 3 s delayed, and at 0.8 ms the clock
+    is left, still reading 0: the earlier message's due timer comes first."""
+    world = World(**options)
+    clock = world.clock
+    clock.wall_ms = lambda: WALL_START_MS + math.floor(clock.now * 1_000_000) // 1000  # type: ignore[method-assign]
+    producer(world, b"earlier", **{"curb-delay": "3000"})
+    clock.now = 0.0008
+    return world
+
+
+def send_delayed(world: World, header: str, value: str) -> Peer:
+    producer(world, b"job", **{header: value})
+    return consumer(world)
+
+
+def nack_delayed(world: World, header: str, value: str) -> Peer:
+    producer(world, b"job")
+    peer = consumer(world)
+    peer.send("NACK", id=one(peer).headers["ack"], **({header: value} if header else {}))
+    return peer
+
+
+# how the message is delayed by 3 s from true time 0.8 ms -> (the step, its header and value, policy)
+NEVER_EARLY = {
+    "SEND curb-delay": (send_delayed, "curb-delay", "3000", Redelivery()),
+    "SEND AMQ_SCHEDULED_DELAY": (send_delayed, "AMQ_SCHEDULED_DELAY", "3000", Redelivery()),
+    "SEND AMQ_SCHEDULED_TIME": (send_delayed, "AMQ_SCHEDULED_TIME", str(WALL_START_MS + 3001), Redelivery()),
+    "NACK curb-delay": (nack_delayed, "curb-delay", "3000", Redelivery()),
+    "redelivery backoff": (nack_delayed, "", "", Redelivery(delay_ms=3000)),
+}
+
+
+@pytest.mark.parametrize("name", list(NEVER_EARLY))
+def test_a_due_time_is_never_early_even_by_a_fraction_of_a_millisecond(name):
+    step, header, value, policy = NEVER_EARLY[name]
+    world = sub_millisecond_world(redelivery=policy)
+    peer = step(world, header, value)
+    at(world, 3.0006)  # 0.2 ms before the true due time; the clock reads its millisecond
+    arrived = [body for body, _, _ in got(peer)]
+    assert b"job" not in arrived, "delivered before its due time"
+    at(world, 3.0018)  # at most a millisecond late
+    assert b"job" in arrived + [body for body, _, _ in got(peer)]
 
 
 def nack(world: World, peer: Peer) -> None:
@@ -185,7 +233,7 @@ def test_a_delayed_send_is_delivered_when_due_and_not_before(headers):
     assert world.broker.counts()["delayed"] == 1
     at(world, 1.999)
     assert got(peer) == []
-    at(world, 2.0)
+    at(world, 2.001)  # a delay counts from the clock's next millisecond
     assert got(peer) == [(b"later", "1", None)]
     assert world.broker.counts()["delayed"] == 0
 
