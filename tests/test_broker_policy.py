@@ -124,7 +124,8 @@ def send_delayed(world: World, header: str, value: str) -> Peer:
 def nack_delayed(world: World, header: str, value: str) -> Peer:
     producer(world, b"job")
     peer = consumer(world)
-    peer.send("NACK", id=one(peer).headers["ack"], **({header: value} if header else {}))
+    asked = {header: value} if header else {}
+    peer.feed(encode("NACK", {"id": one(peer).headers["ack"], **asked}))
     return peer
 
 
