@@ -115,8 +115,9 @@ def default_file() -> str:
     "--connect-timeout",
     default=f"{CONNECT_TIMEOUT_SECONDS:g}s",
     show_default=True,
-    type=Duration("s", MAX_HEARTBEAT_MS / 1000, zero="no limit"),
-    help="How long a connection has to send CONNECT before it is closed (a plain number is seconds; 0: no limit).",
+    type=Duration(MAX_HEARTBEAT_MS / 1000, zero="no limit"),
+    help="How long a connection has to send CONNECT before it is closed (a plain number is seconds, or 500ms, "
+    "30s, 5m; 0: no limit; at most 24h).",
 )
 @click.option(
     "-max-connections",
@@ -153,26 +154,29 @@ def default_file() -> str:
     "--heartbeat",
     default="10s",
     show_default=True,
-    type=Duration("ms", MAX_HEARTBEAT_MS / 1000, zero="no heart-beats"),
-    help="Heart-beat interval offered (a plain number is ms; 0: none; at most 24h); silent peers are dropped.",
+    type=Duration(MAX_HEARTBEAT_MS / 1000, zero="no heart-beats"),
+    help="Heart-beat interval offered (a plain number is seconds, or 500ms, 10s, 1m; 0: none; at most 24h); "
+    "silent peers are dropped.",
 )
 @click.option(
     "-ack-timeout",
     "--ack-timeout",
     default=format_seconds(ACK_TIMEOUT_SECONDS),
     show_default=True,
-    type=Duration("s", MAX_HEARTBEAT_MS / 1000, zero="no deadline"),
+    type=Duration(MAX_HEARTBEAT_MS / 1000, zero="no deadline"),
     help="How long a delivered message waits for its ACK or NACK before it goes back to the queue "
-    "(a plain number is seconds; 0: no deadline; at most 24h). SUBSCRIBE may set its own (curb-ack-timeout).",
+    "(a plain number is seconds, or 500ms, 30m, 2h; 0: no deadline; at most 24h). SUBSCRIBE may set its own "
+    "(curb-ack-timeout).",
 )
 @click.option(
     "-redelivery-delay",
     "--redelivery-delay",
     default="0",
     show_default=True,
-    type=Duration("ms", MAX_DELAY_MS / 1000, zero="at once"),
+    type=Duration(MAX_DELAY_MS / 1000, zero="at once"),
     help="How long a message that came back without an asked delay (NACK, ack deadline, disconnect) waits "
-    "before it is rdy again, the first time (a plain number is ms; 0: at once; at most 30 days).",
+    "before it is rdy again, the first time (a plain number is seconds, or 500ms, 1s, 5m; 0: at once; "
+    "at most 30 days).",
 )
 @click.option(
     "-redelivery-multiplier",
@@ -187,8 +191,9 @@ def default_file() -> str:
     "--redelivery-max-delay",
     default="1h",
     show_default=True,
-    type=Duration("ms", MAX_DELAY_MS / 1000),
-    help="The most the growing redelivery delay becomes (a plain number is ms; at most 30 days).",
+    type=Duration(MAX_DELAY_MS / 1000),
+    help="The most the growing redelivery delay becomes (a plain number is seconds, or 500ms, 5m, 1h; "
+    "at most 30 days).",
 )
 @click.option(
     "-max-deliveries",
