@@ -746,8 +746,13 @@ class Broker:
         """Shutdown, first step: no session reads or gets messages any more; all wip is rdy."""
         for session in list(self.sessions):
             session.stop_reading()
-            self.dead.requeue(self.dead.close(session))
-            self._requeue(self.queue.close(session), limit=False)
+            self.give_back(session)
+
+    def give_back(self, session: Peer) -> None:
+        """Shutdown: the session's subscriptions end and its wip is rdy again at once, its
+        delivery not counted against the limit (a restart is no consumer's failure)."""
+        self.dead.requeue(self.dead.close(session))
+        self._requeue(self.queue.close(session), limit=False)
 
     def close_sessions(self) -> None:
         """Shutdown, last step: every connection closes once its output is written."""

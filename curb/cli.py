@@ -45,6 +45,8 @@ from curb.message_limits import MIN_FRAME, RESERVE
 from curb.passwd import passwd_command
 from curb.redelivery import MAX_DELAY_MS, MAX_MULTIPLIER, Redelivery
 
+DEFAULT_POLICY = Redelivery()  # the redelivery flags' defaults (curb.redelivery says why)
+
 
 def _size(ctx, param, value: str) -> int:
     try:
@@ -171,7 +173,7 @@ def default_file() -> str:
 @click.option(
     "-redelivery-delay",
     "--redelivery-delay",
-    default="0",
+    default=format_seconds(DEFAULT_POLICY.delay_ms / 1000),
     show_default=True,
     type=Duration(MAX_DELAY_MS / 1000, zero="at once"),
     help="How long a message that came back without an asked delay (NACK, ack deadline, disconnect) waits "
@@ -181,7 +183,7 @@ def default_file() -> str:
 @click.option(
     "-redelivery-multiplier",
     "--redelivery-multiplier",
-    default=2.0,
+    default=DEFAULT_POLICY.multiplier,
     show_default=True,
     type=click.FloatRange(1.0, MAX_MULTIPLIER),
     help="The redelivery delay is multiplied by this for each delivery before (1: the same every time).",
@@ -189,7 +191,7 @@ def default_file() -> str:
 @click.option(
     "-redelivery-max-delay",
     "--redelivery-max-delay",
-    default="1h",
+    default=format_seconds(DEFAULT_POLICY.max_delay_ms / 1000),
     show_default=True,
     type=Duration(MAX_DELAY_MS / 1000),
     help="The most the growing redelivery delay becomes (a plain number is seconds, or 500ms, 5m, 1h; "
@@ -198,7 +200,7 @@ def default_file() -> str:
 @click.option(
     "-max-deliveries",
     "--max-deliveries",
-    default=20,
+    default=DEFAULT_POLICY.max_deliveries,
     show_default=True,
     type=click.IntRange(0),
     help="A message delivered this many times that comes back once more becomes a dead letter (./dead); 0: no limit.",

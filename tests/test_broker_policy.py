@@ -62,7 +62,9 @@ def one(peer: Peer) -> Frame:
 
 # (policy, NACK headers, seconds after the NACK) -> redelivered by then?
 DELAYS = {
-    "default: at once": (Redelivery(), {}, 0.0, True),
+    "default: not at once": (Redelivery(), {}, 0.999, False),
+    "default: a second": (Redelivery(), {}, 1.001, True),
+    "-redelivery-delay 0: at once": (Redelivery(delay_ms=0), {}, 0.0, True),
     "asked delay: not a millisecond early": (Redelivery(), {"curb-delay": "1500"}, 1.499, False),
     "asked delay: within a millisecond": (Redelivery(), {"curb-delay": "1500"}, 1.501, True),
     "asked 0 overrides the policy": (Redelivery(delay_ms=5000), {"curb-delay": "0"}, 0.0, True),
@@ -177,7 +179,7 @@ WAYS_BACK = {"NACK": nack, "DISCONNECT": disconnect, "crash": connection_lost, "
 
 @pytest.mark.parametrize("way", list(WAYS_BACK))
 def test_a_message_delivered_the_limit_times_that_comes_back_once_more_is_dead_whatever_brought_it(way):
-    world = World(redelivery=Redelivery(max_deliveries=3), ack_timeout=1.0)
+    world = World(redelivery=Redelivery(delay_ms=0, max_deliveries=3), ack_timeout=1.0)
     producer(world, b"poison", b"next")
     stays = way in ("NACK", "ack deadline")  # the message comes back to the same consumer
     peer = consumer(world, prefetch=1, **{"curb-ack-timeout": "1000"})
@@ -204,7 +206,7 @@ def test_shutdown_puts_wip_back_at_once_and_never_counts_against_the_limit():
 
 
 def test_no_limit_means_never_dead():
-    world = World(redelivery=Redelivery(max_deliveries=0))
+    world = World(redelivery=Redelivery(delay_ms=0, max_deliveries=0))
     producer(world, b"job")
     peer = consumer(world)
     for _ in range(50):
@@ -284,7 +286,7 @@ def test_a_message_that_expires_while_held_is_not_delivered_again():
 
 def dead_world(count: int = 3) -> World:
     """`count` messages, each NACKed once past a delivery limit of 1."""
-    world = World(redelivery=Redelivery(max_deliveries=1))
+    world = World(redelivery=Redelivery(delay_ms=0, max_deliveries=1))
     producer(world, *(b"m%d" % n for n in range(count)))
     peer = consumer(world, prefetch=count)
     for frame in peer.frames():
@@ -423,7 +425,7 @@ def recovered_dead(world: World, *bodies: bytes) -> None:
 
 
 def test_dead_letters_from_an_earlier_run_come_first_in_reads_browses_and_redrives():
-    world = World(redelivery=Redelivery(max_deliveries=1))
+    world = World(redelivery=Redelivery(delay_ms=0, max_deliveries=1))
     recovered_dead(world, b"old0", b"old1")
     producer(world, b"new")
     peer = consumer(world)

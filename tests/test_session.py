@@ -84,7 +84,8 @@ def test_send_receipt_then_subscribe_and_ack(broker, stomp_conn):
     assert later.quiet() == [], "an ACKed message was delivered again"
 
 
-def test_nack_redelivers_ahead_of_newer_messages(broker, stomp_conn):
+def test_nack_redelivers_ahead_of_newer_messages(curb_broker, stomp_conn):
+    broker = curb_broker(extra_args=["-redelivery-delay", "0"])  # back at once: the order is the subject
     produce(stomp_conn, broker.port, ["first", "second", "third"])
     conn, inbox = consume(stomp_conn, broker.port, prefetch=2)
     first, second = inbox.wait_messages(2)
@@ -151,7 +152,8 @@ def test_unsubscribe_pauses_delivery_but_ack_still_works(broker, stomp_conn):
     assert len(other.quiet()) == 2
 
 
-def test_disconnect_gets_receipt_and_wip_goes_to_another_consumer(broker, stomp_conn, raw):
+def test_disconnect_gets_receipt_and_wip_goes_to_another_consumer(curb_broker, stomp_conn, raw):
+    broker = curb_broker(extra_args=["-redelivery-delay", "0"])  # back at once: the order is the subject
     produce(stomp_conn, broker.port, ["one", "two", "three"])
     client = raw(broker.port)
     client.connect()

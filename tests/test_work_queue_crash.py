@@ -73,7 +73,7 @@ def test_a_nack_with_a_delay_keeps_its_due_time_and_count_after_a_crash(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_dead_letter_stays_dead_and_a_redrive_stays_done_after_a_crash(mode):
-    world = MemWorld(redelivery=Redelivery(max_deliveries=2))
+    world = MemWorld(redelivery=Redelivery(delay_ms=0, max_deliveries=2))
     world.peer().produce([b"poison", b"next"])
     peer = world.peer()
     peer.send("SUBSCRIBE", id="s", destination=QUEUE, ack="client-individual", prefetch_count="1")
@@ -103,7 +103,7 @@ def test_a_dead_letter_stays_dead_and_a_redrive_stays_done_after_a_crash(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_the_delivery_limit_counts_deliveries_before_a_crash(mode):
-    world = MemWorld(redelivery=Redelivery(max_deliveries=3))
+    world = MemWorld(redelivery=Redelivery(delay_ms=0, max_deliveries=3))
     world.peer().produce([b"job"])
     for _ in range(2):  # two consumers crash on it
         peer = consumer(world)
@@ -122,7 +122,7 @@ def test_the_delivery_limit_counts_deliveries_before_a_crash(mode):
 def test_a_message_at_the_limit_when_the_broker_stopped_is_dead_not_delivered_again():
     """Shutdown puts wip back without the limit; the next delivery attempt finds the count
     (kept on disk) at the limit and dead-letters it instead."""
-    world = MemWorld(redelivery=Redelivery(max_deliveries=2))
+    world = MemWorld(redelivery=Redelivery(delay_ms=0, max_deliveries=2))
     world.peer().produce([b"job"])
     peer = consumer(world)
     [job] = peer.frames()

@@ -28,7 +28,9 @@ def send(stomp_conn, port: int, body: str, **headers: str) -> None:
 
 def test_a_poison_message_becomes_a_dead_letter_and_the_queue_moves_on(curb_broker, stomp_conn):
     http_port = free_port()
-    broker = curb_broker(extra_args=["-max-deliveries", "3", "-http", f"127.0.0.1:{http_port}"])
+    broker = curb_broker(
+        extra_args=["-max-deliveries", "3", "-redelivery-delay", "0", "-http", f"127.0.0.1:{http_port}"]
+    )
     for body in ["poison", "a", "b", "c"]:
         send(stomp_conn, broker.port, body)
     worker, inbox = stomp_conn(broker.port)
@@ -192,3 +194,16 @@ def test_a_send_curb_cannot_honour_is_an_error_and_nothing_is_stored(curb_broker
         inbox.wait_disconnected()
     counters = stats(http_port)
     assert (counters["rdy"], counters["delayed"], counters["sent"]) == (0, 0, 0), "nothing was stored"
+
+
+def test_by_default_a_nacked_message_comes_back_after_a_second_not_at_once(curb_broker, stomp_conn):
+    broker = curb_broker()
+    send(stomp_conn, broker.port, "job")
+    worker, inbox = stomp_conn(broker.port)
+    worker.subscribe(QUEUE, id="w", ack="client-individual")
+    [job] = inbox.wait_messages(1)
+    nacked = time.monotonic()
+    worker.nack(job.headers["ack"])
+    again = inbox.wait_messages(2, timeout=10)[-1]
+    assert time.monotonic() - nacked >= 1.0, "the default -redelivery-delay is a second"
+    assert again.headers["curb-deliveries"] == "2"
