@@ -20,7 +20,9 @@ loop unless a test gives its own) for the earliest of them, re-arms it only when
 sooner one appears, and when it fires returns what is due through `_requeue`. Delayed
 messages (a delayed SEND, a message put back with a delay) are the log's to keep until
 due, by the log's wall clock (`log.wall_ms`, milliseconds since the epoch, so that a due
-time means the same after a restart): a second timer is armed for the log's soonest due
+time means the same after a restart), and are never delivered early: a delay counts from
+the clock's next millisecond (curb.timing.due_after), since its reading is rounded down,
+and a message is released only once the clock reads its due time: a second timer is armed for the log's soonest due
 time, by how far it lies from that clock now, and when it fires what is due goes to the
 front of the line (`_release`).
 
@@ -59,7 +61,7 @@ from curb.metrics import Metrics
 from curb.queue import Late, Queue, QueueError, Subscription
 from curb.ratelimit import LineLimit
 from curb.redelivery import DEAD, REASON_EXPIRED, REASON_MAX_DELIVERIES, Redelivery
-from curb.timing import TIME_HEADERS, send_times
+from curb.timing import TIME_HEADERS, due_after, send_times
 from curb.users import User
 
 COUNT_COALESCE_SECONDS = 0.05
@@ -675,7 +677,7 @@ class Broker:
                 self._bury(rec, REASON_MAX_DELIVERIES)
             else:
                 wall_ms = wall_ms or self.wall_ms()
-                log.requeue(rec, wall_ms + wait)  # the log keeps it until due
+                log.requeue(rec, due_after(wall_ms, wait))  # the log keeps it until due
                 self.metrics.delayed_requeues += 1
         if wall_ms:
             self._arm_due()
@@ -746,8 +748,13 @@ class Broker:
         """Shutdown, first step: no session reads or gets messages any more; all wip is rdy."""
         for session in list(self.sessions):
             session.stop_reading()
-            self.dead.requeue(self.dead.close(session))
-            self._requeue(self.queue.close(session), limit=False)
+            self.give_back(session)
+
+    def give_back(self, session: Peer) -> None:
+        """Shutdown: the session's subscriptions end and its wip is rdy again at once, its
+        delivery not counted against the limit (a restart is no consumer's failure)."""
+        self.dead.requeue(self.dead.close(session))
+        self._requeue(self.queue.close(session), limit=False)
 
     def close_sessions(self) -> None:
         """Shutdown, last step: every connection closes once its output is written."""

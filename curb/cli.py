@@ -45,6 +45,8 @@ from curb.message_limits import MIN_FRAME, RESERVE
 from curb.passwd import passwd_command
 from curb.redelivery import MAX_DELAY_MS, MAX_MULTIPLIER, Redelivery
 
+DEFAULT_POLICY = Redelivery()  # the redelivery flags' defaults (curb.redelivery says why)
+
 
 def _size(ctx, param, value: str) -> int:
     try:
@@ -115,8 +117,9 @@ def default_file() -> str:
     "--connect-timeout",
     default=f"{CONNECT_TIMEOUT_SECONDS:g}s",
     show_default=True,
-    type=Duration("s", MAX_HEARTBEAT_MS / 1000, zero="no limit"),
-    help="How long a connection has to send CONNECT before it is closed (a plain number is seconds; 0: no limit).",
+    type=Duration(MAX_HEARTBEAT_MS / 1000, zero="no limit"),
+    help="How long a connection has to send CONNECT before it is closed (a plain number is seconds, or 500ms, "
+    "30s, 5m; 0: no limit; at most 24h).",
 )
 @click.option(
     "-max-connections",
@@ -153,31 +156,34 @@ def default_file() -> str:
     "--heartbeat",
     default="10s",
     show_default=True,
-    type=Duration("ms", MAX_HEARTBEAT_MS / 1000, zero="no heart-beats"),
-    help="Heart-beat interval offered (a plain number is ms; 0: none; at most 24h); silent peers are dropped.",
+    type=Duration(MAX_HEARTBEAT_MS / 1000, zero="no heart-beats"),
+    help="Heart-beat interval offered (a plain number is seconds, or 500ms, 10s, 1m; 0: none; at most 24h); "
+    "silent peers are dropped.",
 )
 @click.option(
     "-ack-timeout",
     "--ack-timeout",
     default=format_seconds(ACK_TIMEOUT_SECONDS),
     show_default=True,
-    type=Duration("s", MAX_HEARTBEAT_MS / 1000, zero="no deadline"),
+    type=Duration(MAX_HEARTBEAT_MS / 1000, zero="no deadline"),
     help="How long a delivered message waits for its ACK or NACK before it goes back to the queue "
-    "(a plain number is seconds; 0: no deadline; at most 24h). SUBSCRIBE may set its own (curb-ack-timeout).",
+    "(a plain number is seconds, or 500ms, 30m, 2h; 0: no deadline; at most 24h). SUBSCRIBE may set its own "
+    "(curb-ack-timeout).",
 )
 @click.option(
     "-redelivery-delay",
     "--redelivery-delay",
-    default="0",
+    default=format_seconds(DEFAULT_POLICY.delay_ms / 1000),
     show_default=True,
-    type=Duration("ms", MAX_DELAY_MS / 1000, zero="at once"),
+    type=Duration(MAX_DELAY_MS / 1000, zero="at once"),
     help="How long a message that came back without an asked delay (NACK, ack deadline, disconnect) waits "
-    "before it is rdy again, the first time (a plain number is ms; 0: at once; at most 30 days).",
+    "before it is rdy again, the first time (a plain number is seconds, or 500ms, 1s, 5m; 0: at once; "
+    "at most 30 days).",
 )
 @click.option(
     "-redelivery-multiplier",
     "--redelivery-multiplier",
-    default=2.0,
+    default=DEFAULT_POLICY.multiplier,
     show_default=True,
     type=click.FloatRange(1.0, MAX_MULTIPLIER),
     help="The redelivery delay is multiplied by this for each delivery before (1: the same every time).",
@@ -185,15 +191,16 @@ def default_file() -> str:
 @click.option(
     "-redelivery-max-delay",
     "--redelivery-max-delay",
-    default="1h",
+    default=format_seconds(DEFAULT_POLICY.max_delay_ms / 1000),
     show_default=True,
-    type=Duration("ms", MAX_DELAY_MS / 1000),
-    help="The most the growing redelivery delay becomes (a plain number is ms; at most 30 days).",
+    type=Duration(MAX_DELAY_MS / 1000),
+    help="The most the growing redelivery delay becomes (a plain number is seconds, or 500ms, 5m, 1h; "
+    "at most 30 days).",
 )
 @click.option(
     "-max-deliveries",
     "--max-deliveries",
-    default=20,
+    default=DEFAULT_POLICY.max_deliveries,
     show_default=True,
     type=click.IntRange(0),
     help="A message delivered this many times that comes back once more becomes a dead letter (./dead); 0: no limit.",

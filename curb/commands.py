@@ -19,8 +19,9 @@ handlers, which read the frame's headers and tell the broker.
 - Delays and dead letters (curb.timing, curb.dead): a NACK with `curb-delay:<ms>` asks
   for that delay; `SUBSCRIBE destination:./dead` (one per connection, beside the
   queue's) reads the dead letters, `browser:true` browses them; `SEND
-  destination:./redrive` moves them back, its RECEIPT once that is durable. A SEND's
-  due and expiry headers are the broker's (Broker.accept).
+  destination:./redrive` moves them back, its RECEIPT (with `curb-moved:<n>`) once that
+  is durable. A SEND's due and expiry headers are the broker's (Broker.accept); a SEND
+  to another `./` name or a misspelt `./redrive` is refused (curb.destinations).
 - A bad header is a QueueError (or an `error` call) whose advice says what to send instead.
 """
 
@@ -34,9 +35,10 @@ from curb.access import NEW, OPEN, on_connect
 from curb.broker import Refused
 from curb.counts import COUNT_DESTINATION
 from curb.dead import DEAD_DESTINATION, REDRIVE_DESTINATION
+from curb.destinations import send_refusal
 from curb.frame import Frame, decimal, escape
-from curb.queue import Late, QueueError
-from curb.timing import nack_delay
+from curb.queue import MAX_PREFETCH, Late, QueueError
+from curb.timing import TIME_HEADERS, nack_delay
 
 if TYPE_CHECKING:
     from curb.session import Session
@@ -45,7 +47,6 @@ if TYPE_CHECKING:
 # were no valid frame (its headers: the reason and the receipt); no parsed frame has it,
 # since a NUL ends a frame.
 UNPARSABLE = "\0unparsable"
-MAX_PREFETCH = 1_000_000  # unacked messages one subscription may hold
 PREFETCH_ADVICE = (
     f"Give prefetch-count (or activemq.prefetchSize) a whole number from 1 to {MAX_PREFETCH}, "
     "or leave it out for the broker's -prefetch."
@@ -60,9 +61,13 @@ def on_send(session: Session, frame: Frame) -> None:
     """The broker's one SEND rule (Broker.accept); the RECEIPT waits for the fsync. A
     SEND to ./redrive is no message: it moves dead letters back."""
     headers = frame.headers
-    if headers.get("destination") == REDRIVE_DESTINATION:
+    destination = headers.get("destination")
+    if destination == REDRIVE_DESTINATION:
         _redrive(session, frame)
         return
+    refusal = send_refusal(destination)
+    if refusal is not None:
+        raise refusal
     receipt = headers.get("receipt")
     line = session.line
     entry = line.owe() if receipt is not None else None
@@ -88,7 +93,22 @@ def on_send(session: Session, frame: Frame) -> None:
 
 
 def _redrive(session: Session, frame: Frame) -> None:
-    """SEND to ./redrive: dead letters back to the queue; the RECEIPT once that is durable."""
+    """SEND to ./redrive: dead letters back to the queue; the RECEIPT, saying how many
+    moved (`curb-moved`), once that is durable. A redrive is done at once and carries
+    nothing, so a due time or a body, which it could not honour, is refused."""
+    timed = [name for name in TIME_HEADERS if name in frame.headers]
+    if timed:
+        raise QueueError(
+            f"{REDRIVE_DESTINATION} takes no {timed[0]} header",
+            "A redrive moves dead letters at once and cannot wait: send it without "
+            f"{', '.join(timed)}, when the dead letters should move.",
+        )
+    if frame.body:
+        raise QueueError(
+            f"{REDRIVE_DESTINATION} takes no body",
+            "A redrive moves dead letters and stores nothing: send ./redrive with an empty body "
+            "(curb-count:<n> moves at most n); to send a job, use another destination, such as /queue/work.",
+        )
     raw = frame.headers.get("curb-count")
     try:
         count = None if raw is None else decimal(raw, "curb-count", MAX_MESSAGE_ID)
@@ -98,12 +118,8 @@ def _redrive(session: Session, frame: Frame) -> None:
             f"{err}: give the number of dead letters to move back, oldest first, or leave curb-count out "
             "to move them all.",
         ) from None
-    receipt = frame.headers.get("receipt")
-    line = session.line
-    entry = line.owe() if receipt is not None else None
-    session.broker.redrive(
-        count, _no_answer if entry is None or receipt is None else line.answer(entry, receipt, "SEND")
-    )
+    moved = session.broker.redrive(count, _no_answer)
+    session.line.after_sync(frame.headers.get("receipt"), "SEND", extra=b"curb-moved:%d\n" % moved)
 
 
 def on_subscribe(session: Session, frame: Frame) -> None:
@@ -204,7 +220,8 @@ def _ack_upto(session: Session, frame: Frame, upto: int) -> None:
 
 
 def _no_answer(err: str | None) -> None:
-    """What waits for an ACK curb-upto without a receipt: nothing."""
+    """What waits for an ACK curb-upto without a receipt, or for a redrive (whose RECEIPT
+    waits on its own): nothing."""
 
 
 def on_nack(session: Session, frame: Frame) -> None:
@@ -330,10 +347,13 @@ def _ack_id(session: Session, frame: Frame) -> int | None:
 
 def _milliseconds(raw: str, name: str, least: int) -> float:
     """Seconds in a header of milliseconds from `least` to MAX_DEADLINE_MS; ValueError
-    naming the header otherwise."""
-    value = decimal(raw, name, MAX_DEADLINE_MS)
+    naming the header and those bounds otherwise (one rule, whatever was wrong)."""
+    try:
+        value = decimal(raw, name, MAX_DEADLINE_MS)
+    except ValueError:
+        value = -1
     if value < least:
-        raise ValueError(f"{name} must be at least {least}, not {value}")
+        raise ValueError(f"{name} must be a whole number from {least} to {MAX_DEADLINE_MS}, not {raw[:40]!r}")
     return value / 1000
 
 
@@ -361,8 +381,8 @@ def prefetch_header(headers: dict[str, str]) -> int | None:
         return None
     try:
         value = decimal(raw, "prefetch", MAX_PREFETCH)
-    except ValueError as err:
-        raise QueueError(f"bad prefetch: {err}", PREFETCH_ADVICE) from None
+    except ValueError:
+        value = 0
     if value < 1:
-        raise QueueError(f"bad prefetch {value}: use a positive integer up to {MAX_PREFETCH}", PREFETCH_ADVICE)
+        raise QueueError(f"bad prefetch {raw[:40]!r}: use a whole number from 1 to {MAX_PREFETCH}", PREFETCH_ADVICE)
     return value

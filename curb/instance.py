@@ -185,17 +185,24 @@ class Instance:
         except BaseException:
             self._close_servers()
             raise
-        rec = self.log.core.recovery
-        _warn_if_disk_is_short(events, config.path, config.cap, self.log.core.file_bytes)
+        core = self.log.core
+        rec = core.recovery
+        _warn_if_disk_is_short(events, config.path, config.cap, core.file_bytes)
+        # Every state a message can be recovered in: the log counts each (rdy, delayed, dead).
+        rdy, delayed, dead = core.unread, core.delayed, core.dead
+        messages = rdy + delayed + dead
         events(
             "recovered",
-            f"recovered {rec.messages} messages ({rec.live_bytes} bytes) from {config.path} "
-            f"in {rec.seconds:.3f}s"
+            f"recovered {messages} messages ({rdy} rdy, {delayed} delayed, {dead} dead; {core.live_bytes} bytes) "
+            f"from {config.path} in {rec.seconds:.3f}s"
             + (f"; {rec.torn}" if rec.torn else "")
             + (f" ({rec.skipped_bytes} bytes in all, never delivered)" if rec.skipped_bytes else ""),
             file=config.path,
-            messages=rec.messages,
-            bytes=rec.live_bytes,
+            messages=messages,
+            rdy=rdy,
+            delayed=delayed,
+            dead=dead,
+            bytes=core.live_bytes,
             torn=rec.torn,
             skipped_bytes=rec.skipped_bytes,
             seconds=round(rec.seconds, 3),
@@ -239,7 +246,7 @@ class Instance:
         _say_who_may_connect(events, stomp_servers, self.users, config.users_path, max_connections, fd_limit)
         events("listening", where, addr=names, file=config.path, cap=config.cap)
         if self.process:
-            systemd.notify("READY=1", f"STATUS=serving {rec.messages} recovered messages")
+            systemd.notify("READY=1", f"STATUS=serving {messages} recovered messages")
 
     async def _listen_stomp(self, loop: asyncio.AbstractEventLoop) -> tuple[str, str]:
         """Open the STOMP listeners (not serving yet): (their names, the `listening` line)."""

@@ -8,7 +8,8 @@ Rules (pure state, no sockets, no files):
   place it: those calls return it, and the caller's one policy point decides where it
   goes: `requeue` (rdy again at the front of the line), or out of this queue (delayed
   or a dead letter: the log keeps those).
-- A subscription holds at most `prefetch` wip messages. ACK and NACK free credit; in
+- A subscription holds at most `prefetch` wip messages, as many as it asked for (up to
+  `max_prefetch`; more is refused, never cut). ACK and NACK free credit; in
   "client" mode they are cumulative over the subscription's wip in delivery order.
 - "auto" subscriptions hold wip and credit like the others: the caller ACKs a message for
   them once it has handed it to the connection, so that a consumer that stops reading
@@ -57,6 +58,8 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 ACK_MODES = ("auto", "client", "client-individual")
+# The most unacked messages one subscription may ask to hold (prefetch-count).
+MAX_PREFETCH = 1_000_000
 # Late ACKs recognised per connection: the ids of its last deliveries whose deadline
 # passed (at least this many, or its subscription's prefetch if larger, so that a whole
 # window that expired at once is recognised).
@@ -139,7 +142,7 @@ class Queue(Generic[C, M]):
         self,
         source: Source[M],
         default_prefetch: int = 100,
-        max_prefetch: int = 10000,
+        max_prefetch: int = MAX_PREFETCH,
         ack_timeout: float = 0.0,
         timed: bool = True,
         max_deliveries: int = 0,
@@ -217,10 +220,10 @@ class Queue(Generic[C, M]):
             )
         if prefetch is None:
             prefetch = self._default_prefetch
-        elif prefetch < 1:
+        elif not 1 <= prefetch <= self._max_prefetch:
             raise QueueError(
-                f"prefetch must be at least 1, got {prefetch}",
-                "Ask for a prefetch-count of 1 or more, or leave it out for the broker's -prefetch.",
+                f"prefetch must be from 1 to {self._max_prefetch}, got {prefetch}",
+                f"Ask for a prefetch-count from 1 to {self._max_prefetch}, or leave it out for the broker's -prefetch.",
             )
         if ack_timeout is not None and ack_timeout < 0:
             raise QueueError(
@@ -230,7 +233,7 @@ class Queue(Generic[C, M]):
         timeout_ms = self._default_ack_timeout_ms if ack_timeout is None else _ms(ack_timeout)
         if ack_mode == "auto":
             timeout_ms = 0
-        sub: Subscription[C, M] = Subscription(conn, sub_id, ack_mode, min(prefetch, self._max_prefetch), timeout_ms)
+        sub: Subscription[C, M] = Subscription(conn, sub_id, ack_mode, prefetch, timeout_ms)
         self._active[conn] = sub
         self._refresh(sub)
         return sub

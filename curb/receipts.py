@@ -61,21 +61,27 @@ class ReceiptLine:
         if receipt_id is not None:
             self.settle(self.owe(), receipt(receipt_id))
 
-    def after_sync(self, receipt_id: str | None, command: str, late: bool = False) -> None:
+    def after_sync(self, receipt_id: str | None, command: str, late: bool = False, extra: bytes = b"") -> None:
         """A RECEIPT, if one was asked for, once everything the connection sent before is
-        durable (`curb-late:true` for a `late` one)."""
+        durable (`curb-late:true` for a `late` one; `extra`, header lines of its own)."""
         if receipt_id is not None:
-            self._when_durable(self.answer(self.owe(), receipt_id, command, late=late))
+            self._when_durable(self.answer(self.owe(), receipt_id, command, late=late, extra=extra))
 
     def answer(
-        self, entry: Owed, receipt_id: str, command: str, then: Callable[[], None] | None = None, late: bool = False
+        self,
+        entry: Owed,
+        receipt_id: str,
+        command: str,
+        then: Callable[[], None] | None = None,
+        late: bool = False,
+        extra: bytes = b"",
     ) -> Done:
         """The log's answer for a place whose RECEIPT waits for durability: the RECEIPT, or
         an ERROR in its place when the log could not make the frames before durable."""
 
         def done(err: str | None) -> None:
             if err is None:
-                self.settle(entry, (late_receipt if late else receipt)(receipt_id), then)
+                self.settle(entry, late_receipt(receipt_id) if late else receipt(receipt_id, extra), then)
             else:
                 self._error(
                     f"{command} not stored",
@@ -119,10 +125,11 @@ class ReceiptLine:
         self._owed.clear()
 
 
-def receipt(receipt_id: str) -> bytes:
-    return b"RECEIPT\nreceipt-id:%s\n\n%s" % (escape(receipt_id).encode(), FRAME_END)
+def receipt(receipt_id: str, extra: bytes = b"") -> bytes:
+    """A RECEIPT; `extra`: header lines of its own, each ending in a newline."""
+    return b"RECEIPT\nreceipt-id:%s\n%s\n%s" % (escape(receipt_id).encode(), extra, FRAME_END)
 
 
 def late_receipt(receipt_id: str) -> bytes:
     """The RECEIPT of an ACK, NACK or touch that came after its message's ack deadline."""
-    return b"RECEIPT\nreceipt-id:%s\ncurb-late:true\n\n%s" % (escape(receipt_id).encode(), FRAME_END)
+    return receipt(receipt_id, b"curb-late:true\n")

@@ -10,7 +10,12 @@ does what it says, so every way back obeys the same rules:
 - Otherwise it is rdy again after a delay: the one the NACK asked for (`curb-delay`),
   else the default policy, `delay_ms` for the first return, times `multiplier` for each
   delivery before, at most `max_delay_ms` (ActiveMQ's redelivery policy and LavinMQ's
-  shape). `delay_ms` 0 (the default): at once, at the front of the line.
+  shape). `delay_ms` 0: at once, at the front of the line.
+- The defaults do not hot-loop: a second, doubling, at most a minute. At once, a
+  consumer that NACKs a poison message spent its 20 deliveries in milliseconds and,
+  with no limit, redelivered it thousands of times a second; now the 20 take about a
+  quarter of an hour (long enough to outlast a dependency's restart) and a message
+  comes back at most once a minute, while a first retry still comes within a second.
 
 Times are whole milliseconds; a delay never exceeds MAX_DELAY_MS, the longest the broker
 takes anywhere (SEND and NACK headers too), so a due time always fits the log.
@@ -32,9 +37,9 @@ class Redelivery:
     """The flags -redelivery-delay, -redelivery-multiplier, -redelivery-max-delay and
     -max-deliveries."""
 
-    delay_ms: int = 0
+    delay_ms: int = 1000
     multiplier: float = 2.0
-    max_delay_ms: int = 3600 * 1000
+    max_delay_ms: int = 60 * 1000
     max_deliveries: int = 20
 
     def __post_init__(self) -> None:

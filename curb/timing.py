@@ -6,7 +6,13 @@ milliseconds since the epoch. A SEND names at most one due time; with both `expi
 and `curb-ttl` the sooner counts; `expires:0` and `curb-ttl:0` mean never. A delay
 longer than MAX_DELAY_MS is refused, never shortened, and so is a due time further
 ahead; a bad value (negative, not a number, too large) is refused with an error that
-says what the header takes. Times are returned as wall-clock ms (0: none).
+says what the header takes. ActiveMQ's repetitions (`AMQ_SCHEDULED_REPEAT`,
+`AMQ_SCHEDULED_PERIOD`, `AMQ_SCHEDULED_CRON`) are refused too: kept and ignored, they
+would promise runs that never come. Times are returned as wall-clock ms (0: none).
+
+Never early: a delay counts from the wall clock's next millisecond (`due_after`), so a
+delayed message is never delivered before its SEND (or NACK) plus the delay, however
+the clock's reading rounds the true time down.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from curb.redelivery import MAX_DELAY_MS
 # The latest time the log keeps: 44 bits of milliseconds (the year 2527).
 MAX_EPOCH_MS = (1 << 44) - 1
 DUE_HEADERS = ("curb-delay", "AMQ_SCHEDULED_DELAY", "AMQ_SCHEDULED_TIME")
-TIME_HEADERS = (*DUE_HEADERS, "expires", "curb-ttl")
+# ActiveMQ's repeated deliveries of one SEND: Curb delivers a message once (until ACKed).
+REPEAT_HEADERS = ("AMQ_SCHEDULED_REPEAT", "AMQ_SCHEDULED_PERIOD", "AMQ_SCHEDULED_CRON")
+TIME_HEADERS = (*DUE_HEADERS, "expires", "curb-ttl", *REPEAT_HEADERS)
 _TAKES = {
     "curb-delay": f"milliseconds from now, 0 to {MAX_DELAY_MS} (30 days)",
     "AMQ_SCHEDULED_DELAY": f"milliseconds from now, 0 to {MAX_DELAY_MS} (30 days)",
@@ -47,9 +55,27 @@ def _value(headers: Mapping[str, str], name: str, maximum: int) -> int | None:
         raise _refused(name, str(err)) from None
 
 
+def due_after(wall_ms: int, delay_ms: int) -> int:
+    """The due time of a delay of `delay_ms` from now, never early: the wall clock reads
+    whole milliseconds rounded down (`wall_ms`), so the true time may be up to a
+    millisecond past the reading, and the delay counts from the next millisecond. A due
+    time is released once the clock reads it (true time at or past it), so a message is
+    never delivered before now plus its delay, and at most about a millisecond after."""
+    return wall_ms + 1 + delay_ms
+
+
 def send_times(headers: Mapping[str, str], wall_ms: int) -> tuple[int, int]:
     """(due_ms, expires_ms) of a SEND with these headers at wall-clock ms `wall_ms`, each
-    0 for none. QueueError (the frame's ERROR) for a bad or conflicting value."""
+    0 for none. QueueError (the frame's ERROR) for a bad or conflicting value, and for a
+    repetition, which Curb does not do."""
+    repeat = [name for name in REPEAT_HEADERS if name in headers]
+    if repeat:
+        raise QueueError(
+            f"Curb does not repeat messages: {repeat[0]} refused",
+            "Nothing was stored: each SEND is one message, delivered until a consumer ACKs it. Leave out "
+            f"{' and '.join(repeat)}, and SEND once for each run (a cron job or a systemd timer can; "
+            "curb-delay or AMQ_SCHEDULED_DELAY delays one).",
+        )
     named = [name for name in DUE_HEADERS if name in headers]
     if len(named) > 1:
         raise QueueError(
@@ -67,7 +93,7 @@ def send_times(headers: Mapping[str, str], wall_ms: int) -> tuple[int, int]:
             due = at if at > wall_ms else 0
         else:
             delay = _value(headers, name, MAX_DELAY_MS) or 0
-            due = wall_ms + delay if delay else 0
+            due = due_after(wall_ms, delay) if delay else 0
     expires = _value(headers, "expires", MAX_EPOCH_MS) or 0
     ttl = _value(headers, "curb-ttl", MAX_EPOCH_MS) or 0
     if ttl:

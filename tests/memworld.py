@@ -13,6 +13,7 @@ from simdisk import SimDisk
 from curb.broker import Broker
 from curb.frame import Frame, FrameParser, encode
 from curb.log import LogCore
+from curb.redelivery import Redelivery
 from curb.session import Session
 
 CAP = 256 * 1024
@@ -23,6 +24,9 @@ class MemWorld:
     timers (the broker's ack deadlines) fire when scheduled work runs after their time."""
 
     def __init__(self, cap: int = CAP, disk: SimDisk | None = None, now: float = 0.0, **broker_options) -> None:
+        # A message that comes back is rdy again at once (-redelivery-delay 0) unless the
+        # test says otherwise, so that it steps through returns one by one.
+        broker_options.setdefault("redelivery", Redelivery(delay_ms=0))
         self.cap = cap
         self.disk = disk if disk is not None else SimDisk(random.Random(3))
         self.clock = SimClock(now)

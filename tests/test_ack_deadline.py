@@ -227,6 +227,7 @@ def test_a_bad_touch_is_an_error_that_states_the_bounds_and_leaves_the_message_h
     [error] = holder.frames()
     assert error.command == "ERROR" and error.headers["message"] == "bad curb-touch header"
     assert b"from 1 to 86400000 (a day)" in error.body
+    assert b"from 0" not in error.body, "the body states one rule, the one that holds"
     assert world.broker.metrics.nacked == 0
 
 

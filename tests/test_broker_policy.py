@@ -8,6 +8,7 @@ the counts. The real broker with stomp.py: tests/test_work_queue_e2e.py."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from simclock import WALL_START_MS
@@ -61,12 +62,14 @@ def one(peer: Peer) -> Frame:
 
 # (policy, NACK headers, seconds after the NACK) -> redelivered by then?
 DELAYS = {
-    "default: at once": (Redelivery(), {}, 0.0, True),
+    "default: not at once": (Redelivery(), {}, 0.999, False),
+    "default: a second": (Redelivery(), {}, 1.001, True),
+    "-redelivery-delay 0: at once": (Redelivery(delay_ms=0), {}, 0.0, True),
     "asked delay: not a millisecond early": (Redelivery(), {"curb-delay": "1500"}, 1.499, False),
-    "asked delay: on time": (Redelivery(), {"curb-delay": "1500"}, 1.5, True),
+    "asked delay: within a millisecond": (Redelivery(), {"curb-delay": "1500"}, 1.501, True),
     "asked 0 overrides the policy": (Redelivery(delay_ms=5000), {"curb-delay": "0"}, 0.0, True),
     "policy delay: early": (Redelivery(delay_ms=2000), {}, 1.999, False),
-    "policy delay: on time": (Redelivery(delay_ms=2000), {}, 2.0, True),
+    "policy delay: within a millisecond": (Redelivery(delay_ms=2000), {}, 2.001, True),
 }
 
 
@@ -98,8 +101,56 @@ def test_the_default_delay_grows_with_each_delivery_up_to_its_maximum():
         waits.append(due - world.log.wall_ms())
         now = (due - WALL_START_MS) / 1000
         at(world, now)
-    assert waits == [100, 300, 500, 500]
+    assert waits == [101, 301, 501, 501], "each counted from the clock's next millisecond"
     assert world.broker.metrics.delayed_requeues == 4
+
+
+def sub_millisecond_world(**options) -> World:
+    """A World whose wall clock reads whole milliseconds rounded down, as the log's does
+    (time.time_ns() // 1_000_000): the true time runs ahead of a reading by up to a
+    millisecond. At true time 0 a message is sent 3 s delayed, and at 0.8 ms the clock
+    is left, still reading 0: the earlier message's due timer comes first."""
+    world = World(**options)
+    clock = world.clock
+    clock.wall_ms = lambda: WALL_START_MS + math.floor(clock.now * 1_000_000) // 1000  # type: ignore[method-assign]
+    producer(world, b"earlier", **{"curb-delay": "3000"})
+    clock.now = 0.0008
+    return world
+
+
+def send_delayed(world: World, header: str, value: str) -> Peer:
+    producer(world, b"job", **{header: value})
+    return consumer(world)
+
+
+def nack_delayed(world: World, header: str, value: str) -> Peer:
+    producer(world, b"job")
+    peer = consumer(world)
+    asked = {header: value} if header else {}
+    peer.feed(encode("NACK", {"id": one(peer).headers["ack"], **asked}))
+    return peer
+
+
+# how the message is delayed by 3 s from true time 0.8 ms -> (the step, its header and value, policy)
+NEVER_EARLY = {
+    "SEND curb-delay": (send_delayed, "curb-delay", "3000", Redelivery()),
+    "SEND AMQ_SCHEDULED_DELAY": (send_delayed, "AMQ_SCHEDULED_DELAY", "3000", Redelivery()),
+    "SEND AMQ_SCHEDULED_TIME": (send_delayed, "AMQ_SCHEDULED_TIME", str(WALL_START_MS + 3001), Redelivery()),
+    "NACK curb-delay": (nack_delayed, "curb-delay", "3000", Redelivery()),
+    "redelivery backoff": (nack_delayed, "", "", Redelivery(delay_ms=3000)),
+}
+
+
+@pytest.mark.parametrize("name", list(NEVER_EARLY))
+def test_a_due_time_is_never_early_even_by_a_fraction_of_a_millisecond(name):
+    step, header, value, policy = NEVER_EARLY[name]
+    world = sub_millisecond_world(redelivery=policy)
+    peer = step(world, header, value)
+    at(world, 3.0006)  # 0.2 ms before the true due time; the clock reads its millisecond
+    arrived = [body for body, _, _ in got(peer)]
+    assert b"job" not in arrived, "delivered before its due time"
+    at(world, 3.0018)  # at most a millisecond late
+    assert b"job" in arrived + [body for body, _, _ in got(peer)]
 
 
 def nack(world: World, peer: Peer) -> None:
@@ -128,7 +179,7 @@ WAYS_BACK = {"NACK": nack, "DISCONNECT": disconnect, "crash": connection_lost, "
 
 @pytest.mark.parametrize("way", list(WAYS_BACK))
 def test_a_message_delivered_the_limit_times_that_comes_back_once_more_is_dead_whatever_brought_it(way):
-    world = World(redelivery=Redelivery(max_deliveries=3), ack_timeout=1.0)
+    world = World(redelivery=Redelivery(delay_ms=0, max_deliveries=3), ack_timeout=1.0)
     producer(world, b"poison", b"next")
     stays = way in ("NACK", "ack deadline")  # the message comes back to the same consumer
     peer = consumer(world, prefetch=1, **{"curb-ack-timeout": "1000"})
@@ -155,7 +206,7 @@ def test_shutdown_puts_wip_back_at_once_and_never_counts_against_the_limit():
 
 
 def test_no_limit_means_never_dead():
-    world = World(redelivery=Redelivery(max_deliveries=0))
+    world = World(redelivery=Redelivery(delay_ms=0, max_deliveries=0))
     producer(world, b"job")
     peer = consumer(world)
     for _ in range(50):
@@ -185,7 +236,7 @@ def test_a_delayed_send_is_delivered_when_due_and_not_before(headers):
     assert world.broker.counts()["delayed"] == 1
     at(world, 1.999)
     assert got(peer) == []
-    at(world, 2.0)
+    at(world, 2.001)  # a delay counts from the clock's next millisecond
     assert got(peer) == [(b"later", "1", None)]
     assert world.broker.counts()["delayed"] == 0
 
@@ -235,7 +286,7 @@ def test_a_message_that_expires_while_held_is_not_delivered_again():
 
 def dead_world(count: int = 3) -> World:
     """`count` messages, each NACKed once past a delivery limit of 1."""
-    world = World(redelivery=Redelivery(max_deliveries=1))
+    world = World(redelivery=Redelivery(delay_ms=0, max_deliveries=1))
     producer(world, *(b"m%d" % n for n in range(count)))
     peer = consumer(world, prefetch=count)
     for frame in peer.frames():
@@ -293,10 +344,62 @@ def test_a_redrive_moves_the_oldest_dead_letters_back_with_their_count_reset(cou
     admin.send("SEND", destination="./redrive", **headers)
     assert admin.frames() == [], "the RECEIPT waits until the move is durable"
     world.log.sync()
-    assert [f.headers["receipt-id"] for f in admin.frames()] == ["r"]
+    assert [(f.headers["receipt-id"], f.headers["curb-moved"]) for f in admin.frames()] == [("r", str(moved))]
     assert world.broker.metrics.redriven == moved and world.broker.counts()["dead"] == 3 - moved
     worker = consumer(world)
     assert got(worker) == [(b"m%d" % n, "1", None) for n in range(moved)]
+
+
+# A SEND's destination -> whether it is stored as an ordinary job (README: Dead letters).
+DESTINATIONS = {
+    "/queue/work": True,
+    "/queue/redrive-report": True,
+    "jobs": True,
+    "./dead": False,
+    "./count": False,
+    "./purge": False,
+    "./Redrive": False,
+    "./redrive ": False,
+    "/queue/redrive": False,
+    "/queue/REDRIVE": False,
+    "redrive": False,
+}
+
+
+@pytest.mark.parametrize("destination", list(DESTINATIONS))
+def test_a_send_to_a_reserved_or_misspelt_name_is_an_error_never_a_job(destination):
+    world = World()
+    peer = world.session()
+    peer.connect()
+    peer.send("SEND", destination=destination, receipt="r")
+    world.log.sync()
+    frames = peer.frames()
+    if DESTINATIONS[destination]:
+        assert [f.command for f in frames] == ["RECEIPT"] and world.broker.counts()["rdy"] == 1
+    else:
+        assert [f.command for f in frames] == ["ERROR"] and world.broker.counts()["rdy"] == 0
+        assert world.log.next_id == 1 and world.broker.metrics.redriven == 0, "nothing stored, nothing moved"
+
+
+# SEND headers that would change what a SEND does, and are refused rather than ignored.
+REFUSED_HEADERS = {
+    "./redrive with curb-delay": ("./redrive", {"curb-delay": "1000"}, b""),
+    "./redrive with AMQ_SCHEDULED_DELAY": ("./redrive", {"AMQ_SCHEDULED_DELAY": "1000"}, b""),
+    "./redrive with a body": ("./redrive", {}, b"redrive everything"),
+    "AMQ_SCHEDULED_REPEAT": (QUEUE, {"AMQ_SCHEDULED_REPEAT": "5"}, b"job"),
+    "AMQ_SCHEDULED_PERIOD": (QUEUE, {"AMQ_SCHEDULED_PERIOD": "60000"}, b"job"),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED_HEADERS))
+def test_a_send_whose_headers_curb_cannot_honour_is_refused_and_changes_nothing(name):
+    destination, headers, body = REFUSED_HEADERS[name]
+    world = dead_world(1)
+    peer = producer(world, body, destination=destination, **headers)
+    [error] = peer.frames()
+    assert error.command == "ERROR", error
+    counts = world.broker.counts()
+    assert (counts["rdy"], counts["delayed"], counts["dead"], world.broker.metrics.redriven) == (0, 0, 1, 0)
 
 
 def test_counts_show_delayed_and_dead():
@@ -322,7 +425,7 @@ def recovered_dead(world: World, *bodies: bytes) -> None:
 
 
 def test_dead_letters_from_an_earlier_run_come_first_in_reads_browses_and_redrives():
-    world = World(redelivery=Redelivery(max_deliveries=1))
+    world = World(redelivery=Redelivery(delay_ms=0, max_deliveries=1))
     recovered_dead(world, b"old0", b"old1")
     producer(world, b"new")
     peer = consumer(world)

@@ -452,22 +452,23 @@ def test_a_listener_queues_a_reconnect_storm_in_the_kernel_while_accepting_a_few
 @pytest.mark.parametrize(
     ("args", "policy", "drop"),
     [
-        ((), Redelivery(0, 2.0, 3_600_000, 20), False),
+        ((), Redelivery(1000, 2.0, 60_000, 20), False),
         (
             ("-redelivery-delay", "1s", "-redelivery-multiplier", "3", "-redelivery-max-delay", "2m"),
             Redelivery(1000, 3.0, 120_000, 20),
             False,
         ),
         (
-            ("-redelivery-delay", "250", "-max-deliveries", "0", "-expired", "drop"),
-            Redelivery(250, 2.0, 3_600_000, 0),
+            ("-redelivery-delay", "250ms", "-max-deliveries", "0", "-expired", "drop"),
+            Redelivery(250, 2.0, 60_000, 0),
             True,
         ),
+        (("-redelivery-delay", "2", "-redelivery-max-delay", "90"), Redelivery(2000, 2.0, 90_000, 20), False),
     ],
 )
 def test_the_redelivery_flags_reach_the_broker(monkeypatch, args, policy, drop):
-    """Defaults: at once, no growth needed, a 1 h cap, 20 deliveries, expired ones dead; a
-    plain number of -redelivery-delay is milliseconds."""
+    """Defaults: a second, doubling, at most a minute, 20 deliveries, expired ones dead; a
+    plain number is seconds, as for every duration flag."""
     config = serve_given(monkeypatch, *args)
     assert (config.redelivery, config.drop_expired) == (policy, drop)
 

@@ -148,9 +148,11 @@ ROWS = {
         "Send SUBSCRIBE with an ack header of auto, client, client-individual",
         (frame("SUBSCRIBE", id="s", ack="sometimes"),),
     ),
-    "prefetch 0": Row("bad prefetch 0", "Give prefetch-count", (frame("SUBSCRIBE", id="s", prefetch_count="0"),)),
+    "prefetch 0": Row("bad prefetch '0'", "Give prefetch-count", (frame("SUBSCRIBE", id="s", prefetch_count="0"),)),
     "prefetch not a number": Row(
-        "bad prefetch: prefetch must be", "Give prefetch-count", (frame("SUBSCRIBE", id="s", prefetch_count="ten"),)
+        "bad prefetch 'ten': use a whole number from 1 to",
+        "Give prefetch-count",
+        (frame("SUBSCRIBE", id="s", prefetch_count="ten"),),
     ),
     "UNSUBSCRIBE without id": Row(
         "UNSUBSCRIBE needs an id header", "Give UNSUBSCRIBE the id header its SUBSCRIBE had", (frame("UNSUBSCRIBE"),)
@@ -207,6 +209,46 @@ ROWS = {
         "bad curb-count header",
         "give the number of dead letters to move back",
         (frame("SEND", destination="./redrive", curb_count="all"),),
+    ),
+    "SEND to ./dead": Row(
+        "SEND to ./dead refused",
+        "./dead is read with SUBSCRIBE",
+        (frame("SEND", destination="./dead"),),
+    ),
+    "SEND to a misspelt ./redrive": Row(
+        "SEND to ./Redrive refused: did you mean ./redrive?",
+        "SEND to ./redrive (in lower case",
+        (frame("SEND", destination="./Redrive"),),
+    ),
+    "SEND to /queue/redrive": Row(
+        "SEND to /queue/redrive refused: did you mean ./redrive?",
+        "SEND to ./redrive (in lower case",
+        (frame("SEND", destination="/queue/redrive"),),
+    ),
+    "SEND to an unknown ./ name": Row(
+        "SEND to ./purge refused",
+        "Curb's own names are ./redrive (SEND), ./dead and ./count (SUBSCRIBE)",
+        (frame("SEND", destination="./purge"),),
+    ),
+    "./redrive with a delay": Row(
+        "./redrive takes no curb-delay",
+        "A redrive moves dead letters at once",
+        (frame("SEND", destination="./redrive", curb_delay="5000"),),
+    ),
+    "./redrive with a body": Row(
+        "./redrive takes no body",
+        "send ./redrive with an empty body",
+        (frame("SEND", b"all of them", destination="./redrive"),),
+    ),
+    "AMQ_SCHEDULED_REPEAT": Row(
+        "Curb does not repeat messages: AMQ_SCHEDULED_REPEAT",
+        "each SEND is one message",
+        (encode("SEND", {"AMQ_SCHEDULED_REPEAT": "3", "AMQ_SCHEDULED_PERIOD": "1000"}),),
+    ),
+    "AMQ_SCHEDULED_PERIOD": Row(
+        "Curb does not repeat messages: AMQ_SCHEDULED_PERIOD",
+        "each SEND is one message",
+        (encode("SEND", {"AMQ_SCHEDULED_DELAY": "1000", "AMQ_SCHEDULED_PERIOD": "1000"}),),
     ),
     # ------------------------------------------------ QueueError: browses and their ids
     "browse still running": Row(

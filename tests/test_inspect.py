@@ -241,7 +241,7 @@ def send(port: int, *bodies: bytes, headers: dict[str, str] | None = None) -> No
 
 
 def test_reports_a_log_written_by_a_real_broker(curb_broker):
-    broker = curb_broker()
+    broker = curb_broker(extra_args=["-redelivery-delay", "0"])  # the NACKed message is rdy at once
     send(broker.port, b"first")
     send(broker.port, b"bin\x00ary", headers={"content-type": "application/octet-stream", "order": "17"})
     send(broker.port, b"third")

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from dataclasses import replace
 
 import pytest
 
 from curb.client import Client
 from curb.instance import EXIT_USAGE, Config, Instance, StartError
+from curb.redelivery import Redelivery
 
 
 def test_an_instance_serves_stomp_and_a_restart_on_its_file_recovers_what_was_receipted(tmp_path):
@@ -68,3 +70,34 @@ def test_request_stop_ends_wait_and_stop_drains_to_status_0(tmp_path):
 
     assert asyncio.run(run()) == 0
     assert said[0] == "recovered" and said[-3:] == ["listening", "stopping", "stopped"]
+
+
+def test_the_start_up_line_counts_every_state_a_recovered_message_can_be_in(tmp_path):
+    """rdy, delayed and dead messages are all recovered, and the line says how many of each."""
+    config = Config(path=str(tmp_path / "q.log"), cap=1 << 20, addr=("127.0.0.1", 0), heartbeat_ms=0)
+    lines: list[tuple[str, dict]] = []
+
+    def produce(port: int) -> None:
+        with Client("127.0.0.1", port) as client:
+            client.send(b"poison", receipt="r1")
+            client.send(b"ready", receipt="r2")
+            for n in range(2):
+                client.send(b"later", headers={"curb-delay": "3600000"}, receipt=f"d{n}")
+            client.wait_receipt("d1", timeout=10)
+            client.subscribe(ack="client-individual", prefetch=1)
+            poison = client.receive(timeout=10)
+            assert poison is not None and poison.body == b"poison"
+            client.unsubscribe()
+            client.nack(poison.headers["ack"], receipt="n1")  # past -max-deliveries 1: dead
+            client.wait_receipt("n1", timeout=10)
+
+    async def run() -> None:
+        async with Instance(replace(config, redelivery=Redelivery(max_deliveries=1))) as first:
+            await asyncio.to_thread(produce, first.addresses[0][1])
+        async with Instance(config, events=lambda event, text, **fields: lines.append((text, fields))):
+            pass
+
+    asyncio.run(run())
+    [(text, fields)] = [(text, fields) for text, fields in lines if text.startswith("recovered")]
+    assert text.startswith("recovered 4 messages (1 rdy, 2 delayed, 1 dead; "), text
+    assert (fields["messages"], fields["rdy"], fields["delayed"], fields["dead"]) == (4, 1, 2, 1)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from curb.queue import DEADLINE_SLACK, LATE_KEPT, Late, Queue, QueueError, Subscription
+from curb.queue import DEADLINE_SLACK, LATE_KEPT, MAX_PREFETCH, Late, Queue, QueueError, Subscription
 
 
 @dataclass(eq=False, frozen=True)
@@ -62,11 +62,23 @@ def routes(pairs) -> list[tuple[str, int]]:
 
 @pytest.mark.parametrize(
     "requested, expected",
-    [(None, 7), (1, 1), (50, 50), (99, 99), (100, 99), (10**9, 99)],
+    [(None, 7), (1, 1), (50, 50), (99, 99), (100, None), (10**9, None)],
 )
-def test_prefetch_defaults_and_is_clamped(requested, expected):
+def test_prefetch_defaults_and_is_honoured_or_refused_never_cut(requested, expected):
     queue, _ = make_queue(default_prefetch=7, max_prefetch=99)
-    assert queue.subscribe("c", "0", "client-individual", requested).prefetch == expected
+    if expected is None:
+        with pytest.raises(QueueError, match="from 1 to 99"):
+            queue.subscribe("c", "0", "client-individual", requested)
+        assert queue.subscription_count == 0
+    else:
+        assert queue.subscribe("c", "0", "client-individual", requested).prefetch == expected
+
+
+def test_the_largest_prefetch_a_subscribe_may_ask_for_is_honoured():
+    queue, _ = make_queue(MAX_PREFETCH)
+    sub = queue.subscribe("c", "0", "client-individual", MAX_PREFETCH)
+    assert sub.prefetch == MAX_PREFETCH == 1_000_000
+    assert len(queue.deliver(0.0)) == MAX_PREFETCH
 
 
 @pytest.mark.parametrize("default_prefetch, max_prefetch", [(0, 10), (-1, 10), (11, 10)])

@@ -335,7 +335,7 @@ def test_a_silent_connection_is_closed_at_the_connect_timeout(curb_broker, raw):
 
 
 def test_a_connection_stalled_mid_frame_is_dropped_at_the_heart_beat_deadline(curb_broker, raw, wait_until):
-    broker = curb_broker(extra_args=("-heartbeat", "200"))
+    broker = curb_broker(extra_args=("-heartbeat", "200ms"))
     client = raw(broker.port)
     client.connect(heart_beat="200,0")
     client.send(b"SEND\ndestination:/queue/curb\ncontent-length:100\n\nhalf a bo")

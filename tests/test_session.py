@@ -55,7 +55,7 @@ def assert_serving(stomp_conn, conn, inbox) -> None:
 
 @pytest.mark.parametrize("command", ["CONNECT", "STOMP"])
 def test_connect_negotiates_stomp_1_2(curb_broker, stomp_conn, command):
-    broker = curb_broker(extra_args=["-heartbeat", "400"])
+    broker = curb_broker(extra_args=["-heartbeat", "400ms"])
     conn, inbox = stomp_conn(broker.port, connect=False)
     conn.connect(with_connect_command=command == "CONNECT")
     headers = inbox.wait_connected().headers
@@ -84,7 +84,8 @@ def test_send_receipt_then_subscribe_and_ack(broker, stomp_conn):
     assert later.quiet() == [], "an ACKed message was delivered again"
 
 
-def test_nack_redelivers_ahead_of_newer_messages(broker, stomp_conn):
+def test_nack_redelivers_ahead_of_newer_messages(curb_broker, stomp_conn):
+    broker = curb_broker(extra_args=["-redelivery-delay", "0"])  # back at once: the order is the subject
     produce(stomp_conn, broker.port, ["first", "second", "third"])
     conn, inbox = consume(stomp_conn, broker.port, prefetch=2)
     first, second = inbox.wait_messages(2)
@@ -151,7 +152,8 @@ def test_unsubscribe_pauses_delivery_but_ack_still_works(broker, stomp_conn):
     assert len(other.quiet()) == 2
 
 
-def test_disconnect_gets_receipt_and_wip_goes_to_another_consumer(broker, stomp_conn, raw):
+def test_disconnect_gets_receipt_and_wip_goes_to_another_consumer(curb_broker, stomp_conn, raw):
+    broker = curb_broker(extra_args=["-redelivery-delay", "0"])  # back at once: the order is the subject
     produce(stomp_conn, broker.port, ["one", "two", "three"])
     client = raw(broker.port)
     client.connect()
@@ -443,11 +445,11 @@ def test_send_to_a_full_queue_is_refused_and_not_stored(curb_broker, stomp_conn,
 
 
 def test_server_sends_the_heart_beats_a_client_asks_for(curb_broker, raw):
-    broker = curb_broker(extra_args=["-heartbeat", "200"])
+    broker = curb_broker(extra_args=["-heartbeat", "200ms"])
     client = raw(broker.port)
     connected = client.connect(heart_beat="0,500")
     sx = int(connected.headers["heart-beat"].split(",")[0])
-    assert sx > 0, "the broker offers no heart-beats although it was started with -heartbeat 200"
+    assert sx > 0, "the broker offers no heart-beats although it was started with -heartbeat 200ms"
     every = max(sx, 500) / 1000
     deadline = time.monotonic() + 4 * every + 2
     beats = 0
@@ -469,7 +471,7 @@ def connect_silent_consumer(port: int, raw):
 
 
 def test_silent_client_is_dropped_and_its_wip_redelivered(curb_broker, stomp_conn, raw):
-    broker = curb_broker(extra_args=["-heartbeat", "200"])
+    broker = curb_broker(extra_args=["-heartbeat", "200ms"])
     produce(stomp_conn, broker.port, ["held"])
     client = connect_silent_consumer(broker.port, raw)
     _, inbox = consume(stomp_conn, broker.port)
@@ -479,7 +481,7 @@ def test_silent_client_is_dropped_and_its_wip_redelivered(curb_broker, stomp_con
 
 
 def test_client_that_keeps_beating_stays(curb_broker, stomp_conn, raw):
-    broker = curb_broker(extra_args=["-heartbeat", "200"])
+    broker = curb_broker(extra_args=["-heartbeat", "200ms"])
     produce(stomp_conn, broker.port, ["held"])
     client = connect_silent_consumer(broker.port, raw)
     _, inbox = consume(stomp_conn, broker.port)

@@ -141,10 +141,13 @@ def test_the_largest_deliverable_send_comes_out_as_a_message_a_client_parses():
 
 # name -> (SUBSCRIBE headers, words in the ERROR)
 BAD_SUBSCRIBES = {
-    "prefetch of 400 digits": ({"prefetch-count": "9" * 400}, "bad prefetch: prefetch 9999"),
-    "prefetch over the bound": ({"prefetch-count": "1000001"}, "exceeds the limit of 1000000"),
-    "prefetch zero": ({"prefetch-count": "0"}, "use a positive integer up to 1000000"),
-    "prefetch not a number": ({"prefetch-count": "ten"}, "from 0 to 1000000"),
+    "prefetch of 400 digits": ({"prefetch-count": "9" * 400}, "bad prefetch '9999"),
+    "prefetch over the bound": (
+        {"prefetch-count": "1000001"},
+        "bad prefetch '1000001': use a whole number from 1 to 1000000",
+    ),
+    "prefetch zero": ({"prefetch-count": "0"}, "bad prefetch '0': use a whole number from 1 to 1000000"),
+    "prefetch not a number": ({"prefetch-count": "ten"}, "from 1 to 1000000"),
     "subscription line too long": ({"id": "i" * MAX_SUBSCRIPTION_LINE}, "exceeds the limit of 1024 bytes"),
 }
 
@@ -157,6 +160,16 @@ def test_a_subscribe_beyond_a_bound_is_an_error_naming_it(headers, words):
     frames = peer.frames()
     assert commands(frames) == ["ERROR"]
     assert words in error_of(frames)
+
+
+@pytest.mark.parametrize("header", ["prefetch-count", "activemq.prefetchSize"])
+def test_a_prefetch_up_to_the_bound_is_honoured_as_asked(header):
+    peer = World().session()
+    peer.connect()
+    peer.feed(encode("SUBSCRIBE", {"id": "1", "destination": "/q", "ack": "client", header: "1000000"}))
+    assert commands(peer.frames()) == []
+    [sub] = peer.session.messages.prefixes
+    assert sub.prefetch == 1_000_000
 
 
 def test_every_frame_the_broker_writes_ends_in_nul_lf():

@@ -16,6 +16,7 @@ from curb.frame import Frame, FrameParser, encode
 from curb.log import QueueFull
 from curb.log.browse import Browse
 from curb.log.cursor import Record
+from curb.redelivery import Redelivery
 from curb.session import Session
 
 Done = Callable[[str | None], None]
@@ -159,9 +160,13 @@ class FakeLog:
 
 
 class World:
-    """A broker over a FakeLog; scheduled callbacks run when the test says."""
+    """A broker over a FakeLog; scheduled callbacks run when the test says. A message
+    that comes back is rdy again at once (-redelivery-delay 0), so that a test steps
+    through returns one by one; the default backoff is tested where it is the subject
+    (tests/test_redelivery.py, tests/test_broker_policy.py)."""
 
     def __init__(self, heartbeat_ms: int = 0, prefetch: int = 100, **options) -> None:
+        options.setdefault("redelivery", Redelivery(delay_ms=0))
         self.clock = SimClock()
         self.log = FakeLog(self.clock)
         self.later: list[Callable[[], None]] = []

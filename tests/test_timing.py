@@ -10,14 +10,14 @@ from curb.timing import MAX_EPOCH_MS, nack_delay, send_times
 
 NOW = 1_800_000_000_000
 
-# headers -> (due_ms, expires_ms)
+# headers -> (due_ms, expires_ms); a delay counts from the clock's next millisecond, NOW + 1
 CASES = {
     "none": ({}, (0, 0)),
     "other headers only": ({"priority": "9", "x-delay": "5000"}, (0, 0)),
-    "curb-delay": ({"curb-delay": "1500"}, (NOW + 1500, 0)),
+    "curb-delay": ({"curb-delay": "1500"}, (NOW + 1 + 1500, 0)),
     "curb-delay 0": ({"curb-delay": "0"}, (0, 0)),
-    "the longest delay": ({"curb-delay": str(MAX_DELAY_MS)}, (NOW + MAX_DELAY_MS, 0)),
-    "AMQ_SCHEDULED_DELAY": ({"AMQ_SCHEDULED_DELAY": "250"}, (NOW + 250, 0)),
+    "the longest delay": ({"curb-delay": str(MAX_DELAY_MS)}, (NOW + 1 + MAX_DELAY_MS, 0)),
+    "AMQ_SCHEDULED_DELAY": ({"AMQ_SCHEDULED_DELAY": "250"}, (NOW + 1 + 250, 0)),
     "AMQ_SCHEDULED_TIME ahead": ({"AMQ_SCHEDULED_TIME": str(NOW + 9)}, (NOW + 9, 0)),
     "AMQ_SCHEDULED_TIME now": ({"AMQ_SCHEDULED_TIME": str(NOW)}, (0, 0)),
     "AMQ_SCHEDULED_TIME past": ({"AMQ_SCHEDULED_TIME": "5"}, (0, 0)),
@@ -29,8 +29,8 @@ CASES = {
     "expires sooner than ttl": ({"expires": str(NOW + 10), "curb-ttl": "1000"}, (0, NOW + 10)),
     "ttl sooner than expires": ({"expires": str(NOW + 5000), "curb-ttl": "1000"}, (0, NOW + 1000)),
     "a huge ttl stops at the latest time kept": ({"curb-ttl": str(MAX_EPOCH_MS)}, (0, MAX_EPOCH_MS)),
-    "delay and expiry": ({"curb-delay": "10", "curb-ttl": "20"}, (NOW + 10, NOW + 20)),
-    "leading zeros": ({"curb-delay": "007"}, (NOW + 7, 0)),
+    "delay and expiry": ({"curb-delay": "10", "curb-ttl": "20"}, (NOW + 1 + 10, NOW + 20)),
+    "leading zeros": ({"curb-delay": "007"}, (NOW + 1 + 7, 0)),
 }
 
 

@@ -13,8 +13,11 @@ import pytest
 from webrig import basic, http, running, users_file
 
 from curb.client import Client
+from curb.redelivery import Redelivery
 
 Q = "/v2/shop/queues/orders"
+
+AT_ONCE = Redelivery(delay_ms=0)  # -redelivery-delay 0: a message given back is rdy again at once
 
 
 def test_a_message_published_over_http_reaches_stomp_with_its_type_and_headers(tmp_path):
@@ -86,7 +89,7 @@ def test_consume_waits_for_a_message_up_to_wait(tmp_path):
 
 
 def test_a_claim_is_acked_or_nacked_by_later_requests(tmp_path):
-    with running(tmp_path) as web:
+    with running(tmp_path, redelivery=AT_ONCE) as web:
         for body in (b"a", b"b"):
             http("POST", web.base + Q + "/messages", body)
         claim = http("POST", web.base + Q + "/claims")
@@ -105,7 +108,7 @@ def test_a_claim_is_acked_or_nacked_by_later_requests(tmp_path):
 
 
 def test_a_claim_past_its_ttl_goes_back_and_a_late_ack_is_410(tmp_path):
-    with running(tmp_path) as web:
+    with running(tmp_path, redelivery=AT_ONCE) as web:
         http("POST", web.base + Q + "/messages", b"slow")
         claim = http("POST", web.base + Q + "/claims?ttl=0.2")
         time.sleep(0.5)

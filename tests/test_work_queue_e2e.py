@@ -28,7 +28,9 @@ def send(stomp_conn, port: int, body: str, **headers: str) -> None:
 
 def test_a_poison_message_becomes_a_dead_letter_and_the_queue_moves_on(curb_broker, stomp_conn):
     http_port = free_port()
-    broker = curb_broker(extra_args=["-max-deliveries", "3", "-http", f"127.0.0.1:{http_port}"])
+    broker = curb_broker(
+        extra_args=["-max-deliveries", "3", "-redelivery-delay", "0", "-http", f"127.0.0.1:{http_port}"]
+    )
     for body in ["poison", "a", "b", "c"]:
         send(stomp_conn, broker.port, body)
     worker, inbox = stomp_conn(broker.port)
@@ -71,12 +73,26 @@ def test_a_consumer_that_crashes_on_a_message_counts_and_a_redrive_brings_it_bac
     admin_inbox.wait_for(
         lambda inbox: any(json.loads(f.body)["dead"] == 1 for f in inbox.messages), "dead:1 in ./count"
     )
+    moved = Receipts()
+    admin.set_listener("moved", moved)
     admin.send("./redrive", "", headers={"receipt": "redriven"})
     admin_inbox.wait_receipt("redriven")
+    assert wait_until(lambda: "redriven" in moved.headers)
+    assert moved.headers["redriven"]["curb-moved"] == "1", "the RECEIPT says how many dead letters moved"
     worker, inbox = stomp_conn(broker.port)
     worker.subscribe(QUEUE, id="w", ack="client-individual")
     [back] = inbox.wait_messages(1)
     assert (back.body, back.headers["curb-deliveries"]) == ("crashes its consumer", "1"), "its count was reset"
+
+
+class Receipts(stomp.ConnectionListener):
+    """The headers of each RECEIPT, by receipt-id."""
+
+    def __init__(self) -> None:
+        self.headers: dict[str, dict[str, str]] = {}
+
+    def on_receipt(self, frame) -> None:
+        self.headers[frame.headers["receipt-id"]] = frame.headers
 
 
 class Arrivals(stomp.ConnectionListener):
@@ -194,8 +210,12 @@ def test_a_redrive_after_a_restart_moves_the_dead_letters_compaction_copied(curb
     for n in range(8):  # unread: compaction copies the dead letters on, past these
         producer.send(QUEUE, "y" * 900, headers={"receipt": f"unread-{n}"})
         sent.wait_receipt(f"unread-{n}")
+    moved = Receipts()
+    producer.set_listener("moved", moved)
     producer.send("./redrive", "", headers={"receipt": "redriven"})
     sent.wait_receipt("redriven")
+    assert wait_until(lambda: "redriven" in moved.headers)
+    assert moved.headers["redriven"]["curb-moved"] == "5", "the RECEIPT says all five moved"
     assert count_of(stomp_conn, broker.port)["dead"] == 0, "the redrive left dead letters behind"
     consumer, got = stomp_conn(broker.port)
     consumer.subscribe(QUEUE, id="c", ack="client-individual")
@@ -203,3 +223,39 @@ def test_a_redrive_after_a_restart_moves_the_dead_letters_compaction_copied(curb
     redriven = [f for f in got.messages if f.body.startswith("dead-")]
     assert sorted(f.body for f in redriven) == [f"dead-{n}" for n in range(5)]
     assert {f.headers["curb-deliveries"] for f in redriven} == {"1"}, "their counts were reset"
+
+
+def test_a_send_curb_cannot_honour_is_an_error_and_nothing_is_stored(curb_broker, stomp_conn):
+    http_port = free_port()
+    broker = curb_broker(extra_args=["-http", f"127.0.0.1:{http_port}"])
+    refused = {
+        ("./Redrive", ()): "did you mean ./redrive?",
+        ("/queue/redrive", ()): "did you mean ./redrive?",
+        ("./dead", ()): "SEND to ./dead refused",
+        ("./redrive", (("curb-delay", "60000"),)): "./redrive takes no curb-delay header",
+        (QUEUE, (("AMQ_SCHEDULED_DELAY", "1000"), ("AMQ_SCHEDULED_PERIOD", "1000"), ("AMQ_SCHEDULED_REPEAT", "9"))): (
+            "Curb does not repeat messages"
+        ),
+    }
+    for (destination, headers), words in refused.items():
+        producer, inbox = stomp_conn(broker.port)
+        producer.send(destination, "", headers={**dict(headers), "receipt": "sent"})
+        error = inbox.wait_error()
+        assert words in error.headers["message"], error.headers
+        assert error.body.strip(), "the body says what to do"
+        inbox.wait_disconnected()
+    counters = stats(http_port)
+    assert (counters["rdy"], counters["delayed"], counters["sent"]) == (0, 0, 0), "nothing was stored"
+
+
+def test_by_default_a_nacked_message_comes_back_after_a_second_not_at_once(curb_broker, stomp_conn):
+    broker = curb_broker()
+    send(stomp_conn, broker.port, "job")
+    worker, inbox = stomp_conn(broker.port)
+    worker.subscribe(QUEUE, id="w", ack="client-individual")
+    [job] = inbox.wait_messages(1)
+    nacked = time.monotonic()
+    worker.nack(job.headers["ack"])
+    again = inbox.wait_messages(2, timeout=10)[-1]
+    assert time.monotonic() - nacked >= 1.0, "the default -redelivery-delay is a second"
+    assert again.headers["curb-deliveries"] == "2"

@@ -772,7 +772,7 @@ def torture(
 ) -> dict[str, object]:
     """The whole run; returns the summary (its `failures` list is empty when all is well)."""
     began = time.monotonic()
-    ledger = Ledger(durations.parse(ack_timeout, "ms"), max_deliveries)
+    ledger = Ledger(durations.parse(ack_timeout), max_deliveries)
     flags = ["-ack-timeout", ack_timeout, "-max-deliveries", str(max_deliveries)]
     broker = TortureBroker(workdir, cap, port, flags)
     rng = random.Random(seed)
@@ -953,7 +953,7 @@ def parse_args(argv: Iterable[str]) -> argparse.Namespace:
     except argparse.ArgumentTypeError as err:
         parser.error(str(err))
     try:
-        durations.parse(args.ack_timeout, "ms")
+        durations.parse(args.ack_timeout)
     except ValueError as err:
         parser.error(f"--ack-timeout: {err}")
     if args.max_deliveries < 0:

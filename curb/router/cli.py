@@ -99,24 +99,26 @@ def load_routes(route_flags: tuple[str, ...], routes_file: str | None) -> routin
     "--heartbeat",
     default="10s",
     show_default=True,
-    type=Duration("ms", MAX_HEARTBEAT_MS / 1000, zero="no heart-beats"),
-    help="Heart-beat interval offered to clients (a plain number is ms; 0: none).",
+    type=Duration(MAX_HEARTBEAT_MS / 1000, zero="no heart-beats"),
+    help="Heart-beat interval offered to clients (a plain number is seconds, or 500ms, 10s, 1m; 0: none; at most 24h).",
 )
 @click.option(
     "-link-heartbeat",
     "--link-heartbeat",
     default="2s",
     show_default=True,
-    type=Duration("ms", MAX_HEARTBEAT_MS / 1000, zero="no heart-beats"),
-    help="Heart-beat interval asked of instances: a silent one is taken as down after about twice this.",
+    type=Duration(MAX_HEARTBEAT_MS / 1000, zero="no heart-beats"),
+    help="Heart-beat interval asked of instances: a silent one is taken as down after about twice this "
+    "(a plain number is seconds, or 500ms, 2s; 0: none; at most 24h).",
 )
 @click.option(
     "-link-wait",
     "--link-wait",
     default="5s",
     show_default=True,
-    type=Duration("s", MAX_HEARTBEAT_MS / 1000, zero="refuse at once"),
-    help="How long a SEND waits for an instance of its destination to be up before it is refused.",
+    type=Duration(MAX_HEARTBEAT_MS / 1000, zero="refuse at once"),
+    help="How long a SEND waits for an instance of its destination to be up before it is refused "
+    "(a plain number is seconds, or 500ms, 5s, 1m; 0: refuse at once; at most 24h).",
 )
 @click.option(
     "-users",

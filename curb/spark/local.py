@@ -47,7 +47,7 @@ class LocalBroker:
     def __init__(self, log: Path, cap: str = "10MiB", flags: Sequence[str] = ()) -> None:
         self.log = log
         self.cap = cap
-        self.flags = list(flags)  # more command-line flags, e.g. ["-heartbeat", "500"]
+        self.flags = list(flags)  # more command-line flags, e.g. ["-heartbeat", "500ms"]
         self.child = BrokerProcess(timeout=STARTUP_S)
         self.port = 0
 

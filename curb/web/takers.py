@@ -142,11 +142,13 @@ class Takers:
             self._sweeper = asyncio.get_running_loop().call_later(SWEEP_SECONDS, self._sweep)
 
     def close(self) -> None:
-        """Shutdown: every claim is given back (its message is rdy again)."""
+        """Shutdown: every claim is given back, its message rdy again at once and its
+        delivery not counted, as for a STOMP consumer's at shutdown."""
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
         for msg_id in list(self.claims):
+            self.broker.give_back(self.claims[msg_id].peer)
             self._done(msg_id)
 
 

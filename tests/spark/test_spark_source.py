@@ -192,7 +192,7 @@ def test_a_broker_that_stays_away_fails_the_query_naming_it(spark, brokers, tmp_
 
 
 def test_with_heartbeat_a_frozen_broker_fails_the_query(spark, tmp_path):
-    frozen = LocalBroker(tmp_path / "frozen.curb", flags=["-heartbeat", "200"])
+    frozen = LocalBroker(tmp_path / "frozen.curb", flags=["-heartbeat", "200ms"])
     frozen.start()
     process = frozen.process
     options = {"heartbeat": "200", "reconnectTimeout": "2", "timeout": "1"}

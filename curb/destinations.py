@@ -1,0 +1,53 @@
+"""Which destinations a SEND may name: Curb's own `./` names and near misses of them.
+
+A Curb instance is one queue and ignores an ordinary destination, so a SEND that meant
+one of Curb's own names but missed it would be stored as a job and handed to a worker.
+The rule (README: Dead letters), pure:
+
+- `./redrive` is the one `./` name a SEND may use: a redrive (curb.dead).
+- Every other destination that starts with `./` is refused: `./dead` and `./count` are
+  read with SUBSCRIBE, and Curb has no other `./` name (`./purge`).
+- So is any destination whose last `/`-separated part is `redrive` in any letter case,
+  spaces around it ignored (`/queue/redrive`, `./Redrive`, `Redrive`): its ERROR asks
+  "did you mean ./redrive?". Only `redrive` is guarded so: a SEND to `/queue/dead` or
+  `/queue/count` is no plausible slip for something a SEND does, and such names may be
+  a router's ordinary routes.
+"""
+
+from __future__ import annotations
+
+from curb.counts import COUNT_DESTINATION
+from curb.dead import DEAD_DESTINATION, REDRIVE_DESTINATION
+from curb.queue import QueueError
+
+LOCAL_PREFIX = "./"
+_SUBSCRIBE_ONLY = (DEAD_DESTINATION, COUNT_DESTINATION)
+_OWN_NAMES = f"{REDRIVE_DESTINATION} (SEND), {DEAD_DESTINATION} and {COUNT_DESTINATION} (SUBSCRIBE)"
+
+
+def send_refusal(destination: str | None) -> QueueError | None:
+    """The ERROR for a SEND to `destination` that must not be stored as a job, or None
+    (an ordinary destination, or `./redrive` itself)."""
+    if destination is None or destination == REDRIVE_DESTINATION:
+        return None
+    name = destination.strip().rpartition("/")[2].lower()
+    shown = destination[:60]
+    if name == REDRIVE_DESTINATION[len(LOCAL_PREFIX) :]:
+        return QueueError(
+            f"SEND to {shown} refused: did you mean {REDRIVE_DESTINATION}?",
+            f"Nothing was stored. To move dead letters back to the queue, SEND to {REDRIVE_DESTINATION} "
+            "(in lower case, nothing around it); to send a job, use another destination, such as /queue/work.",
+        )
+    if not destination.startswith(LOCAL_PREFIX):
+        return None
+    if destination.strip().lower() in _SUBSCRIBE_ONLY:
+        return QueueError(
+            f"SEND to {shown} refused",
+            f"Nothing was stored. {shown} is read with SUBSCRIBE, never sent to; to move dead letters back "
+            f"to the queue, SEND to {REDRIVE_DESTINATION}.",
+        )
+    return QueueError(
+        f"SEND to {shown} refused",
+        f"Nothing was stored. Curb's own names are {_OWN_NAMES}, and it has no other name starting "
+        f"{LOCAL_PREFIX!r}; to send a job, use another destination, such as /queue/work.",
+    )
