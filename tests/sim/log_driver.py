@@ -1,9 +1,9 @@
 """The log's crash simulator: seeded random workloads, crashes and disk faults against
 curb.log.LogCore on a SimDisk, with the crash model's invariants checked after every step.
 
-    python tests/crashsim.py --seeds 2000 [--start S] [--steps K] [--jobs N]
-    python tests/crashsim.py --seed S -v      # replay one seed exactly, printing its trace
-    python tests/crashsim.py ... --no-replay-steps   # without ACK up to an id and browses
+    bin/crashsim --seeds 2000 [--start S] [--steps K] [--jobs N]
+    bin/crashsim --seed S -v      # replay one seed exactly, printing its trace
+    bin/crashsim ... --no-replay-steps   # without ACK up to an id and browses
 
 One seed decides everything: the cap (16 KiB to 1 MiB, so the ring wraps many times), the
 disk (a free-space limit, EIO on writes or syncs, bit rot), the workload (appends with and
@@ -1356,7 +1356,7 @@ class Outcome:
         for f in self.findings:
             lines.append(f"seed {self.seed} step {f.step}: {f.text}")
             lines += f.trace if trace else []
-        lines.append(f"  replay: python tests/crashsim.py --seed {self.seed} --steps {steps} -v")
+        lines.append(f"  replay: bin/crashsim --seed {self.seed} --steps {steps} -v")
         return "\n".join(lines)
 
 
