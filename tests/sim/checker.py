@@ -47,19 +47,12 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sim.runner import SimFailure
 from sim.workload import Config
 
 LIVE, ACKED, GONE, REFUSED, DEAD = "live", "acked", "gone", "refused", "dead"
 LIMIT, EXPIRED = "max-deliveries", "expired"
 COVERING = frozenset(("NACK", "touch", "DISCONNECT"))
-
-
-class SimFailure(Exception):
-    """An invariant broke. `kind` groups failures of one sort across seeds."""
-
-    def __init__(self, kind: str, detail: str):
-        super().__init__(f"{kind}: {detail}")
-        self.kind = kind
 
 
 def fail(kind: str, detail: str) -> SimFailure:

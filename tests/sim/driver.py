@@ -27,21 +27,18 @@ messages there), ACKing all of them with receipts, and a power loss after which 
 log must be empty.
 
 Every choice comes from the seed's random stream, so the same seed with the same
---steps replays the same run; a failure prints the command that does so.
+--steps replays the same run; a failure prints the command that does so. The seeds,
+the processes, the totals and the command line are the runner's (`sim.runner`), which
+plays the log's workload (`sim.log_driver`) the same way.
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import multiprocessing
 import random
-import sys
-import time
-import traceback
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from simclock import SimClock
 from simdisk import Crashed, SimDisk
@@ -53,6 +50,7 @@ from curb.frame import Frame, FrameParser, encode
 from curb.log import LogCore, max_message_for
 from curb.redelivery import Redelivery
 from curb.session import Session
+from sim import runner
 from sim.checker import Checker, Found, SimFailure, body_for, tag_of
 from sim.workload import DELAYS_MS, Action, Config, Workload
 
@@ -68,10 +66,9 @@ TIMERS_PER_PASS = 10
 
 
 @dataclass(slots=True)
-class Stats:
+class Stats(runner.Stats):
     """What a run of seeds did, summed over seeds and processes for the totals line."""
 
-    seeds: int = 0
     steps: int = 0
     kills: int = 0
     powers: int = 0
@@ -91,11 +88,6 @@ class Stats:
     expiring: int = 0
     redrives: int = 0
     dead_letters: int = 0
-    failures: int = 0
-
-    def add(self, other: Stats) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def line(self) -> str:
         return (
@@ -207,6 +199,12 @@ class Sim:
             self.checker.check_counts(self.world.broker.counts())
         self.step = self.steps
         self.finish()
+
+    def traced(self) -> list[str]:
+        return list(self.trace_lines)
+
+    def notes(self) -> list[runner.Finding]:
+        return []
 
     def trace(self, line: str) -> None:
         entry = f"  step {self.step:4d} run {self.run:2d} t+{self.ms - START_MS:7d}ms: {line}"
@@ -571,132 +569,28 @@ class Sim:
 # ---------------------------------------------------------------- running seeds
 
 
-@dataclass(slots=True)
-class Outcome:
-    seed: int
-    stats: Stats
-    kind: str | None = None
-    text: str = ""
-    step: int = 0
-    trace: list[str] = field(default_factory=list)
-
-    def report(self, steps: int, trace: bool = True) -> str:
-        lines = [f"seed {self.seed} step {self.step}: {self.text}"]
-        lines += self.trace if trace else []
-        lines.append(f"  replay: bin/crashsim --broker --seed {self.seed} --steps {steps} -v")
-        return "\n".join(lines)
-
-
-def run_seed(seed: int, steps: int = STEPS, verbose: bool = False, out: Callable[[str], None] = print) -> Outcome:
+def run_seed(
+    seed: int,
+    steps: int = STEPS,
+    verbose: bool = False,
+    out: Callable[[str], None] = print,
+    ignore: frozenset[str] = frozenset(),
+) -> runner.Outcome[Stats]:
     """Play one seed; a broken invariant or an exception from the broker is its failure."""
-    sim = Sim(seed, steps, verbose, out)
-    outcome = Outcome(seed, sim.stats)
-    try:
-        sim.play()
-    except SimFailure as err:
-        outcome.kind, outcome.text = err.kind, str(err)
-    except Exception as err:  # the broker raising is a finding, reported like the others
-        outcome.kind = f"exception {type(err).__name__}"
-        outcome.text = f"exception: {err!r}\n" + traceback.format_exc(limit=-8)
-    outcome.step, outcome.trace = sim.step, list(sim.trace_lines)
-    outcome.stats.failures = int(outcome.kind is not None)
-    return outcome
-
-
-@dataclass(slots=True)
-class Totals:
-    stats: Stats = field(default_factory=Stats)
-    failed: list[Outcome] = field(default_factory=list)
-
-    def add(self, other: Totals) -> None:
-        self.stats.add(other.stats)
-        self.failed += other.failed
-
-
-def run_range(start: int, count: int, steps: int = STEPS) -> Totals:
-    totals = Totals()
-    for seed in range(start, start + count):
-        outcome = run_seed(seed, steps)
-        totals.stats.add(outcome.stats)
-        if outcome.kind is not None:
-            totals.failed.append(outcome)
-    return totals
-
-
-def _run_block(args: tuple[int, int, int]) -> Totals:
-    return run_range(*args)
+    return runner.play(Sim(seed, steps, verbose, out), seed, "bin/crashsim --broker", ignore)
 
 
 def run_many(
-    start: int, count: int, steps: int, jobs: int, progress: Callable[[Totals, float], None] | None = None
-) -> Totals:
-    """Play `count` seeds over `jobs` processes, calling `progress` now and then."""
-    block = max(1, min(100, count // (jobs * 4) or 1))
-    blocks = [(s, min(block, start + count - s), steps) for s in range(start, start + count, block)]
-    totals = Totals()
-    began = last = time.monotonic()
-    for part in _map(blocks, jobs):
-        totals.add(part)
-        now = time.monotonic()
-        if progress is not None and now - last >= 10.0:
-            progress(totals, now - began)
-            last = now
-    return totals
+    start: int, count: int, steps: int = STEPS, jobs: int = 1, ignore: frozenset[str] = frozenset()
+) -> runner.Totals[Stats]:
+    """Play `count` seeds over `jobs` processes."""
+    return runner.run_many(TARGET, start, count, steps, jobs, ignore)
 
 
-def _map(blocks: list[tuple[int, int, int]], jobs: int) -> Iterator[Totals]:
-    if jobs <= 1:
-        yield from map(_run_block, blocks)
-        return
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        yield from pool.imap_unordered(_run_block, blocks)
-
-
-# ---------------------------------------------------------------- command line
-
-
-def main(argv: Iterable[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="bin/crashsim --broker",
-        description="Crash-simulate the whole broker (sessions, broker, queue, log) over many seeds.",
-    )
-    parser.add_argument("--seeds", type=int, default=1000, help="how many seeds to play (default 1000)")
-    parser.add_argument("--start", type=int, default=0, help="first seed (default 0)")
-    parser.add_argument("--seed", type=int, help="play just this seed (replay a failure)")
-    parser.add_argument("--steps", type=int, default=STEPS, help=f"steps per seed (default {STEPS})")
-    parser.add_argument("--jobs", type=int, default=1, help="processes to fan out over (default 1)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="print the trace of every step")
-    parser.add_argument("--show", type=int, default=5, help="failures to print in full (default 5)")
-    args = parser.parse_args(None if argv is None else list(argv))
-    if args.seed is not None:
-        began = time.monotonic()
-        outcome = run_seed(args.seed, args.steps, args.verbose)
-        print(f"seed {args.seed}: {outcome.stats.line()}, {time.monotonic() - began:.2f} s")
-        if outcome.kind is None:
-            print("ok")
-            return 0
-        print(outcome.report(args.steps, trace=not args.verbose))
-        return 1
-    began = time.monotonic()
-
-    def progress(totals: Totals, seconds: float) -> None:
-        done = totals.stats.seeds
-        print(
-            f"crashsim --broker: {done}/{args.seeds} seeds, {len(totals.failed)} failed, {done / seconds:.1f} seeds/s",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    totals = run_many(args.start, args.seeds, args.steps, max(1, args.jobs), progress)
-    for outcome in sorted(totals.failed, key=lambda o: o.seed)[: args.show]:
-        print(outcome.report(args.steps), end="\n\n")
-    kinds: dict[str, list[int]] = {}
-    for outcome in totals.failed:
-        kinds.setdefault(outcome.kind or "", []).append(outcome.seed)
-    for kind, seeds in sorted(kinds.items()):
-        print(f"FAILED {kind}: {len(seeds)} seeds, e.g. {sorted(seeds)[:8]}")
-    print(
-        f"crashsim --broker: seeds {args.start}..{args.start + args.seeds - 1}: {totals.stats.line()}, "
-        f"{time.monotonic() - began:.1f} s with {max(1, args.jobs)} jobs"
-    )
-    return 1 if totals.failed else 0
+TARGET = runner.Target(
+    name="crashsim --broker",
+    description="Crash-simulate the whole broker (sessions, broker, queue, log) over many seeds.",
+    steps=STEPS,
+    run_seed=run_seed,
+    stats=Stats,
+)
