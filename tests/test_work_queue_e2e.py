@@ -155,3 +155,51 @@ def test_a_bad_delay_is_an_error_that_says_what_the_header_takes(curb_broker, st
     assert error.headers["message"].startswith("bad curb-delay header")
     assert "0 to 2592000000" in error.body
     assert wait_until(lambda: not producer.is_connected())
+
+
+def count_of(stomp_conn, port: int) -> dict[str, int]:
+    """The queue's counts as ./count answers them now."""
+    admin, inbox = stomp_conn(port)
+    admin.subscribe("./count", id="count")
+    [frame] = inbox.wait_messages(1)
+    admin.disconnect()
+    return json.loads(frame.body)
+
+
+def test_a_redrive_after_a_restart_moves_the_dead_letters_compaction_copied(curb_broker, stomp_conn):
+    """Dead letters found at start-up, copied forward by compaction past messages no one
+    has read yet: the redrive moves every one of them, as ./count counts them. Every frame
+    waits for its receipt, so that the broker sees them in one order."""
+    broker = curb_broker(cap="64KiB", extra_args=["-max-deliveries", "1"])
+    for n in range(5):
+        send(stomp_conn, broker.port, f"dead-{n}")
+    worker, inbox = stomp_conn(broker.port)
+    worker.subscribe(QUEUE, id="w", ack="client-individual")
+    for frame in inbox.wait_messages(5):
+        worker.nack(frame.headers["ack"], receipt=f"nack-{frame.body}")
+        inbox.wait_receipt(f"nack-{frame.body}")
+    worker.disconnect()
+    broker.restart()
+    assert count_of(stomp_conn, broker.port)["dead"] == 5
+    producer, sent = stomp_conn(broker.port)
+    reader, lap = stomp_conn(broker.port)
+    reader.subscribe(QUEUE, id="lap", ack="client-individual")
+    for n in range(60):  # most of a lap of the ring, read and ACKed
+        producer.send(QUEUE, "x" * 900, headers={"receipt": f"lap-{n}"})
+        sent.wait_receipt(f"lap-{n}")
+        frame = lap.wait_messages(n + 1)[-1]
+        reader.ack(frame.headers["ack"], receipt=f"ack-{n}")
+        lap.wait_receipt(f"ack-{n}")
+    reader.disconnect()
+    for n in range(8):  # unread: compaction copies the dead letters on, past these
+        producer.send(QUEUE, "y" * 900, headers={"receipt": f"unread-{n}"})
+        sent.wait_receipt(f"unread-{n}")
+    producer.send("./redrive", "", headers={"receipt": "redriven"})
+    sent.wait_receipt("redriven")
+    assert count_of(stomp_conn, broker.port)["dead"] == 0, "the redrive left dead letters behind"
+    consumer, got = stomp_conn(broker.port)
+    consumer.subscribe(QUEUE, id="c", ack="client-individual")
+    got.wait_for(lambda inbox: sum(f.body.startswith("dead-") for f in inbox.messages) == 5, "5 redriven messages")
+    redriven = [f for f in got.messages if f.body.startswith("dead-")]
+    assert sorted(f.body for f in redriven) == [f"dead-{n}" for n in range(5)]
+    assert {f.headers["curb-deliveries"] for f in redriven} == {"1"}, "their counts were reset"

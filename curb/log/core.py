@@ -81,8 +81,11 @@ the format, curb.log.parked the index):
   delay, the log keeps it (`_later`) until `due` hands it back; buried, its holder keeps
   it (the broker's dead letters). Compaction copies such records as held ones. Delayed
   SENDs and every parked record found at start-up are never objects.
-- Dead letters are read (`next_dead`) and redriven in ring order, oldest first; a copy
-  compaction made counts as placed when it was copied. They and delayed messages count
+- Every dead letter the log counts (`dead`) is one that its readers reach: `next_dead`,
+  `dead_records` and `redrive` take the indexed ones and those whose compaction copies
+  are in transit alike (curb.log.cursor's `dead_in_transit`). A copy in transit that is
+  read or redriven leaves the cursor's transit for good and becomes a held copy ahead of
+  it, as a held record's copy is; so no state is counted that no reader can reach. They and delayed messages count
   in `live_bytes` against -cap like any message.
 """
 
@@ -608,9 +611,10 @@ class LogCore:
         return out
 
     def next_dead(self) -> Record | None:
-        """The next dead letter the log holds (found at start-up, not yet handed out), in
-        ring order, now held by the caller: `ack` deletes it for good; `requeue` keeps
-        it dead in the caller's hands; `revive` makes it rdy."""
+        """The next dead letter the log holds (found at start-up, not yet handed out),
+        now held by the caller: `ack` deletes it for good; `requeue` keeps it dead in the
+        caller's hands; `revive` makes it rdy. The indexed ones first, then those whose
+        compaction copies are in transit (every dead letter the log counts is here)."""
         parked = self._parked
         while (seq := parked.next_dead()) is not None:
             rec = self._read_parked(seq)
@@ -620,18 +624,25 @@ class LogCore:
             parked.set(seq, DEAD_HELD)
             parked.held[seq] = rec
             return rec
+        for wseq, mid, size, offset in self._cursor.dead_in_transit():
+            rec = self._take_in_transit(wseq, mid, size, offset)
+            if rec is not None:
+                return rec
         return None
 
     def dead_records(self) -> list[Record]:
-        """A snapshot of the dead letters the log holds, in ring order (nothing changes:
-        for a browse of them)."""
-        found = (self._read_parked(seq) for seq in self._parked.dead_letters())
+        """A snapshot of the dead letters the log holds, indexed and in transit (nothing
+        changes: for a browse of them)."""
+        found = [self._read_parked(seq) for seq in self._parked.dead_letters()]
+        for _, mid, size, offset in self._cursor.dead_in_transit():
+            checked = self._checked(offset, size, mid)
+            found.append(None if checked is None else self._record_of(*checked, offset, size))
         return [rec for rec in found if rec is not None]
 
     def redrive(self, count: int | None = None, done: Done | None = None) -> int:
-        """Up to `count` (None: all) of the dead letters the log holds, oldest first, are
-        rdy again with their delivery count reset, written in place; `due` hands them out.
-        `done(None)` once that is durable. Returns how many moved."""
+        """Up to `count` (None: all) of the dead letters the log holds, indexed or in
+        transit, are rdy again with their delivery count reset, written in place; `due`
+        hands them out. `done(None)` once that is durable. Returns how many moved."""
         parked = self._parked
         moved = 0
         while count is None or moved < count:
@@ -646,9 +657,34 @@ class LogCore:
             self._patch(rec, STATE_RDY)
             parked.set(seq, DELAYED, 0)
             moved += 1
+        for wseq, mid, size, offset in self._cursor.dead_in_transit():
+            if count is not None and moved >= count:
+                break
+            rec = self._take_in_transit(wseq, mid, size, offset)
+            if rec is None:
+                continue
+            self.revive(rec)
+            rec.parked = True  # held by no one until `due` hands it out, as a requeued one
+            heapq.heappush(self._later, (0, rec.id, rec))
+            moved += 1
         if done is not None:
             self.on_durable(done)
         return moved
+
+    def _take_in_transit(self, wseq: int, mid: int, size: int, offset: int) -> Record | None:
+        """The Record of a parked record's copy in transit, taken out of the cursor's
+        hands (curb.log.cursor's `take_in_transit`): a held copy ahead of the cursor from
+        now on, as `_move_parked` makes of a held one. None if damage took it."""
+        cursor = self._cursor
+        cursor.take_in_transit(wseq)
+        checked = self._checked(offset, size, mid)
+        if checked is None:
+            self.admission.classes.remove(size)
+            return None
+        rec = self._record_of(*checked, offset, size)
+        cursor.outstanding_bytes += size
+        cursor.ahead[mid] = rec
+        return rec
 
     def _lost(self, seq: int) -> None:
         """A parked record that damage took (reported where it was found): forget it."""
@@ -664,29 +700,32 @@ class LogCore:
                 raw[: len(patch)] = patch
         return raw
 
-    def _checked_parked(self, seq: int) -> tuple[fmt.RecordHeader, bytearray] | None:
-        """A parked entry's record as it is now, read and checked; None if damage took it
-        (reported, and the entry forgotten: it must not pin the tail for good)."""
-        parked = self._parked
-        offset, size = parked.offset(seq), parked.size(seq)
+    def _checked(self, offset: int, size: int, mid: int) -> tuple[fmt.RecordHeader, bytearray] | None:
+        """The record of message `mid` at `offset` as it is now, read and checked; None
+        if damage took it (reported)."""
         raw = self._read_current(offset, size)
         try:
             hdr = fmt.parse_header(raw, 0)
         except FormatError:
             hdr = None
-        if hdr is None or hdr.id != parked.id(seq) or not fmt.check_payload(raw, 0, hdr):
-            self._damaged(f"parked message {parked.id(seq)} at byte {offset} is damaged; never delivered")
-            self._lost(seq)
+        if hdr is None or hdr.id != mid or not fmt.check_payload(raw, 0, hdr):
+            self._damaged(f"parked message {mid} at byte {offset} is damaged; never delivered")
             return None
         return hdr, raw
 
     def _read_parked(self, seq: int) -> Record | None:
-        """The Record of a parked entry; None if damage took it (`_checked_parked`)."""
-        checked = self._checked_parked(seq)
+        """The Record of a parked entry; None if damage took it (reported, and the entry
+        forgotten: it must not pin the tail for good)."""
+        parked = self._parked
+        offset, size = parked.offset(seq), parked.size(seq)
+        checked = self._checked(offset, size, parked.id(seq))
         if checked is None:
+            self._lost(seq)
             return None
-        hdr, raw = checked
-        offset, size = self._parked.offset(seq), self._parked.size(seq)
+        return self._record_of(*checked, offset, size)
+
+    def _record_of(self, hdr: fmt.RecordHeader, raw: bytearray, offset: int, size: int) -> Record:
+        """The Record of a checked record read back whole (`_checked`)."""
         view = memoryview(raw)[RECORD_HEADER : RECORD_HEADER + hdr.length]
         rec = Record(
             hdr.id,
@@ -996,11 +1035,12 @@ class LogCore:
             cursor.outstanding_bytes += held.size
             cursor.ahead[held.id] = held  # a held copy ahead of the cursor, as `Cursor.moved` makes
             return True
-        checked = self._checked_parked(seq)
+        size = parked.size(seq)
+        checked = self._checked(parked.offset(seq), size, parked.id(seq))
         if checked is None:
+            self._lost(seq)
             return True  # lost to damage: nothing to copy, and the tail may pass it
         hdr, raw = checked
-        size = parked.size(seq)
         payload = bytes(hdr.payload(raw, 0))
         off = self._take(spot, size, runs)
         wseq = self._next_wseq

@@ -41,8 +41,10 @@ Invariants:
   records compaction made, known by their write sequences (`vouched`, in write order,
   so in the order the cursor meets them). A parked copy is counted in `transit_bytes`,
   and as delayed or dead (`transit_delayed`, `transit_dead`, which the log's counts
-  add), from its copy until the cursor parks it, or an ACK up to its id uncounts it. A
-  copy that came due meanwhile is handed out.
+  add), from its copy until the cursor parks it, an ACK up to its id uncounts it, or
+  the log takes a dead one out of transit (`take_in_transit`: read from ./dead or
+  redriven), after which it is a held copy in `ahead`. A copy that came due meanwhile is
+  handed out.
 - `is_live` is the one answer, for any other reader of the ring (a browse), to "is this
   record the live occurrence of a message not yet acked?": held messages by their
   current copy's offset, records the cursor has read by whether it holds them, unread
@@ -257,6 +259,24 @@ class Cursor:
             self.transit_delayed += 1
         else:
             self.transit_dead += 1
+
+    def dead_in_transit(self) -> list[tuple[int, int, int, int]]:
+        """The dead letters' copies in transit, in write order: (wseq, id, size, offset)."""
+        states = self.transit_states
+        return [entry for entry in self.vouched if states.get(entry[0], DELAYED) != DELAYED]
+
+    def take_in_transit(self, wseq: int) -> None:
+        """The log hands a parked record's copy in transit out as a Record of its own
+        (a dead letter read or redriven before the cursor reached it): no longer in
+        transit; the caller puts the Record in `ahead`, where the cursor meets it as a
+        held copy, and counts it as outstanding."""
+        vouched = self.vouched
+        at = next(i for i, entry in enumerate(vouched) if entry[0] == wseq)
+        _, _, counted, offset = vouched[at]
+        del vouched[at]
+        self.vouched_at.discard(offset)
+        self.transit_bytes -= counted
+        self.arrived(wseq)
 
     def arrived(self, wseq: int) -> None:
         """A copy in transit is parked again (or handed out, or acked): no longer counted here."""

@@ -110,6 +110,10 @@ class Msg:
     # that count reached the disk, the queue buries it when it meets it.
     spent: bool = False
     redrive_unsure: bool = False  # redriven, not yet durably: a crash may leave it dead
+    # Redriven (not yet durably) from a burial at the delivery limit: a crash may lose the
+    # redrive's reset of the count while a copy compaction made keeps the count at the
+    # limit (a copy writes the count as it is in memory), so the queue may bury it again.
+    redrive_at_limit: bool = False
 
 
 @dataclass(slots=True)
@@ -266,6 +270,7 @@ class Checker:
                 msg.count = msg.durable_count = msg.returned = 0
                 msg.redrives += 1
             if msg.state == DEAD and msg.holder is None:
+                msg.redrive_at_limit = msg.reason == LIMIT
                 msg.state, msg.reason = LIVE, ""
                 msg.count = msg.durable_count = msg.returned = msg.due = msg.durable_due = 0
                 msg.fresh = msg.redrive_unsure = True
@@ -316,7 +321,7 @@ class Checker:
             elif effect.kind == "ACK":
                 msg.ack_promised = True
             elif effect.kind == "REDRIVE":
-                msg.redrive_unsure = False
+                msg.redrive_unsure = msg.redrive_at_limit = False
             elif effect.redrives == msg.redrives:  # NACK: its count, where it put the message
                 msg.durable_count = max(msg.durable_count, effect.count)
                 msg.durable_due = max(msg.durable_due, effect.due)
@@ -494,9 +499,11 @@ class Checker:
             raise fail("dead letter came back to life", f"{where}, queued; the NACK that buried it was receipted")
         if msg.state == DEAD and msg.reason == LIMIT:
             msg.spent = True  # its burial was lost, not its count: the queue buries it again
+        if msg.redrive_unsure and msg.redrive_at_limit:
+            msg.spent = True  # the redrive's reset was lost, maybe not its count at the limit
         msg.state, msg.reason = LIVE, ""
         msg.due = msg.durable_due  # a later due time may be lost with its NACK
-        msg.redrive_unsure = msg.dead_promised = False
+        msg.redrive_unsure = msg.redrive_at_limit = msg.dead_promised = False
 
     def _found_dead(self, msg: Msg, got: Found, where: str) -> None:
         """A dead letter after the restart: for its own reason, and only if the model
