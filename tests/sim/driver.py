@@ -34,11 +34,14 @@ plays the log's workload (`sim.log_driver`) the same way.
 
 from __future__ import annotations
 
+import argparse
 import itertools
+import json
 import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from simclock import SimClock
 from simdisk import Crashed, SimDisk
@@ -52,7 +55,7 @@ from curb.redelivery import Redelivery
 from curb.session import Session
 from sim import runner
 from sim.checker import Checker, Found, SimFailure, body_for, tag_of
-from sim.workload import DELAYS_MS, Action, Config, Workload
+from sim.workload import DEAD_ACK_TIMEOUTS, DELAYS_MS, Action, Config, Workload
 
 STEPS = 300
 START_MS = 1_000_000_000  # the simulated monotonic clock, in ms
@@ -88,6 +91,12 @@ class Stats(runner.Stats):
     expiring: int = 0
     redrives: int = 0
     dead_letters: int = 0
+    uptos: int = 0
+    browses: int = 0
+    browsed: int = 0
+    unsubscribes: int = 0
+    faults: int = 0
+    fatal: int = 0
 
     def line(self) -> str:
         return (
@@ -97,7 +106,10 @@ class Stats(runner.Stats):
             f"({self.redeliveries} again), acks {self.acks}, nacks {self.nacks}, touches {self.touches}, "
             f"late {self.late}, deadlines passed {self.deadlines}, heart-beats lost {self.beats_lost}, "
             f"disconnects {self.disconnects}, delayed SENDs {self.delayed}, expiring SENDs {self.expiring}, "
-            f"dead letters delivered {self.dead_letters}, redrives {self.redrives}, failures {self.failures}"
+            f"dead letters delivered {self.dead_letters}, redrives {self.redrives}, "
+            f"acks up to an id {self.uptos}, browses {self.browses} ({self.browsed} messages), "
+            f"unsubscribes {self.unsubscribes}, disk faults {self.faults} ({self.fatal} broke the log), "
+            f"failures {self.failures}"
         )
 
 
@@ -135,6 +147,10 @@ class Client:
         self.holding: dict[str, int] = {}
         self.ending = False
         self.seq = 0
+        self.subscribed = ""  # its active subscription: "queue", "dead" or ""
+        self.browse: str | None = None  # the id of its browse under way
+        self.browses = itertools.count(1)
+        self.counting = False  # subscribed to ./count
 
     @property
     def open(self) -> bool:
@@ -144,6 +160,10 @@ class Client:
     def held(self) -> list[str]:
         return list(self.holding)
 
+    @property
+    def browsing(self) -> bool:
+        return self.browse is not None
+
     def next_seq(self) -> int:
         self.seq += 1
         return self.seq
@@ -152,7 +172,14 @@ class Client:
 class Sim:
     """One seed's run."""
 
-    def __init__(self, seed: int, steps: int = STEPS, verbose: bool = False, out: Callable[[str], None] = print):
+    def __init__(
+        self,
+        seed: int,
+        steps: int = STEPS,
+        verbose: bool = False,
+        out: Callable[[str], None] = print,
+        extra: bool = True,
+    ):
         self.seed = seed
         self.steps = steps
         self.verbose = verbose
@@ -171,7 +198,15 @@ class Sim:
         self.run = 0
         self.armed_mode = "kill"
         self.trace_lines: deque[str] = deque(maxlen=TRACE_KEEP)
-        self.workload = Workload(self.rng, self.cfg, max_message_for(self.cfg.cap) - 40)
+        xrng = random.Random(f"extra steps of seed {seed}") if extra else None
+        self.workload = Workload(self.rng, self.cfg, max_message_for(self.cfg.cap) - 40, xrng)
+        self.extra = self.workload.extra_cfg
+        self.checker.dead_timeouts = DEAD_ACK_TIMEOUTS
+        self.checker.note = self.note
+        self._notes: dict[str, runner.Finding] = {}
+        self.known: list[int] = []  # the message ids the clients saw, in the order they saw them
+        self.faults_on = True
+        self.faults_seen = 0  # the disk's faults the checker was told of
         self._world: World | None = None
 
     @property
@@ -184,27 +219,56 @@ class Sim:
 
     def play(self) -> None:
         self.trace(f"config {self.cfg}")
+        if self.extra is not None:
+            self.trace(f"extra {self.extra}")
         self._world = self._open()
         for step in range(self.steps):
             self.step = step
-            action = self.workload.next(self.clients)
-            self.trace(str(action))
-            try:
-                self.do(action)
-                self.settle_io()
-            except Crashed:
-                self.stats.mid_op += 1
-                self.crash(self.armed_mode)
-            self.stats.steps += 1
-            self.checker.check_counts(self.world.broker.counts())
+            self.play_step(self.workload.next(self.clients))
+            extra = self.workload.extra(self.clients, self.known)
+            if extra is not None:
+                self.play_step(extra)
         self.step = self.steps
         self.finish()
 
     def traced(self) -> list[str]:
         return list(self.trace_lines)
 
+    def note(self, kind: str, detail: str) -> None:
+        if kind not in self._notes:
+            self._notes[kind] = runner.Finding(kind, self.step, f"{kind}: {detail}", self.traced())
+
     def notes(self) -> list[runner.Finding]:
-        return []
+        return list(self._notes.values())
+
+    def play_step(self, action: Action) -> None:
+        """One step, what it set off, and the checks after it; a disk fault that broke
+        the log stops the broker, which the simulator then restarts (a kill: the page
+        cache outlives the process)."""
+        self.trace(str(action))
+        try:
+            self.do(action)
+            self._faults()
+            self.settle_io()
+            self._faults()
+        except Crashed:
+            self.stats.mid_op += 1
+            self.crash(self.armed_mode)
+        self.stats.steps += 1
+        if self.world.log.broken is not None:
+            self.trace(f"the log broke: {self.world.log.broken}")
+            self.stats.fatal += 1
+            self.crash("kill")
+        counts = self.world.broker.counts()
+        self.checker.check_counts(counts)
+        self.checker.check_count_views(counts)
+
+    def _faults(self) -> None:
+        """Tell the checker of a disk fault (a refusal or an ERROR "... not stored" may follow)."""
+        if self.disk.faults != self.faults_seen:
+            self.stats.faults += self.disk.faults - self.faults_seen
+            self.faults_seen = self.disk.faults
+            self.checker.disk_fault()
 
     def trace(self, line: str) -> None:
         entry = f"  step {self.step:4d} run {self.run:2d} t+{self.ms - START_MS:7d}ms: {line}"
@@ -224,12 +288,14 @@ class Sim:
         beats = f"{a.heartbeat_ms},{a.heartbeat_ms}"
         self.feed(client, "CONNECT", {"accept-version": "1.2", "heart-beat": beats})
         if a.mode == "dead":
-            client.ack_mode, client.dead = "client-individual", True
-            self.checker.subscribed(serial, client.ack_mode, None, dead=True)
+            client.ack_mode, client.dead, client.subscribed = "client-individual", True, "dead"
+            self.checker.subscribed(serial, client.ack_mode, a.ack_timeout_ms, dead=True)
             headers = {"id": "d", "destination": "./dead", "ack": client.ack_mode, "prefetch-count": str(a.prefetch)}
+            if a.ack_timeout_ms is not None:
+                headers["curb-ack-timeout"] = str(a.ack_timeout_ms)
             self.feed(client, "SUBSCRIBE", headers)
         elif a.mode:
-            client.ack_mode = a.mode
+            client.ack_mode, client.subscribed = a.mode, "queue"
             headers = {"id": "s", "destination": QUEUE, "ack": a.mode, "prefetch-count": str(a.prefetch)}
             if a.ack_timeout_ms is not None:
                 headers["curb-ack-timeout"] = str(a.ack_timeout_ms)
@@ -264,6 +330,8 @@ class Sim:
             self.stats.refused += 1
             self.checker.refused(client.serial, tag, receipt)
             client.ending = True
+        else:
+            self.checker.assigned(tag, self.world.log.last_id)
 
     def do_ack(self, a: Action) -> None:
         self._settle(a, "ACK")
@@ -308,19 +376,85 @@ class Sim:
             self.checker.disconnecting(client.serial, seq, f"r{seq}")
             self.feed(client, "DISCONNECT", {"receipt": f"r{seq}"})
         else:
+            self.checker.disconnecting(client.serial, 0, None)
             self.feed(client, "DISCONNECT", {})
 
     def do_redrive(self, a: Action) -> None:
         client = self._client(a)
         seq = client.next_seq()
         receipt = f"r{seq}" if a.receipt else None
-        self.checker.redrive(client.serial, seq, receipt)
-        self.feed(
-            client,
-            "SEND",
-            {"destination": "./redrive"} if receipt is None else {"destination": "./redrive", "receipt": receipt},
-        )
+        headers = {"destination": "./redrive"}
+        if receipt is not None:
+            headers["receipt"] = receipt
+        if a.count is None:
+            self.checker.redrive(client.serial, seq, receipt)
+            self.feed(client, "SEND", headers)
+            self.stats.redrives += 1
+            return
+        # Which dead letters a redrive of some moves is the broker's to choose (the oldest
+        # first): the simulator sees which it moved, the checker whether it may have.
+        before = self._dead_ids()
+        headers["curb-count"] = str(a.count)
+        try:
+            self.feed(client, "SEND", headers)
+        except Crashed:
+            self.checker.redrive_interrupted()
+            raise
+        moved = before - self._dead_ids()
+        self.trace(f"  redrive moved {sorted(moved)}")
+        self.checker.redrive_counted(client.serial, seq, receipt, a.count, moved)
         self.stats.redrives += 1
+
+    def _dead_ids(self) -> set[int]:
+        """The ids of every dead letter the broker has: the log's and its dead letters' queue's."""
+        broker = self.world.broker
+        return {rec.id for rec in self.world.log.dead_records()} | {rec.id for rec in broker.dead.messages()}
+
+    def do_unsubscribe(self, a: Action) -> None:
+        client = self._client(a)
+        which, client.subscribed = client.subscribed, ""
+        seq = client.next_seq()
+        receipt = f"r{seq}" if a.receipt else None
+        self.checker.unsubscribed(client.serial, seq, receipt, which)
+        headers = {"id": "d" if which == "dead" else "s"}
+        if receipt is not None:
+            headers["receipt"] = receipt
+        self.feed(client, "UNSUBSCRIBE", headers)
+        self.stats.unsubscribes += 1
+
+    def do_ack_upto(self, a: Action) -> None:
+        client = self._client(a)
+        seq = client.next_seq()
+        receipt = f"r{seq}" if a.receipt else None
+        self.checker.ack_upto(client.serial, seq, a.upto, receipt, self.world.log.last_id)
+        headers = {"curb-upto": str(a.upto)}
+        if receipt is not None:
+            headers["receipt"] = receipt
+        self.feed(client, "ACK", headers)
+        self.stats.uptos += 1
+
+    def do_browse(self, a: Action) -> None:
+        client = self._client(a)
+        sub = client.browse = f"b{next(client.browses)}"
+        headers = {"id": sub, "destination": QUEUE, "browser": "true"}
+        if a.first is not None:
+            headers["curb-from-id"] = str(a.first)
+        if a.last is not None:
+            headers["curb-to-id"] = str(a.last)
+        last = self.world.log.durable_id if a.last is None else a.last
+        self.checker.browse_started(client.serial, sub, 1 if a.first is None else a.first, last)
+        self.feed(client, "SUBSCRIBE", headers)
+
+    def do_browse_dead(self, a: Action) -> None:
+        client = self._client(a)
+        sub = client.browse = f"b{next(client.browses)}"
+        self.checker.dead_browse_started(client.serial, sub)
+        self.feed(client, "SUBSCRIBE", {"id": sub, "destination": "./dead", "browser": "true"})
+
+    def do_watch_counts(self, a: Action) -> None:
+        client = self._client(a)
+        client.counting = True
+        self.feed(client, "SUBSCRIBE", {"id": "c", "destination": "./count"})
 
     def do_beat(self, a: Action) -> None:
         self._client(a).session.receive_data(b"\n", self.now)
@@ -331,7 +465,8 @@ class Sim:
     def do_loop(self, a: Action) -> None:
         self.world.log.flush()
         self.world.log.sync()
-        self.checker.synced()
+        if self.world.log.broken is None:  # a failed write or sync breaks the log: nothing was synced
+            self.checker.synced()
 
     def do_flush(self, a: Action) -> None:
         self.world.log.flush()
@@ -417,7 +552,22 @@ class Sim:
 
     def received(self, client: Client, frame: Frame) -> None:
         headers = frame.headers
-        if frame.command == "MESSAGE":
+        sub = headers.get("subscription", "")
+        if frame.command == "MESSAGE" and sub == "c":
+            self.checker.count_update(client.serial, headers, json.loads(frame.body))
+        elif frame.command == "MESSAGE" and sub == client.browse:
+            if headers.get("message-id") == "browse-end":
+                last = int(headers["curb-last-id"])
+                self.trace(f"  browse {sub} of connection {client.serial} ended at {last}")
+                self.checker.browse_ended(client.serial, sub, last)
+                self.known.append(last)
+                client.browse = None
+                self.stats.browses += 1
+                return
+            msg_id = int(headers["message-id"])
+            self.checker.browsed(client.serial, sub, tag_of(frame.body), msg_id, headers, frame.body)
+            self.stats.browsed += 1
+        elif frame.command == "MESSAGE":
             msg_id = int(headers["message-id"])
             tag = tag_of(frame.body)
             self.trace(
@@ -425,6 +575,7 @@ class Sim:
                 f", count {headers.get('curb-deliveries', 1)}"
             )
             self.checker.delivered(client.serial, tag, msg_id, headers, frame.body)
+            self.known.append(msg_id)
             self.stats.deliveries += 1
             self.stats.dead_letters += client.dead
             self.stats.redeliveries += "redelivered" in headers
@@ -445,6 +596,9 @@ class Sim:
         recovery starts over on what that crash left; then a full read, checked."""
         self.run += 1
         while True:
+            self._set_faults(False)
+            if self.extra is not None and self.extra.free_bytes is not None:
+                self.disk.free_bytes = self.extra.free_bytes  # a full disk stays full at start-up
             if self.step < self.steps and self.rng.random() < self.cfg.recovery_crash:
                 self.disk.arm_crash(self.rng.randint(0, 4))
             try:
@@ -459,8 +613,18 @@ class Sim:
         self.disk.arm_crash(None)
         found = self._read_all(world.log)
         self.trace(f"open: {len(found)} messages")
-        self.checker.restarted(found)
+        self.checker.restarted(found, world.log.acked_upto)
+        self._set_faults(self.faults_on)
         return world
+
+    def _set_faults(self, on: bool) -> None:
+        """The disk's faults, on (as the seed drew them) or off (recovery, the end)."""
+        extra, disk = self.extra, self.disk
+        if extra is None:
+            return
+        disk.free_bytes = extra.free_bytes if on else None
+        disk.write_eio, disk.sync_eio = (extra.write_eio, extra.sync_eio) if on else (0.0, 0.0)
+        self.faults_seen = disk.faults
 
     def _read_all(self, log: LogCore) -> dict[int, Found]:
         """Every message in the log, by tag: the queued ones (delayed too) by a browse,
@@ -511,7 +675,8 @@ class Sim:
             self.advance(ROUND_MS)
             self.world.log.flush()
             self.world.log.sync()
-            self.checker.synced()
+            if self.world.log.broken is None:
+                self.checker.synced()
             self.settle_io()
 
     def finish(self) -> None:
@@ -521,6 +686,10 @@ class Sim:
         log must be empty."""
         self.trace("finish")
         self.disk.arm_crash(None)
+        self.faults_on = False
+        self._set_faults(False)
+        if self.world.log.broken is not None:
+            self.crash("kill")
         self.rounds(SETTLE_ROUNDS)
         owed = self.checker.unanswered()
         if owed:
@@ -530,9 +699,11 @@ class Sim:
                 self._gone(slot)
         self.advance(max(DELAYS_MS) + ROUND_MS)
         self.settle_io()
-        expired, spent = self.checker.expired(), self.checker.spent()
-        got = self._empty("client-individual", self.checker.queued() - expired, "accepted SEND never delivered", spent)
-        self._empty("dead", self.checker.dead() | expired | (spent - got), "dead letter never delivered")
+        expired, spent, unsure = self.checker.expired(), self.checker.spent(), self.checker.unsure()
+        got = self._empty(
+            "client-individual", self.checker.queued() - expired, "accepted SEND never delivered", spent | unsure
+        )
+        self._empty("dead", self.checker.dead() | expired | (spent - got), "dead letter never delivered", unsure)
         self.checker.check_counts(self.world.broker.counts())
         self.crash("power")
         left = self.checker.queued() | self.checker.dead()
@@ -575,16 +746,38 @@ def run_seed(
     verbose: bool = False,
     out: Callable[[str], None] = print,
     ignore: frozenset[str] = frozenset(),
+    extra: bool = True,
 ) -> runner.Outcome[Stats]:
-    """Play one seed; a broken invariant or an exception from the broker is its failure."""
-    return runner.play(Sim(seed, steps, verbose, out), seed, "bin/crashsim --broker", ignore)
+    """Play one seed; a broken invariant or an exception from the broker is its failure.
+    extra=False plays it as before the extra steps and the disk's faults existed."""
+    replay = "bin/crashsim --broker" + ("" if extra else " --no-extra-steps")
+    return runner.play(Sim(seed, steps, verbose, out, extra), seed, replay, ignore)
 
 
 def run_many(
-    start: int, count: int, steps: int = STEPS, jobs: int = 1, ignore: frozenset[str] = frozenset()
+    start: int,
+    count: int,
+    steps: int = STEPS,
+    jobs: int = 1,
+    ignore: frozenset[str] = frozenset(),
+    extra: bool = True,
 ) -> runner.Totals[Stats]:
     """Play `count` seeds over `jobs` processes."""
-    return runner.run_many(TARGET, start, count, steps, jobs, ignore)
+    return runner.run_many(TARGET, start, count, steps, jobs, ignore, (("extra", extra),))
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-extra-steps",
+        dest="extra",
+        action="store_false",
+        help="play without the extra steps (redrives of some, UNSUBSCRIBE, ACK up to an id, browses, ./count) "
+        "and the disk's faults, as seeds found before they existed",
+    )
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    return {"extra": args.extra}
 
 
 TARGET = runner.Target(
@@ -593,4 +786,6 @@ TARGET = runner.Target(
     steps=STEPS,
     run_seed=run_seed,
     stats=Stats,
+    add_options=_add_options,
+    options=_options,
 )
