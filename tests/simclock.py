@@ -41,6 +41,12 @@ class SimClock:
         heapq.heappush(self._timers, (when, next(self._order), timer))
         return timer
 
+    def cancel_all(self) -> None:
+        """Every timer armed so far is gone: the process that armed them died."""
+        for _, _, timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
+
     @property
     def armed(self) -> list[float]:
         """When the timers not yet fired or cancelled are due, soonest first."""

@@ -200,10 +200,16 @@ def test_compaction_copies_parked_records_forward_so_they_never_pin_the_tail():
     assert found is not None and found.id == dead.id
 
 
-def test_parked_records_count_while_their_copies_are_in_transit():
+def copies_of_parked(w: World, entries: int) -> int:
+    """How many copies compaction made of parked records since the index had `entries`
+    entries (a copy is a new entry; the test sends no delayed message meanwhile)."""
+    return w.log._parked.end - entries
+
+
+def test_parked_records_count_while_their_copies_lie_ahead_of_the_cursor():
     """Compaction copies a parked record (delayed, or a dead letter found at start-up) to
-    the head, and the cursor parks the copy again only when it passes it: meanwhile the
-    record still counts as delayed or dead (./count, /stats and the metrics read these)."""
+    the head, ahead of the cursor: it still counts as delayed or dead (./count, /stats
+    and the metrics read these), before and after the cursor steps over the copy."""
     w = World(cap=32 * 1024)
     for i in range(5):
         w.send(i, due_ms=WALL + 3_600_000 + i)
@@ -213,29 +219,30 @@ def test_parked_records_count_while_their_copies_are_in_transit():
     w.log.bury(dead, "max-deliveries")
     w.settle()
     w = w.restart("power")
-    in_transit = 0
+    entries = w.log._parked.end
     for n in range(600):
         w.send(1000 + n)
         w.settle(1)
-        in_transit += bool(w.log._cursor.vouched)
         assert (w.log.delayed, w.log.dead) == (5, 1), f"after {n + 1} sends"
         for rec in w.ready():
             w.log.ack(rec)
-    assert in_transit, "compaction copied no parked record: the test proves nothing"
+    assert copies_of_parked(w, entries), "compaction copied no parked record: the test proves nothing"
 
 
-def test_a_parked_copy_that_comes_due_in_transit_is_handed_out():
+def test_a_parked_copy_that_comes_due_ahead_of_the_cursor_comes_back_once():
     """Compaction copied the delayed record to the head; its due time passes before the
-    cursor reaches the copy: the cursor hands the copy out, once."""
+    cursor reaches the copy: `due` hands it back, once, and the cursor steps over it."""
     w = World(cap=32 * 1024)
     late = w.send(0, due_ms=WALL + 1_000)
+    w.settle(1)
+    entries = w.log._parked.end
     seen: list[int] = []
     for n in range(600):
         w.send(1 + n)
         w.settle(1)
-        if w.log._cursor.vouched and w.wall < late.due_ms:
-            w.wall = late.due_ms  # due while its copy is in transit
-        for rec in w.ready():
+        if copies_of_parked(w, entries) and w.wall < late.due_ms:
+            w.wall = late.due_ms  # due while its copy lies ahead of the cursor
+        for rec in w.log.due(w.wall) + w.ready():
             assert rec.id != late.id or w.wall >= late.due_ms, "handed out early"
             seen.append(rec.id)
             w.log.ack(rec)
@@ -301,21 +308,24 @@ def test_runs_pack_each_key_in_eight_bytes_and_give_back_what_they_hold(pairs):
     assert all(run.keys.itemsize == 8 for run in runs)
 
 
-def test_next_due_knows_a_delayed_send_before_the_cursor_passes_it():
-    """The broker arms its timer from next_due right after the SEND, before any consumer
-    made the cursor pass (and park) the record; once due, next_ready hands it out."""
+def test_next_due_knows_a_delayed_send_before_it_is_written():
+    """The broker arms its timer from next_due right after the SEND, before the log wrote
+    (and indexed) the record; once due, `due` hands it out, and the cursor never does."""
     w = World()
     late = w.send(1, due_ms=WALL + 2_000)
+    assert w.log.next_due() == WALL + 2_000, "known at once, while pending"
     w.settle()
-    assert w.log.next_due() == WALL + 2_000, "known at once"
+    assert w.log.next_due() == WALL + 2_000, "and once written"
+    assert w.ready() == [], "never handed out early"
     w.wall = WALL + 2_000
-    assert w.log.next_due() is None, "due now: the cursor hands it out, no timer needed"
-    assert ids(w.log.due(w.wall)) == [] and ids(w.ready()) == [late.id]
+    assert ids(w.log.due(w.wall)) == [late.id] and w.ready() == []
+    assert w.log.next_due() is None
 
 
-def dead_letters_in_transit(n: int) -> World:
-    """A log with `n` dead letters found at start-up whose compaction copies are in
-    transit: a consumer read a lap past them, then unread messages came after the copies."""
+def dead_letters_copied_ahead(n: int) -> World:
+    """A log with `n` dead letters found at start-up that compaction copied to the head,
+    ahead of the cursor: a consumer read a lap past them, then unread messages came after
+    the copies."""
     w = World(cap=32 * 1024)
     for i in range(n):
         w.send(i)
@@ -324,24 +334,25 @@ def dead_letters_in_transit(n: int) -> World:
         w.log.bury(rec, "max-deliveries")
     w.settle()
     w = w.restart("power")
+    entries = w.log._parked.end
     for i in range(600):
         w.send(1000 + i)
         w.settle(1)
-        if w.log._cursor.dead_in_transit():
+        if copies_of_parked(w, entries):
             break
         for rec in w.ready():
             w.log.ack(rec)
-    assert len(w.log._cursor.dead_in_transit()) == n, "compaction copied no dead letter: the test proves nothing"
+    assert copies_of_parked(w, entries) == n, "compaction copied no dead letter: the test proves nothing"
     for i in range(5):
         w.send(2000 + i)  # unread, after the copies: the cursor stays behind them
     w.settle()
     return w
 
 
-def test_a_redrive_moves_dead_letters_whose_copies_are_in_transit():
+def test_a_redrive_moves_dead_letters_whose_copies_lie_ahead_of_the_cursor():
     """Every dead letter the log counts is one a redrive moves, durably: the copies
     compaction made of dead letters found at start-up, before the cursor reaches them."""
-    w = dead_letters_in_transit(3)
+    w = dead_letters_copied_ahead(3)
     assert w.log.dead == 3
     assert w.log.redrive() == 3
     assert w.log.dead == 0
@@ -353,14 +364,14 @@ def test_a_redrive_moves_dead_letters_whose_copies_are_in_transit():
     assert set(ids(back)) <= set(ids(w2.ready())), "the redriven dead letters are queued after a crash"
 
 
-def test_a_redrive_with_a_count_takes_copies_in_transit_one_by_one():
-    w = dead_letters_in_transit(3)
+def test_a_redrive_with_a_count_takes_copies_ahead_one_by_one():
+    w = dead_letters_copied_ahead(3)
     assert w.log.redrive(2) == 2 and w.log.dead == 1
     assert w.log.redrive(5) == 1 and w.log.dead == 0
 
 
-def test_a_reader_of_dead_letters_gets_those_in_transit_and_its_ack_deletes_them():
-    w = dead_letters_in_transit(2)
+def test_a_reader_of_dead_letters_gets_the_copies_ahead_and_its_ack_deletes_them():
+    w = dead_letters_copied_ahead(2)
     assert len(w.log.dead_records()) == 2, "a browse of ./dead misses no dead letter"
     first, second = w.log.next_dead(), w.log.next_dead()
     assert first is not None and second is not None and first.dead == second.dead == "max-deliveries"
@@ -373,3 +384,15 @@ def test_a_reader_of_dead_letters_gets_those_in_transit_and_its_ack_deletes_them
     w2 = w.restart("power")
     dead = [rec.id for rec in w2.log.dead_records()]
     assert dead == [second.id]
+
+
+def test_a_delayed_send_counts_as_delayed_from_its_acceptance_with_unread_messages_before_it():
+    """./count and the metrics count a delayed SEND as delayed at once, not as rdy until
+    the cursor reaches it, also behind unread messages."""
+    w = World()
+    w.send(1)
+    w.send(2, due_ms=WALL + 3_600_000)
+    assert (w.log.unread, w.log.delayed) == (1, 1), "pending"
+    w.settle()
+    assert (w.log.unread, w.log.delayed) == (1, 1), "written, the cursor behind it"
+    assert len(w.ready()) == 1 and (w.log.unread, w.log.delayed) == (0, 1)

@@ -67,9 +67,9 @@ class Admission:
     @property
     def live_bytes(self) -> int:
         """Bytes of every message not yet acked, as records: delayed messages and dead
-        letters too (curb.log.parked), and their copies in transit."""
+        letters too (curb.log.parked)."""
         cur = self.cursor
-        return cur.unread_bytes + self.pending_bytes + cur.outstanding_bytes + cur.parked.bytes + cur.transit_bytes
+        return cur.unread_bytes + self.pending_bytes + cur.outstanding_bytes + cur.parked.bytes
 
     @property
     def ahead_dead_bytes(self) -> int:
@@ -77,7 +77,7 @@ class Admission:
         dead copies, the end of a lap): not reclaimable until consumers move the cursor
         past them, so admission counts them as used."""
         cur = self.cursor
-        ahead_live = cur.outstanding_bytes - cur.behind_bytes + cur.transit_bytes + cur.parked.unpassed_bytes
+        ahead_live = cur.outstanding_bytes - cur.behind_bytes + cur.parked.unpassed_bytes
         return max(0, self.ring.distance(cur.rpos, cur.whead) - cur.unread_bytes - ahead_live)
 
     def admit(self, payload_size: int) -> int:

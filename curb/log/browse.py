@@ -201,10 +201,9 @@ class Browse:
         cur, low, high = self.cursor, self.from_id, self.to_id
         places = [rec.offset for held in (cur.behind, cur.ahead) for rec in held.values() if low <= rec.id <= high]
         places += [at for mid, at in cur.last.items() if low <= mid <= high and at >= 0]
-        # Parked records (compaction copies them after newer ones) and their copies in transit.
+        # Parked records (compaction copies them after newer ones).
         parked = cur.parked
         places += [at for mid, at in zip(parked.ids, parked.offsets, strict=True) if low <= mid <= high]
-        places += [at for _, mid, _, at in cur.vouched if low <= mid <= high]
         places = sorted(set(places))  # one read window serves neighbours; each place once
         found: list[tuple[int, int, bytes]] = []  # (wseq, id, payload)
         reader = self.reader

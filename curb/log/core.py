@@ -68,9 +68,8 @@ the format, curb.log.parked the index):
   of index, not Python objects, and the queue sees a message only once it is due.
 - Compaction copies parked records like held ones: one that pins the tail is copied to
   the head (same id, new write sequence, the mutable block as it is now) and its index
-  entry goes; the read cursor parks the copy again when it passes it (the copies it may
-  park are known by their write sequences, in order). Long-lived records therefore never
-  pin the tail, whatever their due time.
+  entry moves to the copy, at once. Long-lived records therefore never pin the tail,
+  whatever their due time.
 - Start-up rebuilds the index from the record headers alone: recovery's walk reads the
   state and due field of each header it skims (never a body) and hands the parked ones
   to the index in batches; the cursor then steps over runs of them by their recorded
@@ -81,12 +80,13 @@ the format, curb.log.parked the index):
   delay, the log keeps it (`_later`) until `due` hands it back; buried, its holder keeps
   it (the broker's dead letters). Compaction copies such records as held ones. Delayed
   SENDs and every parked record found at start-up are never objects.
-- Every dead letter the log counts (`dead`) is one that its readers reach: `next_dead`,
-  `dead_records` and `redrive` take the indexed ones and those whose compaction copies
-  are in transit alike (curb.log.cursor's `dead_in_transit`). A copy in transit that is
-  read or redriven leaves the cursor's transit for good and becomes a held copy ahead of
-  it, as a held record's copy is; so no state is counted that no reader can reach. They and delayed messages count
-  in `live_bytes` against -cap like any message.
+- Every parked record is in the index from the moment it is placed: recovery indexes
+  those it finds, and `_write_appends` and `_move_parked` index a delayed append and a
+  copy of a parked record when they place it at the head, so the index keeps ring order
+  and the cursor never has to park what it meets (curb.log.cursor). So every delayed
+  message and dead letter the log counts is one `due`, `next_dead`, `dead_records` and
+  `redrive` reach: there is no state in between ("in transit") that a reader misses.
+  Dead letters and delayed messages count in `live_bytes` against -cap like any message.
 """
 
 from __future__ import annotations
@@ -211,7 +211,6 @@ class LogCore:
         self.name = name
         self.metrics = metrics
         self.clock = clock
-        self.wall_ms = wall_ms  # the wall clock: send stamps
         self.pacer: Pacer = pacer or ByHand()
         self.wall_ms = wall_ms  # the wall clock: send stamps, and whether a record is due
         self.end = cap - cap % 4096
@@ -245,9 +244,11 @@ class LogCore:
         # Held records requeued with a delay: a heap of (due ms, id, record); stale once
         # the record is no longer parked with that due time.
         self._later: list[tuple[int, int, Record]] = []
-        # Delayed appends the cursor has yet to pass (then they are in the index): a heap
-        # of (due ms, id), so that `next_due` knows them from the start.
-        self._coming: list[tuple[int, int]] = []
+        # Delayed appends not yet written (then they are in the index, curb.log.parked):
+        # how many, and the earliest due time among them, so that `delayed` and
+        # `next_due` know them from the start.
+        self._pending_delayed = 0
+        self._pending_due: int | None = None
         self.slice_work = slice_work  # the work of one slice of a walk of the ring (curb.cursor)
         self.marks = Marks(mark_spacing or spacing_for(self.capacity))  # filled by recovery
         self.recovery = self._recover()
@@ -315,7 +316,6 @@ class LogCore:
         self._cursor.on_damage = self._damaged
         self._cursor.on_stalled = self._schedule
         self._cursor.parked = self._parked = scan.parked
-        self._cursor.wall_ms = self.wall_ms
         self._cursor.upto = self._cursor.counted_above = ckpt.acked_upto
         durable = Snapshot(ckpt.tail, ckpt.head, ckpt.next_id, ckpt.next_wseq, ckpt.acked_upto)
         self._checkpoints = Checkpoints(disk, ckpt.gen, durable)
@@ -351,8 +351,8 @@ class LogCore:
 
     @property
     def unread(self) -> int:
-        """Messages accepted and never handed out."""
-        return self._cursor.unread + len(self._pending)
+        """Messages accepted, due and never handed out."""
+        return self._cursor.unread + len(self._pending) - self._pending_delayed
 
     @property
     def live_bytes(self) -> int:
@@ -363,7 +363,7 @@ class LogCore:
     def delayed(self) -> int:
         """Messages waiting for their due time (parked, and held ones requeued with a delay)."""
         later = sum(1 for due, _, rec in self._later if rec.parked and rec.due_ms == due)
-        return self._parked.delayed + self._cursor.transit_delayed + later
+        return self._parked.delayed + self._pending_delayed + later
 
     @property
     def dead(self) -> int:
@@ -371,7 +371,7 @@ class LogCore:
         buried in this run, or taken by `next_dead`, are their holder's to count)."""
         parked = self._parked
         held = sum(1 for seq in parked.held if parked.state(seq) == DEAD_HELD)
-        return parked.dead + self._cursor.transit_dead - held
+        return parked.dead - held
 
     @property
     def last_id(self) -> int:
@@ -423,7 +423,9 @@ class LogCore:
             raise QueueFull("queue full now: message ids are being reserved; retry at once")
         rec = Record(self._next_id, -1, size, 0, self.wall_ms(), None, 0, due_ms, expires_ms)
         if due_ms:
-            heapq.heappush(self._coming, (due_ms, rec.id))
+            self._pending_delayed += 1
+            if self._pending_due is None or due_ms < self._pending_due:
+                self._pending_due = due_ms
         self._next_id += 1
         if self._broken:
             if done is not None:
@@ -476,6 +478,7 @@ class LogCore:
                 if sent is not None:
                     waiters.watermark.append((upto, sent))
             waiters.taken_upto(upto)
+            self._pending_left()
             if not pending:
                 admission.pending_largest = 0
             cur = self._cursor
@@ -581,13 +584,15 @@ class LogCore:
         soonest = self._parked.next_due()
         if later and (soonest is None or later[0][0] < soonest):
             soonest = later[0][0]
-        # Appends not yet passed: the cursor hands them out once due (so those due by now
-        # wait for it, not for a timer); until then, their due time is the timer's.
-        coming, passed, now = self._coming, self._cursor.max_id, self.wall_ms()
-        while coming and (coming[0][1] <= passed or coming[0][0] <= now):
-            heapq.heappop(coming)
-        if coming and (soonest is None or coming[0][0] < soonest):
-            soonest = coming[0][0]
+        # Appends not yet written: indexed once written, if not due by then (those due by
+        # then the cursor hands out, once written: they wait for that, not for a timer).
+        pending, now = self._pending_due, self.wall_ms()
+        if pending is not None and pending <= now:
+            pending = self._pending_due = min(
+                (r.due_ms for r, _, _, _ in self._pending if r.due_ms > now), default=None
+            )
+        if pending is not None and (soonest is None or pending < soonest):
+            soonest = pending
         return soonest
 
     def due(self, now_ms: int) -> list[Record]:
@@ -613,8 +618,7 @@ class LogCore:
     def next_dead(self) -> Record | None:
         """The next dead letter the log holds (found at start-up, not yet handed out),
         now held by the caller: `ack` deletes it for good; `requeue` keeps it dead in the
-        caller's hands; `revive` makes it rdy. The indexed ones first, then those whose
-        compaction copies are in transit (every dead letter the log counts is here)."""
+        caller's hands; `revive` makes it rdy."""
         parked = self._parked
         while (seq := parked.next_dead()) is not None:
             rec = self._read_parked(seq)
@@ -624,25 +628,17 @@ class LogCore:
             parked.set(seq, DEAD_HELD)
             parked.held[seq] = rec
             return rec
-        for wseq, mid, size, offset in self._cursor.dead_in_transit():
-            rec = self._take_in_transit(wseq, mid, size, offset)
-            if rec is not None:
-                return rec
         return None
 
     def dead_records(self) -> list[Record]:
-        """A snapshot of the dead letters the log holds, indexed and in transit (nothing
-        changes: for a browse of them)."""
-        found = [self._read_parked(seq) for seq in self._parked.dead_letters()]
-        for _, mid, size, offset in self._cursor.dead_in_transit():
-            checked = self._checked(offset, size, mid)
-            found.append(None if checked is None else self._record_of(*checked, offset, size))
+        """A snapshot of the dead letters the log holds (nothing changes: for a browse of them)."""
+        found = (self._read_parked(seq) for seq in self._parked.dead_letters())
         return [rec for rec in found if rec is not None]
 
     def redrive(self, count: int | None = None, done: Done | None = None) -> int:
-        """Up to `count` (None: all) of the dead letters the log holds, indexed or in
-        transit, are rdy again with their delivery count reset, written in place; `due`
-        hands them out. `done(None)` once that is durable. Returns how many moved."""
+        """Up to `count` (None: all) of the dead letters the log holds are rdy again with
+        their delivery count reset, written in place; `due` hands them out. `done(None)`
+        once that is durable. Returns how many moved."""
         parked = self._parked
         moved = 0
         while count is None or moved < count:
@@ -657,34 +653,9 @@ class LogCore:
             self._patch(rec, STATE_RDY)
             parked.set(seq, DELAYED, 0)
             moved += 1
-        for wseq, mid, size, offset in self._cursor.dead_in_transit():
-            if count is not None and moved >= count:
-                break
-            rec = self._take_in_transit(wseq, mid, size, offset)
-            if rec is None:
-                continue
-            self.revive(rec)
-            rec.parked = True  # held by no one until `due` hands it out, as a requeued one
-            heapq.heappush(self._later, (0, rec.id, rec))
-            moved += 1
         if done is not None:
             self.on_durable(done)
         return moved
-
-    def _take_in_transit(self, wseq: int, mid: int, size: int, offset: int) -> Record | None:
-        """The Record of a parked record's copy in transit, taken out of the cursor's
-        hands (curb.log.cursor's `take_in_transit`): a held copy ahead of the cursor from
-        now on, as `_move_parked` makes of a held one. None if damage took it."""
-        cursor = self._cursor
-        cursor.take_in_transit(wseq)
-        checked = self._checked(offset, size, mid)
-        if checked is None:
-            self.admission.classes.remove(size)
-            return None
-        rec = self._record_of(*checked, offset, size)
-        cursor.outstanding_bytes += size
-        cursor.ahead[mid] = rec
-        return rec
 
     def _lost(self, seq: int) -> None:
         """A parked record that damage took (reported where it was found): forget it."""
@@ -866,6 +837,8 @@ class LogCore:
         self._room_wanted = False
         runs = WriteRuns([], [])
         written: list[tuple[Record, bytes]] = []
+        fresh: list[tuple[Record, bytes]] = []  # written and due: the cursor's to hand out
+        wall = self.wall_ms()
         pending, ring, end, capacity = self._pending, self._ring, self.end, self.capacity
         admission, synced = self.admission, self.waiters.synced
         reserve = early = -1  # computed when first needed, and again once a record outgrows it
@@ -902,6 +875,10 @@ class LogCore:
             runs.add(off, size, record_bytes(header, payload))
             rec.offset = off
             ring.head = off + size
+            if rec.due_ms > wall:  # parked from its write on, at the head: in ring order
+                self._parked.add(off, size, rec.id, DELAYED, rec.due_ms, passed=False)
+            else:
+                fresh.append((rec, payload))
             pending.popleft()
             admission.pending_bytes -= size
             admission.classes.add(size)
@@ -914,12 +891,15 @@ class LogCore:
                 self._urgent_upto = fno
         if not self._pending:
             admission.pending_largest = 0
+        if written:
+            self._pending_left()
         runs.write(self.disk)
         cursor = self._cursor
         cursor.whead, cursor.next_wseq = self._ring.head, self._next_wseq
-        marks = self.marks
-        for rec, payload in written:
+        for rec, payload in fresh:
             cursor.written(rec, payload)
+        marks = self.marks
+        for rec, _ in written:
             if marks.due(rec.offset):
                 marks.add(rec.id, rec.offset, rec.wseq)
         if written:
@@ -1023,7 +1003,8 @@ class LogCore:
     def _move_parked(self, seq: int, spot: tuple[int, bool], runs: WriteRuns) -> bool:
         """Copy a parked record to the head: a Record released from it moves as a held
         one; any other is read back, with a rewrite of its mutable block still waiting
-        applied, and the cursor parks the copy again when it passes it (`vouched`)."""
+        applied, and its entry moves to the copy (a new entry at the head, in ring order:
+        the cursor steps over the copy when it gets there)."""
         parked = self._parked
         held = parked.held.get(seq)
         if held is not None:
@@ -1050,11 +1031,9 @@ class LogCore:
         )
         runs.add(off, size, record_bytes(header, payload))
         self._ring.head = off + size
-        self._cursor.carry(wseq, parked.state(seq))
+        state = parked.state(seq)
         parked.remove(seq)
-        self._cursor.vouched.append((wseq, hdr.id, size, off))
-        self._cursor.vouched_at.add(off)
-        self._cursor.transit_bytes += size
+        parked.add(off, size, hdr.id, state, hdr.due_ms, passed=False)
         self.browses.moved(hdr.id, hdr.wseq, wseq)
         if self.metrics is not None:
             self.metrics.compactions += 1
@@ -1116,8 +1095,16 @@ class LogCore:
             admission.pending_bytes -= rec.size
             if done is not None:
                 done(reason)
+        self._pending_left()
         admission.pending_largest = 0
         self.waiters.refuse_after_appends(reason)
+
+    def _pending_left(self) -> None:
+        """Appends left the pending line (written, refused, or taken by an ACK up to an
+        id): count the delayed ones still in it, and their earliest due time, anew."""
+        dues = [rec.due_ms for rec, _, _, _ in self._pending if rec.due_ms]
+        self._pending_delayed = len(dues)
+        self._pending_due = min(dues, default=None)
 
     # ---------------------------------------------------------------- syncing
 

@@ -36,15 +36,14 @@ Invariants:
   `on_stalled`; its owner (the log) grants the next slice later, from the event loop's
   next pass, so that passing a million dead records never holds the loop.
 - Parked records (curb.log.parked: due later, or dead) are never handed out by
-  `next_ready`. The cursor steps over the ones recovery indexed (by their recorded sizes,
-  unread), and parks the ones it meets: a fresh delayed append, and the copies of parked
-  records compaction made, known by their write sequences (`vouched`, in write order,
-  so in the order the cursor meets them). A parked copy is counted in `transit_bytes`,
-  and as delayed or dead (`transit_delayed`, `transit_dead`, which the log's counts
-  add), from its copy until the cursor parks it, an ACK up to its id uncounts it, or
-  the log takes a dead one out of transit (`take_in_transit`: read from ./dead or
-  redriven), after which it is a held copy in `ahead`. A copy that came due meanwhile is
-  handed out.
+  `next_ready`: every one is in the index before the cursor can meet it, so the cursor
+  only steps over them (by their recorded sizes, unread) and never parks one itself.
+  Recovery indexes those it finds; the log indexes a delayed append and a compaction
+  copy of a parked record when it places them, at the head, so entries are added in
+  ring order only (curb.log.parked). A record the cursor meets that is not indexed is
+  therefore never parked: a `rdy` one was due when it was written (or recovered) and
+  is handed out, whatever its due field says now (a wall clock set back); a dead one
+  the cursor does not know is a stale occurrence, never a message.
 - `is_live` is the one answer, for any other reader of the ring (a browse), to "is this
   record the live occurrence of a message not yet acked?": held messages by their
   current copy's offset, records the cursor has read by whether it holds them, unread
@@ -56,11 +55,9 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Iterator
 
-from curb.log.parked import DELAYED, EXP, HELD, MAX, Parked
+from curb.log.parked import DELAYED, HELD, Parked
 from curb.log.reader import RecordReader
-from curb.log.record import RING_START, STATE_ACK, STATE_EXP, STATE_MAX, STATE_PAD, STATE_RDY, RecordHeader
-
-_PARKED = {STATE_MAX: MAX, STATE_EXP: EXP}
+from curb.log.record import RING_START, STATE_ACK, STATE_EXP, STATE_MAX, STATE_PAD, RecordHeader
 
 # A payload up to this size stays with its record while the message is held (for
 # redelivery and compaction); a larger one only from its read or write until its
@@ -160,17 +157,6 @@ class Cursor:
         self.stalled = False  # stopped for want of allowance, with records left to read
         self.on_stalled: Callable[[], None] = lambda: None
         self.parked = Parked()  # recovery's index replaces it (curb.log.parked)
-        self.wall_ms: Callable[[], int] = lambda: 0
-        # Parked copies ahead, in write order: (wseq, id, bytes still counted in
-        # transit_bytes, offset).
-        self.vouched: collections.deque[tuple[int, int, int, int]] = collections.deque()
-        self.vouched_at: set[int] = set()  # their offsets
-        self.transit_bytes = 0
-        # The parked state (DELAYED, MAX or EXP) of each copy in transit, by write sequence,
-        # and how many are delayed and dead: counted as parked until the cursor parks them.
-        self.transit_states: dict[int, int] = {}
-        self.transit_delayed = 0
-        self.transit_dead = 0
 
     def tail(self) -> int:
         """The oldest byte still needed: the first message behind the read position that
@@ -245,58 +231,16 @@ class Cursor:
             return self.parked.state(seq) in (DELAYED, HELD)
         if state in (STATE_MAX, STATE_EXP):
             return False
-        if pos in self.vouched_at:  # a parked record's copy, ahead: its state says
-            return state == STATE_RDY
         if wseq <= self.last_wseq or state == STATE_ACK:
             return False  # read by the cursor and no longer held, or acked in an earlier run
         live_at = self.last.get(mid)
         return live_at is None or live_at == pos
-
-    def carry(self, wseq: int, state: int) -> None:
-        """Compaction copied a parked record in this state; the copy, `wseq`, is in transit."""
-        self.transit_states[wseq] = state
-        if state == DELAYED:
-            self.transit_delayed += 1
-        else:
-            self.transit_dead += 1
-
-    def dead_in_transit(self) -> list[tuple[int, int, int, int]]:
-        """The dead letters' copies in transit, in write order: (wseq, id, size, offset)."""
-        states = self.transit_states
-        return [entry for entry in self.vouched if states.get(entry[0], DELAYED) != DELAYED]
-
-    def take_in_transit(self, wseq: int) -> None:
-        """The log hands a parked record's copy in transit out as a Record of its own
-        (a dead letter read or redriven before the cursor reached it): no longer in
-        transit; the caller puts the Record in `ahead`, where the cursor meets it as a
-        held copy, and counts it as outstanding."""
-        vouched = self.vouched
-        at = next(i for i, entry in enumerate(vouched) if entry[0] == wseq)
-        _, _, counted, offset = vouched[at]
-        del vouched[at]
-        self.vouched_at.discard(offset)
-        self.transit_bytes -= counted
-        self.arrived(wseq)
-
-    def arrived(self, wseq: int) -> None:
-        """A copy in transit is parked again (or handed out, or acked): no longer counted here."""
-        state = self.transit_states.pop(wseq, None)
-        if state == DELAYED:
-            self.transit_delayed -= 1
-        elif state is not None:
-            self.transit_dead -= 1
 
     def ack_upto(self, upto: int) -> None:
         """Raise the watermark: uncount the unread messages it makes dead, those the
         cursor reaches by passing dead records now and the copies recovery found further
         on (their `last` entry then names no offset, so neither occurrence counts again)."""
         self.upto = upto
-        vouched = self.vouched
-        for at, (wseq, mid, counted, offset) in enumerate(vouched):
-            if mid <= upto and counted:
-                self.transit_bytes -= counted
-                vouched[at] = (wseq, mid, 0, offset)
-                self.arrived(wseq)
         # A reader of its own: the cursor's window must never hold bytes ahead of the
         # head, which a later write would make stale.
         reader = RecordReader(self.reader.disk, self.reader.max_size)
@@ -332,11 +276,6 @@ class Cursor:
             fresh = self.fresh
             if fresh and fresh[0].offset == pos:
                 rec = fresh[0]
-                if rec.due_ms > self.wall_ms() and rec.id > self.upto:
-                    fresh.popleft()
-                    self.fresh_bytes -= rec.size
-                    self._park_fresh(rec)
-                    continue
                 if not hand_out and rec.id > self.upto:
                     self.allowance += RECORD_WORK
                     return None
@@ -349,7 +288,7 @@ class Cursor:
                     self._uncount(rec.id, rec.size)
                     continue
                 return self._hand_out(rec)
-            stepped = self.parked.step_over(pos)
+            stepped = self.parked.step_over(pos, self.whead)
             if stepped is not None:  # a parked record recovery indexed
                 self.rpos = pos + stepped
                 continue
@@ -368,24 +307,6 @@ class Cursor:
             self.allowance -= size
             self.rpos = pos + size
             mid = hdr.id
-            if self.vouched and hdr.copy and self.vouched[0][0] == hdr.wseq:  # a parked record's copy
-                state = _PARKED.get(hdr.state, DELAYED)
-                came_due = mid > self.upto and state == DELAYED and hdr.due_ms <= self.wall_ms()
-                if came_due and not hand_out:
-                    # A message to hand out: not passed, so not charged (as below).
-                    self.allowance += RECORD_WORK + size
-                    self.rpos, self.last_wseq = pos, prev_wseq
-                    return None
-                _, _, counted, at = self.vouched.popleft()
-                self.transit_bytes -= counted
-                self.arrived(hdr.wseq)
-                self.vouched_at.discard(at)
-                self.max_id = max(self.max_id, mid)
-                if came_due:
-                    return self._hand_out(self._record(pos, hdr, buf, off), unread=False)
-                if mid > self.upto:
-                    self.parked.add(pos, size, mid, state, hdr.due_ms)
-                continue
             moved = self.ahead.get(mid)
             if moved is not None and moved.offset == pos:
                 del self.ahead[mid]
@@ -405,10 +326,8 @@ class Cursor:
                 if hdr.state != STATE_ACK:
                     self._uncount(mid, size)
                 continue
-            if hdr.state != STATE_ACK and (hdr.state != STATE_RDY or hdr.due_ms > self.wall_ms()):
+            if hdr.state in (STATE_MAX, STATE_EXP):  # an occurrence no index names: stale
                 self.max_id = max(self.max_id, mid)
-                self._uncount(mid, size)  # parked from now on, not unread
-                self.parked.add(pos, size, mid, _PARKED.get(hdr.state, DELAYED), hdr.due_ms)
                 continue
             if hdr.state != STATE_ACK and not hand_out:
                 # Stopped before the message to hand out: not passed, so not charged
@@ -445,15 +364,6 @@ class Cursor:
         return Record(
             hdr.id, pos, hdr.size, hdr.deliveries, hdr.timestamp_ms, payload, hdr.wseq, hdr.due_ms, hdr.expires_ms
         )
-
-    def _park_fresh(self, rec: Record) -> None:
-        """A fresh append whose due time is ahead: parked, no longer unread."""
-        self.unread -= 1
-        self.unread_bytes -= rec.size
-        self.max_id = rec.id
-        self.last_wseq = rec.wseq
-        self.rpos = rec.offset + rec.size
-        self.parked.add(rec.offset, rec.size, rec.id, DELAYED, rec.due_ms)
 
     def _hand_out(self, rec: Record, unread: bool = True) -> Record:
         if unread:

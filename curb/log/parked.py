@@ -276,17 +276,18 @@ class Parked:
 
     # ---------------------------------------------------------------- the cursor's path
 
-    def step_over(self, pos: int) -> int | None:
+    def step_over(self, pos: int, stop: int) -> int | None:
         """The bytes from `pos` the cursor steps over if the record there is the next
-        entry it has not yet passed: that record and the entries right after it; None
-        otherwise."""
+        entry it has not yet passed: that record and the entries right after it, up to
+        `stop` (the write head: an entry is made when its record is placed, and may lie
+        at or past what is written yet); None otherwise."""
         seq, end, base = self.passed, self.end, self.base
         offsets = self.offsets
         if seq >= end or offsets[seq - base] != pos:
             return None
         sizes, states = self.sizes, self.states
         at = pos
-        while seq < end and offsets[seq - base] == at:  # and the records right after it
+        while seq < end and offsets[seq - base] == at and at != stop:  # and the records right after it
             size = sizes[seq - base]
             if states[seq - base] != GONE:
                 self.unpassed_bytes -= size

@@ -606,6 +606,7 @@ class Sim:
                 break
             except Crashed:
                 mode = self.rng.choice(("kill", "power"))
+                self.clock.cancel_all()
                 self.trace(f"CRASH {mode} amid recovery")
                 self._count(mode)
                 self.stats.mid_op += 1
@@ -656,6 +657,7 @@ class Sim:
         self._count(mode)
         self.stats.deadlines += self.world.broker.metrics.ack_timeouts
         self.checker.crash()
+        self.clock.cancel_all()  # a dead broker's timers never fire
         self.clients = [None] * self.cfg.slots
         self.disk.arm_crash(None)
         self.disk = self.disk.crash(mode)
