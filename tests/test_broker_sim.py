@@ -75,6 +75,17 @@ PENDING_FIX = {
     "ack_upto_leaves_parked_messages_counted": (33, "ACK up to an id left parked messages counted"),
     "ack_upto_leaves_parked_messages_counted_after_a_restart": (7, "ACK up to an id left parked messages counted"),
     "ack_upto_leaves_a_parked_message_counted_past_its_due_time": (595, "ACK up to an id left parked messages counted"),
+    # A receipted SEND's write fails with EIO after its sectors reached the page cache:
+    # the log breaks and the producer gets ERROR "message not stored ... will not be
+    # delivered", yet the record is whole: the queue hands it to a consumer in the same
+    # loop pass (seed 5001705, step 150), or the restart after the broker stopped finds
+    # and delivers it (seed 5000002, step 221). The producer, told to send it again,
+    # makes a duplicate.
+    "a_send_answered_not_stored_is_delivered_at_once": (5001705, 'SEND answered "message not stored" was delivered'),
+    "a_send_answered_not_stored_is_found_after_a_restart": (
+        5000002,
+        'SEND answered "message not stored" was delivered',
+    ),
 }
 PENDING_KINDS = frozenset(kind for _, kind in PENDING_FIX.values())
 
@@ -99,7 +110,10 @@ def test_a_seed_that_once_failed_keeps_the_invariant(seed: int, kind: str):
     assert outcome.kind != kind, outcome.report(STEPS)
 
 
-@pytest.mark.skip(reason="pending fix: ACK curb-upto leaves delayed and dead messages counted in ./count")
+@pytest.mark.skip(
+    reason="pending fixes: ACK curb-upto leaves delayed and dead messages counted in ./count; "
+    'a SEND answered "message not stored" after a write failed partway is delivered'
+)
 @pytest.mark.parametrize("seed,kind", PENDING_FIX.values(), ids=PENDING_FIX.keys())
 def test_a_seed_that_shows_a_pending_bug_keeps_the_invariant(seed: int, kind: str):
     outcome = run_seed(seed, STEPS)
@@ -173,4 +187,11 @@ def test_a_broker_without_a_delivery_limit_is_caught(monkeypatch):
     monkeypatch.setattr(
         driver, "Redelivery", lambda delay, multiplier, max_delay, limit: Redelivery(delay, multiplier, max_delay, 0)
     )
-    assert caught({"delivered past the delivery limit", "dead letter never delivered"}, 40)
+    assert caught(
+        {
+            "delivered past the delivery limit",
+            "dead letter delivered to a queue subscriber",
+            "dead letter never delivered",
+        },
+        40,
+    )

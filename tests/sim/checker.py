@@ -144,6 +144,9 @@ class Msg:
     # that count reached the disk, the queue buries it when it meets it.
     spent: bool = False
     redrive_unsure: bool = False  # redriven, not yet durably: a crash may leave it dead
+    # Refused with "message not stored" by a log that a failed write broke: nothing was
+    # promised, yet the ERROR says it "will not be delivered" (kept pending: `note`).
+    not_stored: bool = False
     # A dead letter, expired, that a redrive of some may have moved and the queue, meeting
     # it expired, buried again at once: its count may be reset and its reason "expired".
     reason_unsure: bool = False
@@ -301,10 +304,12 @@ class Checker:
                 if not b.dead and b.first <= msg_id <= b.last:
                     b.may.add(tag)  # a browse reaching past the ids on disk returns it, once written
 
-    def refused(self, serial: int, tag: int, receipt: str | None) -> None:
-        """The SEND just sent ended the connection: it was refused, nothing stored."""
+    def refused(self, serial: int, tag: int, receipt: str | None, broken: bool = False) -> None:
+        """The SEND just sent ended the connection: it was refused, nothing stored
+        (`broken`: by a disk fault that broke the log as it wrote)."""
         msg = self.messages[tag]
         msg.state = REFUSED
+        msg.not_stored = broken
         conn = self.conns[serial]
         conn.refused = True
         conn.effects.pop()
@@ -670,6 +675,8 @@ class Checker:
         msg = self.messages.get(tag) if tag is not None else None
         if tag is None or msg is None or body != msg.body or headers.get("sim-tag") != str(tag):
             raise fail("damaged delivery", f"message {msg_id}: body {body[:32]!r}, sim-tag {headers.get('sim-tag')}")
+        if msg.state == REFUSED and msg.not_stored:
+            self._not_stored_back(msg, f"delivered as message {msg_id} to connection {serial}")
         self._check_id(msg, msg_id)
         conn = self.conns[serial]
         count = int(headers.get("curb-deliveries", "1"))
@@ -746,6 +753,15 @@ class Checker:
         msg.holder = conn.serial
         msg.deadline = self.now + conn.timeout_ms if conn.timeout_ms else None
         conn.holding[msg.tag] = None
+
+    def _not_stored_back(self, msg: Msg, how: str) -> None:
+        """A SEND its producer was told "message not stored ... will not be delivered"
+        (a write failed partway and broke the log) is in the log after all."""
+        self.note(
+            'SEND answered "message not stored" was delivered',
+            f"#{msg.tag}: {how}; its SEND got ERROR message not stored when a write failed and broke the log",
+        )
+        msg.state, msg.not_stored = LIVE, False
 
     def _check_id(self, msg: Msg, msg_id: int) -> None:
         if msg.id is None:
@@ -836,6 +852,8 @@ class Checker:
             where = f"#{tag} (message {got.id}) is in the log after a restart"
             if msg is None or got.body != msg.body:
                 raise fail("damaged record after restart", f"message {got.id}: {got.body[:32]!r}")
+            if msg.state == REFUSED and msg.not_stored:
+                self._not_stored_back(msg, f"found as message {got.id} after a restart")
             self._check_id(msg, got.id)
             if msg.ack_promised:
                 raise fail("receipted ACK undone", where)

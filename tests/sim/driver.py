@@ -328,7 +328,7 @@ class Sim:
         if client.session.state is not OPEN:
             self.trace(f"#{tag} refused")
             self.stats.refused += 1
-            self.checker.refused(client.serial, tag, receipt)
+            self.checker.refused(client.serial, tag, receipt, self.world.log.broken is not None)
             client.ending = True
         else:
             self.checker.assigned(tag, self.world.log.last_id)
