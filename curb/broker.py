@@ -56,6 +56,7 @@ from curb.dead import DeadBrowse, DeadSource
 from curb.log import QueueFull, TooLarge
 from curb.log.browse import Browse
 from curb.log.cursor import Record
+from curb.log.waiters import MaybeStored
 from curb.logins import SHED, Answer, LoginChecks, Offload, run_now
 from curb.metrics import Metrics
 from curb.queue import Late, Queue, QueueError, Subscription
@@ -212,8 +213,13 @@ class Refused(Exception):
 
 
 class NotStored(Exception):
-    """A message `accept` took could not be made durable after all (the log failed): it
-    will not be delivered. str() says why."""
+    """A message `accept` took could not be made durable after all: it will not be
+    delivered, or (`maybe`: the log failed after writing it) it may be on disk and then
+    delivered. str() says why."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.maybe = isinstance(reason, MaybeStored)
 
 
 TOO_LARGE, BAD_HEADERS, FULL = "too_large", "bad_headers", "full"
@@ -292,8 +298,10 @@ class Broker:
         self._time = time.monotonic if type(self.loop).time is asyncio.BaseEventLoop.time else self.loop.time
         self._deadlines = Alarm(self.loop, self._deadline_passed)
         self._due = Alarm(self.loop, self._came_due)
-        self.sessions: set[Peer] = set()
-        self._counters: set[Peer] = set()
+        self.sessions: dict[Peer, None] = {}  # in the order they came
+        # Watchers of ./count and open browses, in the order they came (not a set's: the
+        # order each pass serves them in must not depend on where objects live).
+        self._counters: dict[Peer, None] = {}
         self.count_messages = CountMessages()
         self._count_scheduled = False
         self._pumping = False
@@ -301,7 +309,7 @@ class Broker:
         self._dirty: list[Peer] = []
         self._flushing = False  # in flush_out, which pumps after the sessions' output
         self._in_frames = False  # between before_frames and after_frames: flush_out follows
-        self._browsing: set[Peer] = set()
+        self._browsing: dict[Peer, None] = {}
         self._browse_scheduled = False
         log.on_written = self.pump
         log.on_answered = self.flush_out
@@ -327,7 +335,7 @@ class Broker:
         return False
 
     def join(self, session: Peer) -> None:
-        self.sessions.add(session)
+        self.sessions[session] = None
         self.metrics.connections_total += 1
 
     def accept(self, headers: Mapping[str, str], body: bytes, done: Done | None = None, urgent: bool = True) -> None:
@@ -443,7 +451,7 @@ class Broker:
         and those of the dead letters' queue."""
         records = sorted(self.log.dead_records() + self.dead.messages(), key=lambda rec: rec.id)
         browse = DeadBrowse(records, self.log.payload)
-        self._browsing.add(session)
+        self._browsing[session] = None
         self._want_browse()
         return browse
 
@@ -467,7 +475,7 @@ class Broker:
         pass on. to_id None: the highest id on disk, so that a range a reader plans from
         the end marker's `curb-last-id` holds nothing a power loss could take back."""
         browse = self.log.browse(from_id, self.log.durable_id if to_id is None else to_id)
-        self._browsing.add(session)
+        self._browsing[session] = None
         self._want_browse()
         return browse
 
@@ -641,15 +649,15 @@ class Broker:
 
     def watch_counts(self, session: Peer, watching: bool) -> None:
         if watching:
-            self._counters.add(session)
+            self._counters[session] = None
         else:
-            self._counters.discard(session)
+            self._counters.pop(session, None)
 
     def gone(self, session: Peer) -> None:
         """The connection is gone: its subscriptions vanish and its wip is rdy again."""
-        self.sessions.discard(session)
-        self._counters.discard(session)
-        self._browsing.discard(session)
+        self.sessions.pop(session, None)
+        self._counters.pop(session, None)
+        self._browsing.pop(session, None)
         self.logins.forget(session)
         self.dead.requeue(self.dead.close(session))
         self._requeue(self.queue.close(session))
@@ -829,7 +837,7 @@ class Broker:
                 continue
             more = session.browse_more(BROWSE_STEP_BYTES)
             if not session.browsing:
-                self._browsing.discard(session)
+                self._browsing.pop(session, None)
             again = again or more
         if again:
             self._want_browse()

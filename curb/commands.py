@@ -37,6 +37,7 @@ from curb.counts import COUNT_DESTINATION
 from curb.dead import DEAD_DESTINATION, REDRIVE_DESTINATION
 from curb.destinations import send_refusal
 from curb.frame import Frame, decimal, escape
+from curb.log.waiters import MaybeStored
 from curb.queue import MAX_PREFETCH, Late, QueueError
 from curb.timing import TIME_HEADERS, nack_delay
 
@@ -73,7 +74,17 @@ def on_send(session: Session, frame: Frame) -> None:
     entry = line.owe() if receipt is not None else None
 
     def stored(err: str | None) -> None:
-        if err is not None:
+        if isinstance(err, MaybeStored):
+            session.error(
+                "message may not be stored",
+                f"{err}. The log failed after the message was written to it, so it may be on disk: "
+                "then it will be delivered, after a restart if not before. Send it again once the "
+                "broker can store it if a second copy does no harm, or with an id of your own "
+                "that consumers deduplicate by.",
+                receipt=receipt,
+                entry=entry,
+            )
+        elif err is not None:
             session.error(
                 "message not stored",
                 f"{err}. The message was not stored and will not be delivered: send it again "

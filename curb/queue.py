@@ -156,7 +156,7 @@ class Queue(Generic[C, M]):
         self._max_prefetch = max_prefetch
         self._default_ack_timeout_ms = _ms(ack_timeout)
         self._active: dict[C, Subscription[C, M]] = {}  # each connection's active subscription
-        self._paused: dict[C, set[Subscription[C, M]]] = {}  # unsubscribed but still holding wip
+        self._paused: dict[C, dict[Subscription[C, M], None]] = {}  # unsubscribed, holding wip (in order)
         self._blocked: set[C] = set()  # connections whose send buffer is full
         self._wip: dict[int, Subscription[C, M]] = {}  # message id -> the subscription holding it
         self._redeliver: list[tuple[int, M]] = []  # heap of (id, message), rdy again
@@ -250,7 +250,7 @@ class Queue(Generic[C, M]):
         sub.active = False
         self._ring.pop(sub, None)
         if sub.unacked:
-            self._paused.setdefault(conn, set()).add(sub)
+            self._paused.setdefault(conn, {})[sub] = None
 
     def set_writable(self, conn: C, writable: bool) -> None:
         """Back-pressure: a connection whose send buffer is full gets nothing."""
@@ -399,12 +399,14 @@ class Queue(Generic[C, M]):
         """Finish every wip or rdy-again message with an id up to `upto`, on every
         connection. Returns them (never-delivered ones are the source's to skip)."""
         finished: list[M] = []
-        touched: set[Subscription[C, M]] = set()
+        # In the order first met (not a set's): the order they rejoin the delivery ring
+        # is every later delivery's, which must not depend on where objects live.
+        touched: dict[Subscription[C, M], None] = {}
         for message_id in [i for i in self._wip if i <= upto]:
             sub = self._wip.pop(message_id)
             finished.append(sub.unacked.pop(message_id))
             self._due.pop(message_id, None)
-            touched.add(sub)
+            touched[sub] = None
         for sub in touched:
             self._after_settle(sub)
         if self._redeliver and self._redeliver[0][0] <= upto:
@@ -418,12 +420,12 @@ class Queue(Generic[C, M]):
         caller to place (`requeue`)."""
         self._blocked.discard(conn)
         self._late.pop(conn, None)
-        subs = self._paused.pop(conn, set())
+        subs = self._paused.pop(conn, {})
         active = self._active.pop(conn, None)
         if active is not None:
             active.active = False
             self._ring.pop(active, None)
-            subs.add(active)
+            subs[active] = None
         returned: list[M] = []
         due = self._due
         for sub in subs:
@@ -509,7 +511,7 @@ class Queue(Generic[C, M]):
 
     def _forget_paused(self, sub: Subscription[C, M]) -> None:
         paused = self._paused[sub.conn]
-        paused.discard(sub)
+        paused.pop(sub, None)
         if not paused:
             del self._paused[sub.conn]
 

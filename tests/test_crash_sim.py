@@ -1,4 +1,4 @@
-"""The log under the crash simulator (tests/crashsim.py): a fixed range of seeds on every
+"""The log under the crash simulator (tests/sim/log_driver.py): a fixed range of seeds on every
 run, each seed a random workload with kill -9 and power-loss crashes on a SimDisk, and
 the seeds that once broke an invariant, kept by name.
 
@@ -10,7 +10,7 @@ before it, and the command that replays it.
 import os
 
 import pytest
-from crashsim import STEPS, run_many, run_seed
+from sim.log_driver import STEPS, run_many, run_seed
 from simdisk import SimDisk
 
 SEEDS = int(os.environ.get("CURB_SIM_SEEDS", "3000"))

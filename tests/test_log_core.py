@@ -2,7 +2,7 @@
 review reproduced deterministically (flush and sync are called by hand, crashes are
 taken where they hurt), plus the suspected hazards the review named, each settled.
 
-The seeded random search over the same core lives in tests/crashsim.py; these are the
+The seeded random search over the same core lives in tests/sim/log_driver.py; these are the
 cases it and the review found, kept readable."""
 
 from __future__ import annotations

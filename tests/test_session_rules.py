@@ -446,7 +446,7 @@ def test_a_lost_connection_returns_its_wip_to_the_log():
     [message] = peer.frames()
     peer.session.connection_lost()
     assert world.log.requeued == [int(message.headers["ack"])]
-    assert world.broker.sessions == set()
+    assert not world.broker.sessions
 
 
 def test_stored_headers_come_back_on_the_message():

@@ -20,6 +20,10 @@ queues, each in the order its answers go. Invariants, each kept here:
 - An ACK up to an id is answered by the first durable checkpoint whose watermark reaches
   it (`watermark`, in watermark order).
 - A failure of the log answers every waiter with its reason (`fail`), none with None.
+  Its writes were issued, so what they covered may be on disk after all: the reason is a
+  `MaybeStored`, and a SEND refused so may yet be delivered (its producer is told so).
+  An append refused before it was written (`LogCore.cancel_pending`) gets a plain reason:
+  it is never stored.
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ from collections.abc import Callable
 from curb.log.checkpoints import Checkpoints, Snapshot
 
 Done = Callable[[str | None], None]
+
+
+class MaybeStored(str):
+    """A failure's reason for a waiter whose write was issued: it may be on disk."""
 
 
 class Waiters:
@@ -116,7 +124,8 @@ class Waiters:
             self.after_appends.popleft()[1](reason)
 
     def fail(self, reason: str) -> None:
-        """The log failed for good: every caller still waiting hears why."""
+        """The log failed for good: every caller still waiting hears why (`MaybeStored`)."""
+        reason = MaybeStored(reason)
         while self.synced:
             self.synced.popleft()[1](reason)
         for done in self.untagged:

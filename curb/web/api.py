@@ -55,6 +55,12 @@ def refused(err: Refused, extra: dict[str, object] | None = None) -> Refusal:
 
 
 def not_stored(err: NotStored) -> Refusal:
+    if err.maybe:
+        return Refusal(
+            503,
+            f"may not be stored: {err}; the log failed after the message was written, so it may "
+            "be on disk and then delivered: send it again later if a second copy does no harm",
+        )
     return Refusal(503, f"not stored: {err}; the message will not be delivered: send it again later")
 
 

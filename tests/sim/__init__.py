@@ -1,12 +1,16 @@
-"""The whole-broker simulator: one seed drives real sessions, the real broker, the queue
-and the log core on a simulated disk, under a simulated clock that jumps, crashing at
-every step.
+"""The crash simulator: one runner (`runner`: seeds, processes, statistics, the failure
+report and the command line, `bin/crashsim`) and a workload and a checker for each
+state machine it plays, as TigerBeetle's VOPR keeps one simulator for many:
 
-It is kept in three parts, as TigerBeetle keeps its simulator:
-- `workload`: what the clients do (seeded random producers and consumers) and the
-  seed's world (cap, clients, ack timeouts, heart-beats);
-- `checker`: a model of what the broker promised (receipted SENDs and ACKs, who holds
-  which message until when, delivery counts) and the invariants over it;
-- `driver`: the steps, the clock, the crashes and restarts, and the command line
-  (`bin/crashsim --broker`).
+- the whole broker (`bin/crashsim --broker`): one seed drives real sessions, the real
+  broker, the queue and the log core on a simulated disk, under a simulated clock that
+  jumps, crashing at every step. `workload`: what the clients do (seeded random
+  producers and consumers) and the seed's world (cap, clients, ack timeouts,
+  heart-beats); `checker`: a model of what the broker promised (receipted SENDs and
+  ACKs, who holds which message until when, delivery counts) and the invariants over
+  it; `driver`: the steps, the clock, the crashes and restarts.
+- the log (`bin/crashsim`): one seed drives curb.log.LogCore as the broker calls it, on
+  the simulated disk with its faults and bit rot. `log_workload`: every choice of a
+  seed; `log_checker`: the model of the log's crash promises and the invariants;
+  `log_driver`: the steps against the log, the crashes and restarts.
 """

@@ -1,8 +1,9 @@
-"""`python -m sim` (with tests/ on the path; `bin/crashsim --broker` sets it up): the
-whole-broker simulator's command line (sim.driver)."""
+"""`python -m sim [--broker] ...` (with tests/ on the path; `bin/crashsim` sets it up):
+the simulator's command line (sim.runner): the log's workload, or with --broker the
+whole broker's."""
 
 import sys
 
-from sim.driver import main
+from sim.runner import main
 
 sys.exit(main())

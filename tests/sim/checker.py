@@ -34,7 +34,37 @@ the moment something else is:
   good, never a refused one; its delivery count goes up by one each time in a run,
   `redelivered` with it, and after a crash is above the count a covered NACK made durable;
 - a message a restart did not find (lost with its unsynced SEND, or taken by an ACK)
-  never comes back.
+  never comes back;
+- ACK `curb-upto:n` takes every message with an id up to n at once, wherever it is
+  (queued, delayed, held by any connection, a dead letter): none is delivered again, a
+  holder's later ACK or NACK of one gets the ERROR of an id not wip there (or, its
+  deadline having passed there before, a `curb-late` RECEIPT); n above every id assigned
+  is an ERROR; its RECEIPT is never undone (the watermark never goes back), and a crash
+  keeps all it took or none (each message it took that had to survive is back exactly
+  when the recovered watermark is below it); message ids are never reused, across
+  crashes too; ./count stops counting what it took (kept pending: `note`);
+- a redrive with `curb-count:n` moves at most n dead letters, none a ./dead subscriber
+  holds, none that is not dead, and no fewer than it can (an expired one it moves the
+  queue buries again at once); its RECEIPT, once come, means they moved: after a crash
+  they are queued, their count reset;
+- a browse (`browser:true`, `curb-from-id`, `curb-to-id`) returns only messages live
+  while it ran with ids in its range, each once, as stored, with no ack header (it
+  changes nothing: no delivery, no count, no wip, which the counts and the delivery
+  counts check), every message live and unchanged all along, and an end marker whose
+  `curb-last-id` is the range's end (the SUBSCRIBE's, or the highest id on disk then);
+  a browse of ./dead returns only dead letters (with their reason), each once, and every
+  one dead and unchanged all along;
+- no MESSAGE comes to a subscription after its UNSUBSCRIBE (what it holds stays held,
+  and may be ACKed or NACKed);
+- a `./count` MESSAGE's headers say what its JSON says, its version rises, and once
+  the broker is idle every subscriber's last one is the queue's counts;
+- under disk faults (EIO on writes or syncs, no room to grow the file): a SEND, ACK,
+  NACK, DISCONNECT or redrive that cannot be stored gets an ERROR "... not stored"
+  instead of its RECEIPT, never a RECEIPT; a broken log stops the broker (the simulator
+  restarts it), and a failed sync made nothing durable; SENDs not yet promised may be
+  lost (or, from a write that failed in part, found after a restart), receipted ones
+  never; ./dead subscriptions' ack deadlines (when the broker has them:
+  workload.DEAD_ACK_TIMEOUTS) put a dead letter held past it back among the dead.
 
 Between a crash and the next restart's full read the model is unsure which unpromised
 changes survived (a SEND, an ACK, a burial, a NACK's due time, a redrive); the read
@@ -47,19 +77,16 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sim.runner import SimFailure
 from sim.workload import Config
 
 LIVE, ACKED, GONE, REFUSED, DEAD = "live", "acked", "gone", "refused", "dead"
+# A SEND the log may or may not have stored: accepted, then answered "message not
+# stored" after a disk fault (a write that failed may have reached the disk in part). It
+# is never owed a delivery; the next restart's read says which it is.
+UNSURE = "unsure"
 LIMIT, EXPIRED = "max-deliveries", "expired"
 COVERING = frozenset(("NACK", "touch", "DISCONNECT"))
-
-
-class SimFailure(Exception):
-    """An invariant broke. `kind` groups failures of one sort across seeds."""
-
-    def __init__(self, kind: str, detail: str):
-        super().__init__(f"{kind}: {detail}")
-        self.kind = kind
 
 
 def fail(kind: str, detail: str) -> SimFailure:
@@ -117,6 +144,9 @@ class Msg:
     # that count reached the disk, the queue buries it when it meets it.
     spent: bool = False
     redrive_unsure: bool = False  # redriven, not yet durably: a crash may leave it dead
+    # A dead letter, expired, that a redrive of some may have moved and the queue, meeting
+    # it expired, buried again at once: its count may be reset and its reason "expired".
+    reason_unsure: bool = False
     # Redriven (not yet durably) from a burial at the delivery limit: a crash may lose the
     # redrive's reset of the count while a copy compaction made keeps the count at the
     # limit (a copy writes the count as it is in memory), so the queue may bury it again.
@@ -147,6 +177,22 @@ class Expect:
 
 
 @dataclass(slots=True)
+class Browsing:
+    """A browse a connection runs: of the queue (ids first..last; `last` the SUBSCRIBE's
+    curb-to-id or the highest id on disk then) or of the dead letters. `must`: the
+    messages it must return unless they changed while it ran (tag -> their state and
+    redrives then); `may`: those it may return (live, or dead for a dead browse, at some
+    time while it ran); `got`: those it returned."""
+
+    dead: bool
+    first: int
+    last: int
+    must: dict[int, tuple[str, int]]
+    may: set[int]
+    got: set[int] = field(default_factory=set)
+
+
+@dataclass(slots=True)
 class Conn:
     """One connection as the checker sees it."""
 
@@ -160,6 +206,13 @@ class Conn:
     expect: dict[str, Expect] = field(default_factory=dict)
     last_receipt: int = -1
     refused: bool = False  # a SEND was refused: its ERROR is the one expected
+    error_expected: str = ""  # an ERROR its last frame must get (a part of its message)
+    upto_taken: set[int] = field(default_factory=set)  # tags it held that an ACK up to an id took
+    paused: set[str] = field(default_factory=set)  # its subscriptions UNSUBSCRIBEd: "queue", "dead"
+    browses: dict[str, Browsing] = field(default_factory=dict)  # by subscription id
+    counts: dict[str, int] | None = None  # the last ./count MESSAGE's counts
+    count_version: int = 0
+    closing: bool = False  # it sent DISCONNECT, or a frame its ERROR answers: it takes nothing more
 
 
 class Checker:
@@ -174,6 +227,13 @@ class Checker:
         self.conns: dict[int, Conn] = {}
         self.now = now
         self.wall_clock = wall
+        self.id_floor = 0  # the highest message id assigned so far, in any run
+        self.upto_durable = 0  # the highest ACK up to an id whose RECEIPT came
+        # ACKs up to an id since the last restart: (id, the messages it took that had to
+        # survive a crash until then); a crash keeps the watermark, and so all of them, or not.
+        self.open_uptos: list[tuple[int, list[int]]] = []
+        self.disk_trouble = False  # a disk fault refused or broke something: "... not stored" may come
+        self.dead_timeouts = False  # ./dead subscriptions have an ack deadline (workload.DEAD_ACK_TIMEOUTS)
 
     @property
     def wall(self) -> int:
@@ -187,10 +247,23 @@ class Checker:
     def subscribed(self, serial: int, ack_mode: str, timeout_ms: int | None, dead: bool = False) -> None:
         conn = self.conns[serial]
         conn.ack_mode, conn.dead = ack_mode, dead
-        if ack_mode == "auto" or dead:
+        if dead:
+            # No ack deadline on ./dead, unless the broker has them (the hook:
+            # workload.DEAD_ACK_TIMEOUTS): then a dead letter held past it goes back among
+            # the dead (advance), and a later ACK or NACK of it is late.
+            conn.timeout_ms = (timeout_ms or 0) if self.dead_timeouts else 0
+        elif ack_mode == "auto":
             conn.timeout_ms = 0
         else:
             conn.timeout_ms = self.cfg.ack_timeout_ms if timeout_ms is None else timeout_ms
+
+    def unsubscribed(self, serial: int, seq: int, receipt: str | None, which: str) -> None:
+        """UNSUBSCRIBE of the queue's ("queue") or the dead letters' ("dead")
+        subscription: no delivery to it after this; what it holds stays held."""
+        conn = self.conns[serial]
+        conn.paused.add(which)
+        if receipt is not None:
+            conn.expect[receipt] = Expect(seq, "UNSUBSCRIBE", (), False)
 
     def gone(self, serial: int) -> None:
         """The connection is gone: what it held comes back, its receipts never come."""
@@ -210,10 +283,24 @@ class Checker:
         if receipt is not None:
             conn.expect[receipt] = Expect(seq, "SEND", (tag,), False)
 
-    def refused(self, serial: int, tag: int, receipt: str | None) -> None:
-        """The SEND just sent ended the connection: it was refused, nothing stored."""
+    def assigned(self, tag: int, msg_id: int) -> None:
+        """The broker took the SEND and gave it this id: ids are never reused and never
+        go back, across crashes too."""
+        if msg_id <= self.id_floor:
+            raise fail("message id reused", f"#{tag} got id {msg_id}; ids up to {self.id_floor} were assigned before")
+        self.id_floor = msg_id
+        self.messages[tag].id = msg_id
+        for conn in self.conns.values():
+            for b in conn.browses.values():
+                if not b.dead and b.first <= msg_id <= b.last:
+                    b.may.add(tag)  # a browse reaching past the ids on disk returns it, once written
+
+    def refused(self, serial: int, tag: int, receipt: str | None, broken: bool = False) -> None:
+        """The SEND just sent ended the connection: it was refused, nothing stored; or
+        (`broken`: a disk fault broke the log as it wrote it, and the ERROR says "message
+        may not be stored") it may be on disk, and then delivered."""
         msg = self.messages[tag]
-        msg.state = REFUSED
+        msg.state = UNSURE if broken else REFUSED
         conn = self.conns[serial]
         conn.refused = True
         conn.effects.pop()
@@ -235,6 +322,11 @@ class Checker:
         conn = self.conns[serial]
         msg = self.messages[tag]
         late = msg.holder != serial
+        if late and tag not in conn.late and tag in conn.upto_taken:
+            # An ACK up to an id took it from this connection: the ERROR of an id not wip
+            # here, and the connection closes (README: ACK up to an id).
+            conn.error_expected = "not awaiting ACK or NACK"
+            return
         if late and tag not in conn.late:
             raise fail("client model", f"#{tag} settled by connection {serial}, which never held it")
         if receipt is not None:
@@ -262,8 +354,11 @@ class Checker:
         if kind == "ACK":
             conn.effects.append(Effect(seq, "ACK", tuple(tags)))
 
-    def disconnecting(self, serial: int, seq: int, receipt: str) -> None:
-        self.conns[serial].expect[receipt] = Expect(seq, "DISCONNECT", (), False)
+    def disconnecting(self, serial: int, seq: int, receipt: str | None) -> None:
+        conn = self.conns[serial]
+        conn.closing = True
+        if receipt is not None:
+            conn.expect[receipt] = Expect(seq, "DISCONNECT", (), False)
 
     def redrive(self, serial: int, seq: int, receipt: str | None) -> None:
         """SEND ./redrive (all): every dead letter no ./dead subscriber holds is queued
@@ -284,10 +379,216 @@ class Checker:
                 msg.dead_promised = False
                 msg.redrives += 1
                 moved.append(msg.tag)
+                self._now_live(msg)
         conn = self.conns[serial]
         conn.effects.append(Effect(seq, "REDRIVE", tuple(moved)))
         if receipt is not None:
             conn.expect[receipt] = Expect(seq, "REDRIVE", tuple(moved), False)
+
+    def redrive_counted(self, serial: int, seq: int, receipt: str | None, count: int, moved_ids: set[int]) -> None:
+        """SEND ./redrive with curb-count: `moved_ids` are the dead letters the broker
+        moved (what its dead letters lost in the frame). At most `count`, none a ./dead
+        subscriber holds, none that is not (or may not be) a dead letter, and no fewer
+        than it could: the oldest first is the broker's to order."""
+        wall = self.wall
+        by_id = {msg.id: msg for msg in self.messages.values() if msg.id is not None}
+        where = f"redrive of {count} by connection {serial}"
+        moved = []
+        for msg_id in sorted(moved_ids):
+            found = by_id.get(msg_id)
+            if found is None:
+                raise fail("redrive moved a message never sent", f"{where}: id {msg_id}")
+            moved.append(found)
+        free = [m for m in self.messages.values() if m.state == DEAD and m.holder is None]
+        maybe = [
+            m
+            for m in self.messages.values()
+            if m.state in (LIVE, UNSURE) and m.holder is None and (m.spent or (m.expires and wall >= m.expires))
+        ]
+        for msg in moved:
+            if msg.state == DEAD and msg.holder is not None:
+                raise fail("redrive moved a held dead letter", f"{where}: #{msg.tag} held by {msg.holder}")
+            if msg not in free and msg not in maybe:
+                raise fail("redrive moved a message that is not dead", f"{where}: #{msg.tag} is {msg.state}")
+        if len(moved) > count:
+            raise fail("redrive moved more than curb-count", f"{where}: moved {len(moved)}")
+        # An expired dead letter it moved the queue buries again at once (it meets it
+        # expired): it is not among the moved, and is dead still.
+        reburied = [m for m in free + maybe if m.expires and wall >= m.expires and m not in moved]
+        if len(moved) + len(reburied) < min(count, len(free)):
+            raise fail(
+                "redrive moved fewer than it could",
+                f"{where}: moved {len(moved)} of {len(free)} dead letters no one holds"
+                f" (e.g. #{free[0].tag}, message {free[0].id})",
+            )
+        for msg in reburied:
+            msg.count = msg.durable_count = msg.returned = 0
+            msg.reason_unsure = msg.state == DEAD
+        tags = []
+        for msg in moved:
+            msg.redrive_at_limit = msg.reason == LIMIT or (msg.state == LIVE and msg.spent)
+            msg.state, msg.reason = LIVE, ""
+            msg.count = msg.durable_count = msg.returned = msg.due = msg.durable_due = 0
+            msg.fresh = msg.redrive_unsure = True
+            msg.dead_promised = msg.spent = False
+            msg.redrives += 1
+            tags.append(msg.tag)
+            self._now_live(msg)
+        conn = self.conns[serial]
+        conn.effects.append(Effect(seq, "REDRIVE", tuple(tags)))
+        if receipt is not None:
+            conn.expect[receipt] = Expect(seq, "REDRIVE", tuple(tags), False)
+
+    def redrive_interrupted(self) -> None:
+        """A crash struck amid a redrive of some: any dead letter no one held may have
+        moved, and its reset may reach the disk; the restart's read says which did."""
+        for msg in self.messages.values():
+            if msg.state == DEAD and msg.holder is None:
+                msg.redrive_at_limit = msg.reason == LIMIT
+                msg.count = msg.durable_count = msg.returned = msg.due = msg.durable_due = 0
+                msg.redrive_unsure = True
+                msg.dead_promised = False
+                msg.redrives += 1
+
+    def disk_fault(self) -> None:
+        """The disk failed a write or a sync, or had no room: the log may refuse (or
+        lose with a broken write) the SENDs it had not yet stored, and not every such
+        connection hears of it (one that sent DISCONNECT, or went): every SEND not yet
+        promised and never delivered may or may not be in the log from here on."""
+        self.disk_trouble = True
+        for msg in self.messages.values():
+            if msg.state == LIVE and not msg.stored and msg.holder is None and not msg.count and not msg.redrives:
+                msg.state = UNSURE
+
+    def ack_upto(self, serial: int, seq: int, upto: int, receipt: str | None, last_id: int) -> None:
+        """ACK curb-upto: every message with an id up to `upto` not yet acknowledged is
+        acknowledged, wherever it is (queued, delayed, held by any connection, a dead
+        letter); `upto` above the highest id assigned (`last_id`) is an ERROR."""
+        conn = self.conns[serial]
+        if upto > last_id:
+            conn.error_expected = "curb-upto"
+            return
+        tags = []
+        for msg in self.messages.values():
+            if msg.id is not None and msg.id <= upto and msg.state in (LIVE, DEAD, UNSURE):
+                if msg.holder is not None:
+                    self.conns[msg.holder].upto_taken.add(msg.tag)
+                self._release(msg)
+                msg.state = ACKED
+                tags.append(msg.tag)
+        self.open_uptos.append((upto, [t for t in tags if self.messages[t].stored]))
+        conn.effects.append(Effect(seq, "UPTO", tuple(tags), count=upto))
+        if receipt is not None:
+            conn.expect[receipt] = Expect(seq, "UPTO", tuple(tags), False)
+
+    # ---------------------------------------------------------------- browses and ./count
+
+    def browse_started(self, serial: int, sub: str, first: int, last: int) -> None:
+        """A browse of the queue, ids first..last."""
+        must = {
+            m.tag: (m.state, m.redrives)
+            for m in self.messages.values()
+            if m.state == LIVE and m.id is not None and first <= m.id <= last
+        }
+        self.conns[serial].browses[sub] = Browsing(False, first, last, must, set(must))
+
+    def dead_browse_started(self, serial: int, sub: str) -> None:
+        wall = self.wall
+        must = {m.tag: (m.state, m.redrives) for m in self.messages.values() if m.state == DEAD}
+        may = set(must) | {
+            m.tag
+            for m in self.messages.values()
+            if m.state == LIVE and m.holder is None and (m.spent or (m.expires and wall >= m.expires))
+        }
+        self.conns[serial].browses[sub] = Browsing(True, 0, 0, must, may)
+
+    def _now_live(self, msg: Msg) -> None:
+        for conn in self.conns.values():
+            for b in conn.browses.values():
+                if not b.dead:
+                    b.may.add(msg.tag)
+
+    def _now_dead(self, msg: Msg) -> None:
+        for conn in self.conns.values():
+            for b in conn.browses.values():
+                if b.dead:
+                    b.may.add(msg.tag)
+
+    def browsed(
+        self, serial: int, sub: str, tag: int | None, msg_id: int, headers: dict[str, str], body: bytes
+    ) -> None:
+        """A MESSAGE of a browse: a message sent, byte for byte, in range, live (or dead,
+        for a dead browse) while the browse ran, once, and no delivery (no ack header)."""
+        b = self.conns[serial].browses[sub]
+        msg = self.messages.get(tag) if tag is not None else None
+        if tag is None or msg is None or body != msg.body or headers.get("sim-tag") != str(tag):
+            raise fail("damaged browse", f"message {msg_id}: body {body[:32]!r}, sim-tag {headers.get('sim-tag')}")
+        self._check_id(msg, msg_id)
+        where = f"#{tag} (message {msg_id}) in a {'dead ' if b.dead else ''}browse of connection {serial}"
+        if "ack" in headers or "redelivered" in headers:
+            raise fail("browse changed something", f"{where} came as a delivery: {sorted(headers)}")
+        if tag in b.got:
+            raise fail("browsed twice", where)
+        b.got.add(tag)
+        if msg.state == UNSURE and not b.dead:
+            msg.state = LIVE  # it was stored after all
+            return
+        if b.dead:
+            if msg.state == UNSURE and msg.expires and self.wall >= msg.expires:
+                msg.state = LIVE  # stored after all, and the queue met it expired
+                return
+            if tag not in b.may:
+                raise fail("dead browse returned a message that is not dead", f"{where}; the model has it {msg.state}")
+            reason = headers.get("curb-dead-reason", "")
+            if msg.state == DEAD and reason != msg.reason and not msg.reason_unsure:
+                raise fail("dead letter's reason", f"{where} says {reason!r}, expected {msg.reason!r}")
+            return
+        if not b.first <= msg_id <= b.last:
+            raise fail("browse out of its range", f"{where}, range {b.first}..{b.last}")
+        if tag not in b.may:
+            raise fail("browse returned a message that is not live", f"{where}; the model has it {msg.state}")
+
+    def browse_ended(self, serial: int, sub: str, last_id: int) -> None:
+        """The end marker: it names the range's end, and every message the browse had to
+        return, unchanged since it began, came."""
+        b = self.conns[serial].browses.pop(sub)
+        if not b.dead and last_id != b.last:
+            raise fail("browse end marker", f"connection {serial}: curb-last-id {last_id}, the range ends at {b.last}")
+        wall = self.wall
+        missed = []
+        for tag, (state, redrives) in b.must.items():
+            msg = self.messages[tag]
+            if msg.state != state or msg.redrives != redrives or tag in b.got:
+                continue
+            if not b.dead and (msg.spent or (msg.expires and wall >= msg.expires)):
+                continue  # the queue may have buried it meanwhile
+            missed.append(tag)
+        if missed:
+            m = self.messages[missed[0]]
+            raise fail(
+                "dead browse missed a dead letter" if b.dead else "browse missed a live message",
+                f"connection {serial}: {len(missed)} missed, e.g. #{m.tag} (message {m.id}, {m.state})",
+            )
+
+    def count_update(self, serial: int, headers: dict[str, str], counts: dict[str, int]) -> None:
+        """A ./count MESSAGE: its headers say what its JSON says, and its version rises."""
+        conn = self.conns[serial]
+        version = int(headers.get("message-id", "count-0").removeprefix("count-"))
+        if version <= conn.count_version:
+            raise fail("./count version", f"connection {serial}: count-{version} after count-{conn.count_version}")
+        conn.count_version = version
+        for key in ("rdy", "wip", "delayed", "dead"):
+            if headers.get(key) != str(counts.get(key)):
+                raise fail("./count headers", f"connection {serial}: header {key}:{headers.get(key)}, JSON {counts}")
+        conn.counts = counts
+
+    def check_count_views(self, counts: dict[str, int]) -> None:
+        """Once the broker is idle, every ./count subscriber's last MESSAGE is the counts."""
+        for conn in self.conns.values():
+            if conn.closing or conn.refused or conn.error_expected:
+                continue
+            if conn.counts is not None and conn.counts != counts:
+                raise fail("./count stale", f"connection {conn.serial} last got {conn.counts}, the queue says {counts}")
 
     # ---------------------------------------------------------------- frames received
 
@@ -302,7 +603,7 @@ class Checker:
         if late != expect.late:
             raise fail(
                 "late RECEIPT wrong",
-                f"connection {serial}: {expect.kind} of #{expect.tags[0]} was {'late' if expect.late else 'in time'}, "
+                f"connection {serial}: {expect.kind} of {expect.tags[:1]} was {'late' if expect.late else 'in time'}, "
                 f"its RECEIPT says curb-late:{str(late).lower()}",
             )
         if expect.kind in COVERING or late:
@@ -329,15 +630,32 @@ class Checker:
                 msg.ack_promised = True
             elif effect.kind == "REDRIVE":
                 msg.redrive_unsure = msg.redrive_at_limit = False
+            elif effect.kind == "UPTO":
+                msg.ack_promised = True
+                self.upto_durable = max(self.upto_durable, effect.count)
             elif effect.redrives == msg.redrives:  # NACK: its count, where it put the message
                 msg.durable_count = max(msg.durable_count, effect.count)
                 msg.durable_due = max(msg.durable_due, effect.due)
                 msg.dead_promised = msg.dead_promised or (effect.buried and msg.state == DEAD)
 
     def error(self, serial: int, message: str) -> None:
+        """The ERRORs a connection may get: a refused SEND's, the one its last frame
+        asked for (an ACK of a message an ACK up to an id took, a curb-upto above every
+        id), and after a disk fault a frame's that could not be stored (then the
+        connection's SENDs not yet durable may or may not be in the log)."""
         conn = self.conns[serial]
-        if not (conn.refused and message in ("queue full", "message too large")):
-            raise fail("unexpected ERROR", f"connection {serial} got ERROR {message!r}")
+        if conn.refused and message in ("queue full", "message too large", "message may not be stored"):
+            return
+        if conn.error_expected and conn.error_expected in message:
+            return
+        if self.disk_trouble and message.endswith((" not stored", " may not be stored")):
+            for effect in conn.effects:
+                for tag in effect.tags if effect.kind == "SEND" else ():
+                    msg = self.messages[tag]
+                    if msg.state == LIVE and not msg.stored and msg.holder is None and not msg.count:
+                        msg.state = UNSURE
+            return
+        raise fail("unexpected ERROR", f"connection {serial} got ERROR {message!r}")
 
     def delivered(self, serial: int, tag: int | None, msg_id: int, headers: dict[str, str], body: bytes) -> None:
         """A MESSAGE to a queue subscriber or (`./dead`) a dead letter's."""
@@ -347,6 +665,10 @@ class Checker:
         self._check_id(msg, msg_id)
         conn = self.conns[serial]
         count = int(headers.get("curb-deliveries", "1"))
+        if ("dead" if conn.dead else "queue") in conn.paused:
+            raise fail("delivered after UNSUBSCRIBE", f"#{tag} (message {msg_id}) to connection {serial}")
+        if msg.state == UNSURE:
+            msg.state = LIVE  # it was stored after all
         if conn.dead:
             self._delivered_dead(conn, msg, headers.get("curb-dead-reason", ""), count)
             return
@@ -381,7 +703,8 @@ class Checker:
         msg.holder = serial
         msg.deadline = self.now + conn.timeout_ms if conn.timeout_ms else None
         conn.holding[tag] = None
-        conn.late.discard(tag)
+        # A late mark stays: the broker answers for the message's id, not the delivery, so
+        # once this delivery ends otherwise (an ACK up to an id), its ACK is late again.
 
     def _check_count(self, msg: Msg, count: int, where: str) -> None:
         if msg.fresh and count != 1:
@@ -405,15 +728,18 @@ class Checker:
             if met:
                 msg.state, msg.reason = DEAD, reason if reason in met else min(met)
                 msg.spent = False
+                self._now_dead(msg)
         if msg.state != DEAD:
             raise fail("receipted ACK undone" if msg.ack_promised else "a dead letter that is not dead", where)
         if msg.holder is not None:
             raise fail("held by two consumers", f"{where} while connection {msg.holder} holds it")
-        if reason != msg.reason:
+        if reason != msg.reason and not msg.reason_unsure:
             raise fail("dead letter's reason", f"{where} says {reason!r}, expected {msg.reason!r}")
+        msg.reason, msg.reason_unsure = reason, False
         if msg.count and count != msg.count:
             raise fail("dead letter's count", f"{where} says {count}, its last delivery {msg.count}")
         msg.holder = conn.serial
+        msg.deadline = self.now + conn.timeout_ms if conn.timeout_ms else None
         conn.holding[msg.tag] = None
 
     def _check_id(self, msg: Msg, msg_id: int) -> None:
@@ -436,6 +762,7 @@ class Checker:
         cfg = self.cfg
         if cfg.max_deliveries and msg.count >= cfg.max_deliveries:
             msg.state, msg.reason, msg.was_limit_dead = DEAD, LIMIT, True
+            self._now_dead(msg)
             return
         if asked_ms is not None:
             wait = asked_ms
@@ -477,9 +804,27 @@ class Checker:
             msg.holder = msg.deadline = None
             msg.count = msg.returned = 0
 
-    def restarted(self, found: dict[int, Found]) -> None:
-        """A full read after recovery found these messages (by tag), queued or dead:
-        check them against the promises and make the model exact again."""
+    def restarted(self, found: dict[int, Found], watermark: int = 0) -> None:
+        """A full read after recovery found these messages (by tag), queued or dead, and
+        the log's ACK-up-to watermark: check them against the promises and make the
+        model exact again."""
+        self.disk_trouble = False
+        if watermark < self.upto_durable:
+            raise fail("receipted ACK up to an id undone", f"watermark {watermark}, {self.upto_durable} was receipted")
+        for upto, took in self.open_uptos:
+            for tag in took:
+                taken_id = self.messages[tag].id or 0
+                if taken_id <= watermark and tag in found:
+                    raise fail(
+                        "ACK up to an id partly undone",
+                        f"#{tag} (message {taken_id}) is back; the watermark {watermark} covers it",
+                    )
+                if taken_id > watermark and tag not in found:
+                    raise fail(
+                        "ACK up to an id partly durable",
+                        f"#{tag} (message {taken_id}) of ACK up to {upto} is gone, yet the watermark is {watermark}",
+                    )
+        self.open_uptos.clear()
         for tag, got in found.items():
             msg = self.messages.get(tag)
             where = f"#{tag} (message {got.id}) is in the log after a restart"
@@ -498,6 +843,9 @@ class Checker:
                 self._found_queued(msg, where)
         for msg in self.messages.values():
             if msg.tag in found or msg.state in (GONE, REFUSED):
+                continue
+            if msg.state == UNSURE:
+                msg.state = GONE
                 continue
             if msg.stored and (msg.state == LIVE or msg.state == DEAD):
                 kind = "receipted SEND lost" if msg.state == LIVE else "dead letter lost"
@@ -543,6 +891,9 @@ class Checker:
     def dead(self) -> set[int]:
         return {tag for tag, msg in self.messages.items() if msg.state == DEAD}
 
+    def unsure(self) -> set[int]:
+        return {tag for tag, msg in self.messages.items() if msg.state == UNSURE}
+
     def expired(self) -> set[int]:
         wall = self.wall
         return {tag for tag, m in self.messages.items() if m.state == LIVE and m.expires and wall >= m.expires}
@@ -555,13 +906,15 @@ class Checker:
         """The queue's counts against the model: wip is what the checker holds; rdy,
         delayed, wip and dead add up to its live and dead messages (an expired message
         is dead-lettered when the queue meets it, which the model cannot time)."""
-        live = held = dead = 0
+        live = held = dead = unsure = 0
         for msg in self.messages.values():
             if msg.state == LIVE:
                 live += 1
                 held += msg.holder is not None
             elif msg.state == DEAD:
                 dead += 1
+            elif msg.state == UNSURE:
+                unsure += 1
         if counts["wip"] != held:
             raise fail(
                 "wip count",
@@ -569,7 +922,7 @@ class Checker:
                 + (" (a deadline passed without releasing its message?)" if counts["wip"] > held else ""),
             )
         total = counts["rdy"] + counts["delayed"] + counts["wip"] + counts["dead"]
-        if total != live + dead:
+        if not live + dead <= total <= live + dead + unsure:
             raise fail(
                 "counts",
                 f"the queue says {counts}, the checker {live} queued and {dead} dead",

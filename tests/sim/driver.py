@@ -27,21 +27,21 @@ messages there), ACKing all of them with receipts, and a power loss after which 
 log must be empty.
 
 Every choice comes from the seed's random stream, so the same seed with the same
---steps replays the same run; a failure prints the command that does so.
+--steps replays the same run; a failure prints the command that does so. The seeds,
+the processes, the totals and the command line are the runner's (`sim.runner`), which
+plays the log's workload (`sim.log_driver`) the same way.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import multiprocessing
+import json
 import random
-import sys
-import time
-import traceback
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from simclock import SimClock
 from simdisk import Crashed, SimDisk
@@ -53,8 +53,9 @@ from curb.frame import Frame, FrameParser, encode
 from curb.log import LogCore, max_message_for
 from curb.redelivery import Redelivery
 from curb.session import Session
+from sim import runner
 from sim.checker import Checker, Found, SimFailure, body_for, tag_of
-from sim.workload import DELAYS_MS, Action, Config, Workload
+from sim.workload import DEAD_ACK_TIMEOUTS, DELAYS_MS, Action, Config, Workload
 
 STEPS = 300
 START_MS = 1_000_000_000  # the simulated monotonic clock, in ms
@@ -68,10 +69,9 @@ TIMERS_PER_PASS = 10
 
 
 @dataclass(slots=True)
-class Stats:
+class Stats(runner.Stats):
     """What a run of seeds did, summed over seeds and processes for the totals line."""
 
-    seeds: int = 0
     steps: int = 0
     kills: int = 0
     powers: int = 0
@@ -91,11 +91,12 @@ class Stats:
     expiring: int = 0
     redrives: int = 0
     dead_letters: int = 0
-    failures: int = 0
-
-    def add(self, other: Stats) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+    uptos: int = 0
+    browses: int = 0
+    browsed: int = 0
+    unsubscribes: int = 0
+    faults: int = 0
+    fatal: int = 0
 
     def line(self) -> str:
         return (
@@ -105,7 +106,10 @@ class Stats:
             f"({self.redeliveries} again), acks {self.acks}, nacks {self.nacks}, touches {self.touches}, "
             f"late {self.late}, deadlines passed {self.deadlines}, heart-beats lost {self.beats_lost}, "
             f"disconnects {self.disconnects}, delayed SENDs {self.delayed}, expiring SENDs {self.expiring}, "
-            f"dead letters delivered {self.dead_letters}, redrives {self.redrives}, failures {self.failures}"
+            f"dead letters delivered {self.dead_letters}, redrives {self.redrives}, "
+            f"acks up to an id {self.uptos}, browses {self.browses} ({self.browsed} messages), "
+            f"unsubscribes {self.unsubscribes}, disk faults {self.faults} ({self.fatal} broke the log), "
+            f"failures {self.failures}"
         )
 
 
@@ -143,6 +147,10 @@ class Client:
         self.holding: dict[str, int] = {}
         self.ending = False
         self.seq = 0
+        self.subscribed = ""  # its active subscription: "queue", "dead" or ""
+        self.browse: str | None = None  # the id of its browse under way
+        self.browses = itertools.count(1)
+        self.counting = False  # subscribed to ./count
 
     @property
     def open(self) -> bool:
@@ -152,6 +160,10 @@ class Client:
     def held(self) -> list[str]:
         return list(self.holding)
 
+    @property
+    def browsing(self) -> bool:
+        return self.browse is not None
+
     def next_seq(self) -> int:
         self.seq += 1
         return self.seq
@@ -160,7 +172,14 @@ class Client:
 class Sim:
     """One seed's run."""
 
-    def __init__(self, seed: int, steps: int = STEPS, verbose: bool = False, out: Callable[[str], None] = print):
+    def __init__(
+        self,
+        seed: int,
+        steps: int = STEPS,
+        verbose: bool = False,
+        out: Callable[[str], None] = print,
+        extra: bool = True,
+    ):
         self.seed = seed
         self.steps = steps
         self.verbose = verbose
@@ -179,7 +198,13 @@ class Sim:
         self.run = 0
         self.armed_mode = "kill"
         self.trace_lines: deque[str] = deque(maxlen=TRACE_KEEP)
-        self.workload = Workload(self.rng, self.cfg, max_message_for(self.cfg.cap) - 40)
+        xrng = random.Random(f"extra steps of seed {seed}") if extra else None
+        self.workload = Workload(self.rng, self.cfg, max_message_for(self.cfg.cap) - 40, xrng)
+        self.extra = self.workload.extra_cfg
+        self.checker.dead_timeouts = DEAD_ACK_TIMEOUTS
+        self.known: list[int] = []  # the message ids the clients saw, in the order they saw them
+        self.faults_on = True
+        self.faults_seen = 0  # the disk's faults the checker was told of
         self._world: World | None = None
 
     @property
@@ -192,21 +217,54 @@ class Sim:
 
     def play(self) -> None:
         self.trace(f"config {self.cfg}")
+        if self.extra is not None:
+            self.trace(f"extra {self.extra}")
         self._world = self._open()
         for step in range(self.steps):
             self.step = step
-            action = self.workload.next(self.clients)
-            self.trace(str(action))
-            try:
-                self.do(action)
-                self.settle_io()
-            except Crashed:
-                self.stats.mid_op += 1
-                self.crash(self.armed_mode)
-            self.stats.steps += 1
-            self.checker.check_counts(self.world.broker.counts())
+            self.play_step(self.workload.next(self.clients))
+            extra = self.workload.extra(self.clients, self.known)
+            if extra is not None:
+                self.play_step(extra)
         self.step = self.steps
         self.finish()
+
+    def traced(self) -> list[str]:
+        return list(self.trace_lines)
+
+    def notes(self) -> list[runner.Finding]:
+        """Findings that let the seed play on: the whole broker's checker has none (each
+        of its findings stops the seed)."""
+        return []
+
+    def play_step(self, action: Action) -> None:
+        """One step, what it set off, and the checks after it; a disk fault that broke
+        the log stops the broker, which the simulator then restarts (a kill: the page
+        cache outlives the process)."""
+        self.trace(str(action))
+        try:
+            self.do(action)
+            self._faults()
+            self.settle_io()
+            self._faults()
+        except Crashed:
+            self.stats.mid_op += 1
+            self.crash(self.armed_mode)
+        self.stats.steps += 1
+        if self.world.log.broken is not None:
+            self.trace(f"the log broke: {self.world.log.broken}")
+            self.stats.fatal += 1
+            self.crash("kill")
+        counts = self.world.broker.counts()
+        self.checker.check_counts(counts)
+        self.checker.check_count_views(counts)
+
+    def _faults(self) -> None:
+        """Tell the checker of a disk fault (a refusal or an ERROR "... not stored" may follow)."""
+        if self.disk.faults != self.faults_seen:
+            self.stats.faults += self.disk.faults - self.faults_seen
+            self.faults_seen = self.disk.faults
+            self.checker.disk_fault()
 
     def trace(self, line: str) -> None:
         entry = f"  step {self.step:4d} run {self.run:2d} t+{self.ms - START_MS:7d}ms: {line}"
@@ -226,12 +284,14 @@ class Sim:
         beats = f"{a.heartbeat_ms},{a.heartbeat_ms}"
         self.feed(client, "CONNECT", {"accept-version": "1.2", "heart-beat": beats})
         if a.mode == "dead":
-            client.ack_mode, client.dead = "client-individual", True
-            self.checker.subscribed(serial, client.ack_mode, None, dead=True)
+            client.ack_mode, client.dead, client.subscribed = "client-individual", True, "dead"
+            self.checker.subscribed(serial, client.ack_mode, a.ack_timeout_ms, dead=True)
             headers = {"id": "d", "destination": "./dead", "ack": client.ack_mode, "prefetch-count": str(a.prefetch)}
+            if a.ack_timeout_ms is not None:
+                headers["curb-ack-timeout"] = str(a.ack_timeout_ms)
             self.feed(client, "SUBSCRIBE", headers)
         elif a.mode:
-            client.ack_mode = a.mode
+            client.ack_mode, client.subscribed = a.mode, "queue"
             headers = {"id": "s", "destination": QUEUE, "ack": a.mode, "prefetch-count": str(a.prefetch)}
             if a.ack_timeout_ms is not None:
                 headers["curb-ack-timeout"] = str(a.ack_timeout_ms)
@@ -264,8 +324,10 @@ class Sim:
         if client.session.state is not OPEN:
             self.trace(f"#{tag} refused")
             self.stats.refused += 1
-            self.checker.refused(client.serial, tag, receipt)
+            self.checker.refused(client.serial, tag, receipt, self.world.log.broken is not None)
             client.ending = True
+        else:
+            self.checker.assigned(tag, self.world.log.last_id)
 
     def do_ack(self, a: Action) -> None:
         self._settle(a, "ACK")
@@ -310,19 +372,85 @@ class Sim:
             self.checker.disconnecting(client.serial, seq, f"r{seq}")
             self.feed(client, "DISCONNECT", {"receipt": f"r{seq}"})
         else:
+            self.checker.disconnecting(client.serial, 0, None)
             self.feed(client, "DISCONNECT", {})
 
     def do_redrive(self, a: Action) -> None:
         client = self._client(a)
         seq = client.next_seq()
         receipt = f"r{seq}" if a.receipt else None
-        self.checker.redrive(client.serial, seq, receipt)
-        self.feed(
-            client,
-            "SEND",
-            {"destination": "./redrive"} if receipt is None else {"destination": "./redrive", "receipt": receipt},
-        )
+        headers = {"destination": "./redrive"}
+        if receipt is not None:
+            headers["receipt"] = receipt
+        if a.count is None:
+            self.checker.redrive(client.serial, seq, receipt)
+            self.feed(client, "SEND", headers)
+            self.stats.redrives += 1
+            return
+        # Which dead letters a redrive of some moves is the broker's to choose (the oldest
+        # first): the simulator sees which it moved, the checker whether it may have.
+        before = self._dead_ids()
+        headers["curb-count"] = str(a.count)
+        try:
+            self.feed(client, "SEND", headers)
+        except Crashed:
+            self.checker.redrive_interrupted()
+            raise
+        moved = before - self._dead_ids()
+        self.trace(f"  redrive moved {sorted(moved)}")
+        self.checker.redrive_counted(client.serial, seq, receipt, a.count, moved)
         self.stats.redrives += 1
+
+    def _dead_ids(self) -> set[int]:
+        """The ids of every dead letter the broker has: the log's and its dead letters' queue's."""
+        broker = self.world.broker
+        return {rec.id for rec in self.world.log.dead_records()} | {rec.id for rec in broker.dead.messages()}
+
+    def do_unsubscribe(self, a: Action) -> None:
+        client = self._client(a)
+        which, client.subscribed = client.subscribed, ""
+        seq = client.next_seq()
+        receipt = f"r{seq}" if a.receipt else None
+        self.checker.unsubscribed(client.serial, seq, receipt, which)
+        headers = {"id": "d" if which == "dead" else "s"}
+        if receipt is not None:
+            headers["receipt"] = receipt
+        self.feed(client, "UNSUBSCRIBE", headers)
+        self.stats.unsubscribes += 1
+
+    def do_ack_upto(self, a: Action) -> None:
+        client = self._client(a)
+        seq = client.next_seq()
+        receipt = f"r{seq}" if a.receipt else None
+        self.checker.ack_upto(client.serial, seq, a.upto, receipt, self.world.log.last_id)
+        headers = {"curb-upto": str(a.upto)}
+        if receipt is not None:
+            headers["receipt"] = receipt
+        self.feed(client, "ACK", headers)
+        self.stats.uptos += 1
+
+    def do_browse(self, a: Action) -> None:
+        client = self._client(a)
+        sub = client.browse = f"b{next(client.browses)}"
+        headers = {"id": sub, "destination": QUEUE, "browser": "true"}
+        if a.first is not None:
+            headers["curb-from-id"] = str(a.first)
+        if a.last is not None:
+            headers["curb-to-id"] = str(a.last)
+        last = self.world.log.durable_id if a.last is None else a.last
+        self.checker.browse_started(client.serial, sub, 1 if a.first is None else a.first, last)
+        self.feed(client, "SUBSCRIBE", headers)
+
+    def do_browse_dead(self, a: Action) -> None:
+        client = self._client(a)
+        sub = client.browse = f"b{next(client.browses)}"
+        self.checker.dead_browse_started(client.serial, sub)
+        self.feed(client, "SUBSCRIBE", {"id": sub, "destination": "./dead", "browser": "true"})
+
+    def do_watch_counts(self, a: Action) -> None:
+        client = self._client(a)
+        client.counting = True
+        self.feed(client, "SUBSCRIBE", {"id": "c", "destination": "./count"})
 
     def do_beat(self, a: Action) -> None:
         self._client(a).session.receive_data(b"\n", self.now)
@@ -333,7 +461,8 @@ class Sim:
     def do_loop(self, a: Action) -> None:
         self.world.log.flush()
         self.world.log.sync()
-        self.checker.synced()
+        if self.world.log.broken is None:  # a failed write or sync breaks the log: nothing was synced
+            self.checker.synced()
 
     def do_flush(self, a: Action) -> None:
         self.world.log.flush()
@@ -419,7 +548,22 @@ class Sim:
 
     def received(self, client: Client, frame: Frame) -> None:
         headers = frame.headers
-        if frame.command == "MESSAGE":
+        sub = headers.get("subscription", "")
+        if frame.command == "MESSAGE" and sub == "c":
+            self.checker.count_update(client.serial, headers, json.loads(frame.body))
+        elif frame.command == "MESSAGE" and sub == client.browse:
+            if headers.get("message-id") == "browse-end":
+                last = int(headers["curb-last-id"])
+                self.trace(f"  browse {sub} of connection {client.serial} ended at {last}")
+                self.checker.browse_ended(client.serial, sub, last)
+                self.known.append(last)
+                client.browse = None
+                self.stats.browses += 1
+                return
+            msg_id = int(headers["message-id"])
+            self.checker.browsed(client.serial, sub, tag_of(frame.body), msg_id, headers, frame.body)
+            self.stats.browsed += 1
+        elif frame.command == "MESSAGE":
             msg_id = int(headers["message-id"])
             tag = tag_of(frame.body)
             self.trace(
@@ -427,6 +571,7 @@ class Sim:
                 f", count {headers.get('curb-deliveries', 1)}"
             )
             self.checker.delivered(client.serial, tag, msg_id, headers, frame.body)
+            self.known.append(msg_id)
             self.stats.deliveries += 1
             self.stats.dead_letters += client.dead
             self.stats.redeliveries += "redelivered" in headers
@@ -438,6 +583,7 @@ class Sim:
             self.stats.late += headers.get("curb-late") == "true"
         elif frame.command == "ERROR":
             self.trace(f"connection {client.serial}: ERROR {headers.get('message')}")
+            self._faults()  # a fault in this pass comes before the ERROR it caused
             self.checker.error(client.serial, headers.get("message", ""))
 
     # ---------------------------------------------------------------- crashes
@@ -447,6 +593,9 @@ class Sim:
         recovery starts over on what that crash left; then a full read, checked."""
         self.run += 1
         while True:
+            self._set_faults(False)
+            if self.extra is not None and self.extra.free_bytes is not None:
+                self.disk.free_bytes = self.extra.free_bytes  # a full disk stays full at start-up
             if self.step < self.steps and self.rng.random() < self.cfg.recovery_crash:
                 self.disk.arm_crash(self.rng.randint(0, 4))
             try:
@@ -462,8 +611,18 @@ class Sim:
         self.disk.arm_crash(None)
         found = self._read_all(world.log)
         self.trace(f"open: {len(found)} messages")
-        self.checker.restarted(found)
+        self.checker.restarted(found, world.log.acked_upto)
+        self._set_faults(self.faults_on)
         return world
+
+    def _set_faults(self, on: bool) -> None:
+        """The disk's faults, on (as the seed drew them) or off (recovery, the end)."""
+        extra, disk = self.extra, self.disk
+        if extra is None:
+            return
+        disk.free_bytes = extra.free_bytes if on else None
+        disk.write_eio, disk.sync_eio = (extra.write_eio, extra.sync_eio) if on else (0.0, 0.0)
+        self.faults_seen = disk.faults
 
     def _read_all(self, log: LogCore) -> dict[int, Found]:
         """Every message in the log, by tag: the queued ones (delayed too) by a browse,
@@ -515,7 +674,8 @@ class Sim:
             self.advance(ROUND_MS)
             self.world.log.flush()
             self.world.log.sync()
-            self.checker.synced()
+            if self.world.log.broken is None:
+                self.checker.synced()
             self.settle_io()
 
     def finish(self) -> None:
@@ -525,6 +685,10 @@ class Sim:
         log must be empty."""
         self.trace("finish")
         self.disk.arm_crash(None)
+        self.faults_on = False
+        self._set_faults(False)
+        if self.world.log.broken is not None:
+            self.crash("kill")
         self.rounds(SETTLE_ROUNDS)
         owed = self.checker.unanswered()
         if owed:
@@ -534,9 +698,11 @@ class Sim:
                 self._gone(slot)
         self.advance(max(DELAYS_MS) + ROUND_MS)
         self.settle_io()
-        expired, spent = self.checker.expired(), self.checker.spent()
-        got = self._empty("client-individual", self.checker.queued() - expired, "accepted SEND never delivered", spent)
-        self._empty("dead", self.checker.dead() | expired | (spent - got), "dead letter never delivered")
+        expired, spent, unsure = self.checker.expired(), self.checker.spent(), self.checker.unsure()
+        got = self._empty(
+            "client-individual", self.checker.queued() - expired, "accepted SEND never delivered", spent | unsure
+        )
+        self._empty("dead", self.checker.dead() | expired | (spent - got), "dead letter never delivered", unsure)
         self.checker.check_counts(self.world.broker.counts())
         self.crash("power")
         left = self.checker.queued() | self.checker.dead()
@@ -573,132 +739,52 @@ class Sim:
 # ---------------------------------------------------------------- running seeds
 
 
-@dataclass(slots=True)
-class Outcome:
-    seed: int
-    stats: Stats
-    kind: str | None = None
-    text: str = ""
-    step: int = 0
-    trace: list[str] = field(default_factory=list)
-
-    def report(self, steps: int, trace: bool = True) -> str:
-        lines = [f"seed {self.seed} step {self.step}: {self.text}"]
-        lines += self.trace if trace else []
-        lines.append(f"  replay: bin/crashsim --broker --seed {self.seed} --steps {steps} -v")
-        return "\n".join(lines)
-
-
-def run_seed(seed: int, steps: int = STEPS, verbose: bool = False, out: Callable[[str], None] = print) -> Outcome:
-    """Play one seed; a broken invariant or an exception from the broker is its failure."""
-    sim = Sim(seed, steps, verbose, out)
-    outcome = Outcome(seed, sim.stats)
-    try:
-        sim.play()
-    except SimFailure as err:
-        outcome.kind, outcome.text = err.kind, str(err)
-    except Exception as err:  # the broker raising is a finding, reported like the others
-        outcome.kind = f"exception {type(err).__name__}"
-        outcome.text = f"exception: {err!r}\n" + traceback.format_exc(limit=-8)
-    outcome.step, outcome.trace = sim.step, list(sim.trace_lines)
-    outcome.stats.failures = int(outcome.kind is not None)
-    return outcome
-
-
-@dataclass(slots=True)
-class Totals:
-    stats: Stats = field(default_factory=Stats)
-    failed: list[Outcome] = field(default_factory=list)
-
-    def add(self, other: Totals) -> None:
-        self.stats.add(other.stats)
-        self.failed += other.failed
-
-
-def run_range(start: int, count: int, steps: int = STEPS) -> Totals:
-    totals = Totals()
-    for seed in range(start, start + count):
-        outcome = run_seed(seed, steps)
-        totals.stats.add(outcome.stats)
-        if outcome.kind is not None:
-            totals.failed.append(outcome)
-    return totals
-
-
-def _run_block(args: tuple[int, int, int]) -> Totals:
-    return run_range(*args)
+def run_seed(
+    seed: int,
+    steps: int = STEPS,
+    verbose: bool = False,
+    out: Callable[[str], None] = print,
+    ignore: frozenset[str] = frozenset(),
+    extra: bool = True,
+) -> runner.Outcome[Stats]:
+    """Play one seed; a broken invariant or an exception from the broker is its failure.
+    extra=False plays it as before the extra steps and the disk's faults existed."""
+    replay = "bin/crashsim --broker" + ("" if extra else " --no-extra-steps")
+    return runner.play(Sim(seed, steps, verbose, out, extra), seed, replay, ignore)
 
 
 def run_many(
-    start: int, count: int, steps: int, jobs: int, progress: Callable[[Totals, float], None] | None = None
-) -> Totals:
-    """Play `count` seeds over `jobs` processes, calling `progress` now and then."""
-    block = max(1, min(100, count // (jobs * 4) or 1))
-    blocks = [(s, min(block, start + count - s), steps) for s in range(start, start + count, block)]
-    totals = Totals()
-    began = last = time.monotonic()
-    for part in _map(blocks, jobs):
-        totals.add(part)
-        now = time.monotonic()
-        if progress is not None and now - last >= 10.0:
-            progress(totals, now - began)
-            last = now
-    return totals
+    start: int,
+    count: int,
+    steps: int = STEPS,
+    jobs: int = 1,
+    ignore: frozenset[str] = frozenset(),
+    extra: bool = True,
+) -> runner.Totals[Stats]:
+    """Play `count` seeds over `jobs` processes."""
+    return runner.run_many(TARGET, start, count, steps, jobs, ignore, (("extra", extra),))
 
 
-def _map(blocks: list[tuple[int, int, int]], jobs: int) -> Iterator[Totals]:
-    if jobs <= 1:
-        yield from map(_run_block, blocks)
-        return
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        yield from pool.imap_unordered(_run_block, blocks)
-
-
-# ---------------------------------------------------------------- command line
-
-
-def main(argv: Iterable[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="bin/crashsim --broker",
-        description="Crash-simulate the whole broker (sessions, broker, queue, log) over many seeds.",
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-extra-steps",
+        dest="extra",
+        action="store_false",
+        help="play without the extra steps (redrives of some, UNSUBSCRIBE, ACK up to an id, browses, ./count) "
+        "and the disk's faults, as seeds found before they existed",
     )
-    parser.add_argument("--seeds", type=int, default=1000, help="how many seeds to play (default 1000)")
-    parser.add_argument("--start", type=int, default=0, help="first seed (default 0)")
-    parser.add_argument("--seed", type=int, help="play just this seed (replay a failure)")
-    parser.add_argument("--steps", type=int, default=STEPS, help=f"steps per seed (default {STEPS})")
-    parser.add_argument("--jobs", type=int, default=1, help="processes to fan out over (default 1)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="print the trace of every step")
-    parser.add_argument("--show", type=int, default=5, help="failures to print in full (default 5)")
-    args = parser.parse_args(None if argv is None else list(argv))
-    if args.seed is not None:
-        began = time.monotonic()
-        outcome = run_seed(args.seed, args.steps, args.verbose)
-        print(f"seed {args.seed}: {outcome.stats.line()}, {time.monotonic() - began:.2f} s")
-        if outcome.kind is None:
-            print("ok")
-            return 0
-        print(outcome.report(args.steps, trace=not args.verbose))
-        return 1
-    began = time.monotonic()
 
-    def progress(totals: Totals, seconds: float) -> None:
-        done = totals.stats.seeds
-        print(
-            f"crashsim --broker: {done}/{args.seeds} seeds, {len(totals.failed)} failed, {done / seconds:.1f} seeds/s",
-            file=sys.stderr,
-            flush=True,
-        )
 
-    totals = run_many(args.start, args.seeds, args.steps, max(1, args.jobs), progress)
-    for outcome in sorted(totals.failed, key=lambda o: o.seed)[: args.show]:
-        print(outcome.report(args.steps), end="\n\n")
-    kinds: dict[str, list[int]] = {}
-    for outcome in totals.failed:
-        kinds.setdefault(outcome.kind or "", []).append(outcome.seed)
-    for kind, seeds in sorted(kinds.items()):
-        print(f"FAILED {kind}: {len(seeds)} seeds, e.g. {sorted(seeds)[:8]}")
-    print(
-        f"crashsim --broker: seeds {args.start}..{args.start + args.seeds - 1}: {totals.stats.line()}, "
-        f"{time.monotonic() - began:.1f} s with {max(1, args.jobs)} jobs"
-    )
-    return 1 if totals.failed else 0
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    return {"extra": args.extra}
+
+
+TARGET = runner.Target(
+    name="crashsim --broker",
+    description="Crash-simulate the whole broker (sessions, broker, queue, log) over many seeds.",
+    steps=STEPS,
+    run_seed=run_seed,
+    stats=Stats,
+    add_options=_add_options,
+    options=_options,
+)

@@ -19,6 +19,16 @@ expiry times), a loop pass (the log writes and syncs), a write or a sync alone, 
 crashes: kill -9 or power loss between steps, or armed to strike within the next few
 disk calls. The broker's redelivery policy (delivery limit, redelivery delay and its
 growth) is drawn per seed.
+
+The extra steps (`Extra`, on unless a seed is played as it was found before them) draw
+from a random stream of their own, so the seeds kept from before them replay exactly:
+a redrive with `curb-count` (with or without receipt), UNSUBSCRIBE of the queue's or the
+dead letters' subscription (the client still ACKs and NACKs what it holds), ACK with
+`curb-upto` (an id the clients saw, the highest, or one above every id), a browse of the
+queue (`browser:true`, from and to ids the clients saw, the highest, past it, or none)
+or of `./dead`, and a `./count` subscription; and the disk's faults, drawn per seed: a
+free-space limit (ENOSPC when the log must grow), or EIO on writes or syncs, which
+break the log (its broker then stops, and the simulator restarts it).
 """
 
 from __future__ import annotations
@@ -100,6 +110,53 @@ class Config:
         )
 
 
+EXTRA_WEIGHTS = {
+    "redrive_count": 1.0,
+    "unsubscribe": 0.8,
+    "ack_upto": 0.8,
+    "browse": 2.0,
+    "browse_dead": 1.0,
+    "watch_counts": 0.6,
+}
+# The ./dead subscriptions' ack deadline (curb-ack-timeout on a ./dead SUBSCRIBE): the
+# broker has none yet (README: "./dead subscriptions have no ack deadline"). Once it
+# has, set this: the workload then asks for one on some ./dead SUBSCRIBEs, and the
+# checker (Checker.subscribed, Checker.advance) puts a dead letter held past it back
+# among the dead letters.
+DEAD_ACK_TIMEOUTS = False
+DEAD_TIMEOUTS_MS = (30, 400, 3000)
+
+
+@dataclass(slots=True)
+class Extra:
+    """The extra steps' share of the steps and mix, and the disk's faults, drawn from
+    their own stream."""
+
+    share: float  # the odds of an extra step after each step
+    free_bytes: int | None  # the file system's room for the log file; None: no limit
+    write_eio: float  # the odds of EIO on each write
+    sync_eio: float  # the odds of EIO on each sync
+    weights: dict[str, float] = field(repr=False)
+
+    @classmethod
+    def draw(cls, rng: random.Random, cap: int) -> Extra:
+        free_bytes, write_eio, sync_eio = None, 0.0, 0.0
+        fault = rng.random()
+        if fault < 0.1:
+            free_bytes = rng.randint(cap // 4, cap)
+        elif fault < 0.16:
+            write_eio = rng.choice((0.002, 0.01))
+        elif fault < 0.22:
+            sync_eio = rng.choice((0.005, 0.02))
+        return cls(
+            share=rng.choice((0.1, 0.2, 0.35)),
+            free_bytes=free_bytes,
+            write_eio=write_eio,
+            sync_eio=sync_eio,
+            weights={name: base * rng.uniform(0.3, 2.0) for name, base in EXTRA_WEIGHTS.items()},
+        )
+
+
 @dataclass(slots=True)
 class Action:
     """One step: `kind` (a key of BASE_WEIGHTS), the client slot it concerns (-1: none),
@@ -120,6 +177,10 @@ class Action:
     ack_timeout_ms: int | None = None  # connect: curb-ack-timeout, None for the broker's
     heartbeat_ms: int = 0  # connect: the heart-beats this client sends and wants; 0: none
     ops: int = 0  # crash_mid_op: disk calls before it strikes
+    count: int | None = None  # redrive: curb-count
+    upto: int = 0  # ack_upto: curb-upto
+    first: int | None = None  # browse: curb-from-id
+    last: int | None = None  # browse: curb-to-id
 
     def __str__(self) -> str:
         shown = {"slot": self.slot} if self.slot >= 0 else {}
@@ -137,6 +198,10 @@ class Action:
             "due_header",
             "ttl_ms",
             "expiry_header",
+            "count",
+            "upto",
+            "first",
+            "last",
         ):
             value = getattr(self, name)
             if value not in (False, "", 0, None) or (name in ("ack_timeout_ms", "delay_ms") and value == 0):
@@ -161,16 +226,34 @@ class ClientView(Protocol):
     def held(self) -> Sequence[str]:
         """The ack ids of the MESSAGEs it got and has not settled, in delivery order."""
 
+    @property
+    def subscribed(self) -> str:
+        """Its active subscription: "queue", "dead", or "" (none, or unsubscribed)."""
+
+    @property
+    def browsing(self) -> bool:
+        """A browse of its runs."""
+
+    @property
+    def counting(self) -> bool:
+        """Subscribed to ./count."""
+
 
 class Workload:
     """The next action, from the seed's random stream and what the clients know."""
 
-    def __init__(self, rng: random.Random, cfg: Config, max_body: int):
+    def __init__(self, rng: random.Random, cfg: Config, max_body: int, xrng: random.Random | None = None):
         self.rng = rng
         self.cfg = cfg
         self.max_body = max_body
         self._kinds = list(cfg.weights)
         self._cum = list(itertools.accumulate(cfg.weights.values()))
+        # The extra steps and the disk's faults, from a stream of their own (None: none).
+        self.xrng = xrng or random.Random(0)
+        self.extra_cfg = None if xrng is None else Extra.draw(xrng, cfg.cap)
+        weights = self.extra_cfg.weights if self.extra_cfg is not None else EXTRA_WEIGHTS
+        self._extra_kinds = list(weights)
+        self._extra_cum = list(itertools.accumulate(weights.values()))
 
     def next(self, clients: Sequence[ClientView | None]) -> Action:
         rng = self.rng
@@ -218,13 +301,57 @@ class Workload:
             return Action("crash_mid_op", mode=rng.choice(("kill", "power")), ops=rng.randint(0, 6))
         return Action(kind)
 
+    def extra(self, clients: Sequence[ClientView | None], known: Sequence[int]) -> Action | None:
+        """Maybe one extra step, from the extra stream; `known`: the message ids the
+        clients saw (MESSAGEs, browse end markers), in the order they saw them."""
+        rng, extra = self.xrng, self.extra_cfg
+        if extra is None or rng.random() >= extra.share:
+            return None
+        kind = rng.choices(self._extra_kinds, cum_weights=self._extra_cum)[0]
+        opened = [i for i, c in enumerate(clients) if c is not None and c.open]
+        if kind == "unsubscribe":
+            opened = [i for i in opened if clients[i].subscribed]  # type: ignore[union-attr]
+        elif kind in ("browse", "browse_dead"):
+            opened = [i for i in opened if not clients[i].browsing]  # type: ignore[union-attr]
+        elif kind == "watch_counts":
+            opened = [i for i in opened if not clients[i].counting]  # type: ignore[union-attr]
+        if not opened:
+            return None
+        slot = rng.choice(opened)
+        top = max(known, default=0)
+        seen = rng.choice(known) if known else 0
+        if kind == "redrive_count":
+            return Action("redrive", slot, receipt=rng.random() < 0.6, count=rng.choice((0, 1, 1, 2, 3, 5)))
+        if kind == "unsubscribe":
+            return Action("unsubscribe", slot, receipt=rng.random() < 0.5)
+        if kind == "ack_upto":
+            upto = rng.choice((top, top, seen, seen, 0, top + rng.randint(1, 3)))
+            return Action("ack_upto", slot, receipt=rng.random() < 0.7, upto=upto)
+        if kind == "browse":
+            first = rng.choice((None, 1, seen, seen, top, top + 1))
+            last = rng.choice((None, None, seen, top, top + 5))
+            return Action("browse", slot, first=first, last=last)
+        if kind == "browse_dead":
+            return Action("browse_dead", slot)
+        return Action("watch_counts", slot)
+
     def _connect(self, slot: int) -> Action:
         rng = self.rng
         beats = rng.choice((0, 0, 300, 1000)) if self.cfg.heartbeat_ms else 0
         if rng.random() < 0.35:
             return Action("connect", slot, heartbeat_ms=beats)
         if (self.cfg.max_deliveries or self.cfg.ttl_share) and rng.random() < 0.15:
-            return Action("connect", slot, mode="dead", prefetch=rng.choice(PREFETCHES), heartbeat_ms=beats)
+            dead_timeout = None
+            if DEAD_ACK_TIMEOUTS and self.extra_cfg is not None and self.xrng.random() < 0.5:
+                dead_timeout = self.xrng.choice(DEAD_TIMEOUTS_MS)
+            return Action(
+                "connect",
+                slot,
+                mode="dead",
+                prefetch=rng.choice(PREFETCHES),
+                heartbeat_ms=beats,
+                ack_timeout_ms=dead_timeout,
+            )
         timeout = rng.choice((None, None, 0, 30, 150, 1000, 5000))
         return Action(
             "connect",
