@@ -22,7 +22,8 @@ handlers, which read the frame's headers and tell the broker.
   queue's) reads the dead letters, `browser:true` browses them; `SEND
   destination:./redrive` moves them back, its RECEIPT (with `curb-moved:<n>`) once that
   is durable. A SEND's due and expiry headers are the broker's (Broker.accept); a SEND
-  to another `./` name or a misspelt `./redrive` is refused (curb.destinations).
+  to another `./` name or a misspelt `./redrive` is refused, as is a SUBSCRIBE to a `./`
+  name Curb does not have (curb.destinations).
 - A bad header is a QueueError (or an `error` call) whose advice says what to send instead.
 """
 
@@ -36,7 +37,7 @@ from curb.access import NEW, OPEN, on_connect
 from curb.broker import Refused
 from curb.counts import COUNT_DESTINATION
 from curb.dead import DEAD_DESTINATION, REDRIVE_DESTINATION
-from curb.destinations import send_refusal
+from curb.destinations import send_refusal, subscribe_refusal
 from curb.frame import Frame, decimal, escape
 from curb.log.waiters import MaybeStored
 from curb.queue import MAX_PREFETCH, Late, QueueError
@@ -142,6 +143,9 @@ def on_subscribe(session: Session, frame: Frame) -> None:
             "SUBSCRIBE needs an id header",
             "Give SUBSCRIBE an id header (any name); MESSAGEs carry it as subscription and UNSUBSCRIBE names it.",
         )
+    refusal = subscribe_refusal(headers.get("destination"))
+    if refusal is not None:
+        raise refusal
     lines = [
         b"subscription:" + escape(sub_id).encode(),
         b"destination:" + escape(headers.get("destination", "/queue/curb")).encode(),

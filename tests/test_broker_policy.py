@@ -494,6 +494,48 @@ def test_a_send_to_a_reserved_or_misspelt_name_is_an_error_never_a_job(destinati
         assert world.log.next_id == 1 and world.broker.metrics.redriven == 0, "nothing stored, nothing moved"
 
 
+# A SUBSCRIBE's destination -> whether it is a subscription (README: Dead letters).
+SUBSCRIBE_DESTINATIONS = {
+    "/queue/work": True,
+    "/queue/dead": True,
+    "jobs": True,
+    "./dead": True,
+    "./count": True,
+    "./Dead": False,
+    "./dead ": False,
+    "./counts": False,
+    "./COUNT": False,
+    "./redrive": False,
+    "./purge": False,
+    "./": False,
+}
+
+
+# ... and a browse of a refused one is refused too (browses of the others: tests/test_browse.py).
+SUBSCRIBES = [(name, False) for name in SUBSCRIBE_DESTINATIONS] + [
+    (name, True) for name, ok in SUBSCRIBE_DESTINATIONS.items() if not ok
+]
+
+
+@pytest.mark.parametrize("destination, browse", SUBSCRIBES)
+def test_a_subscribe_to_an_unknown_local_name_is_an_error_never_a_consumer(destination, browse):
+    world = dead_world(1)
+    producer(world, b"job")
+    peer = world.session()
+    peer.connect()
+    headers = {"id": "s", "destination": destination, "receipt": "r"}
+    if browse:
+        headers["browser"] = "true"
+    peer.feed(encode("SUBSCRIBE", headers))
+    commands = [f.command for f in peer.frames()]
+    if SUBSCRIBE_DESTINATIONS[destination]:
+        assert "ERROR" not in commands
+    else:
+        assert commands == ["ERROR"] and peer.session.close_wanted == "close"
+        counts = world.broker.counts()
+        assert (counts["rdy"], counts["dead"], counts["subscriptions"]) == (1, 1, 0), "nothing taken"
+
+
 # SEND headers that would change what a SEND does, and are refused rather than ignored.
 REFUSED_HEADERS = {
     "./redrive with curb-delay": ("./redrive", {"curb-delay": "1000"}, b""),
