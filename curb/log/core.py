@@ -1095,10 +1095,10 @@ class LogCore:
 
     def _write_reparks(self) -> bool:
         """Copy the records the log keeps (`_reparks`) to the head, as entries of the
-        index, while no append waits for room and the ring keeps the room below which
-        compaction starts early (a quarter of it at least); the rest wait for a later
-        flush, or for compaction, which copies them with the held records that pin the
-        tail. Returns whether anything was written."""
+        index, while no append waits for room, the ring keeps the room below which
+        compaction starts early (a quarter of it at least) and the file system lets the
+        file grow; the rest wait for a later flush, or for compaction, which copies them
+        with the held records that pin the tail. Returns whether anything was written."""
         reparks, ring, admission = self._reparks, self._ring, self.admission
         if self._pending:
             return False
@@ -1109,7 +1109,16 @@ class LogCore:
             spot = ring.copy_spot(rec.size, keep)
             if spot is None:
                 break
-            if self._copy(rec, spot, runs):
+            try:
+                copied = self._copy(rec, spot, runs)
+            except OSError as err:
+                # No room to grow the file (raised before anything of this copy was
+                # placed): the copies made so far are written, the rest wait. A full disk
+                # must not break the log, and an entry indexed must have its copy written.
+                if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                break
+            if copied:
                 self._reparked(rec)
             else:  # damaged, and reported: it stays held, as compaction leaves it
                 self._unkeep(rec)
