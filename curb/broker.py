@@ -49,7 +49,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol
 
 from curb import message_limits, payload
@@ -126,10 +126,11 @@ class Store(Protocol):
     def revive(self, rec: Record) -> None: ...
     def keep_dead(self, rec: Record) -> None: ...
     def next_dead(self) -> Record | None: ...
-    def dead_records(self) -> list[Record]: ...
-    def redrive(self, count: int | None = None, done: Done | None = None) -> int: ...
+    def dead_letters(self) -> tuple[Sequence[int], list[Record]]: ...
+    def read_dead(self, mid: int) -> Record | None: ...
+    def redrive(self, count: int) -> int: ...
     def wall_ms(self) -> int: ...
-    def due(self, now_ms: int) -> list[Record]: ...
+    def release(self, now_ms: int) -> bool: ...
     def next_due(self) -> int | None: ...
     @property
     def delayed(self) -> int: ...
@@ -224,6 +225,9 @@ class NotStored(Exception):
         self.maybe = isinstance(reason, MaybeStored)
 
 
+# Dead letters a redrive moves per loop pass: each is read back and rewritten in place,
+# a few microseconds, so a pass holds other clients up a few milliseconds at most.
+REDRIVE_SLICE = 1024
 TOO_LARGE, BAD_HEADERS, FULL = "too_large", "bad_headers", "full"
 # When a front may suggest trying a SEND the full queue refused again (HTTP's Retry-After).
 RETRY_FULL_SECONDS = 1.0
@@ -460,28 +464,44 @@ class Broker:
             self.counts_changed()
 
     def browse_dead(self, session: Peer) -> DeadBrowse:
-        """A browse of the dead letters as they are now, by id: those the log still holds
-        and those of the dead letters' queue."""
-        records = sorted(self.log.dead_records() + self.dead.messages(), key=lambda rec: rec.id)
-        browse = DeadBrowse(records, self.log.payload)
+        """A browse of the dead letters as they are now, oldest first: those the log holds
+        (read one by one as the browse steps) and those of the dead letters' queue."""
+        ids, kept = self.log.dead_letters()
+        log = self.log
+        browse = DeadBrowse(ids, kept + self.dead.messages(), log.read_dead, log.payload)
         self._browsing[session] = None
         self._want_browse()
         return browse
 
-    def redrive(self, count: int | None, done: Done) -> int:
-        """Move up to `count` (None: all) dead letters back to the queue, oldest first,
-        their delivery count reset; `done(None)` once that is durable. Dead letters a
-        `./dead` subscriber holds stay. Returns how many moved. The log's own (found at
-        start-up, older than any buried since) go first, then the dead letters' queue's."""
-        moved = self.log.redrive(count)
-        revived = self.dead.take_ready(None if count is None else count - moved)
-        for rec in revived:
-            self.log.revive(rec)
-        self.queue.requeue(revived)
-        self.metrics.redriven += moved + len(revived)
-        self.log.on_durable(done)
-        self._release()
-        return moved + len(revived)
+    def redrive(self, count: int | None, moved: Callable[[int], None]) -> None:
+        """Move up to `count` (None: all there are when it starts) dead letters back to
+        the queue, oldest first, their delivery count reset: the log's, a slice per loop
+        pass (a million take a few seconds, and no client waits more than a slice), then
+        those back from `./dead` subscribers. `moved(n)` once the last slice is done; what
+        it moved is durable once `on_durable` says so. Dead letters a `./dead`
+        subscriber holds stay."""
+        total = 0
+        left = self.log.dead if count is None else count
+
+        def step() -> None:
+            nonlocal total, left
+            n = self.log.redrive(min(left, REDRIVE_SLICE))
+            total += n
+            left -= n
+            self.pump()
+            if n == REDRIVE_SLICE and left:
+                self.schedule(0, step)
+                return
+            revived = self.dead.take_ready(None if count is None else left)
+            for rec in revived:
+                self.log.revive(rec)
+            self.queue.requeue(revived)
+            total += len(revived)
+            self.metrics.redriven += total
+            self.pump()
+            moved(total)
+
+        step()
 
     def browse(self, session: Peer, from_id: int, to_id: int | None) -> Browse:
         """A browse of ids [from_id, to_id] for the session, stepped from the next loop
@@ -735,10 +755,13 @@ class Broker:
         self._release()
 
     def _release(self) -> None:
-        """What the log kept until now is due: rdy at the front of the line, and
-        delivered if some consumer can take it; the timer is armed for what is left."""
-        self.queue.requeue(self.log.due(self.wall_ms()))
-        self._arm_due()
+        """What the log kept until now is due: it joins the log's ready line (the front of
+        the queue's line), a slice per loop pass, and is delivered as consumers can take
+        it; then the timer is armed for what is left."""
+        if self.log.release(self.wall_ms()):
+            self.schedule(0, self._release)
+        else:
+            self._arm_due()
         self.pump()
 
     # ---------------------------------------------------------------- ack deadlines

@@ -37,32 +37,15 @@ from curb import __version__, systemd, tls
 from curb.addr import parse_addr
 from curb.broker import ACK_TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS
 from curb.durations import Duration, format_seconds
+from curb.flags import max_frame_flag, size_flag
 from curb.heartbeat import MAX_MS as MAX_HEARTBEAT_MS
 from curb.inspect import inspect_command
 from curb.instance import DEFAULT_PORT, EXIT_IO, FD_HEADROOM, Config, Events, Instance, StartError, reason_of
-from curb.log import LogError, parse_size
-from curb.message_limits import MIN_FRAME, RESERVE
+from curb.log import LogError
 from curb.passwd import passwd_command
 from curb.redelivery import MAX_DELAY_MS, MAX_MULTIPLIER, Redelivery
 
 DEFAULT_POLICY = Redelivery()  # the redelivery flags' defaults (curb.redelivery says why)
-
-
-def _size(ctx, param, value: str) -> int:
-    try:
-        return parse_size(value)
-    except ValueError as err:
-        raise click.BadParameter(str(err)) from None
-
-
-def _max_frame(ctx, param, value: str) -> int:
-    size = _size(ctx, param, value)
-    if size < MIN_FRAME:
-        raise click.BadParameter(
-            f"{value!r} is too small: at least {MIN_FRAME} bytes (4KiB), so that a CONNECT and a MESSAGE "
-            f"(the broker adds up to {RESERVE} bytes of headers) fit"
-        )
-    return size
 
 
 def _addr(ctx, param, value: str | None):
@@ -79,13 +62,28 @@ def default_file() -> str:
     return os.path.join(state.split(":")[0], "curb.log") if state else "curb.log"
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The subcommands, with `curb router` imported only when it is asked for (or listed by
+    --help): the broker itself never needs the router's modules."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*self.commands, "router"])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name == "router":
+            from curb.router.cli import router_command
+
+            return router_command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_Commands, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "-cap",
     "--cap",
     default="1GiB",
     show_default=True,
-    callback=_size,
+    callback=size_flag,
     help="Most bytes the log file may ever take on disk (B, KiB, MiB, GiB).",
 )
 @click.option(
@@ -148,7 +146,7 @@ def default_file() -> str:
     "--max-frame",
     default="16MiB",
     show_default=True,
-    callback=_max_frame,
+    callback=max_frame_flag,
     help="Largest frame a client may send (at least 4KiB); larger ones get an ERROR.",
 )
 @click.option(
@@ -360,8 +358,9 @@ def _unknown_option(err: click.NoSuchOption, args: list[str]) -> str:
     for param in ctx.command.get_params(ctx) if ctx is not None else []:
         for flag in param.opts:
             known.setdefault(flag.lstrip("-"), flag)
-    commands = [command, *command.commands.values()]
-    every = {flag for cmd in commands for param in cmd.params for flag in param.opts} | {"-h", "--help"}
+    subcommands = [command.get_command(ctx, name) for name in command.list_commands(ctx)] if ctx else []
+    every = {flag for cmd in (command, *subcommands) if cmd for param in cmd.params for flag in param.opts}
+    every |= {"-h", "--help"}
     typed = err.option_name
     if not typed.startswith("--"):
         unknown = [
@@ -395,13 +394,3 @@ def _describe(err: OSError) -> str:
     """An OSError from outside start-up's known steps, with the file it names if any."""
     where = f" ({err.filename})" if err.filename else ""
     return f"{reason_of(err)}{where}"
-
-
-def _add_router_command() -> None:
-    """`curb router` builds on the helpers above, so it is imported last."""
-    from curb.router.cli import router_command
-
-    command.add_command(router_command)
-
-
-_add_router_command()

@@ -131,8 +131,15 @@ def _redrive(session: Session, frame: Frame) -> None:
             f"{err}: give the number of dead letters to move back, oldest first, or leave curb-count out "
             "to move them all.",
         ) from None
-    moved = session.broker.redrive(count, _no_answer)
-    session.line.after_sync(frame.headers.get("receipt"), "SEND", extra=b"curb-moved:%d\n" % moved)
+    receipt_id = frame.headers.get("receipt")
+    line = session.line
+    entry = line.owe() if receipt_id is not None else None
+
+    def moved(n: int) -> None:
+        if entry is not None and receipt_id is not None:
+            line.after_sync_at(entry, receipt_id, "SEND", extra=b"curb-moved:%d\n" % n)
+
+    session.broker.redrive(count, moved)
 
 
 def on_subscribe(session: Session, frame: Frame) -> None:

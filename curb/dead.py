@@ -19,7 +19,7 @@ of bytes per step, like a browse of the queue.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from curb.log.browse import Step
@@ -27,6 +27,7 @@ from curb.log.cursor import Record
 
 DEAD_DESTINATION = "./dead"
 REDRIVE_DESTINATION = "./redrive"
+STEP_ENTRIES = 4096  # entries a browse step looks at, at most, sent or not
 
 
 class DeadLog(Protocol):
@@ -49,24 +50,41 @@ def dead_headers(rec: Record) -> bytes:
 
 
 class DeadBrowse:
-    """A browse of the dead letters that were dead when it began, by id; `step` as
-    curb.browse.Browse's, for the session's browse loop."""
+    """A browse of the dead letters that were dead when it began, oldest first: the ids
+    of the log's (each read only when the browse gets to it, found by id wherever
+    compaction has copied it since, so a million cost 8 bytes each until then) merged
+    with the dead letters held as records. Each is sent only if still dead when its turn
+    comes, a bounded number of bytes per step, like a browse of the queue; `step` as
+    curb.browse.Browse's."""
 
-    def __init__(self, records: list[Record], payload: Callable[[Record], bytes | memoryview]):
-        self._records = records
-        self._next = 0
-        self._payload = payload
-        self.to_id = records[-1].id if records else 0
+    def __init__(
+        self,
+        ids: Sequence[int],
+        records: list[Record],
+        read: Callable[[int], Record | None],
+        payload: Callable[[Record], bytes | memoryview],
+    ):
+        self._ids, self._at = ids, 0
+        self._records, self._next = sorted(records, key=lambda rec: rec.id), 0
+        self._read, self._payload = read, payload
+        self.to_id = max(ids[-1] if ids else 0, self._records[-1].id if self._records else 0)
 
     def step(self, budget: int) -> Step:
         messages: list[tuple[int, bytes]] = []
-        records = self._records
-        while self._next < len(records) and budget > 0:
-            rec = records[self._next]
-            self._next += 1
-            if rec.acked or not rec.dead:
-                continue  # deleted or redriven since the browse began
+        ids, records = self._ids, self._records
+        looked = 0
+        while budget > 0 and looked < STEP_ENTRIES and (self._at < len(ids) or self._next < len(records)):
+            looked += 1
+            rec: Record | None
+            if self._next >= len(records) or (self._at < len(ids) and ids[self._at] < records[self._next].id):
+                rec = self._read(ids[self._at])
+                self._at += 1
+            else:
+                rec = records[self._next]
+                self._next += 1
+            if rec is None or rec.acked or not rec.dead:
+                continue  # taken, deleted or redriven since the browse began
             data = dead_headers(rec) + bytes(self._payload(rec))
             messages.append((rec.id, data))
             budget -= len(data)
-        return Step(messages, done=self._next >= len(records))
+        return Step(messages, done=self._at >= len(ids) and self._next >= len(records))

@@ -36,7 +36,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from curb import systemd, tls, users
 from curb.broker import ACK_TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS, Broker
@@ -45,7 +45,9 @@ from curb.metrics import Metrics
 from curb.ratelimit import LineLimit
 from curb.redelivery import Redelivery
 from curb.server import Connection, Handshake
-from curb.web.front import WebFront
+
+if TYPE_CHECKING:
+    from curb.web.front import WebFront
 
 DEFAULT_PORT = 61613
 DRAIN_SECONDS = 5.0
@@ -297,6 +299,8 @@ class Instance:
         http = self.config.http
         if http is None:
             return
+        from curb.web.front import WebFront  # aiohttp loads only when -http asks for it
+
         web = self.web = WebFront(self.broker, self.metrics, self.events, self.config.http_origins)
         context = self._tls.context if self.config.http_tls and self._tls is not None else None
         await _listen("-http", http, lambda: web.start(http[0], http[1], context))

@@ -67,6 +67,11 @@ class ReceiptLine:
         if receipt_id is not None:
             self._when_durable(self.answer(self.owe(), receipt_id, command, late=late, extra=extra))
 
+    def after_sync_at(self, entry: Owed, receipt_id: str, command: str, extra: bytes = b"") -> None:
+        """A RECEIPT in a place taken earlier (`owe`), once everything asked of the log
+        by now is durable: for a frame whose work ran over several loop passes."""
+        self._when_durable(self.answer(entry, receipt_id, command, extra=extra))
+
     def answer(
         self,
         entry: Owed,

@@ -46,6 +46,18 @@ class World:
             out.append(rec)
         return out
 
+    def due(self, now_ms: int) -> list[Record]:
+        """The messages due by `now_ms`, taken from the ready line (as consumers would)."""
+        self.log.release(now_ms, 1 << 62)
+        out = []
+        while self.log.ready_waiting and (rec := self.log.next_ready()) is not None:
+            out.append(rec)
+        return out
+
+    def dead_records(self) -> list[Record]:
+        ids, kept = self.log.dead_letters()
+        return [rec for mid in ids if (rec := self.log.read_dead(mid)) is not None] + kept
+
 
 def ids(records: list[Record]) -> list[int]:
     return [rec.id for rec in records]
@@ -59,21 +71,21 @@ def test_a_delayed_send_is_parked_until_due_and_keeps_its_due_time_across_a_cras
     w.settle()
     assert ids(w.ready()) == [a.id, c.id], "the delayed one is never handed out early"
     assert w.log.delayed == 1 and w.log.next_due() == WALL + 5_000
-    assert w.log.due(WALL + 4_999) == []
+    assert w.due(WALL + 4_999) == []
     w2 = w.restart("power")
     again = w2.ready()
     assert ids(again) == [a.id, c.id] and w2.log.delayed == 1
     for rec in again:
         w2.log.ack(rec)
-    assert w2.log.next_due() == WALL + 5_000 and w2.log.due(WALL + 4_999) == []
+    assert w2.log.next_due() == WALL + 5_000 and w2.due(WALL + 4_999) == []
     w2.wall = WALL + 5_000
-    back = w2.log.due(w2.wall)
+    back = w2.due(w2.wall)
     assert ids(back) == [b.id] and back[0].due_ms == WALL + 5_000 and w2.log.delayed == 0
     assert bytes(w2.log.payload(back[0])).startswith(b"x-n:2\n")
     w2.log.ack(back[0])
     w2.settle()
     w3 = w2.restart("power")
-    assert w3.ready() == [] and w3.log.due(WALL + 10**9) == [] and w3.log.live_bytes == 0
+    assert w3.ready() == [] and w3.due(WALL + 10**9) == [] and w3.log.live_bytes == 0
 
 
 def test_a_requeue_with_a_delay_is_durable_with_its_count_and_comes_back_when_due():
@@ -92,7 +104,7 @@ def test_a_requeue_with_a_delay_is_durable_with_its_count_and_comes_back_when_du
     w2 = w.restart("power")
     assert w2.ready() == [] and w2.log.delayed == 1, "not handed out before its due time, after a crash"
     w2.wall = WALL + 60_000
-    (back,) = w2.log.due(w2.wall)
+    (back,) = w2.due(w2.wall)
     assert (back.id, back.deliveries) == (a.id, 3), "the delivery count came through the crash"
 
 
@@ -109,7 +121,7 @@ def test_a_burial_is_durable_and_a_dead_letter_is_never_handed_out_again(reason)
     w.settle()
     w2 = w.restart("power")
     assert w2.ready() == [] and w2.log.dead == 1 and w2.log.delayed == 0
-    (snapshot,) = w2.log.dead_records()
+    (snapshot,) = w2.dead_records()
     assert (snapshot.id, snapshot.dead, snapshot.deliveries) == (a.id, reason, 1) and w2.log.dead == 1
     dead = w2.log.next_dead()
     assert dead is not None and (dead.id, dead.dead, dead.deliveries) == (a.id, reason, 1)
@@ -135,11 +147,12 @@ def test_a_redrive_moves_dead_letters_back_oldest_first_with_their_count_reset()
     w2 = w.restart("kill")
     assert w2.log.dead == 4
     answers: list[str | None] = []
-    assert w2.log.redrive(3, answers.append) == 3
+    assert w2.log.redrive(3) == 3
+    w2.log.on_durable(answers.append)
     assert w2.log.dead == 1
     w2.settle()
     assert answers == [None]
-    back = w2.log.due(w2.wall)
+    back = w2.due(w2.wall)
     assert ids(back) == ids(sent[:3]) and all(rec.deliveries == 0 and not rec.dead for rec in back)
     w3 = w2.restart("power")  # the redrive was durable: rdy again, count 0
     assert [(r.id, r.deliveries) for r in w3.ready()] == [(rec.id, 0) for rec in sent[:3]]
@@ -195,7 +208,7 @@ def test_compaction_copies_parked_records_forward_so_they_never_pin_the_tail():
     assert w2.ready() == [] and w2.log.delayed == 5 and w2.log.dead == 1
     assert w2.log.next_due() == WALL + 3_600_000
     w2.wall = WALL + 3_600_000 + 4
-    assert ids(w2.log.due(w2.wall)) == ids(delayed)
+    assert ids(w2.due(w2.wall)) == ids(delayed)
     found = w2.log.next_dead()
     assert found is not None and found.id == dead.id
 
@@ -242,7 +255,7 @@ def test_a_parked_copy_that_comes_due_ahead_of_the_cursor_comes_back_once():
         w.settle(1)
         if copies_of_parked(w, entries) and w.wall < late.due_ms:
             w.wall = late.due_ms  # due while its copy lies ahead of the cursor
-        for rec in w.log.due(w.wall) + w.ready():
+        for rec in w.due(w.wall) + w.ready():
             assert rec.id != late.id or w.wall >= late.due_ms, "handed out early"
             seen.append(rec.id)
             w.log.ack(rec)
@@ -261,12 +274,21 @@ def test_an_ack_up_to_an_id_takes_parked_records_too():
     assert got.id == b.id
     w.log.ack_upto(b.id)
     w.settle()
-    assert w.log.delayed == 0 and w.log.due(WALL + 10**6) == []
+    assert w.log.delayed == 0 and w.due(WALL + 10**6) == []
     w2 = w.restart("power")
-    assert w2.ready() == [] and w2.log.due(WALL + 10**6) == [] and a.id <= w2.log.acked_upto
+    assert w2.ready() == [] and w2.due(WALL + 10**6) == [] and a.id <= w2.log.acked_upto
 
 
 # ---------------------------------------------------------------- the index, as tables
+
+
+def ready(parked: Parked, now_ms: int) -> list[int]:
+    """The entries due by `now_ms`, through the ready line, oldest first."""
+    parked.release(now_ms, 1 << 62)
+    out = []
+    while (seq := parked.take_ready()) is not None:
+        out.append(seq)
+    return out
 
 
 def test_the_index_releases_in_due_order_and_skips_entries_that_left():
@@ -275,9 +297,9 @@ def test_the_index_releases_in_due_order_and_skips_entries_that_left():
     seqs = [parked.add(1000 + 32 * i, 32, i + 1, DELAYED, due) for i, due in enumerate(dues)]
     parked.remove(seqs[2])  # copied by compaction: its key goes stale
     assert parked.next_due() == 10 and parked.delayed == 4
-    assert parked.due(10) == [seqs[1], seqs[3]]
-    assert parked.due(45) == [seqs[4]]
-    assert parked.due(10**9) == [seqs[0]] and parked.delayed == 0
+    assert ready(parked, 10) == [seqs[1], seqs[3]]
+    assert ready(parked, 45) == [seqs[4]]
+    assert ready(parked, 10**9) == [seqs[0]] and parked.delayed == 0
 
 
 def test_the_index_holds_its_entries_in_compact_arrays():
@@ -289,7 +311,7 @@ def test_the_index_holds_its_entries_in_compact_arrays():
     runs = sum(run.keys.itemsize for _, _, run in parked.runs[:1])
     assert per_entry + runs <= 30
     assert len(parked.fresh) < 4096 and sum(len(r) for _, _, r in parked.runs) + len(parked.fresh) == n
-    out = parked.due(WALL + 10)
+    out = ready(parked, WALL + 10)
     assert len(out) == len([i for i in range(n) if (i * 7919) % 100_000 <= 10])
 
 
@@ -318,7 +340,7 @@ def test_next_due_knows_a_delayed_send_before_it_is_written():
     assert w.log.next_due() == WALL + 2_000, "and once written"
     assert w.ready() == [], "never handed out early"
     w.wall = WALL + 2_000
-    assert ids(w.log.due(w.wall)) == [late.id] and w.ready() == []
+    assert ids(w.due(w.wall)) == [late.id] and w.ready() == []
     assert w.log.next_due() is None
 
 
@@ -354,9 +376,9 @@ def test_a_redrive_moves_dead_letters_whose_copies_lie_ahead_of_the_cursor():
     compaction made of dead letters found at start-up, before the cursor reaches them."""
     w = dead_letters_copied_ahead(3)
     assert w.log.dead == 3
-    assert w.log.redrive() == 3
+    assert w.log.redrive(10) == 3
     assert w.log.dead == 0
-    back = w.log.due(w.wall)
+    back = w.due(w.wall)
     assert len(back) == 3 and all(rec.deliveries == 0 and not rec.dead for rec in back)
     w.settle()
     w2 = w.restart("power")
@@ -372,7 +394,7 @@ def test_a_redrive_with_a_count_takes_copies_ahead_one_by_one():
 
 def test_a_reader_of_dead_letters_gets_the_copies_ahead_and_its_ack_deletes_them():
     w = dead_letters_copied_ahead(2)
-    assert len(w.log.dead_records()) == 2, "a browse of ./dead misses no dead letter"
+    assert len(w.dead_records()) == 2, "a browse of ./dead misses no dead letter"
     first, second = w.log.next_dead(), w.log.next_dead()
     assert first is not None and second is not None and first.dead == second.dead == "max-deliveries"
     assert w.log.next_dead() is None and w.log.dead == 0
@@ -382,7 +404,7 @@ def test_a_reader_of_dead_letters_gets_the_copies_ahead_and_its_ack_deletes_them
     assert first.id not in ids(queued) and second.id not in ids(queued), "a dead letter delivered from the queue"
     w.settle()
     w2 = w.restart("power")
-    dead = [rec.id for rec in w2.log.dead_records()]
+    dead = [rec.id for rec in w2.dead_records()]
     assert dead == [second.id]
 
 
@@ -417,8 +439,8 @@ def test_dead_letters_kept_while_the_disk_is_full_wait_for_room_and_the_log_stay
         w.log.keep_dead(rec)
     w.settle()
     assert w.log.broken is None and disk.faults
-    assert sorted(rec.id for rec in w.log.dead_records()) == ids(held) and w.log.dead == 40
+    assert sorted(rec.id for rec in w.dead_records()) == ids(held) and w.log.dead == 40
     disk.free_bytes = None
     w.settle()
     w2 = w.restart("power")
-    assert sorted(rec.id for rec in w2.log.dead_records()) == ids(held)
+    assert sorted(rec.id for rec in w2.dead_records()) == ids(held)

@@ -16,6 +16,7 @@ from prometheus_client import parser
 from curb import __version__
 from curb.client import Client
 from curb.metrics import TLS_FAILURES, Metrics
+from curb.web import exposition
 from curb.web.front import WebFront
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ def test_counters_and_gauges_render_as_typed_prometheus_families():
     metrics.ack_timeouts, metrics.late_acks = 16, 17
     metrics.delayed_requeues, metrics.expired, metrics.dead_acked, metrics.redriven = 20, 21, 22, 23
     metrics.dead_lettered["max-deliveries"], metrics.dead_lettered["expired"] = 24, 25
-    families = parse(metrics.prometheus(GAUGES)[0].decode())
+    families = parse(exposition.render(metrics, GAUGES)[0].decode())
 
     counters = {
         "curb_messages_sent": 10,
@@ -119,7 +120,7 @@ def test_fsync_latency_is_a_cumulative_histogram_in_seconds():
     metrics = Metrics()
     for seconds in (0.0003, 0.02, 0.0004, 10.0):
         metrics.observe_fsync(seconds)
-    families = parse(metrics.prometheus(GAUGES)[0].decode())
+    families = parse(exposition.render(metrics, GAUGES)[0].decode())
     name = "curb_fsync_duration_seconds"
     assert families[name].type == "histogram"
     assert value(families, name, name + "_bucket", le="0.0001") == 0

@@ -91,22 +91,25 @@ class FakeLog:
     def next_dead(self) -> Record | None:
         return self.dead_rdy.popleft() if self.dead_rdy else None
 
-    def dead_records(self) -> list[Record]:
-        return list(self.dead_rdy)
+    def dead_letters(self) -> tuple[list[int], list[Record]]:
+        return [], list(self.dead_rdy)
 
-    def redrive(self, count: int | None = None, done: Done | None = None) -> int:
+    def read_dead(self, mid: int) -> Record | None:
+        raise AssertionError("the fake log keeps its dead letters as records")
+
+    def redrive(self, count: int) -> int:
         moved = list(self.dead_rdy)[:count]
         for rec in moved:
             self.dead_rdy.popleft()
             self.revive(rec)
-            self.parked[rec.id] = (0, rec)
-        if done is not None:
-            self.waiting.append(done)
+        self.ready.extendleft(reversed(moved))
         return len(moved)
 
-    def due(self, now_ms: int) -> list[Record]:
+    def release(self, now_ms: int) -> bool:
+        """Due messages go to the front of the line, as the log's ready line goes first."""
         due = sorted(i for i, (at, _) in self.parked.items() if at <= now_ms)
-        return [self.parked.pop(i)[1] for i in due]
+        self.ready.extendleft(reversed([self.parked.pop(i)[1] for i in due]))
+        return False
 
     def next_due(self) -> int | None:
         return min((at for at, _ in self.parked.values()), default=None)

@@ -94,6 +94,7 @@ from __future__ import annotations
 import collections
 import errno
 import time
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -107,7 +108,7 @@ from curb.log.cursor import KEEP_PAYLOAD, PARKED_LAST, SLICE_WORK, Cursor, Recor
 from curb.log.disk import Disk
 from curb.log.marks import Marks, spacing_for
 from curb.log.pacing import ByHand, Pacer
-from curb.log.parked import DEAD_HELD, DELAYED, EXP, HELD, MAX
+from curb.log.parked import DEAD_HELD, DELAYED, EXP, HELD, MAX, READY
 from curb.log.reader import RecordReader
 from curb.log.record import (
     DEAD_REASONS,
@@ -134,6 +135,9 @@ ALLOCATE_STEP = 1 << 20
 CHECKPOINT_EVERY = 0.05
 INLINE_SYNC_OPS = 4  # a sync of at most this many writes is small (Pacer.sync_soon)
 ID_RESERVE = 1 << 16  # ids a checkpoint reserves: at most this gap in ids after a crash
+# Due messages moved to the ready line per call of `release`: no read each, so a call is
+# a few milliseconds at most.
+RELEASE_SLICE = 4096
 
 
 @dataclass(slots=True)
@@ -252,6 +256,9 @@ class LogCore:
         # their holder let go of), until a flush copies each to the head as an entry of
         # the index (`_reparked`). A record is here exactly while it is `parked`.
         self._reparks: collections.deque[Record] = collections.deque()
+        # Kept records that came due or were redriven before a flush copied them: the
+        # front of the ready line, ahead of the index's (`next_ready`).
+        self._ready_kept: collections.deque[Record] = collections.deque()
         # Delayed appends not yet written (then they are in the index, curb.log.parked):
         # how many, and the earliest due time among them, so that `delayed` and
         # `next_due` know them from the start.
@@ -324,6 +331,7 @@ class LogCore:
         self._cursor.on_damage = self._damaged
         self._cursor.on_stalled = self._schedule
         self._cursor.parked = self._parked = scan.parked
+        scan.parked.sort_dead()  # dead letters oldest first, whatever ring order they had
         self._cursor.upto = self._cursor.counted_above = ckpt.acked_upto
         durable = Snapshot(ckpt.tail, ckpt.head, ckpt.next_id, ckpt.next_wseq, ckpt.acked_upto)
         self._checkpoints = Checkpoints(disk, ckpt.gen, durable)
@@ -359,8 +367,9 @@ class LogCore:
 
     @property
     def unread(self) -> int:
-        """Messages accepted, due and never handed out."""
-        return self._cursor.unread + len(self._pending) - self._pending_delayed
+        """Messages accepted, due and never handed out (the ready line's too)."""
+        pending = len(self._pending) - self._pending_delayed
+        return self._cursor.unread + pending + self.ready_waiting
 
     @property
     def live_bytes(self) -> int:
@@ -499,6 +508,8 @@ class LogCore:
                         self._unkeep(rec)
                     cur.settled(rec)
                     admission.classes.remove(rec.size)
+            if self._ready_kept:
+                self._ready_kept = collections.deque(rec for rec in self._ready_kept if not rec.acked)
             cur.ack_upto(upto)  # first: it tells parked records from unread ones by the index
             parked = self._parked
             for seq in parked.upto(upto):
@@ -508,6 +519,7 @@ class LogCore:
                     held_rec.slot = -1
                 admission.classes.remove(parked.size(seq))
                 parked.remove(seq)
+            self._ready_changed()
         if done is None:
             pass
         elif upto <= self._checkpoints.durable.acked_upto:
@@ -627,22 +639,47 @@ class LogCore:
             soonest = pending
         return soonest
 
-    def due(self, now_ms: int) -> list[Record]:
-        """The parked messages due by `now_ms`, earliest first, now held by the caller as
-        if `next_ready` had handed them out (delivery count kept); rdy again at the front."""
-        out: list[Record] = []
-        for rec in [r for r in self._reparks if not r.dead and r.due_ms <= now_ms and not r.acked]:
+    def release(self, now_ms: int, limit: int = RELEASE_SLICE) -> bool:
+        """Up to `limit` messages due by `now_ms` join the ready line, where `next_ready`
+        hands them out first, reading each only then (a million due at once cost no
+        object each, and no read, until consumers take them). Returns whether more are
+        due by then: the caller goes on in its next loop pass."""
+        for rec in [r for r in self._reparks if not r.dead and r.due_ms <= now_ms]:
             self._unkeep(rec)
-            out.append(rec)
+            self._ready_kept.append(rec)
+        moved = self._parked.release(now_ms, limit)
+        self._ready_changed()
+        return moved >= limit
+
+    @property
+    def ready_waiting(self) -> int:
+        """Messages in the ready line: `next_ready` hands these out before the cursor's."""
+        return self._parked.ready + len(self._ready_kept)
+
+    def _ready_changed(self) -> None:
+        """`next_ready` takes from the ready line while it has messages, else straight
+        from the cursor (no cost to a queue with none)."""
+        ready = self._parked.ready or self._ready_kept
+        self.next_ready = self._next_ready_line if ready else self._cursor.next_ready
+
+    def _next_ready_line(self) -> Record | None:
+        """The ready line's oldest message (a kept record's, or the index's, read now),
+        then the cursor's; each now in flight, as `next_ready` hands them out."""
+        kept = self._ready_kept
+        while kept:
+            rec = kept.popleft()
+            if not rec.acked:
+                return rec
         parked = self._parked
-        for seq in parked.due(now_ms):
-            released = self._read_parked(seq)
-            if released is None:
+        while (seq := parked.take_ready()) is not None:
+            found = self._read_parked(seq)
+            if found is None:
                 continue
-            released.slot = seq
-            parked.held[seq] = released
-            out.append(released)
-        return out
+            found.slot = seq
+            parked.held[seq] = found
+            return found
+        self._ready_changed()
+        return self._cursor.next_ready()
 
     def next_dead(self) -> Record | None:
         """The next dead letter the log holds (found at start-up, or kept since), now
@@ -663,19 +700,24 @@ class LogCore:
                 return rec
         return None
 
-    def dead_records(self) -> list[Record]:
-        """A snapshot of the dead letters the log holds (nothing changes: for a browse of them)."""
-        found = (self._read_parked(seq) for seq in self._parked.dead_letters())
-        kept = [rec for rec in self._reparks if rec.dead]
-        return [rec for rec in found if rec is not None] + kept
+    def dead_letters(self) -> tuple[array[int], list[Record]]:
+        """A snapshot of the dead letters the log holds, oldest first, for a browse of
+        them: the ids of its index's (`read_dead` reads each then, if still dead) and
+        the records it keeps until a flush copies them (nothing changes)."""
+        return self._parked.dead_letters(), [rec for rec in self._reparks if rec.dead]
 
-    def redrive(self, count: int | None = None, done: Done | None = None) -> int:
-        """Up to `count` (None: all) of the dead letters the log holds are rdy again with
-        their delivery count reset, written in place; `due` hands them out. `done(None)`
-        once that is durable. Returns how many moved."""
+    def read_dead(self, mid: int) -> Record | None:
+        """Dead letter `mid` of the index, read now, if it is one still."""
+        seq = self._parked.dead_entry(mid)
+        return None if seq is None else self._read_parked(seq)
+
+    def redrive(self, count: int) -> int:
+        """Up to `count` of the dead letters the log holds, oldest first, are rdy again
+        with their delivery count reset, written in place, and join the ready line.
+        Returns how many moved (fewer: none left); `on_durable` tells when it is on disk."""
         parked = self._parked
         moved = 0
-        while count is None or moved < count:
+        while moved < count:
             seq = parked.next_dead()
             if seq is None:
                 break
@@ -685,17 +727,14 @@ class LogCore:
             rec.deliveries = 0
             rec.due_ms = 0
             self._patch(rec, STATE_RDY)
-            parked.set(seq, DELAYED, 0)
+            parked.set(seq, READY)
             moved += 1
-        for rec in self._reparks:
-            if count is not None and moved >= count:
-                break
-            if rec.dead:
-                self.revive(rec)  # kept, due at once: `due` hands it out
-                rec.due_ms = 0
-                moved += 1
-        if done is not None:
-            self.on_durable(done)
+        for rec in [r for r in self._reparks if r.dead][: count - moved]:
+            self.revive(rec)
+            self._unkeep(rec)
+            self._ready_kept.append(rec)
+            moved += 1
+        self._ready_changed()
         return moved
 
     def _lost(self, seq: int) -> None:
@@ -1095,10 +1134,10 @@ class LogCore:
 
     def _write_reparks(self) -> bool:
         """Copy the records the log keeps (`_reparks`) to the head, as entries of the
-        index, while no append waits for room, the ring keeps the room below which
-        compaction starts early (a quarter of it at least) and the file system lets the
-        file grow; the rest wait for a later flush, or for compaction, which copies them
-        with the held records that pin the tail. Returns whether anything was written."""
+        index, while no append waits for room and the ring keeps the room below which
+        compaction starts early (a quarter of it at least); the rest wait for a later
+        flush, or for compaction, which copies them with the held records that pin the
+        tail. Returns whether anything was written."""
         reparks, ring, admission = self._reparks, self._ring, self.admission
         if self._pending:
             return False
@@ -1112,12 +1151,9 @@ class LogCore:
             try:
                 copied = self._copy(rec, spot, runs)
             except OSError as err:
-                # No room to grow the file (raised before anything of this copy was
-                # placed): the copies made so far are written, the rest wait. A full disk
-                # must not break the log, and an entry indexed must have its copy written.
                 if err.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
-                break
+                break  # the file cannot grow now: the copy waits, nothing was placed
             if copied:
                 self._reparked(rec)
             else:  # damaged, and reported: it stays held, as compaction leaves it

@@ -55,7 +55,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Iterator
 
-from curb.log.parked import DELAYED, HELD, Parked
+from curb.log.parked import DELAYED, HELD, READY, Parked
 from curb.log.reader import RecordReader
 from curb.log.record import RING_START, STATE_ACK, STATE_EXP, STATE_MAX, STATE_PAD, RecordHeader
 
@@ -228,7 +228,7 @@ class Cursor:
             return held.offset == pos and not held.acked and not held.dead
         seq = self.parked.find(pos, self._distance, gone=True)
         if seq is not None:  # parked, or was (then dead here: acked, or copied on)
-            return self.parked.state(seq) in (DELAYED, HELD)
+            return self.parked.state(seq) in (DELAYED, READY, HELD)
         if state in (STATE_MAX, STATE_EXP):
             return False
         if wseq <= self.last_wseq or state == STATE_ACK:

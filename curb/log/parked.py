@@ -15,14 +15,22 @@ it as an *entry*, numbered by `seq` in ring order:
   or one of them is due. A heap over the runs' first keys gives the earliest due time. A
   key leaves lazily: one whose entry is no longer DELAYED is stale and skipped where met;
   once stale keys outnumber live ones (and RUN), the runs are rebuilt from the live ones.
-- The dead letters in ring order: `dead_order`, the seqs of dead entries, sorted (the
-  cursor's appends go at its end, a burial of an entry already here is inserted).
+- The dead letters oldest first: `dead_order`, the seqs of dead entries (and of some that
+  were), sorted by message id. A new dead entry is inserted at its id's place (burials
+  come mostly in id order, so near the end); a compaction copy takes its original's
+  place (`replaces`); recovery's batches come in ring order, which compaction may have
+  made differ from id order, so they are sorted once when it is done (`sort_dead`).
+  `dead_from` is where the next reader starts: every entry before it is handed out,
+  redriven or gone, so a reader of a million dead letters never rescans the ones taken.
+- The ready line: `ready_order`, the seqs of READY entries in the order they became
+  ready (due, or redriven): they wait for a consumer as entries, not objects, and
+  `take_ready` hands them out oldest first.
 
-States of an entry: DELAYED (waits for its due time), MAX and EXP (dead letters, by
-reason), HELD (released by `due` or a redrive: the log made it a Record, in a consumer's
-hands or waiting in the queue; `held` maps the seq to it), DEAD_HELD (a dead letter
-handed out to a reader of the dead letters, also in `held`), GONE (acked, or copied by
-compaction, whose copy becomes an entry of its own).
+States of an entry: DELAYED (waits for its due time), READY (due or redriven, waiting in
+the ready line), MAX and EXP (dead letters, by reason), HELD (taken from the ready line:
+the log made it a Record, in a consumer's hands or waiting in the queue; `held` maps the
+seq to it), DEAD_HELD (a dead letter handed out to a reader of the dead letters, also in
+`held`), GONE (acked, or copied by compaction, whose copy becomes an entry of its own).
 
 Invariants:
 - At most one live key per DELAYED entry: a key is added when an entry becomes DELAYED,
@@ -32,8 +40,8 @@ Invariants:
   recovery's entries lie ahead of the cursor until it gets there; the cursor's own appends
   are passed at once. Entries are trimmed from the front only below both `passed` and
   the first live entry, so the cursor always recognises a record it must step over.
-- `bytes`, `delayed` and `dead` are the live entries' record bytes, the DELAYED entries
-  and the dead letters (MAX, EXP, DEAD_HELD).
+- `bytes`, `delayed`, `ready` and `dead` are the live entries' record bytes, the DELAYED
+  and READY entries and the dead letters (MAX, EXP, DEAD_HELD).
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ from array import array
 from collections.abc import Callable, Iterator
 from typing import Any
 
-GONE, DELAYED, MAX, EXP, HELD, DEAD_HELD = range(6)
+GONE, DELAYED, MAX, EXP, HELD, DEAD_HELD, READY = range(7)
 DEAD = (MAX, EXP)
 RUN = 4096
 SEQ_BITS = 40  # a fresh key is due << SEQ_BITS | seq
@@ -106,10 +114,15 @@ class Parked:
         self.keys = 0  # keys in runs and fresh, stale ones included
         self.stale = 0
         self.dead_order = array("q")
+        self.dead_from = 0
+        self.dead_sorted = True  # False once a batch of recovery's broke the id order
+        self.ready_order = array("q")
+        self.ready_from = 0
         self.held: dict[int, Any] = {}
         self.bytes = 0
         self.unpassed_bytes = 0  # of live entries the cursor has yet to step over
         self.delayed = 0
+        self.ready = 0
         self.dead = 0
 
     @property
@@ -131,8 +144,18 @@ class Parked:
 
     # ---------------------------------------------------------------- entries
 
-    def add(self, offset: int, size: int, mid: int, state: int, due_ms: int = 0, passed: bool = True) -> int:
-        """A parked record (DELAYED with its due time, or MAX or EXP); returns its seq."""
+    def add(
+        self,
+        offset: int,
+        size: int,
+        mid: int,
+        state: int,
+        due_ms: int = 0,
+        passed: bool = True,
+        replaces: int | None = None,
+    ) -> int:
+        """A parked record (DELAYED with its due time, READY, MAX or EXP); returns its seq.
+        `replaces`: the entry whose record this is a copy of (its place in the orders)."""
         seq = self.end
         self.offsets.append(offset)
         self.sizes.append(size)
@@ -142,9 +165,11 @@ class Parked:
         if state == DELAYED:
             self.delayed += 1
             self._key(due_ms, seq)
+        elif state == READY:
+            self._make_ready(seq)
         else:
             self.dead += 1
-            self.dead_order.append(seq)
+            self._order_dead(seq, replaces)
         if passed:
             self.passed = seq + 1
         else:
@@ -166,6 +191,15 @@ class Parked:
         self.delayed += len(keys)
         dead = [first + at for at, state in enumerate(states) if state != DELAYED]
         self.dead += len(dead)
+        if self.dead_sorted and dead:
+            order, base = self.dead_order, self.base
+            prev = self.ids[order[-1] - base] if order else -1
+            for seq in dead:
+                mid = self.ids[seq - base]
+                if mid < prev:
+                    self.dead_sorted = False
+                    break
+                prev = mid
         self.dead_order.extend(dead)
         for at in range(0, len(keys), RUN):
             self.fresh.extend(keys[at : at + RUN])
@@ -186,12 +220,15 @@ class Parked:
         if state == DELAYED:
             self.delayed += 1
             self._key(due_ms, seq)
+        elif state == READY:
+            self._make_ready(seq)
         elif state in DEAD or state == DEAD_HELD:
             self.dead += 1
-            order = self.dead_order
-            at = bisect.bisect_left(order, seq)
-            if at == len(order) or order[at] != seq:
-                order.insert(at, seq)
+            at = self._dead_at(seq)
+            if at is None:
+                self._order_dead(seq, None)
+            elif state != DEAD_HELD and at < self.dead_from:
+                self.dead_from = at
         if state != HELD and state != DEAD_HELD:
             self.held.pop(seq, None)
 
@@ -214,6 +251,8 @@ class Parked:
     def _uncount(self, state: int) -> None:
         if state == DELAYED:
             self.delayed -= 1
+        elif state == READY:
+            self.ready -= 1
         elif state in DEAD or state == DEAD_HELD:
             self.dead -= 1
 
@@ -268,6 +307,11 @@ class Parked:
             del self.ids[:cut]
             del self.states[:cut]
             self.base = upto
+            # The orders name no entry below the base (all GONE): they look ids up by seq.
+            self.dead_order = array("q", (s for s in self.dead_order[self.dead_from :] if s >= upto))
+            self.dead_from = 0
+            self.ready_order = array("q", (s for s in self.ready_order[self.ready_from :] if s >= upto))
+            self.ready_from = 0
 
     def upto(self, upto: int) -> list[int]:
         """The seqs of the live entries with ids up to `upto` (an ACK up to an id)."""
@@ -339,14 +383,14 @@ class Parked:
             soonest = self.runs[0][0]
         return soonest
 
-    def due(self, now_ms: int, limit: int = 1 << 62) -> list[int]:
-        """Release up to `limit` DELAYED entries due by `now_ms`, earliest first: they
-        become HELD (the caller makes each a Record and puts it in `held`)."""
+    def release(self, now_ms: int, limit: int) -> int:
+        """Move up to `limit` DELAYED entries due by `now_ms` to the ready line, earliest
+        first (no record is read); returns how many moved."""
         if self.fresh_min is not None and self.fresh_min <= now_ms:
             self._seal()
-        out: list[int] = []
+        moved = 0
         runs, states, base = self.runs, self.states, self.base
-        while runs and runs[0][0] <= now_ms and len(out) < limit:
+        while runs and runs[0][0] <= now_ms and moved < limit:
             _, tie, run = runs[0]
             seq = run.at(run.pos)[1]
             run.pos += 1
@@ -356,14 +400,37 @@ class Parked:
             else:
                 heapq.heappop(runs)
             if seq >= base and states[seq - base] == DELAYED:
-                states[seq - base] = HELD
+                states[seq - base] = READY
                 self.delayed -= 1
-                out.append(seq)
+                self._make_ready(seq)
+                moved += 1
             else:
                 self.stale -= 1
         if self.stale > max(RUN, self.keys - self.stale):
             self._rebuild()
-        return out
+        return moved
+
+    def _make_ready(self, seq: int) -> None:
+        self.ready += 1
+        self.ready_order.append(seq)
+
+    def take_ready(self) -> int | None:
+        """The oldest READY entry, now HELD (the caller makes it a Record), if any."""
+        order, base, states = self.ready_order, self.base, self.states
+        at, end = self.ready_from, len(order)
+        while at < end:
+            seq = order[at]
+            at += 1
+            if seq >= base and states[seq - base] == READY:
+                states[seq - base] = HELD
+                self.ready -= 1
+                self.ready_from = at
+                return seq
+        self.ready_from = at
+        if at >= TRIM and at * 2 >= end:
+            del order[:at]
+            self.ready_from = 0
+        return None
 
     def _rebuild(self) -> None:
         """Drop the stale keys: the runs again, from the live ones."""
@@ -384,22 +451,70 @@ class Parked:
 
     # ---------------------------------------------------------------- dead letters
 
-    def dead_letters(self) -> list[int]:
-        """The seqs of the dead letters not handed out, in ring order."""
-        base, states = self.base, self.states
-        return [s for s in self.dead_order if s >= base and states[s - base] in DEAD]
+    def _id_of(self, seq: int) -> int:
+        return self.ids[seq - self.base]
 
-    def next_dead(self) -> int | None:
-        """The first dead letter not handed out, in ring order, if any."""
+    def _dead_at(self, seq: int) -> int | None:
+        """Where `seq` stands in `dead_order`, if it does."""
+        order, mid = self.dead_order, self.ids[seq - self.base]
+        at = bisect.bisect_left(order, mid, key=self._id_of) if self.dead_sorted else len(order)
+        while at < len(order) and self._id_of(order[at]) == mid:
+            if order[at] == seq:
+                return at
+            at += 1
+        return None if self.dead_sorted else next((i for i, s in enumerate(order) if s == seq), None)
+
+    def _order_dead(self, seq: int, replaces: int | None) -> None:
+        """A new dead entry takes its place by id (a copy, its original's)."""
+        order = self.dead_order
+        at = None if replaces is None else self._dead_at(replaces)
+        if at is not None:
+            order[at] = seq
+        elif self.dead_sorted:
+            at = bisect.bisect_right(order, self.ids[seq - self.base], key=self._id_of)
+            order.insert(at, seq)
+        else:
+            at = len(order)
+            order.append(seq)
+        self.dead_from = min(self.dead_from, at)
+
+    def sort_dead(self) -> None:
+        """Put recovery's dead letters in id order, if its batches were not."""
+        if not self.dead_sorted:
+            self.dead_order = array("q", sorted(self.dead_order[self.dead_from :], key=self._id_of))
+            self.dead_from = 0
+            self.dead_sorted = True
+
+    def dead_letters(self) -> array[int]:
+        """The ids of the dead letters not handed out, oldest first (a snapshot)."""
+        base, states, ids = self.base, self.states, self.ids
+        return array(
+            "q", (ids[s - base] for s in self.dead_order[self.dead_from :] if s >= base and states[s - base] in DEAD)
+        )
+
+    def dead_entry(self, mid: int) -> int | None:
+        """The seq of message `mid`'s entry if it is a dead letter not handed out (found
+        by id, so wherever compaction has copied it since)."""
         order, base, states = self.dead_order, self.base, self.states
-        drop = 0
-        for seq in order:
-            if seq >= base and states[seq - base] in (MAX, EXP, DEAD_HELD):
-                break
-            drop += 1  # gone or redriven: no longer a dead letter
-        if drop:
-            del order[:drop]
-        for seq in order:
+        at = bisect.bisect_left(order, mid, key=self._id_of)
+        while at < len(order) and self._id_of(order[at]) == mid:
+            seq = order[at]
             if states[seq - base] in DEAD:
                 return seq
+            at += 1
         return None
+
+    def next_dead(self) -> int | None:
+        """The oldest dead letter not handed out, if any."""
+        order, base, states = self.dead_order, self.base, self.states
+        at, end = self.dead_from, len(order)
+        while at < end:
+            seq = order[at]
+            if seq >= base and states[seq - base] in DEAD:
+                break
+            at += 1  # handed out, redriven or gone
+        self.dead_from = at
+        if at >= TRIM and at * 2 >= end:
+            del order[:at]
+            self.dead_from = at = 0
+        return order[at] if at < len(order) else None

@@ -17,8 +17,8 @@ import click
 
 from curb import systemd, tls
 from curb.addr import parse_addr
-from curb.cli import _max_frame, _size
 from curb.durations import Duration
+from curb.flags import max_frame_flag, size_flag
 from curb.heartbeat import MAX_MS as MAX_HEARTBEAT_MS
 from curb.instance import EXIT_USAGE, Events, StartError, _addr_text, _listen, _load_users, _sockname
 from curb.router import routes as routing
@@ -42,7 +42,7 @@ def _tls_addr(ctx, param, value: str | None):
 
 def _checked_size(ctx, param, value: str) -> str:
     """A size flag passed on to instances as given, once it parses."""
-    _size(ctx, param, value)
+    size_flag(ctx, param, value)
     return value
 
 
@@ -91,7 +91,7 @@ def load_routes(route_flags: tuple[str, ...], routes_file: str | None) -> routin
     "--max-frame",
     default="16MiB",
     show_default=True,
-    callback=_max_frame,
+    callback=max_frame_flag,
     help="Largest frame a client may send; the instances' -max-frame must be at least this.",
 )
 @click.option(

@@ -11,5 +11,6 @@ WebSocket endpoints, which websockets (a WebSocket library first) would.
 
 Modules: `front` starts and stops the listener and routes; `replies` answers errors as
 JSON; `access` checks HTTP Basic logins, permissions and Origin; `stats` serves
-/metrics and /stats.
+/metrics (rendered by `exposition`) and /stats. The broker imports this package only
+when -http asks for it, so aiohttp and prometheus_client cost nothing without it.
 """

@@ -3,7 +3,7 @@
 The gauges are read from the broker at each request, so they never drift from its state.
 prometheus_client's own aiohttp handler is not used: it serves its newest text format
 (version 1.0.0) to a scraper that asks for nothing in particular, which older
-Prometheus servers refuse; `Metrics.prometheus` answers 0.0.4 unless OpenMetrics is asked for.
+Prometheus servers refuse; `curb.web.exposition.render` answers 0.0.4 unless OpenMetrics is asked for.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from aiohttp import web
 
 from curb.broker import Broker
 from curb.metrics import Metrics
+from curb.web import exposition
 
 
 def add_routes(app: web.Application, broker: Broker, metrics: Metrics) -> None:
     async def prometheus(request: web.Request) -> web.Response:
-        body, content_type = metrics.prometheus(broker.gauges(), request.headers.get("Accept", ""))
+        body, content_type = exposition.render(metrics, broker.gauges(), request.headers.get("Accept", ""))
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def stats(request: web.Request) -> web.Response:

@@ -50,7 +50,7 @@ from curb import payload
 from curb.access import OPEN
 from curb.broker import Broker
 from curb.frame import Frame, FrameParser, encode
-from curb.log import LogCore, max_message_for
+from curb.log import LogCore, Record, max_message_for
 from curb.redelivery import Redelivery
 from curb.session import Session
 from sim import runner
@@ -66,6 +66,12 @@ QUEUE = "/queue/curb"
 DRAIN_PREFETCH = 10_000
 SETTLE_PASSES = 1000  # passes of settle_io before the broker counts as spinning
 TIMERS_PER_PASS = 10
+
+
+def dead_records(log: LogCore) -> list[Record]:
+    """Every dead letter the log holds, read now (as a browse of them reads them)."""
+    ids, kept = log.dead_letters()
+    return [rec for mid in ids if (rec := log.read_dead(mid)) is not None] + kept
 
 
 @dataclass(slots=True)
@@ -404,7 +410,7 @@ class Sim:
     def _dead_ids(self) -> set[int]:
         """The ids of every dead letter the broker has: the log's and its dead letters' queue's."""
         broker = self.world.broker
-        return {rec.id for rec in self.world.log.dead_records()} | {rec.id for rec in broker.dead.messages()}
+        return {rec.id for rec in dead_records(self.world.log)} | {rec.id for rec in broker.dead.messages()}
 
     def do_unsubscribe(self, a: Action) -> None:
         client = self._client(a)
@@ -645,7 +651,7 @@ class Sim:
         else:
             raise SimFailure("log read after restart", "the browse never ended")
         log.end_browse(browse)
-        for rec in log.dead_records():
+        for rec in dead_records(log):
             add(Found(rec.id, bytes(payload.split(memoryview(log.payload(rec)))[1]), rec.dead, rec.deliveries))
         return found
 

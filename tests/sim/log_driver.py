@@ -498,7 +498,7 @@ class Sim:
 
     def do_release(self) -> None:
         """The broker's timer: every parked message due by now comes back, none early."""
-        back = self.core.due(self.wall_ms())
+        back = self.core_due()
         for rec in back:
             tag = self.model.released(rec)
             if rec.dead:
@@ -543,15 +543,25 @@ class Sim:
         """A redrive of the dead letters the log holds: each comes back from `due` at once."""
         count = self.workload.redrive_count()
         before = self.core.dead
-        moved = self.core.redrive(count, None)
+        moved = self.core.redrive(1 << 62 if count is None else count)
         self.model.check_redrive(count, before, moved)
         mine = 0
-        for rec in self.core.due(self.wall_ms()):
+        for rec in self.core_due():
             tag, moved_here = self.model.redriven(rec)
             mine += moved_here
             self.redeliver.append((rec, tag))
         self.model.check_redrive_lost(moved, mine)
         self.trace("redrive of %s: %d moved", count, moved)
+
+    def core_due(self) -> list[Record]:
+        """Every message due by now, taken from the log's ready line (as a broker's
+        consumers would, the ready line first)."""
+        core = self.core
+        core.release(self.wall_ms(), 1 << 62)
+        taken = []
+        while core.ready_waiting and (rec := core.next_ready()) is not None:
+            taken.append(rec)
+        return taken
 
     def do_ask_durable(self) -> None:
         self.ask_durable()
