@@ -15,9 +15,11 @@ future): the limits a MESSAGE must meet (curb.message_limits), the headers kept
 (curb.payload), and what a RECEIPT or an HTTP 201 waits for (the fsync). A front only
 maps `Refused.reason` and its `done` answer to its own words.
 
-Ack deadlines are kept by the queue; this module arms one timer (on `loop`, the event
-loop unless a test gives its own) for the earliest of them, re-arms it only when a
-sooner one appears, and when it fires returns what is due through `_requeue`. Delayed
+Ack deadlines are kept by the queue, and those of `./dead` subscribers by the dead
+letters' queue; this module arms one timer (on `loop`, the event loop unless a test
+gives its own) for the earliest of them all, re-arms it only when a sooner one appears,
+and when it fires returns what is due through `_requeue` (a dead letter among the dead,
+as its NACK would). Delayed
 messages (a delayed SEND, a message put back with a delay) are the log's to keep until
 due, by the log's wall clock (`log.wall_ms`, milliseconds since the epoch, so that a due
 time means the same after a restart), and are never delivered early: a delay counts from
@@ -273,8 +275,10 @@ class Broker:
             ack_timeout=ack_timeout,
             max_deliveries=self.redelivery.max_deliveries,
         )
-        # The dead letters (curb.dead): no deadlines, no due times, no expiry.
-        self.dead: Queue[Peer, Record] = Queue(DeadSource(log), default_prefetch=prefetch, timed=False)
+        # The dead letters (curb.dead): ack deadlines as the queue's, no due times, no expiry.
+        self.dead: Queue[Peer, Record] = Queue(
+            DeadSource(log), default_prefetch=prefetch, ack_timeout=ack_timeout, timed=False
+        )
         self.drop_expired = drop_expired  # -expired drop: an expired message is ACKed, not dead-lettered
         self.wall_ms = log.wall_ms  # the log's wall clock: due and expiry times are kept by it
         self.max_frame = max_frame
@@ -405,10 +409,9 @@ class Broker:
         ack_timeout: float | None = None,
         dead: bool = False,
     ) -> Subscription[Peer, Record]:
-        """A subscription to the queue, or with `dead` to the dead letters (no deadline)."""
-        if dead:
-            return self.dead.subscribe(session, sub_id, ack_mode, prefetch, 0)
-        return self.queue.subscribe(session, sub_id, ack_mode, prefetch, ack_timeout)
+        """A subscription to the queue, or with `dead` to the dead letters; `ack_timeout`
+        None: the broker's -ack-timeout."""
+        return (self.dead if dead else self.queue).subscribe(session, sub_id, ack_mode, prefetch, ack_timeout)
 
     def unsubscribe(self, session: Peer, sub_id: str, dead: bool = False) -> None:
         (self.dead if dead else self.queue).unsubscribe(session, sub_id)
@@ -417,20 +420,30 @@ class Broker:
         """The client is done with the message (and, in client mode, the earlier ones).
         Late (counted and logged) when its ack deadline passed: nothing changes. A dead
         letter's ACK deletes it for good."""
-        if self.dead.wip_count and self.dead.holds(session, msg_id):
-            for rec in self.dead.ack(session, msg_id):
-                self.log.ack(rec)
-                self.metrics.dead_acked += 1
-            self._counts_dirty()
-            return
+        queue = self._holder(session, msg_id)
         try:
-            records = self.queue.ack(session, msg_id)
+            records = queue.ack(session, msg_id)
         except Late:
             self._late(session, msg_id, "ACK")
             raise
         for rec in records:
             self.log.ack(rec)
-            self.metrics.acked += 1
+        if queue is self.dead:
+            self.metrics.dead_acked += len(records)
+            self._counts_dirty()
+        else:
+            self.metrics.acked += len(records)
+
+    def _holder(self, session: Peer, msg_id: int) -> Queue[Peer, Record]:
+        """The queue an ACK, NACK or touch of the message is for: the dead letters' when
+        the session's `./dead` subscription holds it, or held it until its deadline
+        passed (and the queue does not hold it now); else the queue."""
+        dead = self.dead
+        if dead.wip_count and dead.holds(session, msg_id):
+            return dead
+        if dead.passed(session, msg_id) and not self.queue.holds(session, msg_id):
+            return dead
+        return self.queue
 
     def ack_upto(self, upto: int, done: Done | None) -> None:
         """Every message with an id up to `upto` is done for good, on every connection,
@@ -507,25 +520,28 @@ class Broker:
         """The client gives the message back: rdy again after `delay_ms` (None: the
         policy's delay), or dead past the delivery limit. A dead letter's NACK puts it
         back among the dead."""
-        if self.dead.wip_count and self.dead.holds(session, msg_id):
-            self.dead.requeue(self.dead.nack(session, msg_id))
-            return
+        queue = self._holder(session, msg_id)
         try:
-            records = self.queue.nack(session, msg_id)
+            records = queue.nack(session, msg_id)
         except Late:
             self._late(session, msg_id, "NACK")
             raise
+        if queue is self.dead:
+            queue.requeue(records)
+            return
         self.metrics.nacked += len(records)
         self._requeue(records, delay_ms)
 
     def touch(self, session: Peer, msg_id: int, seconds: float) -> None:
-        """The message's ack deadline is `seconds` from now (Late as for a NACK)."""
+        """The message's ack deadline is `seconds` from now (Late as for a NACK); a dead
+        letter's too."""
+        queue = self._holder(session, msg_id)
         try:
-            self.queue.touch(session, msg_id, self.loop.time() + seconds)
+            queue.touch(session, msg_id, self.loop.time() + seconds)
         except Late:
             self._late(session, msg_id, "touch")
             raise
-        self._deadlines.arm(self.queue.soonest)
+        self._deadlines.arm(queue.soonest)
 
     def _late(self, session: Peer, msg_id: int, what: str) -> None:
         """Count and log (as a refusal line) a settlement that came after its message's
@@ -751,27 +767,40 @@ class Broker:
     # ---------------------------------------------------------------- ack deadlines
 
     def _deadline_passed(self, armed_for: float) -> None:
-        """The timer fired: every delivery due by now goes back to the queue, as a NACK's
-        would; the connections that held them are untouched."""
+        """The timer (one for the queue's deadlines and the dead letters') fired: every
+        delivery due by now goes back as a NACK's would, a dead letter among the dead;
+        the connections that held them are untouched."""
         now = self.loop.time()
         # A loop may fire a timer a clock tick early: what it was armed for is due.
         expired = self.queue.expire(max(now, armed_for))
-        self._deadlines.arm(self.queue.next_deadline())  # before the pump, whose deliveries may come sooner
+        dead = self.dead.expire(max(now, armed_for))
+        # Armed before the pump, whose deliveries may come sooner.
+        self._deadlines.arm(self.queue.next_deadline())
+        self._deadlines.arm(self.dead.next_deadline())
         if expired:
-            self.metrics.ack_timeouts += len(expired)
-            sub, rec = expired[-1]
-            self._refused(
-                "ack_timeout",
-                f"ack deadline passed: {len(expired)} delivered messages went back to the queue (the last: "
-                f"message {rec.id}, held by {_who(sub.conn)})",
-                now,
-                times=len(expired),
-                peer=sub.conn.peer,
-                user=sub.conn.user,
-                message_id=rec.id,
-            )
+            self._timed_out(expired, now, "the queue")
             self._requeue([rec for _, rec in expired])
+        if dead:
+            self._timed_out(dead, now, "the dead letters")
+            self.dead.requeue([rec for _, rec in dead])
+        if expired or dead:
             self.pump()
+
+    def _timed_out(self, expired: list[tuple[Subscription[Peer, Record], Record]], now: float, where: str) -> None:
+        """Count and log (as a refusal line, one per kind) deliveries whose deadline passed."""
+        self.metrics.ack_timeouts += len(expired)
+        sub, rec = expired[-1]
+        self._refused(
+            "ack_timeout",
+            f"ack deadline passed: {len(expired)} delivered messages went back to {where} (the last: "
+            f"message {rec.id}, held by {_who(sub.conn)})",
+            now,
+            kind=where,
+            times=len(expired),
+            peer=sub.conn.peer,
+            user=sub.conn.user,
+            message_id=rec.id,
+        )
 
     # ---------------------------------------------------------------- shutdown
 
@@ -837,13 +866,16 @@ class Broker:
 
     def _pump_dead(self) -> None:
         """Hand out dead letters to `./dead` subscribers while they have credit."""
+        dead = self.dead
         self._pumping = True
         try:
-            while (got := self.dead.next_delivery(0.0)) is not None:
+            now = self._time()
+            while (got := dead.next_delivery(now)) is not None:
                 sub, rec = got
                 sub.conn.deliver(sub, rec, self.log.payload(rec))
         finally:
             self._pumping = False
+        self._deadlines.arm(dead.soonest)
 
     def _want_browse(self) -> None:
         if not self._browse_scheduled:

@@ -10,18 +10,20 @@ handlers, which read the frame's headers and tell the broker.
   one end marker (message-id BROWSE_END, browser:end); it changes no state.
 - ACK with curb-upto:<n> acknowledges every message up to n on every connection; its
   RECEIPT waits until that is durable, like an ACK's.
-- Ack deadlines: SUBSCRIBE may set its own (`curb-ack-timeout`, ms, 0 for none), and a
-  NACK with `curb-touch:<ms>` does not NACK but moves that delivery's deadline to ms from
-  now (a NACK is the safe carrier: a broker that ignores the header redelivers, an ACK
-  would lose the message). An ACK, NACK or touch that came after its message's deadline
-  passed on this connection changes nothing and is not an error: its RECEIPT, if it
-  asked for one, carries `curb-late:true`.
+- Ack deadlines: SUBSCRIBE (of the queue or of `./dead`) may set its own
+  (`curb-ack-timeout`, ms, 0 for none), and a NACK with `curb-touch:<ms>` does not NACK
+  but moves that delivery's deadline to ms from now (a NACK is the safe carrier: a
+  broker that ignores the header redelivers, an ACK would lose the message). An ACK,
+  NACK or touch that came after its message's deadline passed on this connection
+  changes nothing and is not an error: its RECEIPT, if it asked for one, carries
+  `curb-late:true`.
 - Delays and dead letters (curb.timing, curb.dead): a NACK with `curb-delay:<ms>` asks
   for that delay; `SUBSCRIBE destination:./dead` (one per connection, beside the
   queue's) reads the dead letters, `browser:true` browses them; `SEND
   destination:./redrive` moves them back, its RECEIPT (with `curb-moved:<n>`) once that
   is durable. A SEND's due and expiry headers are the broker's (Broker.accept); a SEND
-  to another `./` name or a misspelt `./redrive` is refused (curb.destinations).
+  to another `./` name or a misspelt `./redrive` is refused, as is a SUBSCRIBE to a `./`
+  name Curb does not have (curb.destinations).
 - A bad header is a QueueError (or an `error` call) whose advice says what to send instead.
 """
 
@@ -35,7 +37,7 @@ from curb.access import NEW, OPEN, on_connect
 from curb.broker import Refused
 from curb.counts import COUNT_DESTINATION
 from curb.dead import DEAD_DESTINATION, REDRIVE_DESTINATION
-from curb.destinations import send_refusal
+from curb.destinations import send_refusal, subscribe_refusal
 from curb.frame import Frame, decimal, escape
 from curb.log.waiters import MaybeStored
 from curb.queue import MAX_PREFETCH, Late, QueueError
@@ -148,6 +150,9 @@ def on_subscribe(session: Session, frame: Frame) -> None:
             "SUBSCRIBE needs an id header",
             "Give SUBSCRIBE an id header (any name); MESSAGEs carry it as subscription and UNSUBSCRIBE names it.",
         )
+    refusal = subscribe_refusal(headers.get("destination"))
+    if refusal is not None:
+        raise refusal
     lines = [
         b"subscription:" + escape(sub_id).encode(),
         b"destination:" + escape(headers.get("destination", "/queue/curb")).encode(),
@@ -174,10 +179,6 @@ def on_subscribe(session: Session, frame: Frame) -> None:
     elif headers.get("destination") == COUNT_DESTINATION:
         messages.watch_counts(sub_id, prefix)
         session.send_counts(broker.counts())
-    elif headers.get("destination") == DEAD_DESTINATION:
-        sub = broker.subscribe(session, sub_id, headers.get("ack", "auto"), prefetch_header(headers), dead=True)
-        messages.prefixes[sub] = prefix
-        messages.dead_sub = sub_id
     else:
         raw_timeout = headers.get("curb-ack-timeout")
         try:
@@ -190,8 +191,11 @@ def on_subscribe(session: Session, frame: Frame) -> None:
                 frame,
             )
             return
-        sub = broker.subscribe(session, sub_id, headers.get("ack", "auto"), prefetch_header(headers), timeout)
+        dead = headers.get("destination") == DEAD_DESTINATION
+        sub = broker.subscribe(session, sub_id, headers.get("ack", "auto"), prefetch_header(headers), timeout, dead)
         messages.prefixes[sub] = prefix
+        if dead:
+            messages.dead_sub = sub_id
     session.line.at_once(headers.get("receipt"))
 
 

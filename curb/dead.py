@@ -4,9 +4,11 @@ A dead letter is a message past the delivery limit or expired (curb.redelivery's
 reasons). It stays in the log with its body, headers, delivery count and reason (the log
 marks it, `bury`, and keeps it from then on, `keep_dead`: an entry of its index, no
 object, as the dead letters found at start-up are), and the broker serves the dead
-letters with a second `curb.queue.Queue`, untimed, whose source (`DeadSource`) is the
-log's dead letters. A `./dead` subscriber's ACK deletes one for good; its NACK,
-disconnect or close puts it back among the dead (never in the ordinary queue). A
+letters with a second `curb.queue.Queue`, untimed (no expiry, no delivery limit), whose
+source (`DeadSource`) is the log's dead letters. A `./dead` subscriber's ACK deletes one
+for good; its NACK, disconnect or close, or its ack deadline passing (as a queue
+subscriber's, `curb-ack-timeout` or -ack-timeout), puts it back among the dead (never in
+the ordinary queue). A
 redrive makes the dead letters ordinary messages again, count reset: the log's
 (`redrive`), then those back from `./dead` subscribers (`revive`).
 

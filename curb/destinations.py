@@ -1,8 +1,9 @@
-"""Which destinations a SEND may name: Curb's own `./` names and near misses of them.
+"""Which destinations a SEND or a SUBSCRIBE may name: Curb's own `./` names and near
+misses of them.
 
 A Curb instance is one queue and ignores an ordinary destination, so a SEND that meant
-one of Curb's own names but missed it would be stored as a job and handed to a worker.
-The rule (README: Dead letters), pure:
+one of Curb's own names but missed it would be stored as a job and handed to a worker,
+and such a SUBSCRIBE would take jobs. The rules (README: Dead letters), pure:
 
 - `./redrive` is the one `./` name a SEND may use: a redrive (curb.dead).
 - Every other destination that starts with `./` is refused: `./dead` and `./count` are
@@ -12,6 +13,9 @@ The rule (README: Dead letters), pure:
   "did you mean ./redrive?". Only `redrive` is guarded so: a SEND to `/queue/dead` or
   `/queue/count` is no plausible slip for something a SEND does, and such names may be
   a router's ordinary routes.
+- A SUBSCRIBE may name `./dead` and `./count`, exactly; any other destination that
+  starts with `./` is refused (`./Dead`, `./counts`, `./redrive`), one that is `./dead`
+  or `./count` in another letter case or with spaces around it with "did you mean ...?".
 """
 
 from __future__ import annotations
@@ -50,4 +54,24 @@ def send_refusal(destination: str | None) -> QueueError | None:
         f"SEND to {shown} refused",
         f"Nothing was stored. Curb's own names are {_OWN_NAMES}, and it has no other name starting "
         f"{LOCAL_PREFIX!r}; to send a job, use another destination, such as /queue/work.",
+    )
+
+
+def subscribe_refusal(destination: str | None) -> QueueError | None:
+    """The ERROR for a SUBSCRIBE to a `./` name Curb does not have, which would otherwise
+    be a queue subscription taking jobs; None for Curb's own and ordinary destinations."""
+    if destination is None or not destination.startswith(LOCAL_PREFIX) or destination in _SUBSCRIBE_ONLY:
+        return None
+    shown = destination[:60]
+    near = destination.strip().lower()
+    if near in _SUBSCRIBE_ONLY:
+        return QueueError(
+            f"SUBSCRIBE to {shown} refused: did you mean {near}?",
+            f"No subscription was made. Curb's own names are {_OWN_NAMES}, spelt exactly so (in lower "
+            "case, nothing around them); to take jobs, subscribe to another destination, such as /queue/work.",
+        )
+    return QueueError(
+        f"SUBSCRIBE to {shown} refused",
+        f"No subscription was made. Curb's own names are {_OWN_NAMES}, and it has no other name starting "
+        f"{LOCAL_PREFIX!r}; to take jobs, subscribe to another destination, such as /queue/work.",
     )

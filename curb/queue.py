@@ -460,10 +460,15 @@ class Queue(Generic[C, M]):
             self._forget_paused(sub)
         return settled
 
+    def passed(self, conn: C, message_id: int) -> bool:
+        """Whether the message's ack deadline passed while this connection held it (one
+        of those remembered): its ACK, NACK or touch here is late."""
+        late = self._late.get(conn)
+        return late is not None and message_id in late
+
     def _not_wip(self, conn: C, message_id: int) -> QueueError:
         """The error for a message that is not wip on `conn`: Late if its deadline passed there."""
-        late = self._late.get(conn)
-        if late is not None and message_id in late:
+        if self.passed(conn, message_id):
             return Late(
                 f"message {message_id} passed its ack deadline on this connection and went back to the queue",
                 "Nothing to do: the message will be, or was, delivered again. ACK or NACK in time, or extend "

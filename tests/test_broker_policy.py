@@ -284,9 +284,9 @@ def test_a_message_that_expires_while_held_is_not_delivered_again():
 # ---------------------------------------------------------------- ./dead and ./redrive
 
 
-def dead_world(count: int = 3) -> World:
+def dead_world(count: int = 3, **options) -> World:
     """`count` messages, each NACKed once past a delivery limit of 1."""
-    world = World(redelivery=Redelivery(delay_ms=0, max_deliveries=1))
+    world = World(redelivery=Redelivery(delay_ms=0, max_deliveries=1), **options)
     producer(world, *(b"m%d" % n for n in range(count)))
     peer = consumer(world, prefetch=count)
     for frame in peer.frames():
@@ -335,6 +335,119 @@ def test_a_browse_of_dead_letters_changes_nothing():
     assert world.broker.counts()["dead"] == 2 and world.log.acked == []
 
 
+# ./dead ack deadlines: -ack-timeout (s), the SUBSCRIBE's curb-ack-timeout, ack mode ->
+# when the dead letter delivered at 0 goes back (None: never).
+DEAD_DEADLINES = [
+    (1.0, None, "client-individual", 1.0),  # -ack-timeout, as for the queue
+    (1.0, "250", "client-individual", 0.25),  # the subscription's own
+    (1.0, "0", "client", None),  # ... or none
+    (0.0, None, "client", None),  # -ack-timeout 0
+    (0.0, "250", "client", 0.25),
+    (1.0, "250", "auto", None),  # an auto subscription's dead letters are deleted once sent
+]
+
+
+@pytest.mark.parametrize("flag, header, ack, deadline", DEAD_DEADLINES)
+def test_a_dead_letters_deadline_is_the_subscriptions_or_the_flags(flag, header, ack, deadline):
+    world = dead_world(1, ack_timeout=flag)
+    extra = {} if header is None else {"curb-ack-timeout": header}
+    reader = consumer(world, "d", destination="./dead", ack=ack, **extra)
+    assert got(reader) == [(b"m0", "1", "max-deliveries")]
+    if deadline is not None:
+        at(world, deadline - 0.001)
+        assert world.broker.metrics.ack_timeouts == 0
+        at(world, deadline)
+        assert got(reader) == [(b"m0", "1", "max-deliveries")], "back, and to the reader again"
+    at(world, 100_000.0)
+    assert world.broker.metrics.ack_timeouts == (0 if deadline is None else 2)
+
+
+def test_a_dead_letter_held_past_its_deadline_is_dead_again_never_queued():
+    world = dead_world(2, ack_timeout=1.0)
+    worker = consumer(world)
+    hung = consumer(world, "d", destination="./dead", prefetch=1)
+    assert got(hung) == [(b"m0", "1", "max-deliveries")]
+    at(world, 0.999)
+    assert world.broker.metrics.ack_timeouts == 0
+    at(world, 1.0)
+    assert got(worker) == [], "a dead letter never goes to a queue subscriber"
+    assert got(hung) == [(b"m0", "1", "max-deliveries")], "back first among the dead, its count unchanged"
+    assert world.broker.metrics.ack_timeouts == 1
+    assert world.broker.counts()["dead"] == 2 and world.log.acked == []
+    at(world, 2.0)
+    assert world.broker.counts()["dead"] == 2 and world.broker.counts()["rdy"] == 0
+
+
+def test_one_timer_keeps_the_queues_and_the_dead_letters_deadlines():
+    world = dead_world(1, ack_timeout=5.0)
+    producer(world, b"job")
+    peer = consumer(world, prefetch=1)
+    dead = {"id": "d", "destination": "./dead", "ack": "client", "prefetch-count": "1", "curb-ack-timeout": "1000"}
+    peer.feed(encode("SUBSCRIBE", dead))
+    assert [f.body for f in peer.frames()] == [b"job", b"m0"]
+    other = consumer(world, "o", prefetch=1)
+    reader = consumer(world, "d", destination="./dead")
+    at(world, 1.0)
+    assert got(reader) == [(b"m0", "1", "max-deliveries")] and got(other) == []
+    at(world, 4.999)
+    assert world.broker.metrics.ack_timeouts == 1
+    at(world, 5.0)  # job comes back past the delivery limit of 1: a dead letter
+    assert world.broker.metrics.ack_timeouts == 2 and world.broker.counts()["dead"] == 2
+
+
+def held_past_dead_deadline() -> tuple[World, Peer, str]:
+    """A ./dead reader held m0 past its 1 s deadline; another reader holds it now.
+    Returns (world, the late reader, m0's ack id)."""
+    world = dead_world(1, ack_timeout=1.0)
+    late = consumer(world, "d", destination="./dead", prefetch=1)
+    ack_id = one(late).headers["ack"]
+    other = consumer(world, "d", destination="./dead")
+    at(world, 1.0)
+    assert one(other).headers["ack"] == ack_id
+    return world, late, ack_id
+
+
+@pytest.mark.parametrize(
+    "command, headers",
+    [("ACK", {}), ("NACK", {}), ("NACK", {"curb_touch": "60000"})],
+)
+def test_a_late_ack_nack_or_touch_of_a_dead_letter_changes_nothing(command, headers):
+    world, late, ack_id = held_past_dead_deadline()
+    late.send(command, id=ack_id, receipt="late", **headers)
+    world.log.sync()
+    world.run_scheduled()
+    assert [(f.command, f.headers.get("curb-late")) for f in late.frames()] == [("RECEIPT", "true")]
+    assert late.session.close_wanted is None
+    assert world.broker.metrics.late_acks == 1
+    assert world.log.acked == [] and world.broker.metrics.dead_acked == 0, "the dead letter is not deleted"
+    assert world.broker.counts()["dead"] == 1
+
+
+def test_a_touch_keeps_a_dead_letter_past_its_deadline_until_the_new_one():
+    world = dead_world(1, ack_timeout=1.0)
+    holder = consumer(world, "d", destination="./dead", prefetch=1)
+    ack_id = one(holder).headers["ack"]
+    at(world, 0.5)
+    holder.send("NACK", id=ack_id, curb_touch="3000")
+    other = consumer(world, "d2", destination="./dead")
+    at(world, 3.499)
+    assert got(other) == [] and world.broker.metrics.ack_timeouts == 0
+    at(world, 3.5)
+    assert got(other) == [(b"m0", "1", "max-deliveries")]
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "1.5", "", "86400001"])
+def test_a_bad_ack_timeout_on_dead_is_the_queues_error(value):
+    world = dead_world(1)
+    peer = world.session()
+    peer.connect()
+    peer.send("SUBSCRIBE", id="d", destination="./dead", ack="client", receipt="r", curb_ack_timeout=value)
+    [error] = peer.frames()
+    assert error.command == "ERROR" and error.headers["message"] == "bad curb-ack-timeout header"
+    assert error.headers["receipt-id"] == "r" and b"from 0 (no deadline) to 86400000 (a day)" in error.body
+    assert world.broker.dead.subscription_count == 0 and world.broker.counts()["dead"] == 1
+
+
 @pytest.mark.parametrize("count, moved", [(None, 3), ("2", 2), ("0", 0), ("9", 3)])
 def test_a_redrive_moves_the_oldest_dead_letters_back_with_their_count_reset(count, moved):
     world = dead_world(3)
@@ -379,6 +492,48 @@ def test_a_send_to_a_reserved_or_misspelt_name_is_an_error_never_a_job(destinati
     else:
         assert [f.command for f in frames] == ["ERROR"] and world.broker.counts()["rdy"] == 0
         assert world.log.next_id == 1 and world.broker.metrics.redriven == 0, "nothing stored, nothing moved"
+
+
+# A SUBSCRIBE's destination -> whether it is a subscription (README: Dead letters).
+SUBSCRIBE_DESTINATIONS = {
+    "/queue/work": True,
+    "/queue/dead": True,
+    "jobs": True,
+    "./dead": True,
+    "./count": True,
+    "./Dead": False,
+    "./dead ": False,
+    "./counts": False,
+    "./COUNT": False,
+    "./redrive": False,
+    "./purge": False,
+    "./": False,
+}
+
+
+# ... and a browse of a refused one is refused too (browses of the others: tests/test_browse.py).
+SUBSCRIBES = [(name, False) for name in SUBSCRIBE_DESTINATIONS] + [
+    (name, True) for name, ok in SUBSCRIBE_DESTINATIONS.items() if not ok
+]
+
+
+@pytest.mark.parametrize("destination, browse", SUBSCRIBES)
+def test_a_subscribe_to_an_unknown_local_name_is_an_error_never_a_consumer(destination, browse):
+    world = dead_world(1)
+    producer(world, b"job")
+    peer = world.session()
+    peer.connect()
+    headers = {"id": "s", "destination": destination, "receipt": "r"}
+    if browse:
+        headers["browser"] = "true"
+    peer.feed(encode("SUBSCRIBE", headers))
+    commands = [f.command for f in peer.frames()]
+    if SUBSCRIBE_DESTINATIONS[destination]:
+        assert "ERROR" not in commands
+    else:
+        assert commands == ["ERROR"] and peer.session.close_wanted == "close"
+        counts = world.broker.counts()
+        assert (counts["rdy"], counts["dead"], counts["subscriptions"]) == (1, 1, 0), "nothing taken"
 
 
 # SEND headers that would change what a SEND does, and are refused rather than ignored.

@@ -230,6 +230,16 @@ ROWS = {
         "Curb's own names are ./redrive (SEND), ./dead and ./count (SUBSCRIBE)",
         (frame("SEND", destination="./purge"),),
     ),
+    "SUBSCRIBE to an unknown ./ name": Row(
+        "SUBSCRIBE to ./counts refused",
+        "Curb's own names are ./redrive (SEND), ./dead and ./count (SUBSCRIBE)",
+        (frame("SUBSCRIBE", id="s", destination="./counts"),),
+    ),
+    "SUBSCRIBE to a misspelt ./dead": Row(
+        "SUBSCRIBE to ./Dead refused: did you mean ./dead?",
+        "spelt exactly so",
+        (frame("SUBSCRIBE", id="s", destination="./Dead"),),
+    ),
     "./redrive with a delay": Row(
         "./redrive takes no curb-delay",
         "A redrive moves dead letters at once",

@@ -14,7 +14,7 @@ import time
 
 import stomp
 from conftest import free_port, wait_until
-from test_ack_deadline_e2e import stats
+from test_ack_deadline_e2e import connect, stats
 
 QUEUE = "/queue/curb"
 
@@ -83,6 +83,37 @@ def test_a_consumer_that_crashes_on_a_message_counts_and_a_redrive_brings_it_bac
     worker.subscribe(QUEUE, id="w", ack="client-individual")
     [back] = inbox.wait_messages(1)
     assert (back.body, back.headers["curb-deliveries"]) == ("crashes its consumer", "1"), "its count was reset"
+
+
+def test_a_dead_letter_held_past_its_deadline_is_dead_again_and_a_late_ack_deletes_nothing(curb_broker, stomp_conn):
+    http_port = free_port()
+    broker = curb_broker(extra_args=["-max-deliveries", "1", "-http", f"127.0.0.1:{http_port}"])
+    send(stomp_conn, broker.port, "poison")
+    worker, worker_inbox = stomp_conn(broker.port)
+    worker.subscribe(QUEUE, id="w", ack="client-individual")
+    [poison] = worker_inbox.wait_messages(1)
+    worker.nack(poison.headers["ack"])  # past -max-deliveries 1: a dead letter
+
+    hung, hung_inbox, hung_receipts = connect(stomp_conn, broker.port)
+    hung.subscribe(
+        "./dead", id="d", ack="client-individual", headers={"curb-ack-timeout": "300", "prefetch-count": "1"}
+    )
+    [stuck] = hung_inbox.wait_messages(1)
+    reader, reader_inbox, reader_receipts = connect(stomp_conn, broker.port)
+    reader.subscribe("./dead", id="d", ack="client-individual")
+    [again] = reader_inbox.wait_messages(1)  # once the hung reader's 300 ms passed
+    assert again.headers["message-id"] == stuck.headers["message-id"] == poison.headers["message-id"]
+    assert (again.headers["curb-dead-reason"], again.headers["curb-deliveries"]) == ("max-deliveries", "1")
+    assert worker_inbox.quiet() == [poison], "a dead letter never goes back to the queue"
+
+    hung.ack(stuck.headers["ack"], receipt="late")
+    assert hung_receipts.wait("late").get("curb-late") == "true"
+    assert hung.is_connected() and not hung_inbox.errors
+    counters = stats(http_port)
+    assert (counters["dead"], counters["ack_timeouts"], counters["late_acks"]) == (1, 1, 1)
+    reader.ack(again.headers["ack"], receipt="deleted")
+    assert "curb-late" not in reader_receipts.wait("deleted")
+    assert stats(http_port)["dead"] == 0
 
 
 class Receipts(stomp.ConnectionListener):

@@ -113,7 +113,8 @@ _COUNTERS = (
     (
         "curb_ack_timeouts",
         "ack_timeouts",
-        "Deliveries not ACKed or NACKed by their ack deadline: the message went back to the queue.",
+        "Deliveries not ACKed or NACKed by their ack deadline: the message went back to the queue "
+        "(a dead letter to the dead letters).",
     ),
     (
         "curb_late_acks",

@@ -63,8 +63,12 @@ the moment something else is:
   instead of its RECEIPT, never a RECEIPT; a broken log stops the broker (the simulator
   restarts it), and a failed sync made nothing durable; SENDs not yet promised may be
   lost (or, from a write that failed in part, found after a restart), receipted ones
-  never; ./dead subscriptions' ack deadlines (when the broker has them:
-  workload.DEAD_ACK_TIMEOUTS) put a dead letter held past it back among the dead.
+  never;
+- a `./dead` subscription's ack deadline (its `curb-ack-timeout`, else the broker's;
+  workload.DEAD_ACK_TIMEOUTS) puts a dead letter held past it back among the dead, never
+  in the queue, its count unchanged; a touch moves it; a later ACK, NACK or touch of it
+  by that connection changes nothing (an ACK deletes nothing) and its RECEIPT says
+  `curb-late:true`.
 
 Between a crash and the next restart's full read the model is unsure which unpromised
 changes survived (a SEND, an ACK, a burial, a NACK's due time, a redrive); the read
@@ -247,11 +251,8 @@ class Checker:
     def subscribed(self, serial: int, ack_mode: str, timeout_ms: int | None, dead: bool = False) -> None:
         conn = self.conns[serial]
         conn.ack_mode, conn.dead = ack_mode, dead
-        if dead:
-            # No ack deadline on ./dead, unless the broker has them (the hook:
-            # workload.DEAD_ACK_TIMEOUTS): then a dead letter held past it goes back among
-            # the dead (advance), and a later ACK or NACK of it is late.
-            conn.timeout_ms = (timeout_ms or 0) if self.dead_timeouts else 0
+        if dead and not self.dead_timeouts:
+            conn.timeout_ms = 0  # ./dead without ack deadlines (workload.DEAD_ACK_TIMEOUTS off)
         elif ack_mode == "auto":
             conn.timeout_ms = 0
         else:

@@ -447,6 +447,12 @@ class LogChecker:
         if browse is not None:
             browse.at_start.discard(tag)  # not live all along: a browse may skip it
 
+    def kept_dead(self, tag: int) -> None:
+        """The caller handed a dead letter it buried to the log (`keep_dead`): the log
+        holds it parked, and hands it out again (`next_dead`, or `due` after a redrive)."""
+        self.parked_tags.add(tag)
+        self.delivered.discard(tag)
+
     def revived(self, tag: int) -> None:
         """A revive or redrive asked for: the rewrite may reach the disk from now on (a
         kill keeps it unsynced), so the burial and the count on disk no longer bind."""
@@ -487,10 +493,11 @@ class LogChecker:
 
     def redriven(self, rec: Record) -> tuple[int, bool]:
         """A message back from `due` after a redrive: its tag, and whether it is a dead
-        letter the redrive moved (count 0, parked, its burial on disk)."""
+        letter the redrive moved (count 0, a dead letter the log holds: found at start-up,
+        or kept since, its burial on disk or not)."""
         tag = self.check_payload(rec, None)
         msg = self.messages[tag]
-        mine = rec.deliveries == 0 and tag in self.parked_tags and msg.dead_durable
+        mine = rec.deliveries == 0 and tag in self.parked_tags and tag in self.dead_now
         if mine:
             self.revived(tag)
         self.parked_tags.discard(tag)
@@ -715,6 +722,14 @@ class LogChecker:
                 f"and {self.waiting_durable} ack receipts unanswered after {SETTLE_ROUNDS} rounds"
                 f"{'' if fatal is None else ' and a fatal error: ' + fatal}",
             )
+
+    def check_dead_read(self) -> None:
+        """At the end, once `next_dead` handed out all it would: every dead letter the
+        log holds by the model (found at start-up, or kept since) came out."""
+        missing = sorted(self.parked_tags & self.dead_now)
+        if missing and not self.rot_epoch:
+            msg = self.messages[missing[0]]
+            self.fail("dead letter the log holds never handed out", f"{len(missing)}, e.g. #{msg.tag} id {msg.id}")
 
     def read_all(self, tags: Iterable[int]) -> None:
         """The end's full read also took these (dead letters held, parked ones)."""

@@ -23,8 +23,9 @@ With the replay steps (on unless --no-replay-steps), ACKs up to an id and browse
 played too; walks of the ring go in slices of one record, a few, or many (drawn per run,
 so crashes and other steps fall between slices), and browses start at marks spaced from
 every record to none. The parked steps send delayed messages, NACK with a delay, bury
-messages as dead letters, take, ACK, give back and revive dead letters, redrive them
-and jump the wall clock ahead. Both draw from random streams of their own, so a seed
+messages as dead letters (some then handed to the log with `keep_dead`, as the broker
+does, the rest held), take, ACK, give back and revive dead letters, redrive them and
+jump the wall clock ahead. Both draw from random streams of their own, so a seed
 without them (the kept regression seeds) replays exactly as before they existed.
 
 Every seed ends by settling, reading everything and syncing, and then a power loss must
@@ -487,6 +488,11 @@ class Sim:
         rec, tag = got
         self.core.bury(rec, self.workload.burial_reason())
         self.model.buried(tag, rec.deliveries, self.browse)
+        if self.workload.keeps_dead():
+            self.core.keep_dead(rec)  # the log's from now on: next_dead hands it out again
+            self.model.kept_dead(tag)
+            self.trace("bury #%d id %d (%d deliveries), kept by the log", tag, rec.id, rec.deliveries)
+            return
         self.dead_held.append((rec, tag))
         self.trace("bury #%d id %d (%d deliveries)", tag, rec.id, rec.deliveries)
 
@@ -673,8 +679,9 @@ class Sim:
         self.do_release()
         for rec in self._ready():
             self.model.check_delivery(rec)
-        while self.core.next_dead() is not None:
-            pass
+        while (dead := self.core.next_dead()) is not None:
+            self.model.dead_taken(dead)
+        self.model.check_dead_read()
         self.model.read_all(tag for _, tag in self.dead_held)
         self.model.read_all(self.model.parked_tags)
         self.core.flush()

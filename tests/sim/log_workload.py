@@ -6,12 +6,14 @@ order the step makes its calls, so that the choices interleave with the simulate
 own draws (its faults and what a power loss keeps come from the same stream) exactly as
 they always have: a kept seed replays the run it was found in.
 
-Three streams: the main one (the steps of the original workload, the crashes and the
+Four streams: the main one (the steps of the original workload, the crashes and the
 faults, shared with the disk), the parked steps' (delayed SENDs, NACKs with a delay,
-burials, releases, the wall clock's jumps, dead letters taken, settled and redriven) and
-the replay steps' (ACK up to an id, browses, the walks' slices and the marks' spacing).
-The two later ones are seeded apart, so seeds kept from before they existed replay as
-they were found.
+burials, releases, the wall clock's jumps, dead letters taken, settled and redriven),
+the replay steps' (ACK up to an id, browses, the walks' slices and the marks' spacing)
+and the kept dead letters' (whether a burial hands the dead letter to the log,
+`keep_dead`, as the broker does, or the caller holds it). The three later ones are
+seeded apart, so seeds kept from before they existed replay as they were found, or
+(the kept dead letters) as close to it as the log's changed state lets them.
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ class LogWorkload:
     def __init__(self, seed: int, rng: random.Random):
         self.xrng = random.Random(f"replay steps of seed {seed}")
         self.prng = random.Random(f"parked steps of seed {seed}")
+        self.krng = random.Random(f"kept dead letters of seed {seed}")
         self.rng = rng
         self.cfg = Config.draw(rng)
         self._actions = list(self.cfg.weights)
@@ -221,6 +224,11 @@ class LogWorkload:
 
     def burial_reason(self) -> str:
         return self.prng.choice(("max-deliveries", "expired"))
+
+    def keeps_dead(self) -> bool:
+        """Whether a dead letter just buried is handed to the log (`keep_dead`), as the
+        broker does, rather than held by the caller (its dead letters' queue)."""
+        return self.krng.random() < 0.5
 
     def wall_jump(self) -> int:
         return self.prng.choice(WALL_JUMPS)

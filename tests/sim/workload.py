@@ -22,7 +22,8 @@ growth) is drawn per seed.
 
 The extra steps (`Extra`, on unless a seed is played as it was found before them) draw
 from a random stream of their own, so the seeds kept from before them replay exactly:
-a redrive with `curb-count` (with or without receipt), UNSUBSCRIBE of the queue's or the
+a redrive with `curb-count` (with or without receipt), `./dead` SUBSCRIBEs with their
+own `curb-ack-timeout` and touches of dead letters, UNSUBSCRIBE of the queue's or the
 dead letters' subscription (the client still ACKs and NACKs what it holds), ACK with
 `curb-upto` (an id the clients saw, the highest, or one above every id), a browse of the
 queue (`browser:true`, from and to ids the clients saw, the highest, past it, or none)
@@ -118,12 +119,12 @@ EXTRA_WEIGHTS = {
     "browse_dead": 1.0,
     "watch_counts": 0.6,
 }
-# The ./dead subscriptions' ack deadline (curb-ack-timeout on a ./dead SUBSCRIBE): the
-# broker has none yet (README: "./dead subscriptions have no ack deadline"). Once it
-# has, set this: the workload then asks for one on some ./dead SUBSCRIBEs, and the
-# checker (Checker.subscribed, Checker.advance) puts a dead letter held past it back
-# among the dead letters.
-DEAD_ACK_TIMEOUTS = False
+# The ./dead subscriptions' ack deadline (README: Dead letters): curb-ack-timeout on a
+# ./dead SUBSCRIBE, else the broker's -ack-timeout. With it on, the extra steps ask for
+# one on some ./dead SUBSCRIBEs and touch some dead letters held, and the checker
+# (Checker.subscribed, Checker.advance) puts a dead letter held past it back among the
+# dead letters.
+DEAD_ACK_TIMEOUTS = True
 DEAD_TIMEOUTS_MS = (30, 400, 3000)
 
 
@@ -277,6 +278,9 @@ class Workload:
             receipt = rng.random() < 0.5
             if kind == "touch" and not clients[slot].dead:  # type: ignore[union-attr]
                 return Action("touch", slot, receipt=receipt, ack_id=ack_id, ms=rng.choice(TOUCH_MS))
+            if kind == "touch" and DEAD_ACK_TIMEOUTS and self.extra_cfg is not None:
+                # A dead letter's touch, drawn from the extra stream (before it, a NACK).
+                return Action("touch", slot, receipt=receipt, ack_id=ack_id, ms=self.xrng.choice(TOUCH_MS))
             if kind == "ack":
                 return Action("ack", slot, receipt=receipt, ack_id=ack_id)
             dead = clients[slot].dead  # type: ignore[union-attr]
