@@ -97,13 +97,13 @@ class FakeLog:
     def read_dead(self, mid: int) -> Record | None:
         raise AssertionError("the fake log keeps its dead letters as records")
 
-    def redrive(self, count: int) -> int:
+    def redrive(self, count: int) -> list[int]:
         moved = list(self.dead_rdy)[:count]
         for rec in moved:
             self.dead_rdy.popleft()
             self.revive(rec)
         self.ready.extendleft(reversed(moved))
-        return len(moved)
+        return [rec.id for rec in moved]
 
     def release(self, now_ms: int) -> bool:
         """Due messages go to the front of the line, as the log's ready line goes first."""

@@ -729,13 +729,14 @@ class LogCore:
         seq = self._parked.dead_entry(mid)
         return None if seq is None else self._read_parked(seq)
 
-    def redrive(self, count: int) -> int:
+    def redrive(self, count: int) -> list[int]:
         """Up to `count` of the dead letters the log holds, oldest first, are rdy again
         with their delivery count reset, written in place, and join the ready line.
-        Returns how many moved (fewer: none left); `on_durable` tells when it is on disk."""
+        Returns the ids of those that moved (fewer: none left); `on_durable` tells when
+        that is on disk."""
         parked = self._parked
-        moved = 0
-        while moved < count:
+        moved: list[int] = []
+        while len(moved) < count:
             seq = parked.next_dead()
             if seq is None:
                 break
@@ -746,12 +747,12 @@ class LogCore:
             rec.due_ms = 0
             self._patch(rec, STATE_RDY)
             parked.set(seq, READY)
-            moved += 1
-        for rec in [r for r in self._reparks if r.dead][: count - moved]:
+            moved.append(rec.id)
+        for rec in [r for r in self._reparks if r.dead][: count - len(moved)]:
             self.revive(rec)
             self._unkeep(rec)
             self._ready_kept.append(rec)
-            moved += 1
+            moved.append(rec.id)
         self._ready_changed()
         return moved
 

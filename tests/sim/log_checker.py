@@ -491,15 +491,19 @@ class LogChecker:
         if moved > before or (count is not None and moved > count):
             self.fail("redrive moved too many", f"{moved} of {before} (asked {count})")
 
-    def redriven(self, rec: Record) -> tuple[int, bool]:
-        """A message back from `due` after a redrive: its tag, and whether it is a dead
-        letter the redrive moved (count 0, a dead letter the log holds: found at start-up,
-        or kept since, its burial on disk or not)."""
+    def redrive_moved(self, ids: list[int]) -> None:
+        """The log says which dead letters a redrive moved (those it holds, found at
+        start-up or kept since, oldest first): each is revived from now on, taken or not."""
+        moved = set(ids)
+        for tag in [t for t in self.parked_tags & self.dead_now if self.messages[t].id in moved]:
+            self.revived(tag)
+
+    def redriven(self, rec: Record, ids: list[int]) -> tuple[int, bool]:
+        """A message back from the ready line after a redrive: its tag, and whether it
+        is a dead letter the redrive moved (count 0)."""
         tag = self.check_payload(rec, None)
         msg = self.messages[tag]
-        mine = rec.deliveries == 0 and tag in self.parked_tags and tag in self.dead_now
-        if mine:
-            self.revived(tag)
+        mine = rec.deliveries == 0 and rec.id in ids and tag in self.parked_tags
         self.parked_tags.discard(tag)
         self.check_handout(rec, tag)
         msg.due_run = 0

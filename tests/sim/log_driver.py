@@ -351,6 +351,18 @@ class Sim:
                 slices += 1
                 core.flush()
 
+    def _dead(self) -> Iterator[Record]:
+        """Every dead letter next_dead hands out, granting the log its slices of reading."""
+        core = self.core
+        while True:
+            rec = core.next_dead()
+            if rec is not None:
+                yield rec
+            elif core.walking and core.broken is None:
+                core.flush()
+            else:
+                return
+
     # ------------------------------------------------------------ actions
 
     def do_send_receipt(self) -> None:
@@ -543,11 +555,13 @@ class Sim:
         """A redrive of the dead letters the log holds: each comes back from `due` at once."""
         count = self.workload.redrive_count()
         before = self.core.dead
-        moved = self.core.redrive(1 << 62 if count is None else count)
+        ids = self.core.redrive(1 << 62 if count is None else count)
+        moved = len(ids)
         self.model.check_redrive(count, before, moved)
+        self.model.redrive_moved(ids)  # before a flush may write their rewrites
         mine = 0
         for rec in self.core_due():
-            tag, moved_here = self.model.redriven(rec)
+            tag, moved_here = self.model.redriven(rec, ids)
             mine += moved_here
             self.redeliver.append((rec, tag))
         self.model.check_redrive_lost(moved, mine)
@@ -559,8 +573,14 @@ class Sim:
         core = self.core
         core.release(self.wall_ms(), 1 << 62)
         taken = []
-        while core.ready_waiting and (rec := core.next_ready()) is not None:
-            taken.append(rec)
+        while core.ready_waiting:
+            rec = core.next_ready()
+            if rec is not None:
+                taken.append(rec)
+            elif core.walking and core.broken is None:
+                core.flush()  # the slice's reading is spent: the next one
+            else:
+                break
         return taken
 
     def do_ask_durable(self) -> None:
@@ -679,7 +699,7 @@ class Sim:
         self.do_release()
         for rec in self._ready():
             self.model.check_delivery(rec)
-        while (dead := self.core.next_dead()) is not None:
+        for dead in self._dead():
             self.model.dead_taken(dead)
         self.model.check_dead_read()
         self.model.read_all(tag for _, tag in self.dead_held)
