@@ -329,17 +329,16 @@ class Parked:
         offsets = self.offsets
         if seq >= end or offsets[seq - base] != pos:
             return None
-        sizes, states, ids = self.sizes, self.states, self.ids
-        at, high = pos, 0
+        sizes, states = self.sizes, self.states
+        at, first = pos, seq
         while seq < end and offsets[seq - base] == at and at != stop:  # and the records right after it
             size = sizes[seq - base]
             if states[seq - base] != GONE:
                 self.unpassed_bytes -= size
-            high = max(high, ids[seq - base])
             at += size
             seq += 1
         self.passed = seq
-        return at - pos, high
+        return at - pos, max(self.ids[first - base : seq - base])
 
     def _pass(self, seq: int) -> None:
         self.passed = seq + 1
