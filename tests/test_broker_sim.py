@@ -90,6 +90,15 @@ REGRESSIONS_WITH_EXTRA_STEPS = {
     "a_send_the_log_failed_after_writing_is_found_after_a_restart": (5000002, "refused SEND stored"),
     "a_full_disk_while_copying_kept_dead_letters_broke_the_log": (6000902, "redrive moved more than curb-count"),
     "a_full_disk_while_copying_kept_dead_letters_broke_the_log_2": (6001603, "redrive moved more than curb-count"),
+    # An ACK up to an id without a receipt of its own, then a receipted frame on the same
+    # connection: its RECEIPT came once its own write was synced, before a checkpoint
+    # carried the watermark, and a power loss took the ACK back. on_durable now waits for
+    # the watermark too.
+    "a_receipt_after_an_ack_upto_waits_for_its_watermark": (7002780, "receipted ACK up to an id undone"),
+    "a_receipt_after_an_ack_upto_waits_for_its_watermark_2": (7003267, "receipted ACK up to an id undone"),
+    # The checker: a ./count watcher that can take no output gets the latest counts once
+    # it can, not before.
+    "a_count_watcher_that_cannot_take_output_is_owed": (7013627, "./count stale"),
 }
 
 

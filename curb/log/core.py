@@ -817,7 +817,8 @@ class LogCore:
         if self._broken:
             done(self._broken)
             return
-        self.waiters.on_durable(done, self._pending[-1][0].id if self._pending else None, self._retired)
+        last_pending = self._pending[-1][0].id if self._pending else None
+        self.waiters.on_durable(done, last_pending, self._retired, self._acked_upto)
         self._schedule()
 
     def payload(self, rec: Record) -> bytes | memoryview:

@@ -18,7 +18,9 @@ queues, each in the order its answers go. Invariants, each kept here:
   once a synced checkpoint counts it: `on_durable` made while some are not covered waits,
   after its sync, for the first durable checkpoint that counts them all (`retired`).
 - An ACK up to an id is answered by the first durable checkpoint whose watermark reaches
-  it (`watermark`, in watermark order).
+  it (`watermark`, in watermark order); so is, after its sync, an `on_durable` made while
+  the watermark is above the durable one (an ACK up to an id without a receipt of its
+  own is covered by the next RECEIPT its connection gets, as any frame is).
 - A failure of the log answers every waiter with its reason (`fail`), none with None.
   Its writes were issued, so what they covered may be on disk after all: the reason is a
   `MaybeStored`, and a SEND refused so may yet be delivered (its producer is told so).
@@ -51,11 +53,14 @@ class Waiters:
         self.watermark: collections.deque[tuple[int, Done]] = collections.deque()  # (watermark, done)
         self.retired: collections.deque[tuple[int, Done]] = collections.deque()  # (retired ACKs, done)
 
-    def on_durable(self, done: Done, last_pending: int | None, retired: int) -> None:
+    def on_durable(self, done: Done, last_pending: int | None, retired: int, acked_upto: int) -> None:
         """A caller waits for everything asked so far: appends up to `last_pending` (the
-        last one still waiting to be written, if any) and `retired` retired ACKs."""
+        last one still waiting to be written, if any), `retired` retired ACKs and the
+        ack-up-to watermark `acked_upto`."""
         if retired > self.checkpoints.durable.retired:
             done = self._then_retired(retired, done)
+        if acked_upto > self.checkpoints.durable.acked_upto:
+            done = self._then_watermark(acked_upto, done)
         if last_pending is not None:
             self.after_appends.append((last_pending, done))
         else:
@@ -68,6 +73,18 @@ class Waiters:
         def synced(err: str | None) -> None:
             if err is None and self.checkpoints.durable.retired < count:
                 self.retired.append((count, done))
+            else:
+                done(err)
+
+        return synced
+
+    def _then_watermark(self, upto: int, done: Done) -> Done:
+        """`done` for on_durable while the watermark `upto` is not durable: after its
+        sync, it waits for the first durable checkpoint that carries it."""
+
+        def synced(err: str | None) -> None:
+            if err is None and self.checkpoints.durable.acked_upto < upto:
+                self.watermark.append((upto, done))
             else:
                 done(err)
 
