@@ -37,7 +37,7 @@ from curb.access import NEW, OPEN, on_connect
 from curb.broker import Refused
 from curb.counts import COUNT_DESTINATION
 from curb.dead import DEAD_DESTINATION, REDRIVE_DESTINATION
-from curb.destinations import send_refusal, subscribe_refusal
+from curb.destinations import ORDINARY, send_refusal, subscribe_refusal
 from curb.frame import Frame, decimal, escape
 from curb.log.waiters import MaybeStored
 from curb.queue import MAX_PREFETCH, Late, QueueError
@@ -68,15 +68,17 @@ def on_send(session: Session, frame: Frame) -> None:
     if destination == REDRIVE_DESTINATION:
         _redrive(session, frame)
         return
-    refusal = send_refusal(destination)
-    if refusal is not None:
+    if destination not in ORDINARY and (refusal := send_refusal(destination)) is not None:
         raise refusal
     receipt = headers.get("receipt")
     line = session.line
     entry = line.owe() if receipt is not None else None
 
     def stored(err: str | None) -> None:
-        if isinstance(err, MaybeStored):
+        if err is None:
+            if entry is not None and receipt is not None:
+                line.settle(entry, receipts.receipt(receipt))
+        elif isinstance(err, MaybeStored):
             session.error(
                 "message may not be stored",
                 f"{err}. The log failed after the message was written to it, so it may be on disk: "
@@ -86,7 +88,7 @@ def on_send(session: Session, frame: Frame) -> None:
                 receipt=receipt,
                 entry=entry,
             )
-        elif err is not None:
+        else:
             session.error(
                 "message not stored",
                 f"{err}. The message was not stored and will not be delivered: send it again "
@@ -94,8 +96,6 @@ def on_send(session: Session, frame: Frame) -> None:
                 receipt=receipt,
                 entry=entry,
             )
-        elif entry is not None and receipt is not None:
-            line.settle(entry, receipts.receipt(receipt))
 
     try:
         session.broker.accept(headers, frame.body, stored, urgent=receipt is not None)

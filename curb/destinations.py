@@ -25,6 +25,10 @@ from curb.dead import DEAD_DESTINATION, REDRIVE_DESTINATION
 from curb.queue import QueueError
 
 LOCAL_PREFIX = "./"
+# Ordinary destinations already judged so: a producer names the same few again and again,
+# and every SEND asks (bounded: cleared when full); a caller may look here first.
+ORDINARY: set[str] = set()
+ORDINARY_KEPT = 1024
 _SUBSCRIBE_ONLY = (DEAD_DESTINATION, COUNT_DESTINATION)
 _OWN_NAMES = f"{REDRIVE_DESTINATION} (SEND), {DEAD_DESTINATION} and {COUNT_DESTINATION} (SUBSCRIBE)"
 
@@ -32,7 +36,7 @@ _OWN_NAMES = f"{REDRIVE_DESTINATION} (SEND), {DEAD_DESTINATION} and {COUNT_DESTI
 def send_refusal(destination: str | None) -> QueueError | None:
     """The ERROR for a SEND to `destination` that must not be stored as a job, or None
     (an ordinary destination, or `./redrive` itself)."""
-    if destination is None or destination == REDRIVE_DESTINATION:
+    if destination is None or destination in ORDINARY or destination == REDRIVE_DESTINATION:
         return None
     name = destination.strip().rpartition("/")[2].lower()
     shown = destination[:60]
@@ -43,6 +47,9 @@ def send_refusal(destination: str | None) -> QueueError | None:
             "(in lower case, nothing around it); to send a job, use another destination, such as /queue/work.",
         )
     if not destination.startswith(LOCAL_PREFIX):
+        if len(ORDINARY) >= ORDINARY_KEPT:
+            ORDINARY.clear()
+        ORDINARY.add(destination)
         return None
     if destination.strip().lower() in _SUBSCRIBE_ONLY:
         return QueueError(

@@ -132,7 +132,9 @@ class ReceiptLine:
 
 def receipt(receipt_id: str, extra: bytes = b"") -> bytes:
     """A RECEIPT; `extra`: header lines of its own, each ending in a newline."""
-    return b"RECEIPT\nreceipt-id:%s\n%s\n%s" % (escape(receipt_id).encode(), extra, FRAME_END)
+    if extra:
+        return b"RECEIPT\nreceipt-id:%s\n%s\n%s" % (escape(receipt_id).encode(), extra, FRAME_END)
+    return b"RECEIPT\nreceipt-id:%s\n\n%s" % (escape(receipt_id).encode(), FRAME_END)
 
 
 def late_receipt(receipt_id: str) -> bytes:

@@ -939,7 +939,7 @@ class LogCore:
         self._room_wanted = False
         runs = WriteRuns([], [])
         written: list[tuple[Record, bytes]] = []
-        fresh: list[tuple[Record, bytes]] = []  # written and due: the cursor's to hand out
+        parked_any = False  # some were delayed: indexed, not the cursor's to hand out
         wall = self.wall_ms()
         pending, ring, end, capacity = self._pending, self._ring, self.end, self.capacity
         admission, synced = self.admission, self.waiters.synced
@@ -977,10 +977,9 @@ class LogCore:
             runs.add(off, size, record_bytes(header, payload))
             rec.offset = off
             ring.head = off + size
-            if rec.due_ms > wall:  # parked from its write on, at the head: in ring order
+            if rec.due_ms and rec.due_ms > wall:  # parked from its write on, at the head: in ring order
                 self._parked.add(off, size, rec.id, DELAYED, rec.due_ms, passed=False)
-            else:
-                fresh.append((rec, payload))
+                parked_any = True
             pending.popleft()
             admission.pending_bytes -= size
             admission.classes.add(size)
@@ -993,15 +992,15 @@ class LogCore:
                 self._urgent_upto = fno
         if not self._pending:
             admission.pending_largest = 0
-        if written:
+        if written and (self._pending_delayed or self._pending_due is not None):
             self._pending_left()
         runs.write(self.disk)
         cursor = self._cursor
         cursor.whead, cursor.next_wseq = self._ring.head, self._next_wseq
-        for rec, payload in fresh:
-            cursor.written(rec, payload)
         marks = self.marks
-        for rec, _ in written:
+        for rec, payload in written:
+            if not (parked_any and rec.due_ms > wall):
+                cursor.written(rec, payload)
             if marks.due(rec.offset):
                 marks.add(rec.id, rec.offset, rec.wseq)
         if written:
