@@ -18,7 +18,8 @@ is stopped with SIGTERM. The checks:
 - lost: a SEND got its RECEIPT but no ACK was ever sent for that message, on the queue
   or on `./dead`;
 - resurrections: a message delivered again after its ACK got a RECEIPT (one with
-  `curb-late:true` changed nothing and is no ACK);
+  `curb-late:true` changed nothing and is no ACK; it answers that ACK only, not a later
+  ACK of the same message delivered again, which the late one's RECEIPT may follow);
 - early: a message delivered before its SEND's `curb-delay` had passed, or before its
   NACK's `curb-delay` had (after a restart only when that NACK's RECEIPT came);
 - past the limit: a MESSAGE whose `curb-deliveries` is above `-max-deliveries`;
@@ -48,6 +49,7 @@ Exit status 0 when every check passed, 1 otherwise (with examples), 2 for bad ar
 from __future__ import annotations
 
 import argparse
+import collections
 import fcntl
 import heapq
 import json
@@ -193,7 +195,10 @@ class Ledger:
         self.sent: set[str] = set()
         self.receipted: set[str] = set()
         self.refused: set[str] = set()
-        self.acks_sent: set[str] = set()
+        # ACKs written and not yet answered as late, by message: a late RECEIPT answers one
+        # ACK, not a later one of the same message (delivered again, ACKed again) that
+        # may well have removed it.
+        self.acks_sent: collections.Counter[str] = collections.Counter()
         self.ack_receipts: dict[str, str] = {}  # message id -> connection that got the RECEIPT
         self.holders: dict[str, tuple[str, float]] = {}  # message id -> (connection holding it unNACKed, since)
         self.history: dict[str, list[str]] = {}  # message id -> its first deliveries
@@ -327,7 +332,7 @@ class Ledger:
         """Called before the ACK is written: from now on the message may be gone."""
         with self.lock:
             self.counts["acked"] += 1
-            self.acks_sent.add(msg_id)
+            self.acks_sent[msg_id] += 1
 
     def ack_receipted(self, msg_id: str, conn: str, late: bool = False) -> None:
         """An ACK's RECEIPT; with curb-late:true the ACK changed nothing (the message's
@@ -335,7 +340,9 @@ class Ledger:
         with self.lock:
             if late:
                 self.counts["late_acks"] += 1
-                self.acks_sent.discard(msg_id)
+                self.acks_sent[msg_id] -= 1
+                if self.acks_sent[msg_id] <= 0:
+                    del self.acks_sent[msg_id]
                 return
             self.ack_receipts[msg_id] = conn
             self.holders.pop(msg_id, None)
@@ -392,7 +399,7 @@ class Ledger:
         """Receipted SENDs that no consumer ever ACKed, on the queue or as a dead letter
         (after the drains, nothing may be left)."""
         with self.lock:
-            return sorted(self.receipted - self.acks_sent - self.ack_receipts.keys())
+            return sorted(self.receipted - self.acks_sent.keys() - self.ack_receipts.keys())
 
     def lost_example(self, msg_id: str) -> str:
         deliveries = self.history.get(msg_id)
@@ -871,7 +878,7 @@ def summarize(
         "lost": len(lost),
         **ledger.problem_counts,
         "resurrected_messages": len(ledger.resurrected),
-        "acked_unconfirmed": len(ledger.acks_sent - ledger.ack_receipts.keys()),
+        "acked_unconfirmed": len(ledger.acks_sent.keys() - ledger.ack_receipts.keys()),
         "resets": ledger.resets,
         "max_file_bytes": ledger.max_size,
         "max_data_bytes": ledger.max_data,
