@@ -104,7 +104,7 @@ from curb.log.admission import Admission, QueueFull
 from curb.log.browse import Browse
 from curb.log.browses import Browses
 from curb.log.checkpoints import Checkpoints, Snapshot
-from curb.log.cursor import KEEP_PAYLOAD, PARKED_LAST, RECORD_WORK, SLICE_WORK, Cursor, Record
+from curb.log.cursor import KEEP_PAYLOAD, PARKED_LAST, SLICE_WORK, Cursor, Record
 from curb.log.disk import Disk
 from curb.log.marks import Marks, spacing_for
 from curb.log.pacing import ByHand, Pacer
@@ -671,7 +671,7 @@ class LogCore:
             if not rec.acked:
                 return rec
         parked = self._parked
-        while self._may_read() and (seq := parked.take_ready()) is not None:
+        while self._cursor.spend() and (seq := parked.take_ready()) is not None:
             found = self._read_parked(seq)
             if found is None:
                 continue
@@ -683,26 +683,12 @@ class LogCore:
         self._ready_changed()
         return self._cursor.next_ready()
 
-    def _may_read(self) -> bool:
-        """Whether this slice's allowance (the cursor's, curb.log.cursor) lets one more
-        parked record be read back now, charging it for one; when it does not, the
-        reading stalls until the next flush grants a slice, as a walk of the cursor does,
-        so that taking a million parked messages never holds the loop."""
-        cursor = self._cursor
-        if cursor.allowance <= 0:
-            if not cursor.stalled:
-                cursor.stalled = True
-                cursor.on_stalled()
-            return False
-        cursor.allowance -= RECORD_WORK
-        return True
-
     def next_dead(self) -> Record | None:
         """The next dead letter the log holds (found at start-up, or kept since), now
         held by the caller: `ack` deletes it for good; `requeue` keeps it dead in the
         caller's hands, `keep_dead` gives it back; `revive` makes it rdy."""
         parked = self._parked
-        while (seq := parked.next_dead()) is not None and self._may_read():
+        while (seq := parked.next_dead()) is not None and self._cursor.spend():
             rec = self._read_parked(seq)
             if rec is None:
                 continue

@@ -269,14 +269,23 @@ class Cursor:
         as far as this slice's allowance goes (`stalled` says whether it went all the way)."""
         self._advance(False)
 
+    def spend(self) -> bool:
+        """Charge this slice's allowance for reading one more record, if any is left;
+        else stall (`stalled`, `on_stalled`) until the owner grants the next slice. For
+        every reader of the ring the log paces: the walk here, and the log's reads of
+        parked records back (the ready line, dead letters)."""
+        if self.allowance <= 0:
+            if not self.stalled:
+                self.stalled = True
+                self.on_stalled()
+            return False
+        self.allowance -= RECORD_WORK
+        return True
+
     def _advance(self, hand_out: bool) -> Record | None:
         while self.rpos != self.whead:
-            if self.allowance <= 0:
-                if not self.stalled:
-                    self.stalled = True
-                    self.on_stalled()
+            if not self.spend():
                 return None
-            self.allowance -= RECORD_WORK
             pos = self.rpos
             fresh = self.fresh
             if fresh and fresh[0].offset == pos:

@@ -58,33 +58,24 @@ class Waiters:
         last one still waiting to be written, if any), `retired` retired ACKs and the
         ack-up-to watermark `acked_upto`."""
         if retired > self.checkpoints.durable.retired:
-            done = self._then_retired(retired, done)
+            done = self._then_checkpoint("retired", retired, self.retired, done)
         if acked_upto > self.checkpoints.durable.acked_upto:
-            done = self._then_watermark(acked_upto, done)
+            done = self._then_checkpoint("acked_upto", acked_upto, self.watermark, done)
         if last_pending is not None:
             self.after_appends.append((last_pending, done))
         else:
             self.untagged.append(done)
 
-    def _then_retired(self, count: int, done: Done) -> Done:
-        """`done` for on_durable while retired ACKs are not all covered: after its sync,
-        it waits for the first durable checkpoint that counts `count` of them."""
+    def _then_checkpoint(
+        self, field: str, value: int, line: collections.deque[tuple[int, Done]], done: Done
+    ) -> Done:
+        """`done` for on_durable while the durable checkpoint's `field` (the retired ACKs
+        it counts, or its watermark) is below `value`: after its sync, it waits in `line`
+        for the first durable checkpoint that reaches `value`."""
 
         def synced(err: str | None) -> None:
-            if err is None and self.checkpoints.durable.retired < count:
-                self.retired.append((count, done))
-            else:
-                done(err)
-
-        return synced
-
-    def _then_watermark(self, upto: int, done: Done) -> Done:
-        """`done` for on_durable while the watermark `upto` is not durable: after its
-        sync, it waits for the first durable checkpoint that carries it."""
-
-        def synced(err: str | None) -> None:
-            if err is None and self.checkpoints.durable.acked_upto < upto:
-                self.watermark.append((upto, done))
+            if err is None and getattr(self.checkpoints.durable, field) < value:
+                line.append((value, done))
             else:
                 done(err)
 
