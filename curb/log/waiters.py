@@ -66,9 +66,7 @@ class Waiters:
         else:
             self.untagged.append(done)
 
-    def _then_checkpoint(
-        self, field: str, value: int, line: collections.deque[tuple[int, Done]], done: Done
-    ) -> Done:
+    def _then_checkpoint(self, field: str, value: int, line: collections.deque[tuple[int, Done]], done: Done) -> Done:
         """`done` for on_durable while the durable checkpoint's `field` (the retired ACKs
         it counts, or its watermark) is below `value`: after its sync, it waits in `line`
         for the first durable checkpoint that reaches `value`."""
