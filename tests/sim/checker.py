@@ -144,6 +144,10 @@ class Msg:
     was_limit_dead: bool = False  # buried for the delivery limit at some time
     fresh: bool = False  # redriven: its next delivery says 1
     redrives: int = 0  # how often it was redriven: a NACK from before a redrive counts no more
+    # A redrive moved it from the dead letters: it was in the log, whatever its count says
+    # now (a redrive of a message only maybe dead, met expired, does not say so: it may
+    # still be waiting to be written, and a disk fault may refuse it).
+    redriven_dead: bool = False
     # Held (or ACKed without a durable receipt) at a crash with its count at the limit: if
     # that count reached the disk, the queue buries it when it meets it.
     spent: bool = False
@@ -376,7 +380,7 @@ class Checker:
                 msg.redrive_at_limit = msg.reason == LIMIT
                 msg.state, msg.reason = LIVE, ""
                 msg.count = msg.durable_count = msg.returned = msg.due = msg.durable_due = 0
-                msg.fresh = msg.redrive_unsure = True
+                msg.fresh = msg.redrive_unsure = msg.redriven_dead = True
                 msg.dead_promised = False
                 msg.redrives += 1
                 moved.append(msg.tag)
@@ -430,7 +434,7 @@ class Checker:
             msg.redrive_at_limit = msg.reason == LIMIT or (msg.state == LIVE and msg.spent)
             msg.state, msg.reason = LIVE, ""
             msg.count = msg.durable_count = msg.returned = msg.due = msg.durable_due = 0
-            msg.fresh = msg.redrive_unsure = True
+            msg.fresh = msg.redrive_unsure = msg.redriven_dead = True
             msg.dead_promised = msg.spent = False
             msg.redrives += 1
             tags.append(msg.tag)
@@ -447,7 +451,7 @@ class Checker:
             if msg.state == DEAD and msg.holder is None:
                 msg.redrive_at_limit = msg.reason == LIMIT
                 msg.count = msg.durable_count = msg.returned = msg.due = msg.durable_due = 0
-                msg.redrive_unsure = True
+                msg.redrive_unsure = msg.redriven_dead = True
                 msg.dead_promised = False
                 msg.redrives += 1
 
@@ -458,7 +462,7 @@ class Checker:
         promised and never delivered may or may not be in the log from here on."""
         self.disk_trouble = True
         for msg in self.messages.values():
-            if msg.state == LIVE and not msg.stored and msg.holder is None and not msg.count and not msg.redrives:
+            if msg.state == LIVE and not msg.stored and msg.holder is None and not msg.count and not msg.redriven_dead:
                 msg.state = UNSURE
 
     def ack_upto(self, serial: int, seq: int, upto: int, receipt: str | None, last_id: int) -> None:
