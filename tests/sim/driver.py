@@ -404,6 +404,11 @@ class Sim:
         except Crashed:
             self.checker.redrive_interrupted()
             raise
+        if self.world.log.broken is not None:
+            # A disk fault broke the log amid the redrive (a copy's write failed): what
+            # it holds now is no answer to which moved, and the broker stops (play_step).
+            self.checker.redrive_interrupted()
+            return
         moved = before - self._dead_ids()
         self.trace(f"  redrive moved {sorted(moved)}")
         self.checker.redrive_counted(client.serial, seq, receipt, a.count, moved)
