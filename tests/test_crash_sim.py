@@ -135,6 +135,12 @@ REPLAY_REGRESSIONS = {
     # A held copy ahead of the cursor whose record the log then kept in its index (a
     # requeue with a delay) was taken for live by a browse: browsed twice.
     "browse_takes_a_stale_copy_of_a_kept_record_for_live": (4100120, "browsed twice"),
+    # A copy whose payload rot had damaged was taken as the message's last occurrence by
+    # a restart that skimmed its region by headers (an earlier restart, reading it checked,
+    # had skipped it and kept the intact original): the cursor then skipped the original
+    # as superseded and the copy as damage, and the message was gone. A skimmed copy now
+    # counts only once its CRC holds.
+    "a_skimmed_damaged_copy_supersedes_its_intact_original": (9117389, "after bit rot: receipted SEND lost"),
 }
 
 

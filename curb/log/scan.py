@@ -9,8 +9,10 @@ they are intact; the first that is not ends the log (a torn tail if it looks lik
 record due next, cut short).
 
 A message may occur more than once: compaction copies held messages forward, marking
-each copy as one (curb.record's COPY_FLAG). The last occurrence in write order is the
-message and the earlier ones are dead. Fresh messages are written in id order, so a
+each copy as one (curb.record's COPY_FLAG). The last intact occurrence in write order is
+the message and the earlier ones are dead: a copy counts only once its CRC holds, also
+where the walk skims by headers, so that damage to a copy never takes the intact
+occurrence before it with it (a skimmed walk and a checked one agree). Fresh messages are written in id order, so a
 copy's original lies in the walk exactly when its id is at least the first fresh id
 walked; then the original was counted and is uncounted when the copy is met. `last` maps
 each copied id to the offset of its last occurrence; it holds only copied messages, never
@@ -270,7 +272,10 @@ class Scan:
         own length may be the damage, so the checked path starts again at that record
         (a damaged length must not make the walk skip the records after it). The
         recovery of a large log spends its time here, so it is one flat loop with local
-        counts; copies (rare) go through `_count`, parked records to `parked`."""
+        counts; copies (rare) go through `_count`, parked records to `parked`. A copy's
+        CRC is checked before it counts: a copy supersedes its message's earlier
+        occurrences, so a damaged one taken on its header alone would lose the message,
+        where the checked path skips it and keeps the intact occurrence before it."""
         reader, end, max_size = self.reader, self.end, self.reader.max_size
         buf, base = reader.buf, reader.base
         rdy, ack, pad = STATE_RDY, STATE_ACK, STATE_PAD
@@ -323,6 +328,9 @@ class Scan:
             if held is not None:
                 h_state, h_id, h_size, h_pos, h_copy, h_wseq, h_due = held
                 if h_copy:
+                    if self.reader.intact(h_pos, stop if h_pos < stop else end) is None:
+                        odd = True  # a damaged copy: the checked path skips it, reported
+                        break
                     self.max_id = max_id
                     self._park_batch(batch)  # in ring order: those before it first
                     self._count(h_state, h_id, h_size, h_pos, True, h_due)
@@ -361,8 +369,8 @@ class Scan:
             self.live_bytes += size * n
             self.classes.add(size, n)
         if held is not None:
-            if odd:
-                return held[3]  # odd bytes after it: the checked path reads it again
+            if odd or (held[4] and self.reader.intact(held[3], stop if held[3] < stop else end) is None):
+                return held[3]  # odd bytes after it, or a damaged copy: the checked path reads it again
             self._count(*held[:5], held[6])  # it ends where the checked path takes over
         return pos
 
