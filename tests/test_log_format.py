@@ -54,6 +54,19 @@ def test_every_field_survives_encode_and_parse(state, deliveries, due, expires, 
     assert len(raw) == hdr.size == fmt.record_size(5) and hdr.size % fmt.ALIGN == 0
 
 
+@pytest.mark.parametrize("flip", [None, 40, 90, 98, fmt.RECORD_HEADER + 2, -1])
+def test_the_skims_crc_check_agrees_with_the_parsed_one(flip):
+    """crc_holds (recovery's skim: fields read in place) judges a record as check_payload does."""
+    raw = bytearray(record(payload=b"x" * 40))
+    if flip is not None:
+        raw[flip] ^= 0x01
+    try:
+        parsed = fmt.check_payload(raw, 0, fmt.parse_header(raw, 0))
+    except fmt.FormatError:
+        parsed = False
+    assert fmt.crc_holds(raw, 0, len(raw)) == parsed == (flip is None)
+
+
 @pytest.mark.parametrize("length", [0, 1, 31, 32, 33, 100, 4096])
 def test_every_record_is_a_whole_number_of_aligned_blocks(length):
     raw = record(payload=b"x" * length)

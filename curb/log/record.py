@@ -200,12 +200,26 @@ def parse_header(buf, pos: int) -> RecordHeader:
 
 def check_payload(buf, pos: int, header: RecordHeader) -> bool:
     """True if the record at buf[pos:] is complete and its CRC matches."""
-    end = pos + header.size
+    return _crc_holds(buf, pos, header.size, header.length, header.crc)
+
+
+def crc_holds(buf, pos: int, size: int) -> bool:
+    """`check_payload` for a record of `size` bytes whose header was found well formed
+    by a reader of its fields in place (recovery's skim), without parsing it again."""
+    try:
+        length, crc = int(buf[pos + 85 : pos + 93], 16), int(buf[pos + 94 : pos + 102], 16)
+    except ValueError:
+        return False
+    return _crc_holds(buf, pos, size, length, crc)
+
+
+def _crc_holds(buf, pos: int, size: int, length: int, crc: int) -> bool:
+    end = pos + size
     if len(buf) < end or buf[end - 1] != 10:
         return False
     view = memoryview(buf)  # the CRC reads the bytes where they are: no copy of the payload
-    crc = zlib.crc32(view[pos + CRC_FROM : pos + CRC_TO])
-    return zlib.crc32(view[pos + RECORD_HEADER : pos + RECORD_HEADER + header.length], crc) == header.crc
+    covered = zlib.crc32(view[pos + CRC_FROM : pos + CRC_TO])
+    return zlib.crc32(view[pos + RECORD_HEADER : pos + RECORD_HEADER + length], covered) == crc
 
 
 class Layout:

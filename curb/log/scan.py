@@ -328,7 +328,7 @@ class Scan:
             if held is not None:
                 h_state, h_id, h_size, h_pos, h_copy, h_wseq, h_due = held
                 if h_copy:
-                    if self.reader.intact(h_pos, stop if h_pos < stop else end) is None:
+                    if not self._copy_intact(h_pos, h_size):
                         odd = True  # a damaged copy: the checked path skips it, reported
                         break
                     self.max_id = max_id
@@ -369,10 +369,15 @@ class Scan:
             self.live_bytes += size * n
             self.classes.add(size, n)
         if held is not None:
-            if odd or (held[4] and self.reader.intact(held[3], stop if held[3] < stop else end) is None):
+            if odd or (held[4] and not self._copy_intact(held[3], held[2])):
                 return held[3]  # odd bytes after it, or a damaged copy: the checked path reads it again
             self._count(*held[:5], held[6])  # it ends where the checked path takes over
         return pos
+
+    def _copy_intact(self, pos: int, size: int) -> bool:
+        """Whether the skimmed copy at pos (its header well formed) is whole and its CRC holds."""
+        buf, off = self.reader.window(pos, size, self.end)
+        return fmt.crc_holds(buf, off, size)
 
     def _park_batch(self, batch: tuple[list[int], list[int], list[int], bytearray, list[int]]) -> None:
         """Add the parked records the skim met to the index, and empty the batch."""
