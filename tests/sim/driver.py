@@ -51,6 +51,7 @@ from curb.access import OPEN
 from curb.broker import Broker
 from curb.frame import Frame, FrameParser, encode
 from curb.log import LogCore, Record, max_message_for
+from curb.log.cursor import RECORD_WORK, SLICE_WORK
 from curb.redelivery import Redelivery
 from curb.session import Session
 from sim import runner
@@ -66,6 +67,8 @@ QUEUE = "/queue/curb"
 DRAIN_PREFETCH = 10_000
 SETTLE_PASSES = 1000  # passes of settle_io before the broker counts as spinning
 TIMERS_PER_PASS = 10
+WALK_PASSES = 100_000  # loop passes a walk of the log may take, one slice each (far more than a log holds records)
+SLICES = (1, 3 * RECORD_WORK, 64 * RECORD_WORK, SLICE_WORK, SLICE_WORK)  # a walk's slice: one record up to the default
 
 
 def dead_records(log: LogCore) -> list[Record]:
@@ -123,8 +126,8 @@ class World:
     """One run of the broker: its log recovered from the disk, the broker, and what the
     broker scheduled (run by `Sim.settle_io`)."""
 
-    def __init__(self, disk: SimDisk, cfg: Config, clock: SimClock):
-        self.log = LogCore(disk, cfg.cap, clock=clock.time, wall_ms=clock.wall_ms)
+    def __init__(self, disk: SimDisk, cfg: Config, clock: SimClock, slice_work: int = SLICE_WORK):
+        self.log = LogCore(disk, cfg.cap, clock=clock.time, wall_ms=clock.wall_ms, slice_work=slice_work)
         self.later: list[Callable[[], None]] = []
         self.broker = Broker(
             self.log,
@@ -185,6 +188,7 @@ class Sim:
         verbose: bool = False,
         out: Callable[[str], None] = print,
         extra: bool = True,
+        slices: bool = True,
     ):
         self.seed = seed
         self.steps = steps
@@ -207,6 +211,10 @@ class Sim:
         xrng = random.Random(f"extra steps of seed {seed}") if extra else None
         self.workload = Workload(self.rng, self.cfg, max_message_for(self.cfg.cap) - 40, xrng)
         self.extra = self.workload.extra_cfg
+        # The work of a slice of the log's walks (reading for delivery, ACK up to an id,
+        # browses): small ones make every walk span loop passes, as a large log's do.
+        # Drawn from a stream of its own, so that the other choices replay as before.
+        self.slice_work = random.Random(f"slices of seed {seed}").choice(SLICES) if extra and slices else SLICE_WORK
         self.checker.dead_timeouts = DEAD_ACK_TIMEOUTS
         self.known: list[int] = []  # the message ids the clients saw, in the order they saw them
         self.faults_on = True
@@ -224,7 +232,7 @@ class Sim:
     def play(self) -> None:
         self.trace(f"config {self.cfg}")
         if self.extra is not None:
-            self.trace(f"extra {self.extra}")
+            self.trace(f"extra {self.extra}, slice work {self.slice_work}")
         self._world = self._open()
         for step in range(self.steps):
             self.step = step
@@ -262,7 +270,7 @@ class Sim:
             self.stats.fatal += 1
             self.crash("kill")
         counts = self.world.broker.counts()
-        self.checker.check_counts(counts)
+        self.checker.check_counts(counts, self.world.log.walking)
         # A session that can take no output owes its ./count update until it can (README).
         owed = {c.serial for c in self.clients if c is not None and c.session.messages.counts_owed}
         self.checker.check_count_views(counts, owed)
@@ -612,7 +620,7 @@ class Sim:
             if self.step < self.steps and self.rng.random() < self.cfg.recovery_crash:
                 self.disk.arm_crash(self.rng.randint(0, 4))
             try:
-                world = World(self.disk, self.cfg, self.clock)
+                world = World(self.disk, self.cfg, self.clock, self.slice_work)
                 break
             except Crashed:
                 mode = self.rng.choice(("kill", "power"))
@@ -683,13 +691,25 @@ class Sim:
     # ---------------------------------------------------------------- the end
 
     def rounds(self, count: int) -> None:
+        """`count` rounds of ROUND_MS, each a loop pass that flushes and syncs, and as
+        many more passes as a walk of the log stalled for its next slice takes (the
+        broker's event loop grants one a pass)."""
         for _ in range(count):
             self.advance(ROUND_MS)
-            self.world.log.flush()
-            self.world.log.sync()
-            if self.world.log.broken is None:
-                self.checker.synced()
-            self.settle_io()
+            self._loop_pass()
+            for _ in range(WALK_PASSES):
+                if not self.world.log.walking:
+                    break
+                self._loop_pass()
+            else:
+                raise SimFailure("walk makes no progress", f"the log still walks after {WALK_PASSES} loop passes")
+
+    def _loop_pass(self) -> None:
+        self.world.log.flush()
+        self.world.log.sync()
+        if self.world.log.broken is None:
+            self.checker.synced()
+        self.settle_io()
 
     def finish(self) -> None:
         """Settle (every receipt owed comes), drop every client, let every due time pass,
@@ -759,11 +779,13 @@ def run_seed(
     out: Callable[[str], None] = print,
     ignore: frozenset[str] = frozenset(),
     extra: bool = True,
+    slices: bool = True,
 ) -> runner.Outcome[Stats]:
     """Play one seed; a broken invariant or an exception from the broker is its failure.
-    extra=False plays it as before the extra steps and the disk's faults existed."""
-    replay = "bin/crashsim --broker" + ("" if extra else " --no-extra-steps")
-    return runner.play(Sim(seed, steps, verbose, out, extra), seed, replay, ignore)
+    extra=False plays it as before the extra steps and the disk's faults existed;
+    slices=False with the default slice of the log's walks, as before slices were drawn."""
+    replay = "bin/crashsim --broker" + ("" if extra else " --no-extra-steps") + ("" if slices else " --no-slices")
+    return runner.play(Sim(seed, steps, verbose, out, extra, slices), seed, replay, ignore)
 
 
 def run_many(
@@ -773,9 +795,10 @@ def run_many(
     jobs: int = 1,
     ignore: frozenset[str] = frozenset(),
     extra: bool = True,
+    slices: bool = True,
 ) -> runner.Totals[Stats]:
     """Play `count` seeds over `jobs` processes."""
-    return runner.run_many(TARGET, start, count, steps, jobs, ignore, (("extra", extra),))
+    return runner.run_many(TARGET, start, count, steps, jobs, ignore, (("extra", extra), ("slices", slices)))
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
@@ -786,10 +809,16 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
         help="play without the extra steps (redrives of some, UNSUBSCRIBE, ACK up to an id, browses, ./count) "
         "and the disk's faults, as seeds found before they existed",
     )
+    parser.add_argument(
+        "--no-slices",
+        dest="slices",
+        action="store_false",
+        help="play with the default slice of the log's walks, as seeds found before slices were drawn",
+    )
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"extra": args.extra}
+    return {"extra": args.extra, "slices": args.slices}
 
 
 TARGET = runner.Target(
