@@ -887,14 +887,16 @@ class LogCore:
     def _next_slice(self) -> bool:
         """Grant the cursor its next slice of work, and go on with a walk that stopped
         for want of it (passing dead records after an ACK up to an id, or the records a
-        delivery had to pass). Returns whether the walk reached a message to hand out."""
+        delivery had to pass). Returns whether a walk went on: then the counts changed
+        (what it passed is no longer unread) and it may have reached a message to hand
+        out, both of which the owner hears of through `on_written`."""
         cursor = self._cursor
         cursor.allowance = self.slice_work
         if not cursor.stalled:
             return False
         cursor.stalled = False
         cursor.pass_dead()
-        return not cursor.stalled
+        return True
 
     def _checkpoint_if_due(self, fno: int, wrote: bool) -> bool:
         """Write the newest writable checkpoint when the cadence says so, an append waits
