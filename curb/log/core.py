@@ -711,7 +711,8 @@ class LogCore:
         return self._parked.dead_letters(), [rec for rec in self._reparks if rec.dead]
 
     def read_dead(self, mid: int) -> Record | None:
-        """Dead letter `mid` of the index, read now, if it is one still."""
+        """Dead letter `mid` of the index, read now, if it is one still (also one a
+        reader of the dead letters holds: it is dead until acked or redriven)."""
         seq = self._parked.dead_entry(mid)
         return None if seq is None else self._read_parked(seq)
 
@@ -776,7 +777,8 @@ class LogCore:
         offset, size = parked.offset(seq), parked.size(seq)
         checked = self._checked(offset, size, parked.id(seq))
         if checked is None:
-            self._lost(seq)
+            if seq not in parked.held:  # one in a reader's hands goes when the reader lets go
+                self._lost(seq)
             return None
         return self._record_of(*checked, offset, size)
 

@@ -492,13 +492,14 @@ class Parked:
         )
 
     def dead_entry(self, mid: int) -> int | None:
-        """The seq of message `mid`'s entry if it is a dead letter not handed out (found
-        by id, so wherever compaction has copied it since)."""
+        """The seq of message `mid`'s entry if it is a dead letter, handed out to a reader
+        of the dead letters or not (found by id, so wherever compaction has copied it
+        since)."""
         order, base, states = self.dead_order, self.base, self.states
         at = bisect.bisect_left(order, mid, key=self._id_of)
         while at < len(order) and self._id_of(order[at]) == mid:
             seq = order[at]
-            if states[seq - base] in DEAD:
+            if states[seq - base] in DEAD or states[seq - base] == DEAD_HELD:
                 return seq
             at += 1
         return None
