@@ -109,6 +109,27 @@ REGRESSIONS_WITH_EXTRA_STEPS = {
 }
 
 
+# Seeds found once the log's walks were drawn in small slices, which they play with.
+REGRESSIONS_WITH_SLICES = {
+    # The simulator: a drain consumer's few rounds were fewer than the slices its walk
+    # of the log took; rounds now run loop passes while the log walks.
+    "a_drain_outlasts_a_few_rounds_of_small_slices": (20000002, "accepted SEND never delivered"),
+    # The checker: rdy still counts what an ACK up to an id took until its walk passes
+    # it (README), so while the log walks only the lower bound holds.
+    "counts_while_an_ack_upto_is_walked": (20000008, "counts"),
+    # A slice of a walk that passed records without reaching a message to hand out did
+    # not tell the broker: ./count watchers kept the counts from before it.
+    "a_slice_of_a_walk_leaves_count_watchers_stale": (20000024, "./count stale"),
+    # The checker: a message a disk fault left unsure, delivered (so stored) before a
+    # browse that began meanwhile returned it.
+    "a_browse_returns_a_message_a_fault_left_unsure": (20000094, "browse returned a message that is not live"),
+    # A dead letter a ./dead reader took while a browse of ./dead was under way was no
+    # longer "one still" to the browse, which skipped it.
+    "a_dead_browse_skips_a_dead_letter_handed_out_meanwhile": (20000015, "dead browse missed a dead letter"),
+    "a_dead_browse_skips_a_dead_letter_handed_out_meanwhile_2": (20000391, "dead browse missed a dead letter"),
+}
+
+
 def test_seeds_in_the_default_range_keep_every_invariant():
     totals = run_many(0, SEEDS, STEPS, JOBS)
     examples = [o.report(STEPS) for o in sorted(totals.failed, key=lambda o: o.seed)[:3]]
@@ -131,6 +152,12 @@ def test_a_seed_that_once_failed_keeps_the_invariant(seed: int, kind: str):
 
 @pytest.mark.parametrize("seed,kind", REGRESSIONS_WITH_EXTRA_STEPS.values(), ids=REGRESSIONS_WITH_EXTRA_STEPS.keys())
 def test_a_seed_found_with_the_extra_steps_keeps_the_invariant(seed: int, kind: str):
+    outcome = run_seed(seed, STEPS, slices=False)
+    assert outcome.kind is None, outcome.report(STEPS)
+
+
+@pytest.mark.parametrize("seed,kind", REGRESSIONS_WITH_SLICES.values(), ids=REGRESSIONS_WITH_SLICES.keys())
+def test_a_seed_found_with_small_slices_keeps_the_invariant(seed: int, kind: str):
     outcome = run_seed(seed, STEPS)
     assert outcome.kind is None, outcome.report(STEPS)
 
