@@ -16,7 +16,9 @@ the moment something else is:
   deadline passed (the checker keeps each delivery's deadline: its subscription's
   timeout or the broker's, moved by touches), its holder settled it or its connection
   went; the queue's wip count is what the checker holds, and the queue's rdy, delayed,
-  wip and dead counts add up to the messages the checker has queued or dead;
+  wip and dead counts add up to the messages the checker has queued or dead (while the
+  log still walks past what an ACK up to an id took, at least to them), and once the
+  broker is idle every ./count watcher's last MESSAGE says what the counts do;
 - an ACK, NACK or touch of a message whose deadline passed on that connection changes
   nothing and its RECEIPT says `curb-late:true`; one of a message still held does not;
 - nothing is delivered before it is due (a SEND's `curb-delay`, `AMQ_SCHEDULED_DELAY`
