@@ -12,8 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from webrig import basic, http, running, users_file
 
+from curb.broker import NotStored
 from curb.client import Client
+from curb.log.waiters import MaybeStored
 from curb.redelivery import Redelivery
+from curb.web.api import not_stored
 
 Q = "/v2/shop/queues/orders"
 
@@ -206,3 +209,17 @@ def test_unknown_paths_and_methods_are_json_errors(tmp_path, method, path, statu
         answer = http(method, web.base + path, b"" if method != "GET" else None)
         assert answer.status == status and answer.json["code"] == status and answer.json["error"]
         assert json.loads(answer.body)["code"] == status
+
+
+@pytest.mark.parametrize(
+    "reason,says",
+    [
+        (MaybeStored("cannot write curb.log: Input/output error"), "may not be stored: "),
+        ("disk full (No space left on device): message not stored", "not stored: "),
+    ],
+)
+def test_a_publish_the_log_failed_answers_503_saying_whether_it_may_be_stored(reason, says):
+    """The log failed after writing the message (MaybeStored): it may be delivered, and the
+    client must know that before sending it again; before writing it: it will not be."""
+    refusal = not_stored(NotStored(reason))
+    assert refusal.status == 503 and refusal.error.startswith(says), refusal.error
