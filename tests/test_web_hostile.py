@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
 import socket
 import struct
@@ -225,3 +226,52 @@ def test_web_connections_past_max_connections_are_closed_at_once(tmp_path):
                 return False
 
         assert wait_until(served)
+
+
+@pytest.mark.parametrize(
+    "request_line",
+    [b"DELETE /v2/p/queues/q/messages?wait=10", b"POST /v2/p/queues/q/claims?wait=10&ttl=600"],
+    ids=["consume", "claim"],
+)
+def test_a_request_abandoned_while_it_waits_takes_nothing(tmp_path, request_line):
+    """A client that gives up on a long-poll (curl --max-time) is gone: the next message
+    published is not taken for it (ACKed, or held by a claim nobody knows)."""
+    with running(tmp_path) as web:
+        with socket.create_connection(("127.0.0.1", web.http_port), timeout=10) as sock:
+            sock.sendall(request_line + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+            time.sleep(0.3)  # it waits for a message
+        time.sleep(0.3)  # and is gone
+        assert http("POST", web.base + "/v2/p/queues/q/messages", b"job").status == 201
+        time.sleep(0.3)
+        assert web.gauges()["rdy"] == 1 and web.gauges()["wip"] == 0
+        got = http("DELETE", web.base + "/v2/p/queues/q/messages?wait=2")
+        assert got.status == 200 and got.body == b"job"
+
+
+def test_a_stored_header_no_http_header_can_carry_breaks_no_response(tmp_path):
+    """A content-type with a line break, header names with a colon or a space (stored over
+    STOMP or a JSON batch line, where they are legal): the HTTP consume answers whole, with
+    the message, and each such header is left out (the JSON forms carry them)."""
+    line = {
+        "message": "job",
+        "headers": {"content-type": "text/plain\r\nX-Split: 1", "a:b": "1", "c d": "2", "ok": "3"},
+    }
+    with running(tmp_path) as web:
+        body = json.dumps(line).encode() + b"\n"
+        assert http("POST", web.base + "/v2/p/queues/q/messages/batch", body).status == 201
+        got = http("DELETE", web.base + "/v2/p/queues/q/messages")
+        assert got.status == 200 and got.body == b"job", got
+        assert got.headers["Content-Type"] == "application/octet-stream" and got.headers["x-msg-ok"] == "3"
+        assert not any(name.lower().startswith(("x-split", "x-msg-a", "x-msg-c")) for name in got.headers), got.headers
+
+
+def test_a_queue_name_with_a_line_break_cannot_split_a_claims_location(tmp_path):
+    with running(tmp_path) as web:
+        assert http("POST", web.base + "/v2/p/queues/q/messages", b"job").status == 201
+        with socket.create_connection(("127.0.0.1", web.http_port), timeout=10) as sock:
+            sock.sendall(
+                b"POST /v2/p/queues/a%0d%0aX-Split:%201/claims HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+            )
+            head = sock.recv(4096).split(b"\r\n\r\n", 1)[0]
+        assert not any(line.lower().startswith(b"x-split") for line in head.split(b"\r\n")), head
+        assert head.startswith(b"HTTP/1.1 201") and b"\r\nLocation: /v2/p/queues/a%0d%0aX-Split:%201/claims/1" in head

@@ -197,11 +197,15 @@ class Api:
         taken = await self.takers.take(peer, wait, ack_timeout=0)
         if taken is None:
             return web.Response(status=204)
+        response = message_response(taken)  # built (and so checked) before the ACK
+        if _gone(request):  # the client left while it waited: the message goes back
+            self.broker.gone(peer)
+            return response
         try:
             await self.takers.ack_now(peer, taken)
         except NotStored as err:
             raise Refusal(503, f"the ACK is not on disk: {err}; the message may be delivered again") from None
-        return message_response(taken)
+        return response
 
     async def claim(self, request: web.Request) -> web.Response:
         peer = await self._peer(request, "consume")
@@ -210,8 +214,12 @@ class Api:
         taken = await self.takers.take(peer, wait, ack_timeout=ttl)
         if taken is None:
             return web.Response(status=204)
+        response = message_response(taken, 201, location=f"{request.rel_url.raw_path}/{taken.id}")
+        if _gone(request):  # the client left while it waited: nobody knows of a claim
+            self.broker.gone(peer)
+            return response
         self.takers.claim(peer, taken)
-        return message_response(taken, 201, location=f"{request.path}/{taken.id}")
+        return response
 
     async def ack(self, request: web.Request) -> web.Response:
         await self._settle(request, self.takers.ack)
@@ -271,6 +279,13 @@ class Api:
         }
         allow = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
         return json_reply({"paths": paths}, 200, {"Location": f"{base}/messages", "Allow": ", ".join(sorted(allow))})
+
+
+def _gone(request: web.Request) -> bool:
+    """Whether the client of `request` has closed its connection (a request it gave up
+    on: the handler is cancelled then, but only at its next wait)."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def _unclaimed(msg_id: int) -> Refusal:

@@ -79,6 +79,7 @@ class WebFront:
         runner = web.AppRunner(
             self.app,
             handle_signals=False,
+            handler_cancellation=True,  # a client that leaves cancels its request: nothing waits on for it
             access_log=None,
             logger=_QUIET,
             keepalive_timeout=KEEPALIVE_SECONDS,

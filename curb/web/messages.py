@@ -5,9 +5,9 @@
   case-insensitive): `x-msg-x-trace: 7` reaches a STOMP consumer as `x-trace:7`.
 - HTTP out: the stored content-type is `Content-Type` (application/octet-stream when
   none), every other stored header NAME is `x-msg-NAME`, and `x-curb-id` and
-  `x-curb-deliveries` say which message it is and how often it was delivered. A value an
-  HTTP header cannot carry (a line break, a control character) is left out; the JSON
-  form carries every header.
+  `x-curb-deliveries` say which message it is and how often it was delivered. A header
+  HTTP cannot carry (a value with a line break or a control character, a name that is not
+  an HTTP token) is left out; the JSON form carries every header.
 - JSON (the batch form, Narconi's WebSocket protocols): `{"message": BODY, "headers":
   {...}}`, BODY encoded as the request's `encoding` says: utf-8 (the default), base64 or hex.
 """
@@ -25,6 +25,7 @@ ENCODINGS = ("utf-8", "base64", "hex")
 PREFIX = "x-msg-"
 DEFAULT_TYPE = "application/octet-stream"
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # what an HTTP header name may hold (RFC 9110)
 
 
 class BadMessage(ValueError):
@@ -44,14 +45,22 @@ def headers_in(http_headers: Mapping[str, str], content_type: str | None) -> dic
 
 
 def headers_out(stored: Mapping[str, str], msg_id: int, deliveries: int) -> dict[str, str]:
-    """The HTTP headers of a message taken over HTTP."""
-    headers = {"Content-Type": stored.get("content-type", DEFAULT_TYPE)}
+    """The HTTP headers of a message taken over HTTP: every one an HTTP header can carry
+    (a STOMP header may hold a line break, or a name with a colon or a space: those are
+    left out, and a content-type like that is the default), so that no stored header can
+    break the response its message is consumed in."""
+    content_type = stored.get("content-type", DEFAULT_TYPE)
+    headers = {"Content-Type": content_type if _carried(content_type) else DEFAULT_TYPE}
     for name, value in stored.items():
-        if name != "content-type" and not _UNSAFE.search(name + value) and name.isascii() and value.isascii():
+        if name != "content-type" and _TOKEN.fullmatch(name) and _carried(value):
             headers[PREFIX + name] = value
     headers["x-curb-id"] = str(msg_id)
     headers["x-curb-deliveries"] = str(deliveries)
     return headers
+
+
+def _carried(value: str) -> bool:
+    return value.isascii() and not _UNSAFE.search(value)
 
 
 def check_encoding(name: str) -> str:
