@@ -19,7 +19,7 @@ from webrig import http, running
 
 from curb.client import Client
 from curb.session import OUTPUT_LIMIT
-from curb.web import front
+from curb.web import api, front
 from curb.web.stomp_ws import OUTPUT_HELD
 
 pytestmark = pytest.mark.slow
@@ -275,3 +275,36 @@ def test_a_queue_name_with_a_line_break_cannot_split_a_claims_location(tmp_path)
             head = sock.recv(4096).split(b"\r\n\r\n", 1)[0]
         assert not any(line.lower().startswith(b"x-split") for line in head.split(b"\r\n")), head
         assert head.startswith(b"HTTP/1.1 201") and b"\r\nLocation: /v2/p/queues/a%0d%0aX-Split:%201/claims/1" in head
+
+
+def test_a_body_that_trickles_in_is_closed_at_the_deadline(tmp_path, monkeypatch):
+    monkeypatch.setattr(api, "BODY_SECONDS", 1.0)
+    with running(tmp_path) as web:
+        with socket.create_connection(("127.0.0.1", web.http_port), timeout=10) as sock:
+            sock.sendall(b"POST /v2/p/queues/q/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nab")
+            started = time.monotonic()
+            answer = sock.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+            assert time.monotonic() - started < 5
+        assert web.gauges()["rdy"] == 0
+
+
+def test_a_chunked_body_is_refused_as_soon_as_it_grows_past_the_limit(tmp_path):
+    with running(tmp_path, max_frame=64 << 10) as web:
+        with socket.create_connection(("127.0.0.1", web.http_port), timeout=10) as sock:
+            sock.sendall(b"POST /v2/p/queues/q/messages HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+            chunk = b"a" * 16384
+            for _ in range(5):  # 80 KiB of a body that never ends
+                sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            answer = sock.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        assert web.gauges()["rdy"] == 0
+
+
+@pytest.mark.parametrize("depth", [100_000])
+def test_json_nested_too_deep_is_a_400_not_a_500(tmp_path, depth, caplog):
+    with running(tmp_path) as web:
+        line = b'{"message": "x", "headers": ' + b"[" * depth + b"]" * depth + b"}\n"
+        got = http("POST", web.base + "/v2/p/queues/q/messages/batch", line)
+        assert got.status == 400 and "nested too deep" in got.json["error"], got
+    assert "Traceback" not in caplog.text

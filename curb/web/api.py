@@ -43,6 +43,7 @@ from curb.web.replies import Handler, Refusal, json_reply
 from curb.web.takers import Taken, Takers, answer
 
 QUEUE = "/v2/{project}/queues/{queue}"
+BODY_SECONDS = 15.0  # a request's body must have come by then (README: Hostile web clients)
 MAX_WAIT_SECONDS = 30.0  # the longest ?wait a consume or claim may ask for
 MAX_TTL_SECONDS = MAX_MS / 1000  # a claim's deadline, at most a day, as curb-ack-timeout
 STATUS_OF = {TOO_LARGE: 413, BAD_HEADERS: 400, FULL: 503}
@@ -80,14 +81,32 @@ def seconds(request: web.Request, name: str, least: float, most: float, default:
 
 async def read_body(request: web.Request, limit: int) -> bytes:
     """The request's body; 413 at once when its Content-Length is over `limit` (the
-    front's, -max-frame: aiohttp would wait for that many bytes first)."""
+    front's, -max-frame), or as soon as a body without one (chunked) grows past it, so
+    that no more than `limit` bytes are ever held for it; 408, closing the connection,
+    when it has not all come within BODY_SECONDS (a body that trickles in)."""
     if request.content_length is not None and request.content_length > limit:
+        raise _too_large(f"a body of {request.content_length} bytes", limit)
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(BODY_SECONDS):
+            async for chunk in request.content.iter_any():
+                size += len(chunk)
+                if size > limit:
+                    raise _too_large("the body", limit)
+                chunks.append(chunk)
+    except TimeoutError:
         raise Refusal(
-            413,
-            f"a body of {request.content_length} bytes is over the limit of {limit} bytes: send a smaller one, "
-            "or ask the operator for a larger -max-frame",
-        )
-    return await request.read()
+            408, f"the body did not come within {BODY_SECONDS:g} s: send it at once", {"Connection": "close"}
+        ) from None
+    return b"".join(chunks)
+
+
+def _too_large(what: str, limit: int) -> Refusal:
+    return Refusal(
+        413,
+        f"{what} is over the limit of {limit} bytes: send a smaller one, or ask the operator for a larger -max-frame",
+        {"Connection": "close"},
+    )
 
 
 def message_id(request: web.Request) -> int:
@@ -173,6 +192,8 @@ class Api:
                 messages.append((json_headers(item.get("headers")), decode_body(item["message"], encoding)))
             except (BadMessage, ValueError) as err:
                 raise Refusal(400, f"line {number}: {err}; nothing was stored") from None
+            except RecursionError:
+                raise Refusal(400, f"line {number}: JSON nested too deep; nothing was stored") from None
         if not messages:
             raise Refusal(400, 'no messages: send JSON lines, each {"message": "..."}')
         broker, futures = self.broker, []

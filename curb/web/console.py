@@ -118,7 +118,7 @@ class Console:
             raise Refusal(408, 'send {} (or {"login", "passcode"} under -users) first') from None
         try:
             hello = json.loads(first.data) if first.type is WSMsgType.TEXT else None
-        except ValueError:
+        except (ValueError, RecursionError):
             hello = None
         if not isinstance(hello, dict):
             raise Refusal(400, 'the first message must be a JSON object: {} or {"login": ..., "passcode": ...}')

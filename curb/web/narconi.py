@@ -107,8 +107,8 @@ def _json_object(message: Any) -> dict[str, Any]:
         raise _Closed(400, "expected a JSON object as a text message")
     try:
         item = json.loads(message.data)
-    except ValueError:
-        raise _Closed(400, "a message is not valid JSON") from None
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python parses
+        raise _Closed(400, "a message is not valid JSON (or is nested too deep)") from None
     if not isinstance(item, dict):
         raise _Closed(400, "expected a JSON object")
     return item
