@@ -301,7 +301,7 @@ class Instance:
             return
         from curb.web.front import WebFront  # aiohttp loads only when -http asks for it
 
-        web = self.web = WebFront(self.broker, self.metrics, self.events, self.config.http_origins)
+        web = self.web = WebFront(self.broker, self.metrics, self.events, self.config.http_origins, http[0])
         context = self._tls.context if self.config.http_tls and self._tls is not None else None
         await _listen("-http", http, lambda: web.start(http[0], http[1], context))
         self.http_address = web.sockets[0].getsockname()[:2]

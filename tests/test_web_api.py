@@ -192,6 +192,21 @@ def test_a_page_from_another_origin_is_refused(tmp_path):
         assert "Access-Control-Allow-Origin" not in http("GET", web.base + "/stats").headers
 
 
+@pytest.mark.parametrize(
+    "host, allowed",
+    [("127.0.0.1", True), ("localhost", True), ("rebound.example", False), ("[::1]", True)],
+)
+def test_the_brokers_own_origin_is_its_address_not_what_host_says(tmp_path, host, allowed):
+    """DNS rebinding: a page on a name its owner points at 127.0.0.1 sends a Host that
+    matches its Origin; that name is not the broker's, so the page is another site."""
+    with running(tmp_path) as web:
+        where = f"{host}:{web.http_port}"
+        headers = {"Host": where, "Origin": f"http://{where}"}
+        got = http("POST", web.base + Q + "/messages", b"a", headers)
+        assert got.status == (201 if allowed else 403), got
+        assert web.gauges()["rdy"] == (1 if allowed else 0)
+
+
 def test_options_discovers_the_paths_and_the_queue(tmp_path):
     with running(tmp_path) as web:
         answer = http("OPTIONS", web.base + Q)

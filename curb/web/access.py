@@ -8,9 +8,12 @@
   a user stands in for the login. No login: 401 at once; a wrong one: 401 after the
   broker's refusal delay, as a failed CONNECT. A missing permission: 403, naming it.
 - Origin: a request that carries an Origin header (a browser's) is served only when that
-  origin is the page's own (scheme://host of the request) or on the operator's list
-  (-http-origin; `*` allows every origin). Otherwise 403, so a page on another site cannot
-  publish or consume with a user's browser credentials. An allowed page of another origin
+  origin is the broker's own or on the operator's list (-http-origin; `*` allows every
+  origin). Otherwise 403, so a page on another site cannot publish or consume with a
+  user's browser credentials. The broker's own origin is its listening address, by IP or
+  by one of this machine's names (`localhost`, its host name, the -http host), never
+  whatever name the request's Host header says: a page on a name its owner points at
+  127.0.0.1 (DNS rebinding) sends a matching Host, and is still another site. An allowed page of another origin
   gets CORS headers (credentials allowed), and its preflight OPTIONS a 204. Requests without Origin (curl,
   programs) are not browsers' and pass.
 """
@@ -20,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import ipaddress
+import socket
 from collections.abc import Iterable
 
 from aiohttp import web
@@ -126,16 +131,39 @@ def _basic(header: str) -> tuple[str, str]:
     return login, passcode
 
 
-def origin_check(allowed: Iterable[str]):
-    """Middleware: a request whose Origin is neither its own nor in `allowed` gets 403. A
-    page of an allowed other origin gets CORS headers, so that its scripts may read the
-    answers (and its preflight OPTIONS an answer of its own)."""
+def own_names(listen_host: str | None) -> frozenset[str]:
+    """The names by which a page of the broker's own is served: this machine's, and the
+    -http host when it is a name."""
+    names = {"localhost", socket.gethostname().lower()}
+    if listen_host:
+        names.add(listen_host.lower())
+    return frozenset(names)
+
+
+def is_own(origin: str, request: web.Request, names: frozenset[str]) -> bool:
+    """Whether `origin` is the broker's own: the request's scheme and Host (so its port)
+    with a host that is an IP address or one of `names`."""
+    if origin != f"{request.scheme}://{request.host}":
+        return False
+    host = request.host.rsplit(":", 1)[0] if not request.host.endswith("]") else request.host
+    host = host.strip("[]").lower()
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return host in names
+    return True
+
+
+def origin_check(allowed: Iterable[str], names: frozenset[str] = frozenset({"localhost"})):
+    """Middleware: a request whose Origin is neither the broker's own (`is_own`) nor in
+    `allowed` gets 403. A page of an allowed other origin gets CORS headers, so that its
+    scripts may read the answers (and its preflight OPTIONS an answer of its own)."""
     origins = frozenset(origin.rstrip("/") for origin in allowed)
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         origin = request.headers.get("Origin")
-        if origin is None or origin == f"{request.scheme}://{request.host}":
+        if origin is None or is_own(origin, request, names):
             return await handler(request)
         if "*" not in origins and origin not in origins:
             raise Refusal(

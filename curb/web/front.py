@@ -23,7 +23,7 @@ from aiohttp import web
 from curb.broker import Broker
 from curb.metrics import Metrics
 from curb.web import stats, stomp_ws
-from curb.web.access import origin_check, peer_of
+from curb.web.access import origin_check, own_names, peer_of
 from curb.web.api import Api
 from curb.web.console import Console
 from curb.web.replies import json_errors
@@ -60,11 +60,14 @@ class WebFront:
         metrics: Metrics,
         events: Callable[..., None] = lambda *a, **k: None,
         origins: Iterable[str] = (),
+        listen_host: str | None = None,
     ):
         self.broker = broker
         self.metrics = metrics
         self.events = events
-        self.app = web.Application(client_max_size=broker.max_frame, middlewares=[json_errors, origin_check(origins)])
+        self.app = web.Application(
+            client_max_size=broker.max_frame, middlewares=[json_errors, origin_check(origins, own_names(listen_host))]
+        )
         stats.add_routes(self.app, broker, metrics)
         self.api = Api(broker)
         self.api.add_routes(self.app)
