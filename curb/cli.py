@@ -227,6 +227,14 @@ class _Commands(click.Group):
     help="Serve -http as https (and wss) with -tls-cert and -tls-key (and -tls-ca: client certificates required).",
 )
 @click.option(
+    "-http-open",
+    "--http-open",
+    is_flag=True,
+    default=False,
+    help="Serve -http on an address the network reaches although there is no -users (anyone may publish, "
+    "consume and purge); without it, such a broker refuses to start.",
+)
+@click.option(
     "-http-origin",
     "--http-origin",
     "http_origins",
@@ -267,6 +275,7 @@ def command(
     expired,
     http,
     http_tls,
+    http_open,
     http_origins,
     log_format,
 ):
@@ -296,6 +305,7 @@ def command(
         drop_expired=expired == "drop",
         http=http,
         http_tls=http_tls,
+        http_open=http_open,
         http_origins=tuple(http_origins),
     )
     try:

@@ -114,6 +114,7 @@ class Config:
     drop_expired: bool = False  # -expired drop
     http: Addr | None = None
     http_tls: bool = False  # -http serves https and wss with tls_files
+    http_open: bool = False  # -http may serve the network without -users (else a refusal at start-up)
     http_origins: tuple[str, ...] = ()  # web page origins allowed besides the broker's own
 
 
@@ -245,7 +246,10 @@ class Instance:
         if self.process:
             _settle_memory()
         # Before the `listening` line, which tells the tests and Spark the broker is ready.
-        _say_who_may_connect(events, stomp_servers, self.users, config.users_path, max_connections, fd_limit)
+        web_sockets = self.web.sockets if self.web is not None else []
+        _say_who_may_connect(
+            events, stomp_servers, web_sockets, self.users, config.users_path, max_connections, fd_limit
+        )
         events("listening", where, addr=names, file=config.path, cap=config.cap)
         if self.process:
             systemd.notify("READY=1", f"STATUS=serving {messages} recovered messages")
@@ -304,10 +308,25 @@ class Instance:
         web = self.web = WebFront(self.broker, self.metrics, self.events, self.config.http_origins, http[0])
         context = self._tls.context if self.config.http_tls and self._tls is not None else None
         await _listen("-http", http, lambda: web.start(http[0], http[1], context))
+        exposed = [_sockname(sock) for sock in web.sockets if not _is_loopback(sock)]
+        if exposed and self.users is None and not self.config.http_open:
+            await web.stop()
+            self.web = None
+            raise StartError(
+                f"-http {', '.join(exposed)} is reachable from the network and there is no -users: any client "
+                "that reaches it could publish, consume and purge; add -users FILE (see curb passwd), listen on "
+                "127.0.0.1, or add -http-open if that is what you mean",
+                2,
+            )
         self.http_address = web.sockets[0].getsockname()[:2]
         web_addr = _sockname(web.sockets[0])
         scheme = "https" if context is not None else "http"
-        self.events("http", f"metrics on {scheme}://{web_addr}/metrics (Prometheus) and /stats (JSON)", addr=web_addr)
+        self.events(
+            "http",
+            f"web front on {scheme}://{web_addr}: the console at /, the HTTP API under /v2, STOMP over WebSocket "
+            f"at /ws, metrics on {scheme}://{web_addr}/metrics (Prometheus) and /stats (JSON)",
+            addr=web_addr,
+        )
 
     def request_stop(self) -> None:
         """Ask `wait` to return (SIGINT, SIGTERM, a test); `stop` does the stopping."""
@@ -493,18 +512,22 @@ def _settle_memory() -> None:
     gc.set_threshold(GC_EVERY, 20, 10)
 
 
-def _say_who_may_connect(events, servers, table, users_path, max_connections: int, fd_limit: int) -> None:
-    """One line on access: the users file, or a warning that anyone may do anything."""
+def _say_who_may_connect(events, servers, web_sockets, table, users_path, max_connections: int, fd_limit: int) -> None:
+    """One line on access: the users file, or who may do what without one, naming every
+    listener that the network reaches (STOMP's and the web front's)."""
     limits = f"at most {max_connections} connections (fd limit {fd_limit})"
     if table is not None:
         events("access", f"{len(table)} users from {users_path}; {limits}", users=len(table), file=users_path)
         return
-    exposed = [_sockname(sock) for server in servers for sock in server.sockets if not _is_loopback(sock)]
+    stomp = [_sockname(sock) for server in servers for sock in server.sockets if not _is_loopback(sock)]
+    web = [_sockname(sock) for sock in web_sockets if not _is_loopback(sock)]
+    exposed = [f"{addr} (STOMP)" for addr in stomp] + [f"{addr} (HTTP, -http-open)" for addr in web]
     if exposed:
         events(
             "access",
-            f"WARNING: no -users, so any client that reaches {', '.join(exposed)} may send, consume and count; "
-            f"add -users FILE (see curb passwd) or listen on 127.0.0.1; {limits}",
+            f"WARNING: no -users, so any client that reaches {', '.join(exposed)} may send, consume and count"
+            + (", and over HTTP purge" if web else "")
+            + f"; add -users FILE (see curb passwd) or listen on 127.0.0.1; {limits}",
             level="warning",
         )
     else:

@@ -320,6 +320,18 @@ def test_without_users_the_start_up_line_says_anyone_may_connect(curb_broker):
     assert "WARNING: no -users" in exposed.stderr_text()
 
 
+def test_a_web_front_the_network_reaches_without_users_is_refused_unless_meant(run_curb, curb_broker, tmp_path):
+    """-http on every interface with no -users would let anyone who reaches it publish,
+    consume and purge: refused at start-up, naming the fixes; -http-open says it is meant,
+    and the warning then names the HTTP listener too."""
+    refused = run_curb("-cap", "10MiB", "-addr", "127.0.0.1:0", "-http", ":0", "-file", str(tmp_path / "a.log"))
+    line = refused.stderr.strip().splitlines()[-1]
+    assert refused.returncode == 2 and "-http" in line and "-users" in line and "-http-open" in line, refused.stderr
+    meant = curb_broker(extra_args=("-http", ":0", "-http-open"), file="b.log")
+    warning = next(line for line in meant.stderr_text().splitlines() if "WARNING: no -users" in line)
+    assert "(HTTP, -http-open)" in warning and "purge" in warning and "(STOMP)" not in warning
+
+
 # ---------------------------------------------------------------- limits
 
 
