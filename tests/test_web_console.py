@@ -138,6 +138,8 @@ def test_the_console_logs_in_under_users_and_a_page_from_elsewhere_is_refused(ch
     with running(tmp_path, users_path=path) as web:
         page = Page(chromium, f"{web.base}/")
         assert wait_until(lambda: page.text("status") == "log in", timeout=20), page.text("status")
+        time.sleep(0.5)  # what the page does before anyone logs in counts no refused login
+        assert web.instance.metrics.access_refused == 0
         page.evaluate(
             "const f = document.getElementById('login'); f.login.value = 'alice'; f.passcode.value = 'correct horse';"
             "f.requestSubmit()"

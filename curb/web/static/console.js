@@ -94,6 +94,7 @@ function live() {
       return;
     }
     $("status").textContent = "live";
+    if (stomp === null) connectStomp(); // logged in (or no -users): no refused CONNECT is counted
     show(data);
   };
   ws.onclose = () => {
@@ -168,11 +169,10 @@ function start() {
     event.preventDefault();
     credentials = { login: $("login").login.value, passcode: $("login").passcode.value };
     $("login").hidden = true;
+    stomp = null;
     live();
-    connectStomp();
   });
   live();
-  connectStomp();
 }
 
 document.addEventListener("DOMContentLoaded", start);
