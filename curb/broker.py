@@ -342,6 +342,17 @@ class Broker:
         )
         return False
 
+    def web_connection_refused(self, limit: int) -> None:
+        """A web connection was closed at the limit (curb.web.front): counted and logged as
+        a STOMP connection's is."""
+        self.metrics.connections_refused += 1
+        self._refused(
+            "connection_limit",
+            f"a web connection was closed at once: {limit} web connections are open (-max-connections)",
+            kind="web",
+            limit=limit,
+        )
+
     def join(self, session: Peer) -> None:
         self.sessions[session] = None
         self.metrics.connections_total += 1

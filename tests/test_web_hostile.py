@@ -208,24 +208,34 @@ def test_a_websocket_from_another_origin_is_refused(tmp_path):
         upgrade(web.http_port, origin=f"http://127.0.0.1:{web.http_port}").close()
 
 
-def test_web_connections_past_max_connections_are_closed_at_once(tmp_path):
-    with running(tmp_path, max_connections=5) as web:
+def test_web_connections_past_max_connections_are_closed_at_once_but_monitoring_sees_the_broker(tmp_path):
+    """At -max-connections a new web connection may ask only for /metrics, /stats or
+    /ping (a few more are let in for that); past those it is closed at once. Each refusal
+    is counted, and logged."""
+    lines: list[str] = []
+    with running(tmp_path, max_connections=5, events=lambda event, text, **fields: lines.append(text)) as web:
         held = [upgrade(web.http_port) for _ in range(5)]
+        assert http("GET", web.base + "/metrics").status == 200
+        busy = http("POST", web.base + "/v2/p/queues/q/messages", b"job")
+        assert busy.status == 503 and "-max-connections" in busy.json["error"], busy
+        held += [socket.create_connection(("127.0.0.1", web.http_port)) for _ in range(front.MONITOR_HEADROOM)]
+        time.sleep(0.3)  # accepted
         extra = socket.create_connection(("127.0.0.1", web.http_port), timeout=10)
         extra.sendall(b"GET /stats HTTP/1.1\r\nHost: x\r\n\r\n")
         with contextlib.suppress(ConnectionResetError):
             assert extra.recv(100) == b""
-        assert web.instance.metrics.connections_refused >= 1
+        assert web.instance.metrics.connections_refused >= 2
         for sock in held:
             sock.close()
 
         def served() -> bool:
             try:
-                return http("GET", web.base + "/stats").status == 200
+                return http("POST", web.base + "/v2/p/queues/q/messages", b"job").status == 201
             except OSError:  # refused while the closed ones are still counted
                 return False
 
         assert wait_until(served)
+    assert any("a web connection was closed at once: 5 web connections are open" in line for line in lines), lines
 
 
 @pytest.mark.parametrize(

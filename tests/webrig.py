@@ -86,7 +86,9 @@ def users_file(where: Path, **people: str) -> str:
 
 @contextmanager
 def running(tmp_path: Path, **settings) -> Iterator[Web]:
-    """A broker (Config defaults, STOMP and HTTP on loopback ports) until the block ends."""
+    """A broker (Config defaults, STOMP and HTTP on loopback ports) until the block ends;
+    `events=` takes its event lines (curb.instance's events callback)."""
+    events = settings.pop("events", None)
     config = Config(
         path=str(tmp_path / "q.log"),
         cap=settings.pop("cap", 8 << 20),
@@ -98,7 +100,7 @@ def running(tmp_path: Path, **settings) -> Iterator[Web]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    instance = Instance(config)
+    instance = Instance(config) if events is None else Instance(config, events)
     try:
         asyncio.run_coroutine_threadsafe(instance.start(), loop).result(timeout=30)
         assert instance.http_address is not None

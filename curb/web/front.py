@@ -6,7 +6,9 @@ Bounds against hostile clients: a connection that has not sent a whole request w
 KEEPALIVE_SECONDS of opening (a slowloris) or of its last answer is closed (aiohttp's
 keep-alive timer); request lines and headers are at most MAX_LINE_BYTES each and
 MAX_HEADERS in all (400); and past -max-connections open web connections a new one is
-closed at once, as a STOMP connection is.
+closed at once, as a STOMP connection is (counted, and logged at most once a
+LIMIT_LOG_SECONDS), but for MONITOR_HEADROOM more that may ask only for MONITORING
+paths: a broker at its limit is the one its monitoring most needs to see.
 The routes come from the modules that serve them (`stats`, ...), each given what it uses.
 """
 
@@ -26,13 +28,16 @@ from curb.web import stats, stomp_ws
 from curb.web.access import origin_check, own_names, peer_of
 from curb.web.api import Api
 from curb.web.console import Console
-from curb.web.replies import json_errors
+from curb.web.replies import Handler, Refusal, json_errors
 
 # The most bytes of one header line (a request line, a header) aiohttp reads.
 MAX_LINE_BYTES = 8190
 MAX_HEADERS = 100
 # An idle keep-alive connection is closed after this many seconds.
 KEEPALIVE_SECONDS = 15.0
+# Connections past -max-connections let in for monitoring only (MONITORING paths; others 503).
+MONITOR_HEADROOM = 4
+MONITORING = frozenset({"/metrics", "/stats", "/ping"})
 # Connections the kernel may queue on the listener.
 BACKLOG = 1024
 # At shutdown, requests still running get this long to finish before they are cancelled.
@@ -66,8 +71,10 @@ class WebFront:
         self.metrics = metrics
         self.events = events
         self.app = web.Application(
-            client_max_size=broker.max_frame, middlewares=[json_errors, origin_check(origins, own_names(listen_host))]
+            client_max_size=broker.max_frame,
+            middlewares=[json_errors, self._headroom, origin_check(origins, own_names(listen_host))],
         )
+        self._open = lambda: 0  # web connections open now (set by `start`)
         stats.add_routes(self.app, broker, metrics)
         self.api = Api(broker)
         self.api.add_routes(self.app)
@@ -94,11 +101,12 @@ class WebFront:
         await runner.setup()
         handlers = runner.server
         assert handlers is not None
-        limit, metrics = self.broker.max_connections, self.metrics
+        limit, broker = self.broker.max_connections, self.broker
+        self._open = lambda: len(handlers.connections)
 
         def protocol() -> asyncio.BaseProtocol:
-            if limit is not None and len(handlers.connections) >= limit:
-                metrics.connections_refused += 1
+            if limit is not None and len(handlers.connections) >= limit + MONITOR_HEADROOM:
+                broker.web_connection_refused(limit)
                 return _Refuse()
             return handlers()
 
@@ -111,6 +119,20 @@ class WebFront:
             raise
         self._runner, self._listener = runner, listener
         self.sockets = list(listener.sockets)
+
+    @web.middleware
+    async def _headroom(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """A connection let in past -max-connections may ask for MONITORING paths only."""
+        limit = self.broker.max_connections
+        if limit is not None and self._open() > limit and request.path not in MONITORING:
+            self.broker.web_connection_refused(limit)
+            raise Refusal(
+                503,
+                f"{limit} web connections are open (-max-connections): only {', '.join(sorted(MONITORING))} "
+                "are served past it; try again later",
+                {"Connection": "close", "Retry-After": "1"},
+            )
+        return await handler(request)
 
     async def _stomp(self, request: web.Request) -> web.StreamResponse:
         return await stomp_ws.serve(request, self.broker, peer_of(request))

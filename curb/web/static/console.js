@@ -22,6 +22,8 @@ class Stomp {
   constructor(onReady, onError) {
     this.subscriptions = new Map();
     this.receipts = new Map();
+    this.waiting = []; // frames asked for before CONNECTED: sent once it comes
+    this.connected = false;
     this.ws = new WebSocket(wsBase + "/ws", ["v12.stomp"]);
     this.ws.binaryType = "arraybuffer";
     this.ws.onopen = () => {
@@ -32,7 +34,11 @@ class Stomp {
       const text = typeof event.data === "string" ? event.data : new TextDecoder().decode(event.data);
       if (text === "\n") return; // a heart-beat
       const [command, headers, body] = parse(text);
-      if (command === "CONNECTED") onReady();
+      if (command === "CONNECTED") {
+        this.connected = true;
+        for (const waiting of this.waiting.splice(0)) this.ws.send(waiting);
+        onReady();
+      }
       else if (command === "MESSAGE") this.subscriptions.get(headers.subscription)?.(headers, body);
       else if (command === "RECEIPT") this.receipts.get(headers["receipt-id"])?.();
       else if (command === "ERROR") onError(`${headers.message}: ${body}`);
@@ -42,7 +48,9 @@ class Stomp {
 
   frame(command, headers, body = "") {
     const lines = Object.entries(headers).map(([k, v]) => `${escapeHeader(k)}:${escapeHeader(v)}`);
-    this.ws.send(`${command}\n${lines.join("\n")}\n\n${body}\0`);
+    const text = `${command}\n${lines.join("\n")}\n\n${body}\0`;
+    if (this.connected || command === "CONNECT") this.ws.send(text);
+    else this.waiting.push(text);
   }
 }
 
