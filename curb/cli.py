@@ -44,6 +44,9 @@ from curb.instance import DEFAULT_PORT, EXIT_IO, FD_HEADROOM, Config, Events, In
 from curb.log import LogError
 from curb.passwd import passwd_command
 from curb.redelivery import MAX_DELAY_MS, MAX_MULTIPLIER, Redelivery
+from curb.web.settings import LIMIT, MAX_LIMIT, NarconiSettings
+
+MAX_NARCONI_TTL = 366 * 86400.0  # a year: a TTL longer than that is a mistake
 
 DEFAULT_POLICY = Redelivery()  # the redelivery flags' defaults (curb.redelivery says why)
 
@@ -235,6 +238,32 @@ class _Commands(click.Group):
     "consume and purge); without it, such a broker refuses to start.",
 )
 @click.option(
+    "-narconi-max-message",
+    "--narconi-max-message",
+    default="64KiB",
+    show_default=True,
+    callback=size_flag,
+    help="The largest message published over the HTTP API and its WebSocket (Narconi's NARCONI_MAX_MESSAGE_SIZE).",
+)
+@click.option(
+    "-narconi-ttl",
+    "--narconi-ttl",
+    default="1h",
+    show_default=True,
+    type=Duration(MAX_NARCONI_TTL, zero="messages live until consumed"),
+    help="How long a message published over the HTTP API lives before it expires (Narconi's "
+    "NARCONI_MAX_MESSAGE_TTL; a plain number is seconds; 0: until consumed). A longer curb-ttl is refused.",
+)
+@click.option(
+    "-narconi-limit",
+    "--narconi-limit",
+    default=LIMIT,
+    show_default=True,
+    type=click.IntRange(1, MAX_LIMIT),
+    help="Unacknowledged messages a WebSocket consumer of the HTTP API gets at once when it names no ?limit "
+    "(Narconi's NARCONI_DEFAULT_LIMIT).",
+)
+@click.option(
     "-http-origin",
     "--http-origin",
     "http_origins",
@@ -276,6 +305,9 @@ def command(
     http,
     http_tls,
     http_open,
+    narconi_max_message,
+    narconi_ttl,
+    narconi_limit,
     http_origins,
     log_format,
 ):
@@ -307,6 +339,7 @@ def command(
         http_tls=http_tls,
         http_open=http_open,
         http_origins=tuple(http_origins),
+        narconi=NarconiSettings(narconi_max_message, narconi_ttl, narconi_limit),
     )
     try:
         code = asyncio.run(serve(config, Events(log_format)))

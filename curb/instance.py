@@ -45,6 +45,7 @@ from curb.metrics import Metrics
 from curb.ratelimit import LineLimit
 from curb.redelivery import Redelivery
 from curb.server import Connection, Handshake
+from curb.web.settings import NarconiSettings
 
 if TYPE_CHECKING:
     from curb.web.front import WebFront
@@ -116,6 +117,7 @@ class Config:
     http_tls: bool = False  # -http serves https and wss with tls_files
     http_open: bool = False  # -http may serve the network without -users (else a refusal at start-up)
     http_origins: tuple[str, ...] = ()  # web page origins allowed besides the broker's own
+    narconi: NarconiSettings = field(default_factory=NarconiSettings)  # -narconi-max-message, -ttl, -limit
 
 
 class StartError(Exception):
@@ -305,7 +307,9 @@ class Instance:
             return
         from curb.web.front import WebFront  # aiohttp loads only when -http asks for it
 
-        web = self.web = WebFront(self.broker, self.metrics, self.events, self.config.http_origins, http[0])
+        web = self.web = WebFront(
+            self.broker, self.metrics, self.events, self.config.http_origins, http[0], self.config.narconi
+        )
         context = self._tls.context if self.config.http_tls and self._tls is not None else None
         await _listen("-http", http, lambda: web.start(http[0], http[1], context))
         exposed = [_sockname(sock) for sock in web.sockets if not _is_loopback(sock)]

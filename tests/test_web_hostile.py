@@ -121,6 +121,25 @@ def test_a_websocket_that_never_reads_holds_a_bounded_output_and_others_are_serv
         assert wait_until(lambda: web.gauges()["wip"] == 0)  # its messages are rdy again
 
 
+def test_a_narconi_consumer_that_never_reads_holds_what_a_stomp_one_does(tmp_path):
+    """?ack&limit=10000 over 300 messages of 60 KiB: the broker makes messages for the
+    socket only while what it holds for it is under the session's bound."""
+    body = b"x" * (60 << 10)
+    with running(tmp_path, cap=64 << 20) as web:
+        with Client("127.0.0.1", web.stomp_port) as producer:
+            for i in range(300):
+                producer.send(body, receipt=f"r{i}" if i == 299 else None)
+            producer.wait_receipt("r299", timeout=30)
+        stalled = upgrade(web.http_port, "/v2/p/queues/q/messages?ack&limit=10000", "consume")
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        time.sleep(2)  # it reads nothing
+        wip = web.gauges()["wip"]
+        assert wip * len(body) < OUTPUT_LIMIT + OUTPUT_HELD + (8 << 20), wip
+        assert http("POST", web.base + "/v2/p/queues/q/messages", b"other").status == 201
+        stalled.close()
+        assert wait_until(lambda: web.gauges()["wip"] == 0)  # its messages are rdy again
+
+
 @pytest.mark.parametrize("path, protocol", [("/ws", "v12.stomp"), ("/v2/p/queues/q/messages", "publish")])
 def test_a_100_mib_websocket_message_is_refused_before_it_is_read(tmp_path, path, protocol):
     with running(tmp_path) as web:
@@ -272,7 +291,8 @@ def test_a_stored_header_no_http_header_can_carry_breaks_no_response(tmp_path):
         got = http("DELETE", web.base + "/v2/p/queues/q/messages")
         assert got.status == 200 and got.body == b"job", got
         assert got.headers["Content-Type"] == "application/octet-stream" and got.headers["x-msg-ok"] == "3"
-        assert not any(name.lower().startswith(("x-split", "x-msg-a", "x-msg-c")) for name in got.headers), got.headers
+        names = [name.lower() for name in got.headers]
+        assert not any(name.startswith("x-split") or name == "x-msg-a" or " " in name for name in names), names
 
 
 def test_a_queue_name_with_a_line_break_cannot_split_a_claims_location(tmp_path):

@@ -1,37 +1,42 @@
-"""The HTTP API in Narconi's shape, under /v2/{project}/queues/{queue} (README: HTTP API).
+"""Narconi's HTTP API under /v2/{project}/queues/{queue}, as its README specifies it
+(README: HTTP API), with Curb's additions, which a Narconi client never needs to know.
 
 One Curb instance serves one queue, so the project and queue names are accepted and
 ignored, as a STOMP destination is. Paths (Q stands for /v2/{project}/queues/{queue}):
 
-- `PUT Q`: 201 (the queue exists). `DELETE Q`: purge, every message ACKed (needs the
-  `purge` permission); 204 once that is on disk.
-- `POST Q/messages`: publish the body; 201 once it is fsynced, the promise of a SEND's
-  RECEIPT (concurrent requests share fsyncs). `POST Q/messages/batch`: JSON lines, one
-  message each, all stored before the one 201.
-- `DELETE Q/messages[?wait=S]`: consume one, ACKed at once: 200 with the message once the
-  ACK is on disk, 204 when none came within `wait` seconds (at most MAX_WAIT_SECONDS).
+- Narconi's: `PUT Q`: an empty 201 (the queue exists). `DELETE Q`: purge, every message
+  ACKed (needs the `purge` permission); an empty 204 once that is on disk.
+  `POST Q/messages`: publish the body (at most -narconi-max-message bytes; it lives
+  -narconi-ttl), `Content-Type` and `x-msg-x-NAME` headers kept with it; an empty 201
+  once it is fsynced, the promise of a SEND's RECEIPT (concurrent requests share
+  fsyncs). `DELETE Q/messages`: consume one, ACKed at once: 200 with the message
+  (`Content-Type`, `x-msg-redelivered`, `x-msg-timestamp`, `x-msg-x-NAME`) once the ACK
+  is on disk, 204 when there is none. `OPTIONS Q`: 200 with the queue's WebSocket
+  endpoint in `Location` (ws:// or wss://). `GET Q` and `GET Q/messages` with a
+  WebSocket upgrade: the publish and consume protocols (curb.web.narconi).
+- Curb's: `?wait=S` on a consume: 204 only when none came within S seconds (at most
+  MAX_WAIT_SECONDS). `POST Q/messages/batch`: JSON lines, one message each, all stored
+  before the one 201.
 - `POST Q/claims[?wait=S&ttl=S]`: at-least-once: 201 with the message and its claim's
   `Location`, Q/claims/ID; it stays wip until `DELETE Q/claims/ID` (ACK),
   `POST Q/claims/ID/nack` (NACK: back to the queue) or its deadline (`ttl`, else
   -ack-timeout); `PATCH Q/claims/ID?ttl=S` moves the deadline. Late: 410; unknown: 404.
-- `GET Q/messages` with a WebSocket upgrade: Narconi's publish and consume protocols
-  (curb.web.narconi).
-- `OPTIONS` on any path: the API's paths, and `Location` of the queue's messages.
+  The answer to `OPTIONS` also lists every path in its JSON body.
 
-Errors are JSON (curb.web.replies): 400 a bad request, 401/403 logins and permissions
-(curb.web.access), 413 too large, 503 with Retry-After when the queue is full.
+Errors are JSON objects with Narconi's `message` (curb.web.replies): 400 a bad request,
+401/403 logins and permissions (curb.web.access), 413 too large, 503 with Retry-After
+when the queue is full.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 
 from aiohttp import web
 
 from curb import payload
-from curb.broker import BAD_HEADERS, FULL, TOO_LARGE, Broker, NotStored, Refused
+from curb.broker import Broker, NotStored, Refused
 from curb.heartbeat import MAX_MS
 from curb.queue import Late
 from curb.users import User
@@ -39,30 +44,14 @@ from curb.web import narconi
 from curb.web.access import log_in, peer_of
 from curb.web.messages import BadMessage, check_encoding, decode_body, headers_in, headers_out, json_headers
 from curb.web.peers import HttpPeer
-from curb.web.replies import Handler, Refusal, json_reply
+from curb.web.replies import Handler, Refusal, json_reply, not_stored, refused
+from curb.web.settings import SEED, NarconiSettings
 from curb.web.takers import Taken, Takers, answer
 
 QUEUE = "/v2/{project}/queues/{queue}"
 BODY_SECONDS = 15.0  # a request's body must have come by then (README: Hostile web clients)
 MAX_WAIT_SECONDS = 30.0  # the longest ?wait a consume or claim may ask for
 MAX_TTL_SECONDS = MAX_MS / 1000  # a claim's deadline, at most a day, as curb-ack-timeout
-STATUS_OF = {TOO_LARGE: 413, BAD_HEADERS: 400, FULL: 503}
-
-
-def refused(err: Refused, extra: dict[str, object] | None = None) -> Refusal:
-    """The HTTP answer to a message the broker would not take."""
-    retry = {"Retry-After": str(math.ceil(err.retry_after))} if err.retry_after else None
-    return Refusal(STATUS_OF.get(err.reason, 400), f"{err.message}: {err}", retry, extra)
-
-
-def not_stored(err: NotStored) -> Refusal:
-    if err.maybe:
-        return Refusal(
-            503,
-            f"may not be stored: {err}; the log failed after the message was written, so it may "
-            "be on disk and then delivered: send it again later if a second copy does no harm",
-        )
-    return Refusal(503, f"not stored: {err}; the message will not be delivered: send it again later")
 
 
 def seconds(request: web.Request, name: str, least: float, most: float, default: float | None) -> float | None:
@@ -79,20 +68,20 @@ def seconds(request: web.Request, name: str, least: float, most: float, default:
     return value
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
+async def read_body(request: web.Request, limit: int, flag: str = "-max-frame") -> bytes:
     """The request's body; 413 at once when its Content-Length is over `limit` (the
     front's, -max-frame), or as soon as a body without one (chunked) grows past it, so
     that no more than `limit` bytes are ever held for it; 408, closing the connection,
     when it has not all come within BODY_SECONDS (a body that trickles in)."""
     if request.content_length is not None and request.content_length > limit:
-        raise _too_large(f"a body of {request.content_length} bytes", limit)
+        raise _too_large(f"a body of {request.content_length} bytes", limit, flag)
     chunks, size = [], 0
     try:
         async with asyncio.timeout(BODY_SECONDS):
             async for chunk in request.content.iter_any():
                 size += len(chunk)
                 if size > limit:
-                    raise _too_large("the body", limit)
+                    raise _too_large("the body", limit, flag)
                 chunks.append(chunk)
     except TimeoutError:
         raise Refusal(
@@ -101,10 +90,10 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _too_large(what: str, limit: int) -> Refusal:
+def _too_large(what: str, limit: int, flag: str = "-max-frame") -> Refusal:
     return Refusal(
         413,
-        f"{what} is over the limit of {limit} bytes: send a smaller one, or ask the operator for a larger -max-frame",
+        f"{what} is over the limit of {limit} bytes: send a smaller one, or ask the operator for a larger {flag}",
         {"Connection": "close"},
     )
 
@@ -118,7 +107,7 @@ def message_id(request: web.Request) -> int:
 
 def message_response(taken: Taken, status: int = 200, location: str | None = None) -> web.Response:
     stored, body = payload.decode(taken.payload)
-    headers = headers_out(stored, taken.id, taken.deliveries)
+    headers = headers_out(stored, taken.id, taken.deliveries, taken.timestamp_ms)
     if location is not None:
         headers["Location"] = location
     return web.Response(status=status, body=body, headers=headers)
@@ -127,8 +116,9 @@ def message_response(taken: Taken, status: int = 200, location: str | None = Non
 class Api:
     """The routes of the HTTP API over one broker."""
 
-    def __init__(self, broker: Broker):
+    def __init__(self, broker: Broker, settings: NarconiSettings = SEED):
         self.broker = broker
+        self.settings = settings
         self.takers = Takers(broker)
 
     def add_routes(self, app: web.Application) -> None:
@@ -138,6 +128,7 @@ class Api:
         router.add_post(QUEUE + "/messages", self.publish)
         router.add_post(QUEUE + "/messages/batch", self.publish_batch)
         router.add_delete(QUEUE + "/messages", self.consume)
+        router.add_get(QUEUE, self.websocket)
         router.add_get(QUEUE + "/messages", self.websocket)
         router.add_post(QUEUE + "/claims", self.claim)
         router.add_delete(QUEUE + "/claims/{id}", self.ack)
@@ -151,7 +142,7 @@ class Api:
 
     async def create(self, request: web.Request) -> web.Response:
         await self._peer(request, None)
-        return json_reply({"queue": request.match_info["queue"]}, 201, {"Location": request.path})
+        return web.Response(status=201)
 
     async def purge(self, request: web.Request) -> web.Response:
         await self._peer(request, "purge")
@@ -164,8 +155,8 @@ class Api:
 
     async def publish(self, request: web.Request) -> web.Response:
         await self._peer(request, "send")
-        body = await read_body(request, self.broker.max_frame)
-        headers = headers_in(request.headers, request.headers.get("Content-Type"))
+        body = await read_body(request, self.settings.max_message, "-narconi-max-message")
+        headers = self.stored_headers(headers_in(request.headers, request.headers.get("Content-Type")))
         try:
             stored = self.broker.publish(headers, body)
         except Refused as err:
@@ -174,7 +165,18 @@ class Api:
             await stored
         except NotStored as err:
             raise not_stored(err) from None
-        return json_reply({"messages": 1}, 201)
+        return web.Response(status=201)
+
+    def stored_headers(self, headers: dict[str, str]) -> dict[str, str]:
+        """A message's headers as published over /v2, with its TTL (-narconi-ttl) as its
+        `curb-ttl`: one asked for that is longer is refused (Narconi: "TTL value too large")."""
+        ttl_ms = round(self.settings.ttl * 1000)
+        if ttl_ms:
+            asked = headers.get("curb-ttl")
+            if asked is not None and (not asked.isdigit() or int(asked) == 0 or int(asked) > ttl_ms):
+                raise Refusal(400, f"TTL value too large: curb-ttl must be from 1 to {ttl_ms} ms (-narconi-ttl)")
+            headers.setdefault("curb-ttl", str(ttl_ms))
+        return headers
 
     async def publish_batch(self, request: web.Request) -> web.Response:
         """JSON lines, each {"message": BODY, "headers": {...}}: all stored, then one 201.
@@ -189,7 +191,14 @@ class Api:
                 item = json.loads(line)
                 if not isinstance(item, dict) or "message" not in item:
                     raise BadMessage('each line must be a JSON object with "message"')
-                messages.append((json_headers(item.get("headers")), decode_body(item["message"], encoding)))
+                body = decode_body(item["message"], encoding)
+                if len(body) > self.settings.max_message:
+                    raise _too_large(
+                        f"line {number}'s message of {len(body)} bytes",
+                        self.settings.max_message,
+                        "-narconi-max-message",
+                    )
+                messages.append((self.stored_headers(json_headers(item.get("headers"))), body))
             except (BadMessage, ValueError) as err:
                 raise Refusal(400, f"line {number}: {err}; nothing was stored") from None
             except RecursionError:
@@ -281,14 +290,15 @@ class Api:
 
     @web.middleware
     async def discovery(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """OPTIONS on any path: what may be done where, and the queue's messages in `Location`."""
+        """OPTIONS on any path: what may be done where, and the queue's WebSocket endpoint
+        in `Location` (Narconi's discovery: this broker serves it itself)."""
         if request.method != "OPTIONS":
             return await handler(request)
-        parts = request.path.strip("/").split("/")
+        parts = request.rel_url.raw_path.strip("/").split("/")
         project, queue = (parts[1], parts[3]) if len(parts) >= 4 and parts[0] == "v2" else ("curb", "curb")
         base = f"/v2/{project}/queues/{queue}"
         paths = {
-            base: ["PUT", "DELETE"],
+            base: ["PUT", "DELETE", "GET (WebSocket: publish, consume)"],
             f"{base}/messages": ["POST", "DELETE", "GET (WebSocket: publish, consume)"],
             f"{base}/messages/batch": ["POST"],
             f"{base}/claims": ["POST"],
@@ -299,7 +309,9 @@ class Api:
             "/stats": ["GET"],
         }
         allow = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
-        return json_reply({"paths": paths}, 200, {"Location": f"{base}/messages", "Allow": ", ".join(sorted(allow))})
+        ws = "wss" if request.secure else "ws"
+        location = f"{ws}://{request.host}{base}"  # Narconi: the queue's WebSocket endpoint
+        return json_reply({"paths": paths}, 200, {"Location": location, "Allow": ", ".join(sorted(allow))})
 
 
 def _gone(request: web.Request) -> bool:

@@ -29,6 +29,7 @@ from curb.web.access import origin_check, own_names, peer_of
 from curb.web.api import Api
 from curb.web.console import Console
 from curb.web.replies import Handler, Refusal, json_errors
+from curb.web.settings import SEED, NarconiSettings
 
 # The most bytes of one header line (a request line, a header) aiohttp reads.
 MAX_LINE_BYTES = 8190
@@ -66,6 +67,7 @@ class WebFront:
         events: Callable[..., None] = lambda *a, **k: None,
         origins: Iterable[str] = (),
         listen_host: str | None = None,
+        narconi: NarconiSettings = SEED,
     ):
         self.broker = broker
         self.metrics = metrics
@@ -76,7 +78,7 @@ class WebFront:
         )
         self._open = lambda: 0  # web connections open now (set by `start`)
         stats.add_routes(self.app, broker, metrics)
-        self.api = Api(broker)
+        self.api = Api(broker, narconi)
         self.api.add_routes(self.app)
         self.app.router.add_get("/ws", self._stomp)
         Console(broker, metrics).add_routes(self.app)

@@ -4,8 +4,11 @@
   `x-msg-NAME: VALUE` header the STOMP header NAME (lower case, as HTTP header names are
   case-insensitive): `x-msg-x-trace: 7` reaches a STOMP consumer as `x-trace:7`.
 - HTTP out: the stored content-type is `Content-Type` (application/octet-stream when
-  none), every other stored header NAME is `x-msg-NAME`, and `x-curb-id` and
-  `x-curb-deliveries` say which message it is and how often it was delivered. A header
+  none), Narconi's `x-msg-redelivered` (true once delivered before) and
+  `x-msg-timestamp` (when it was published, in ms since the epoch), every other stored
+  header NAME `x-msg-NAME` (a STOMP header `redelivered` or `timestamp` is left out:
+  those names are Narconi's), and Curb's `x-curb-id` and `x-curb-deliveries` say which
+  message it is and how often it was delivered. A header
   HTTP cannot carry (a value with a line break or a control character, a name that is not
   an HTTP token) is left out; the JSON form carries every header.
 - JSON (the batch form, Narconi's WebSocket protocols): `{"message": BODY, "headers":
@@ -44,15 +47,22 @@ def headers_in(http_headers: Mapping[str, str], content_type: str | None) -> dic
     return headers
 
 
-def headers_out(stored: Mapping[str, str], msg_id: int, deliveries: int) -> dict[str, str]:
+NARCONI_NAMES = frozenset({"redelivered", "timestamp"})  # x-msg- names Narconi gives a meaning
+
+
+def headers_out(stored: Mapping[str, str], msg_id: int, deliveries: int, timestamp_ms: int) -> dict[str, str]:
     """The HTTP headers of a message taken over HTTP: every one an HTTP header can carry
     (a STOMP header may hold a line break, or a name with a colon or a space: those are
     left out, and a content-type like that is the default), so that no stored header can
     break the response its message is consumed in."""
     content_type = stored.get("content-type", DEFAULT_TYPE)
-    headers = {"Content-Type": content_type if _carried(content_type) else DEFAULT_TYPE}
+    headers = {
+        "Content-Type": content_type if _carried(content_type) else DEFAULT_TYPE,
+        PREFIX + "redelivered": "true" if deliveries > 1 else "false",
+        PREFIX + "timestamp": str(timestamp_ms),
+    }
     for name, value in stored.items():
-        if name != "content-type" and _TOKEN.fullmatch(name) and _carried(value):
+        if name != "content-type" and name not in NARCONI_NAMES and _TOKEN.fullmatch(name) and _carried(value):
             headers[PREFIX + name] = value
     headers["x-curb-id"] = str(msg_id)
     headers["x-curb-deliveries"] = str(deliveries)

@@ -1,26 +1,36 @@
-"""Narconi's WebSocket protocols on GET /v2/{project}/queues/{queue}/messages (README: HTTP API).
+"""Narconi's WebSocket protocols, as its README specifies them, on GET
+/v2/{project}/queues/{queue} and GET .../messages (README: HTTP API).
 
 The client picks one with `Sec-WebSocket-Protocol: publish` or `consume`, and logs in
-(with -users) on the upgrade request as any HTTP request does. Query: `?encoding=`
-utf-8 (default), base64 or hex for bodies in JSON; for consume, `?ack` (the client
-acknowledges) and `?limit=N` (at most N messages unacknowledged at once; default the
-broker's -prefetch).
+(with -users) on the upgrade request as any HTTP request does.
 
-- publish: each message is one JSON text message `{"message": BODY, "headers": {...}}`,
-  or a JSON object of headers (metadata) followed by the payload as the next WebSocket
-  message (binary: the bytes as they are; text: in the encoding). Each message gets a
-  confirmation `{"confirmed": N}` (N counts this socket's messages from 1), in order,
-  once it is fsynced. A message the broker refuses gets `{"code", "error", "seq": N}`
-  instead, and the socket goes on. At most MAX_UNCONFIRMED messages wait for their
-  confirmation: past that the socket is not read, so a fast publisher waits for the disk.
-- consume: each message is one JSON text message `{"message", "encoding", "headers",
-  "ackId", "deliveries"}`. Without `?ack` a message is acknowledged once it is sent.
-  With `?ack` the client sends `{"ackId": ID}` (that message) or `{"ackToId": ID}` (every
-  message of this socket up to that id); until then the message is wip, and goes back to
-  the queue when the socket closes or its ack deadline (-ack-timeout) passes.
-- Errors are `{"code": N, "error": "..."}`. A message that is not valid JSON, or an
-  unknown protocol, closes the socket after its error (1008); a message larger than
-  -max-frame closes it with 1009.
+- publish: each message is up to two WebSocket messages. The first is a JSON object of
+  metadata (`Content-Type`, `x-msg-x-NAME`: kept with the message as a STOMP consumer's
+  content-type and x-NAME headers), or an empty message for none; the second is the
+  payload as it is (a binary message's bytes, a text message's UTF-8). A metadata object
+  with a `message` string is the whole message in one. Each message is confirmed with one
+  empty WebSocket message once it is fsynced, in the order they came; one the broker
+  cannot take gets `{"code", "error"}` in its place, and the socket goes on. At most
+  MAX_UNCONFIRMED wait for their confirmation: past that the socket is not read, so a
+  fast publisher waits for the disk. Curb's addition: `?encoding=base64|hex` reads text
+  payloads (and `message`) in that encoding.
+- consume (`?ack`, `?limit=N`, `?encoding=`): each message is a JSON metadata message
+  (`Content-Type`, `timestamp`, `redelivered`, with `?ack` `ackId` as a string, the
+  `x-msg-NAME` of its headers, Curb's `x-curb-id` and `x-curb-deliveries`), then the
+  payload as a binary message; with `?encoding=` (utf-8, base64, hex) the payload is the
+  metadata's `message` instead and no second message comes. Without `?ack` a message is
+  acknowledged once sent. With `?ack` the client sends `{"ackId": ID}` (that message) or
+  `{"ackToId": ID}` (every message of this socket up to that one); until then it is wip,
+  at most `limit` (default -narconi-limit) at once, and goes back to the queue when the
+  socket closes or its ack deadline (-ack-timeout) passes. An empty message from the
+  client stops new deliveries; it then settles what it has and closes.
+- Errors are `{"code": N, "error": "..."}`. A message that breaks the protocol (not JSON
+  where an object is due, an unknown ack id) closes the socket after its error (1008); a
+  WebSocket message larger than -max-frame closes it with 1009.
+
+Bound: a consumer that stops reading holds at most OUTPUT_LIMIT bytes of messages made
+for it, as a STOMP session does (curb.session): past that the broker makes none for it
+(`set_writable`) until what it holds is sent.
 """
 
 from __future__ import annotations
@@ -32,13 +42,16 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from curb import payload
 from curb.broker import NotStored, Refused
 from curb.log import Record
 from curb.queue import Late, QueueError, Subscription
+from curb.session import OUTPUT_LIMIT
 from curb.web.access import log_in, peer_of
-from curb.web.messages import BadMessage, as_json, check_encoding, decode_body, json_headers
+from curb.web.messages import DEFAULT_TYPE, PREFIX, BadMessage, check_encoding, decode_body, encode_body
 from curb.web.peers import HttpPeer
-from curb.web.replies import Refusal
+from curb.web.replies import Refusal, refused
+from curb.web.settings import MAX_LIMIT
 
 if TYPE_CHECKING:
     from curb.web.api import Api
@@ -46,6 +59,9 @@ if TYPE_CHECKING:
 PROTOCOLS = ("publish", "consume")
 MAX_UNCONFIRMED = 1000
 SUB_ID = "narconi"
+# Messages in flight to a consumer without ?ack (each acknowledged once sent): enough to
+# keep the socket busy; OUTPUT_LIMIT bounds their bytes.
+AUTO_WINDOW = 64
 
 
 class _Closed(Exception):
@@ -58,20 +74,21 @@ async def serve(request: web.Request, api: Api) -> web.StreamResponse:
     if protocol is None:
         raise Refusal(
             400,
-            "GET .../messages is Narconi's WebSocket: upgrade with Sec-WebSocket-Protocol: publish or consume "
+            "GET on a queue is Narconi's WebSocket: upgrade with Sec-WebSocket-Protocol: publish or consume "
             "(to consume one message over plain HTTP, DELETE .../messages)",
         )
     broker = api.broker
     user = await log_in(request, broker, "send" if protocol == "publish" else "consume")
+    query = request.query
     try:
-        encoding = check_encoding(request.query.get("encoding", "utf-8"))
-        limit = int(request.query.get("limit", "0") or 0)
-        if not 0 <= limit <= 10000:
+        encoding = check_encoding(query["encoding"]) if "encoding" in query else None
+        limit = int(query.get("limit") or api.settings.limit)
+        if not 1 <= limit <= MAX_LIMIT:
             raise ValueError
     except BadMessage as err:
         raise Refusal(400, str(err)) from None
     except ValueError:
-        raise Refusal(400, "?limit= must be a whole number from 1 to 10000") from None
+        raise Refusal(400, f"?limit= must be a whole number from 1 to {MAX_LIMIT}") from None
     ws = web.WebSocketResponse(protocols=PROTOCOLS, max_msg_size=broker.max_frame)
     await ws.prepare(request)
     peer = HttpPeer(peer_of(request), None if user is None else user.name)
@@ -79,7 +96,7 @@ async def serve(request: web.Request, api: Api) -> web.StreamResponse:
         if protocol == "publish":
             await _publish(ws, api, encoding)
         else:
-            await _consume(ws, api, peer, encoding, "ack" in request.query, limit or None)
+            await _consume(ws, api, peer, encoding, "ack" in query, limit)
     except _Closed as err:
         code, text = err.args
         if not ws.closed:
@@ -102,6 +119,10 @@ async def _messages(ws: web.WebSocketResponse):
             return
 
 
+def _empty(message: Any) -> bool:
+    return not message.data
+
+
 def _json_object(message: Any) -> dict[str, Any]:
     if message.type is not WSMsgType.TEXT:
         raise _Closed(400, "expected a JSON object as a text message")
@@ -114,65 +135,92 @@ def _json_object(message: Any) -> dict[str, Any]:
     return item
 
 
-async def _publish(ws: web.WebSocketResponse, api: Api, encoding: str) -> None:
-    broker = api.broker
-    pending: collections.deque[tuple[int, asyncio.Future[None] | None, str | None]] = collections.deque()
+def metadata_headers(item: dict[str, Any]) -> dict[str, str]:
+    """The STOMP headers of a published message's metadata: `Content-Type` is its
+    content-type and each `x-msg-NAME` its header NAME (Narconi's x-msg-x-NAME: x-NAME);
+    other properties (`message`) are not headers."""
+    headers = {}
+    for key, value in item.items():
+        lower = key.lower()
+        if lower != "content-type" and not (lower.startswith(PREFIX) and len(lower) > len(PREFIX)):
+            continue
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise BadMessage(f"metadata {key[:40]!r} must be a string")
+        headers["content-type" if lower == "content-type" else lower[len(PREFIX) :]] = str(value)
+    return headers
+
+
+def _body(message: Any, encoding: str | None) -> bytes:
+    """A payload message as bytes: binary as it is, text as UTF-8 (or in `encoding`)."""
+    data = message.data
+    if isinstance(data, bytes):
+        return data
+    return decode_body(data, encoding or "utf-8")
+
+
+async def _publish(ws: web.WebSocketResponse, api: Api, encoding: str | None) -> None:
+    broker, settings = api.broker, api.settings
+    pending: collections.deque[asyncio.Future[None] | tuple[int, str]] = collections.deque()
     wake = asyncio.Event()
     room = asyncio.Event()
     room.set()
     finished = False
 
     async def confirm() -> None:
-        """Confirmations (or refusals) in the order of the messages."""
+        """One empty message per message stored, or its error, in the order they came."""
         while pending or not finished:
             if not pending:
                 wake.clear()
                 await wake.wait()
                 continue
-            seq, stored, refusal = pending[0]
-            if stored is not None:
+            stored = pending[0]
+            answer: dict[str, object] | None = None
+            if isinstance(stored, tuple):
+                answer = {"code": stored[0], "error": stored[1]}
+            else:
                 try:
                     await stored
-                    answer: dict[str, object] = {"confirmed": seq}
                 except NotStored as err:
-                    answer = {"code": 503, "error": f"not stored: {err}; send it again", "seq": seq}
-            else:
-                answer = {"code": 400, "error": refusal, "seq": seq}
+                    answer = {"code": 503, "error": f"not stored: {err}; send it again"}
             pending.popleft()
             if len(pending) < MAX_UNCONFIRMED:
                 room.set()
             if not ws.closed:
-                await ws.send_json(answer)
+                await (ws.send_str("") if answer is None else ws.send_json(answer))
+
+    def store(headers: dict[str, str], body: bytes) -> asyncio.Future[None] | tuple[int, str]:
+        """The broker's future for a message, or the error that takes its place."""
+        if len(body) > settings.max_message:
+            text = f"a message of {len(body)} bytes is over the limit of {settings.max_message} bytes"
+            return 413, text + " (-narconi-max-message)"
+        try:
+            return broker.publish(api.stored_headers(headers), body)
+        except Refusal as err:
+            return err.status, err.error
+        except Refused as err:
+            return refused(err).status, f"{err.message}: {err}"
 
     confirmer = asyncio.get_running_loop().create_task(confirm())
-    seq = 0
     metadata: dict[str, str] | None = None
     try:
         async for message in _messages(ws):
             if metadata is None:
-                item = _json_object(message)
-                if "message" not in item:
-                    try:
-                        metadata = json_headers(item)
-                    except BadMessage as err:
-                        raise _Closed(400, str(err)) from None
-                    continue
+                item = {} if _empty(message) else _json_object(message)
                 try:
-                    headers, body = json_headers(item.get("headers")), decode_body(item["message"], encoding)
+                    headers = metadata_headers(item)
+                    if "message" not in item:
+                        metadata = headers
+                        continue
+                    body = decode_body(item["message"], encoding or "utf-8")
                 except BadMessage as err:
                     raise _Closed(400, str(err)) from None
             else:
                 headers, metadata = metadata, None
-                data = message.data
                 try:
-                    body = data if isinstance(data, bytes) else decode_body(data, encoding)
+                    body = _body(message, encoding)
                 except BadMessage as err:
                     raise _Closed(400, str(err)) from None
-            seq += 1
-            try:
-                pending.append((seq, broker.publish(headers, body), None))
-            except Refused as err:
-                pending.append((seq, None, f"{err.message}: {err}"))
+            pending.append(store(headers, body))
             wake.set()
             if len(pending) >= MAX_UNCONFIRMED:
                 room.clear()
@@ -183,52 +231,93 @@ async def _publish(ws: web.WebSocketResponse, api: Api, encoding: str) -> None:
         await confirmer
 
 
+def consumed_metadata(rec: Record, stored: dict[str, str], acks: bool) -> dict[str, object]:
+    """The metadata message of a consumed message (Narconi's, and Curb's x-curb-*)."""
+    item: dict[str, object] = {
+        "Content-Type": stored.get("content-type", DEFAULT_TYPE),
+        "timestamp": rec.timestamp_ms,
+        "redelivered": rec.deliveries > 1,
+    }
+    if acks:
+        item["ackId"] = str(rec.id)
+    for name, value in stored.items():
+        if name != "content-type":
+            item[PREFIX + name] = value
+    item["x-curb-id"] = rec.id
+    item["x-curb-deliveries"] = rec.deliveries
+    return item
+
+
 async def _consume(
-    ws: web.WebSocketResponse, api: Api, peer: HttpPeer, encoding: str, acks: bool, limit: int | None
+    ws: web.WebSocketResponse, api: Api, peer: HttpPeer, encoding: str | None, acks: bool, limit: int
 ) -> None:
     broker = api.broker
     out: collections.deque[tuple[Record, bytes]] = collections.deque()
+    held = 0  # bytes in `out`
+    blocked = False
     wake = asyncio.Event()
 
     def delivered(sub: Subscription[Any, Record], rec: Record, data: bytes | memoryview) -> None:
+        nonlocal held, blocked
         out.append((rec, bytes(data)))
+        held += len(data)
+        if held >= OUTPUT_LIMIT and not blocked:
+            blocked = True
+            broker.set_writable(peer, False)
         wake.set()
 
     async def send() -> None:
+        nonlocal held, blocked
         while not ws.closed:
             if not out:
                 wake.clear()
                 await wake.wait()
                 continue
             rec, data = out.popleft()
-            item = as_json(data, encoding)
-            item["ackId"] = rec.id
-            item["deliveries"] = rec.deliveries
-            await ws.send_json(item)
+            stored, body = payload.decode(data)
+            item = consumed_metadata(rec, stored, acks)
+            if encoding is not None:
+                try:
+                    item["message"] = encode_body(body, encoding)
+                except BadMessage:  # a body that is not UTF-8, asked for as utf-8
+                    item["message"], item["x-curb-encoding"] = encode_body(body, "base64"), "base64"
+                await ws.send_json(item)
+            else:
+                await ws.send_json(item)
+                await ws.send_bytes(bytes(body))
+            held -= len(data)
             if not acks:
                 broker.ack(peer, rec.id)
-                broker.pump()
+            if blocked and held < OUTPUT_LIMIT // 4:
+                blocked = False
+                broker.set_writable(peer, True)
+            broker.pump()
 
     peer.on_deliver = delivered
-    sub = broker.subscribe(peer, SUB_ID, "client-individual", limit, None if acks else 0)
+    sub = broker.subscribe(peer, SUB_ID, "client-individual", limit if acks else AUTO_WINDOW, None if acks else 0)
     sender = asyncio.get_running_loop().create_task(send())
     try:
         broker.pump()
         async for message in _messages(ws):
+            if _empty(message):  # the client stops: nothing new, what it has it settles
+                broker.unsubscribe(peer, SUB_ID)
+                continue
             item = _json_object(message)
             try:
                 if "ackId" in item:
                     broker.ack(peer, _id(item["ackId"]))
                 elif "ackToId" in item:
                     upto = _id(item["ackToId"])
+                    if upto not in sub.unacked:
+                        raise QueueError(f"unrecognized acknowledgment ID {upto}", "")
                     for msg_id in [i for i in sub.unacked if i <= upto]:
                         broker.ack(peer, msg_id)
                 else:
-                    raise QueueError('send {"ackId": ID} or {"ackToId": ID}', "")
+                    raise _Closed(400, 'send {"ackId": ID} or {"ackToId": ID}, or an empty message to stop')
             except Late as err:
                 await ws.send_json({"code": 410, "error": str(err)})
             except QueueError as err:
-                await ws.send_json({"code": 400, "error": str(err)})
+                raise _Closed(400, f"unrecognized acknowledgment ID: {err}") from None
             broker.pump()
     finally:
         sender.cancel()
@@ -237,5 +326,5 @@ async def _consume(
 
 def _id(raw: object) -> int:
     if isinstance(raw, bool) or not isinstance(raw, int | str) or not str(raw).isdigit():
-        raise QueueError(f"ack id {str(raw)[:40]!r} is not a message id (a whole number)", "")
+        raise QueueError(f"ack id {str(raw)[:40]!r} is not a message id (a whole number, as a string)", "")
     return int(raw)

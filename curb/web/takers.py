@@ -42,6 +42,7 @@ class Taken:
     id: int
     payload: bytes
     deliveries: int
+    timestamp_ms: int  # when it was published
     sub: Subscription[Any, Record]
 
 
@@ -67,7 +68,7 @@ class Takers:
         got: asyncio.Future[Taken] = asyncio.get_running_loop().create_future()
 
         def delivered(sub: Subscription[Any, Record], rec: Record, data: bytes | memoryview) -> None:
-            got.set_result(Taken(rec.id, bytes(data), rec.deliveries, sub))
+            got.set_result(Taken(rec.id, bytes(data), rec.deliveries, rec.timestamp_ms, sub))
 
         peer.on_deliver = delivered
         broker.subscribe(peer, SUB_ID, "client-individual", 1, ack_timeout)
