@@ -89,6 +89,27 @@ def close_code(sock: socket.socket) -> int | None:
     return None
 
 
+def test_an_error_on_ws_reaches_a_client_that_is_still_sending(tmp_path):
+    """The broker answers a bad frame with ERROR and closes; a client still sending frames
+    then must get the ERROR and the close frame, not a reset that drops them (stompjs
+    would see close 1006 and never the reason)."""
+    with running(tmp_path) as web:
+        sock = upgrade(web.http_port)
+        sock.sendall(frame(b"CONNECT\naccept-version:1.2\n\n\x00"))
+        sock.sendall(frame(b"BOGUS\n\n\x00"))  # an ERROR, and the broker closes
+        for _ in range(200):  # the client goes on sending, not yet reading
+            with contextlib.suppress(OSError):
+                sock.sendall(frame(b"SEND\ndestination:/queue/a\n\n" + b"x" * 2000 + b"\x00"))
+        time.sleep(0.5)
+        received = b""
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                received += chunk
+        sock.close()
+        assert b"ERROR" in received, received[:300]
+        assert b"\x88" in received, "no close frame"  # FIN + opcode 8
+
+
 def test_a_websocket_that_never_reads_holds_a_bounded_output_and_others_are_served(tmp_path):
     body = b"x" * (64 << 10)
     with running(tmp_path, cap=64 << 20) as web:
