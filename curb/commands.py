@@ -213,7 +213,12 @@ def on_unsubscribe(session: Session, frame: Frame) -> None:
         messages.dead_sub = None
         session.broker.unsubscribe(session, sub_id, dead=True)
     else:
-        session.broker.unsubscribe(session, sub_id)
+        try:
+            session.broker.unsubscribe(session, sub_id)
+        except QueueError:
+            if sub_id not in messages.ended:
+                raise
+            messages.ended.remove(sub_id)  # it crossed the browse's end marker: already over
     session.line.at_once(frame.headers.get("receipt"))
 
 

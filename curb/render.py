@@ -18,6 +18,7 @@ never copied into its frame; shorter ones are cheaper to copy than to send apart
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 VIEW_BODY = 64 * 1024
 BROWSE_END = "browse-end"  # the message-id of a browse's end marker
 NO_PAYLOAD = b"\n"  # no kept headers, an empty body
+ENDED_KEPT = 16  # ended browses whose ids an UNSUBSCRIBE may still name
 FIRST_DELIVERY = b"curb-deliveries:1\n"  # the count a first delivery's MESSAGE carries
 Write = Callable[[Piece, bool], None]  # (data, whether a frame ends with it)
 
@@ -67,6 +69,9 @@ class Messages:
         self._broker, self._peer, self._write, self._output = broker, peer, write, output
         self.prefixes: dict[Subscription[Peer, Record], bytes] = {}
         self.browses: dict[str, tuple[Browse | DeadBrowse, bytes]] = {}  # sub id -> browse, MESSAGE prefix
+        # The ids of the last browses that ended by their end marker: an UNSUBSCRIBE of one
+        # crossed the marker on the wire (the client could not know), and is no error.
+        self.ended: collections.deque[str] = collections.deque(maxlen=ENDED_KEPT)
         self.count_sub: str | None = None
         self.dead_sub: str | None = None  # the id of its ./dead subscription
         self._count_prefix = b""
@@ -106,6 +111,7 @@ class Messages:
             if step.done:
                 write_message(self._write, browse_end_head(prefix, browse.to_id), NO_PAYLOAD)
                 del self.browses[sub_id]
+                self.ended.append(sub_id)
                 self._broker.end_browse(browse)
             elif not step.waiting:
                 more = True

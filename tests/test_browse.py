@@ -151,6 +151,20 @@ def test_unsubscribe_stops_a_browse_early() -> None:
     assert not world.log.browses.active  # the log no longer tells it of copies
 
 
+def test_an_unsubscribe_that_crosses_the_end_marker_is_no_error(world: MemWorld) -> None:
+    """The browse ended (its end marker on the wire) as the client, having seen enough,
+    sent UNSUBSCRIBE: the client could not know, so it gets its RECEIPT, not an ERROR.
+    Once: a second UNSUBSCRIBE of that id names nothing."""
+    peer = world.peer()
+    peer.produce([b"a"])
+    assert ids(browse(peer)) == ["1", BROWSE_END]
+    peer.send("UNSUBSCRIBE", id="b", receipt="u")
+    assert [f.command for f in peer.frames()] == ["RECEIPT"]
+    peer.send("UNSUBSCRIBE", id="b")
+    [error] = peer.frames()
+    assert error.command == "ERROR" and "no active subscription" in error.headers["message"]
+
+
 def test_browse_streams_only_while_the_transport_takes_output() -> None:
     world = MemWorld(cap=1 << 20)
     peer = world.peer()
