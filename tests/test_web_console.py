@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ import pytest
 from conftest import wait_until
 from webrig import running, users_file
 from websockets.sync.client import ClientConnection, connect
+
+from curb.redelivery import Redelivery
 
 pytestmark = pytest.mark.slow
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
@@ -55,8 +58,9 @@ class Page:
     def text(self, element_id: str) -> str | None:
         return self.evaluate(f"document.getElementById({element_id!r})?.textContent")
 
-    def screenshot(self, path: Path) -> None:
-        data = self.command("Page.captureScreenshot", self.session, format="png")["data"]
+    def screenshot(self, path: Path, clip: dict[str, float] | None = None) -> None:
+        extra = {} if clip is None else {"clip": {**clip, "scale": 1}, "captureBeyondViewport": True}
+        data = self.command("Page.captureScreenshot", self.session, format="png", **extra)["data"]
         path.write_bytes(base64.b64decode(data))
 
 
@@ -156,3 +160,55 @@ def test_the_console_logs_in_under_users_and_a_page_from_elsewhere_is_refused(ch
             "ws.onopen = () => done('open'); ws.onerror = () => done('refused'); })"
         )
         assert status == "refused"  # about:blank's origin is not the broker's
+
+
+def test_the_console_shows_every_state_charts_rates_lists_dead_letters_and_redrives_them(
+    chromium, stomp_conn, tmp_path
+):
+    with running(tmp_path, redelivery=Redelivery(delay_ms=0, max_deliveries=1)) as web:
+        page = Page(chromium, f"{web.base}/")
+        assert wait_until(lambda: page.text("status") == "live", timeout=20), page.text("status")
+        producer, inbox = stomp_conn(web.stomp_port)
+        for i in range(3):
+            producer.send("/queue/curb", f"poison {i}", receipt=f"p{i}")
+        producer.send("/queue/curb", "later", headers={"curb-delay": "3600000", "receipt": "d"})
+        inbox.wait_receipt("d")
+        consumer, got = stomp_conn(web.stomp_port)
+        consumer.subscribe("/queue/curb", id="c", ack="client-individual")
+        for message in got.wait_messages(3):
+            consumer.nack(message.headers["message-id"], "c")  # past -max-deliveries 1: dead letters
+        assert wait_until(lambda: page.text("dead") == "3", timeout=10), page.text("dead")
+        assert page.text("delayed") == "1" and "MiB" in (page.text("log-use") or "")
+        page.evaluate("document.getElementById('browse-dead').click()")
+        rows = "[...document.querySelectorAll('#dead-letters tbody tr')].map(r => [...r.cells].map(c => c.textContent).join('|')).join(',')"
+        want = ",".join(f"{i + 1}|max-deliveries|1|poison {i}" for i in range(3))
+        assert wait_until(lambda: page.evaluate(rows) == want), page.evaluate(rows)
+        drawn = "(() => { const d = document.getElementById('chart').getContext('2d').getImageData(0, 0, 900, 180).data; let n = 0; for (let i = 3; i < d.length; i += 4) n += d[i] > 0; return n; })()"
+        assert wait_until(lambda: page.evaluate(drawn) > 100)  # the rates' lines are drawn
+        consumer.unsubscribe("c")
+        page.evaluate("document.getElementById('redrive').click()")
+        assert wait_until(lambda: page.text("redriven") == "3 moved back to the queue"), page.text("redriven")
+        assert wait_until(lambda: page.text("dead") == "0" and page.text("rdy") == "3", timeout=10)
+        # each panel renders: a screenshot of every section holds more than a blank area
+        boxes = page.evaluate(
+            "[...document.querySelectorAll('main section')].map(s => { const r = s.getBoundingClientRect();"
+            " return {x: r.x, y: r.y + window.scrollY, width: r.width, height: r.height}; })"
+        )
+        assert len(boxes) == 7
+        for n, box in enumerate(boxes):
+            shot = tmp_path / f"panel-{n}.png"
+            page.screenshot(shot, box)
+            assert drawn_on(shot), n
+
+
+def drawn_on(png: Path) -> bool:
+    """Whether a screenshot shows more than one flat colour: its pixel rows (PNG's
+    IDAT, inflated) hold many distinct byte values, where a blank area holds a few."""
+    data, chunks, at = png.read_bytes(), [], 8
+    assert data.startswith(b"\x89PNG")
+    while at < len(data):
+        size = int.from_bytes(data[at : at + 4], "big")
+        if data[at + 4 : at + 8] == b"IDAT":
+            chunks.append(data[at + 8 : at + 8 + size])
+        at += 12 + size
+    return len(set(zlib.decompress(b"".join(chunks)))) > 16

@@ -58,8 +58,12 @@ def snapshot(broker: Broker, metrics: Metrics, last: dict[str, float]) -> dict[s
                 "inflight": 0 if sub is None else len(sub.unacked),
             }
         )
+    gauges = broker.gauges()
     return {
         **counts,
+        "live_bytes": gauges["live_bytes"],
+        "log_bytes": gauges["log_bytes"],
+        "cap": gauges["cap"],
         "connections": len(broker.sessions),
         "rates": {name: round(value, 1) for name, value in rates.items()},
         "totals": totals,

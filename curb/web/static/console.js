@@ -40,7 +40,7 @@ class Stomp {
         onReady();
       }
       else if (command === "MESSAGE") this.subscriptions.get(headers.subscription)?.(headers, body);
-      else if (command === "RECEIPT") this.receipts.get(headers["receipt-id"])?.();
+      else if (command === "RECEIPT") this.receipts.get(headers["receipt-id"])?.(headers);
       else if (command === "ERROR") onError(`${headers.message}: ${body}`);
     };
     this.ws.onclose = () => onError("the STOMP connection closed");
@@ -77,9 +77,43 @@ function cell(row, text, pre = false) {
   } else td.textContent = text;
 }
 
+const CHART_POINTS = 300; // five minutes of the feed's (at most) once-a-second snapshots
+const CHART = { sent: "#1565c0", delivered: "#2e7d32", acked: "#ef6c00" };
+const history = []; // [{at, sent, delivered, acked}], oldest first
+
+function chart(snapshot) {
+  const now = Date.now();
+  const last = history[history.length - 1];
+  if (last === undefined || now - last.at >= 1000) history.push({ at: now, ...snapshot.rates });
+  while (history.length > CHART_POINTS) history.shift();
+  const canvas = $("chart");
+  const g = canvas.getContext("2d");
+  g.clearRect(0, 0, canvas.width, canvas.height);
+  const top = Math.max(1, ...history.flatMap((p) => Object.keys(CHART).map((k) => p[k])));
+  g.fillStyle = "#666";
+  g.fillText(`${top}/s`, 4, 12);
+  for (const [name, color] of Object.entries(CHART)) {
+    g.strokeStyle = color;
+    g.beginPath();
+    history.forEach((p, i) => {
+      const x = (canvas.width * (i + CHART_POINTS - history.length)) / (CHART_POINTS - 1);
+      const y = canvas.height - 2 - ((canvas.height - 16) * p[name]) / top;
+      if (i === 0) g.moveTo(x, y);
+      else g.lineTo(x, y);
+    });
+    g.stroke();
+  }
+}
+
+function mib(bytes) {
+  return (bytes / (1 << 20)).toFixed(1);
+}
+
 function show(snapshot) {
-  for (const key of ["rdy", "wip", "subscriptions", "connections"]) $(key).textContent = snapshot[key];
+  for (const key of ["rdy", "wip", "delayed", "dead", "subscriptions", "connections"]) $(key).textContent = snapshot[key];
+  $("log-use").textContent = `${mib(snapshot.log_bytes)} / ${mib(snapshot.cap)} MiB`;
   for (const [name, rate] of Object.entries(snapshot.rates)) $(`rate-${name}`).textContent = rate;
+  chart(snapshot);
   const body = $("clients").tBodies[0];
   body.replaceChildren();
   for (const client of snapshot.clients) {
@@ -118,7 +152,10 @@ function askLogin(error) {
 
 function connectStomp() {
   stomp = new Stomp(
-    () => browse(),
+    () => {
+      browse();
+      browseDead();
+    },
     (error) => {
       $("published").textContent = error;
       $("published").className = "error";
@@ -154,6 +191,45 @@ function browse() {
   stomp.frame("SUBSCRIBE", { id, destination: "/queue/curb", browser: "true" });
 }
 
+let deadBrowsing = null;
+
+// The dead letters, oldest first (a browse of ./dead: nothing changes), with their reason and count.
+function browseDead() {
+  if (deadBrowsing !== null && stomp.subscriptions.delete(deadBrowsing)) stomp.frame("UNSUBSCRIBE", { id: deadBrowsing });
+  const id = (deadBrowsing = `dead-${++browses}`);
+  const body = $("dead-letters").tBodies[0];
+  body.replaceChildren();
+  let shown = 0;
+  stomp.subscriptions.set(id, (headers, text) => {
+    if (headers.browser === "end" || shown >= BROWSE_SHOWN) {
+      stomp.subscriptions.delete(id);
+      if (headers.browser !== "end") stomp.frame("UNSUBSCRIBE", { id });
+      return;
+    }
+    shown += 1;
+    const row = body.insertRow();
+    cell(row, headers["message-id"]);
+    cell(row, headers["curb-dead-reason"] ?? "");
+    cell(row, headers["curb-deliveries"] ?? "");
+    cell(row, text, true);
+  });
+  stomp.frame("SUBSCRIBE", { id, destination: "./dead", browser: "true" });
+}
+
+let redrives = 0;
+
+function redrive() {
+  const receipt = `redrive-${++redrives}`;
+  $("redriven").textContent = "redriving…";
+  stomp.receipts.set(receipt, (headers) => {
+    stomp.receipts.delete(receipt);
+    $("redriven").textContent = `${headers["curb-moved"]} moved back to the queue`;
+    browseDead();
+    browse();
+  });
+  stomp.frame("SEND", { destination: "./redrive", receipt });
+}
+
 let sends = 0;
 
 function publish(event) {
@@ -173,6 +249,8 @@ function publish(event) {
 function start() {
   $("publish").addEventListener("submit", publish);
   $("browse").addEventListener("click", () => browse());
+  $("browse-dead").addEventListener("click", () => browseDead());
+  $("redrive").addEventListener("click", () => redrive());
   $("login").addEventListener("submit", (event) => {
     event.preventDefault();
     credentials = { login: $("login").login.value, passcode: $("login").passcode.value };
