@@ -212,8 +212,67 @@ function browseDead() {
     cell(row, headers["curb-dead-reason"] ?? "");
     cell(row, headers["curb-deliveries"] ?? "");
     cell(row, text, true);
+    const button = document.createElement("button");
+    button.textContent = "Delete";
+    button.className = "delete";
+    const position = shown;
+    button.addEventListener("click", () => deleteDead(headers["message-id"], position));
+    row.insertCell().appendChild(button);
   });
   stomp.frame("SUBSCRIBE", { id, destination: "./dead", browser: "true" });
+}
+
+// Delete one dead letter for good: read ./dead (oldest first) as far as it, stop reading,
+// give back the ones before it (a NACK on ./dead leaves a letter dead) and ACK it.
+function deleteDead(messageId, position) {
+  const id = `delete-${++browses}`;
+  const held = [];
+  let found = false;
+  $("redriven").textContent = `deleting ${messageId}…`;
+  // Stop reading; letters sent before the broker had the UNSUBSCRIBE come before its
+  // RECEIPT and are given back as they come (`found`), then the subscription is forgotten.
+  const unsubscribe = () => {
+    found = true;
+    const receipt = `stopped-${id}`;
+    stomp.receipts.set(receipt, () => {
+      stomp.receipts.delete(receipt);
+      stomp.subscriptions.delete(id);
+    });
+    stomp.frame("UNSUBSCRIBE", { id, receipt });
+    for (const ack of held) stomp.frame("NACK", { id: ack });
+  };
+  const stop = (text) => {
+    $("redriven").textContent = text;
+    browseDead();
+  };
+  const timer = setTimeout(() => {
+    unsubscribe();
+    stop(`${messageId} not found (held by a reader of ./dead?)`);
+  }, 5000);
+  stomp.subscriptions.set(id, (headers) => {
+    if (found) {
+      stomp.frame("NACK", { id: headers.ack }); // sent before the broker had the UNSUBSCRIBE
+      return;
+    }
+    if (headers["message-id"] !== messageId) {
+      held.push(headers.ack);
+      return;
+    }
+    clearTimeout(timer);
+    unsubscribe(); // first: what is given back is not handed to it again
+    const receipt = `deleted-${id}`;
+    stomp.receipts.set(receipt, () => {
+      stomp.receipts.delete(receipt);
+      stop(`${messageId} deleted`);
+    });
+    stomp.frame("ACK", { id: headers.ack, receipt });
+  });
+  stomp.frame("SUBSCRIBE", {
+    id,
+    destination: "./dead",
+    ack: "client-individual",
+    "prefetch-count": String(position),
+  });
 }
 
 let redrives = 0;
