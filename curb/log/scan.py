@@ -12,9 +12,15 @@ A message may occur more than once: compaction copies held messages forward, mar
 each copy as one (curb.record's COPY_FLAG). The last occurrence in write order is the
 message and the earlier ones are dead. Fresh messages are written in id order, so a
 copy's original lies in the walk exactly when its id is at least the first fresh id
-walked; then the original was counted and is uncounted when the copy is met. `last` maps
-each copied id to the offset of its last occurrence; it holds only copied messages, never
-an entry per queued message. `classes` counts live records by size class (bit length), so
+walked; then the original was counted and is uncounted when the copy is met. A copy
+supersedes an earlier occurrence in the walk when its original lies there, or an earlier
+copy does: one in `last` or in `copied`. `last` maps a copied id to the offset of its
+last occurrence, for the copies that supersede one and for those counted as messages
+(the cursor needs both: curb.log.cursor); `copied` (curb.log.idset, 8 bytes an id) holds
+the other copies, parked or acked ones with no earlier occurrence, which is what a dead
+letter buried while running leaves: so a million of those cost no dict entry each, and
+the walk adds them to the index in batches like originals. Neither holds an entry per
+queued message. `classes` counts live records by size class (bit length), so
 the log knows how large its largest live record may be. A message whose id is at most the
 checkpoint's ack-up-to watermark is dead whatever its record's state says: it counts as
 acked.
@@ -41,6 +47,7 @@ from dataclasses import dataclass
 from curb import payload as stored
 from curb.log import record as fmt
 from curb.log.disk import Disk, FileDisk
+from curb.log.idset import IdSet
 from curb.log.marks import Marks
 from curb.log.parked import DELAYED, EXP, MAX, Parked
 from curb.log.reader import RecordReader
@@ -108,6 +115,7 @@ class Scan:
         self.upto = ckpt.acked_upto
         self.first_fresh: int | None = None
         self.last: dict[int, int] = {}
+        self.copied = IdSet()
         self.messages = 0
         self.acked = 0
         self.live_bytes = 0
@@ -159,16 +167,10 @@ class Scan:
 
     def _count(self, state: bytes, msg_id: int, size: int, pos: int, copy: bool, due_ms: int = 0) -> None:
         if msg_id <= self.upto:
-            state = STATE_ACK
+            state = STATE_ACK  # (a copy: dead, and so is its original: neither counted as live)
         if copy:
-            if msg_id <= self.upto:
-                pass  # dead, and so is its original: neither counted as live
-            else:
-                if msg_id in self.last or (self.first_fresh is not None and self.first_fresh <= msg_id <= self.max_id):
-                    self.messages -= 1
-                    self.live_bytes -= size
-                    self.classes.remove(size)
-                self.last[msg_id] = pos
+            if msg_id > self.upto:
+                self._copy(msg_id, size, pos, state == STATE_RDY and due_ms <= self.now_ms)
         else:
             self.max_id = max(self.max_id, msg_id)
             if self.first_fresh is None:
@@ -183,6 +185,21 @@ class Scan:
         else:
             self.acked += 1
             self.dead_bytes += size
+
+    def _copy(self, msg_id: int, size: int, pos: int, counted: bool) -> None:
+        """A copy of a message not acked up to the watermark: it supersedes the message's
+        earlier occurrence in the walk, if any (uncounted here; a parked one is dropped
+        by `_drop_superseded`). `counted`: the copy counts as a message."""
+        fresh = self.first_fresh
+        if msg_id in self.last or (fresh is not None and fresh <= msg_id <= self.max_id) or msg_id in self.copied:
+            self.messages -= 1
+            self.live_bytes -= size
+            self.classes.remove(size)
+            self.last[msg_id] = pos
+        elif counted:
+            self.last[msg_id] = pos
+        else:
+            self.copied.add(msg_id)
 
     def _walk(self, trust_until: int | None) -> Iterator[tuple[int, RecordHeader, bytes, int]]:
         """Phase 1: the checkpoint's region; phase 2: records written after it. With
@@ -270,7 +287,8 @@ class Scan:
         own length may be the damage, so the checked path starts again at that record
         (a damaged length must not make the walk skip the records after it). The
         recovery of a large log spends its time here, so it is one flat loop with local
-        counts; copies (rare) go through `_count`, parked records to `parked`."""
+        counts; parked records go to `parked` in batches, and so do parked copies that
+        supersede nothing (`copied`); other copies (rare) go through `_count`."""
         reader, end, max_size = self.reader, self.end, self.reader.max_size
         buf, base = reader.buf, reader.base
         rdy, ack, pad = STATE_RDY, STATE_ACK, STATE_PAD
@@ -278,6 +296,7 @@ class Scan:
         acked = dead_bytes = 0
         max_id = self.max_id
         upto = self.upto
+        last, copied = self.last, self.copied
         marks = self.marks
         now_ms = self.now_ms
         # Parked records met, in ring order, added to the index in one go (`_park_batch`).
@@ -322,17 +341,25 @@ class Scan:
             odd = False
             if held is not None:
                 h_state, h_id, h_size, h_pos, h_copy, h_wseq, h_due = held
-                if h_copy:
+                fresh = self.first_fresh
+                if h_copy and (
+                    h_id <= upto
+                    or (h_state == rdy and h_due <= now_ms)
+                    or h_id in last
+                    or (fresh is not None and fresh <= h_id <= max_id)
+                    or not copied.add(h_id)
+                ):
                     self.max_id = max_id
                     self._park_batch(batch)  # in ring order: those before it first
                     self._count(h_state, h_id, h_size, h_pos, True, h_due)
-                else:
-                    if h_id > max_id:
-                        if h_wseq >= 0 and marks.due(h_pos):  # (the record before may have taken it)
-                            marks.add(h_id, h_pos, h_wseq)
-                        max_id = h_id
-                    if self.first_fresh is None:
-                        self.first_fresh = h_id
+                else:  # an original, or a copy parked or acked that supersedes nothing
+                    if not h_copy:
+                        if h_id > max_id:
+                            if h_wseq >= 0 and marks.due(h_pos):  # (the record before may have taken it)
+                                marks.add(h_id, h_pos, h_wseq)
+                            max_id = h_id
+                        if fresh is None:
+                            self.first_fresh = h_id
                     if h_id <= upto or h_state == ack:
                         acked += 1
                         dead_bytes += h_size

@@ -1,0 +1,170 @@
+"""Recovery's walk over copies (curb.log.scan): a copy that supersedes no earlier
+occurrence in the walk, what a dead letter buried while running leaves, is kept in the
+compact `copied` set, not in `last`; one that supersedes an earlier occurrence still
+drops it, on the checked path and the skimmed one. And the compact id set itself
+(curb.log.idset) against a Python set."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from simdisk import SimDisk
+
+from curb.log import LogCore, Record
+from curb.log import record as fmt
+from curb.log import scan as scan_module
+from curb.log.idset import LOOSE, RUNS, IdSet
+from curb.log.record import RING_START
+from curb.log.scan import Scan
+
+WALL = 1_700_000_000_000
+CAP = 256 * 1024
+
+
+class World:
+    """A LogCore on a SimDisk with a wall clock the test holds still."""
+
+    def __init__(self, disk: SimDisk | None = None):
+        self.disk = disk if disk is not None else SimDisk(random.Random(5))
+        self.now = 0.0
+        self.log = LogCore(self.disk, CAP, clock=lambda: self.now, wall_ms=lambda: WALL)
+
+    def settle(self) -> None:
+        for _ in range(6):
+            self.now += 0.06
+            self.log.flush()
+            self.log.sync()
+
+    def restart(self) -> World:
+        return World(self.disk.crash("power"))
+
+    def send(self, n: int) -> Record:
+        return self.log.append(b"x-n:%d\n\n" % n + b"b" * 40)
+
+    def take(self) -> Record:
+        rec = self.log.next_ready()
+        assert rec is not None
+        self.log.delivered(rec)
+        return rec
+
+    def bury(self, rec: Record) -> None:
+        """The holder buries the message and lets go of it: the log copies it to the head."""
+        self.log.bury(rec, "max-deliveries")
+        self.log.keep_dead(rec)
+        self.settle()
+
+    def scan(self) -> Scan:
+        """Recovery's walk over the disk as it is now (it writes nothing)."""
+        ckpt = fmt.latest_checkpoint(self.disk.pread(RING_START, 0))
+        scan = Scan(self.disk, ckpt, self.log.end, now_ms=WALL)
+        scan.run()
+        return scan
+
+
+def test_a_dead_letter_buried_while_running_leaves_a_copy_that_costs_no_dict_entry():
+    """The copy supersedes nothing in the walk (the tail passed its original): it is
+    indexed like any parked record and `last` stays empty, so a million of them cost the
+    index's bytes and no more."""
+    w = World()
+    for n in range(5):
+        w.send(n)
+    w.settle()
+    held = [w.take() for _ in range(5)]
+    keep = w.send(99)  # unread: the tail stops here, past the originals
+    w.settle()
+    for rec in held:
+        w.bury(rec)
+    scan = w.scan()
+    assert scan.first_fresh == keep.id, "the walk starts past the originals: the test proves nothing"
+    assert scan.last == {} and sorted(scan.copied.runs[0]) == [rec.id for rec in held]
+    assert (scan.messages, scan.parked.dead) == (1, 5)
+    w2 = w.restart()
+    assert w2.log._cursor.last == {} and w2.log.dead == 5
+    assert [rec.id for rec in iter(w2.log.next_ready, None)] == [keep.id]
+    assert sorted(mid for mid in w2.log.dead_letters()[0]) == [rec.id for rec in held]
+
+
+def walk(records: list[tuple[bytes, int, bool]], skim: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[Scan, list[int]]:
+    """Recovery's walk over a log holding `records` (state, id, copy) from its checkpoint's
+    tail, in that order; with `skim`, by headers alone (as for all but the newest 4 MiB of
+    a large log). Returns the scan and the records' offsets."""
+    image = bytearray(fmt.initial_header(CAP))
+    offsets = []
+    for wseq, (state, mid, copy) in enumerate(records, 1):
+        offsets.append(len(image))
+        payload = b"x-n:%d\n\nbody" % wseq
+        image += b"".join(fmt.record_bytes(fmt.encode_record(state, 1, mid, wseq, WALL, payload, copy), payload))
+    ckpt = fmt.Checkpoint(2, RING_START, len(image), 100, len(records) + 1)
+    slot = ckpt.encode()
+    image[fmt.SLOT_OFFSETS[0] : fmt.SLOT_OFFSETS[0] + len(slot)] = slot
+    if skim:
+        monkeypatch.setattr(scan_module, "VERIFY_NEAR_HEAD", 0)
+    scan = Scan(SimDisk(random.Random(1), image=bytes(image)), ckpt, CAP, now_ms=WALL)
+    scan.run()
+    return scan, offsets
+
+
+MAX, RDY, ACK = fmt.STATE_MAX, fmt.STATE_RDY, fmt.STATE_ACK
+
+
+@pytest.mark.parametrize("skim", [False, True], ids=["checked", "skimmed"])
+def test_copies_supersede_exactly_their_earlier_occurrences_in_the_walk(skim: bool, monkeypatch: pytest.MonkeyPatch):
+    """Message 5's original lies before the walk; message 7's in it. A copy with no
+    earlier occurrence goes to `copied`; one with an earlier occurrence (an original, a
+    copy in `copied` or in `last`) is the message in `last`, and the earlier one is
+    uncounted or its parked entry dropped."""
+    scan, at = walk(
+        [(MAX, 5, True), (RDY, 7, False), (MAX, 5, True), (MAX, 7, True), (RDY, 9, False)], skim, monkeypatch
+    )
+    assert scan.last == {5: at[2], 7: at[3]} and 5 in scan.copied and 7 not in scan.copied
+    assert (scan.messages, scan.parked.dead) == (1, 2), "message 9 rdy; 5 and 7 dead once each"
+    live = [scan.parked.offset(seq) for seq in range(scan.parked.base, scan.parked.end) if scan.parked.state(seq)]
+    assert live == [at[2], at[3]]
+    assert [pos for pos, *_ in scan.records()] == [at[2], at[3], at[4]]
+
+
+@pytest.mark.parametrize("skim", [False, True], ids=["checked", "skimmed"])
+def test_copies_that_supersede_nothing_cost_no_entry_in_last(skim: bool, monkeypatch: pytest.MonkeyPatch):
+    """Dead letters and an acked message whose originals lie before the walk: in
+    `copied`, indexed or counted as acked, and `last` stays empty. A copy that counts as
+    a message is in `last` (the cursor vouches for it by it: curb.log.cursor)."""
+    scan, at = walk(
+        [(MAX, 2, True), (MAX, 3, True), (ACK, 4, True), (RDY, 5, True), (RDY, 9, False)], skim, monkeypatch
+    )
+    assert scan.last == {5: at[3]} and sorted(scan.copied.runs[0]) == [2, 3, 4]
+    assert (scan.messages, scan.acked, scan.parked.dead) == (2, 1, 2)
+
+
+@pytest.mark.parametrize("skim", [False, True], ids=["checked", "skimmed"])
+def test_a_rdy_copy_after_a_parked_one_is_the_message(skim: bool, monkeypatch: pytest.MonkeyPatch):
+    scan, at = walk([(MAX, 5, True), (RDY, 5, True), (RDY, 9, False)], skim, monkeypatch)
+    assert scan.last == {5: at[1]} and (scan.messages, scan.parked.dead) == (2, 0)
+
+
+@pytest.mark.parametrize("order", ["rising", "interleaved", "falling", "shuffled"])
+def test_the_id_set_answers_as_a_set_does_in_any_order_of_adds(order: str):
+    rng = random.Random(order)
+    ids = list(range(1, 40_000, 3))
+    if order == "interleaved":  # three rising streams, as burials and compaction write
+        streams = [ids[0::3], ids[1::3], ids[2::3]]
+        ids = []
+        while any(streams):
+            ids.append(rng.choice([s for s in streams if s]).pop(0))
+    elif order == "falling":
+        ids.reverse()
+    elif order == "shuffled":
+        rng.shuffle(ids)
+    ids += rng.sample(ids, 500)  # some twice
+    got, want = IdSet(), set()
+    for mid in ids:
+        assert got.add(mid) == (mid not in want)
+        want.add(mid)
+    assert len(got) == len(want)
+    for mid in range(0, 40_005):
+        assert (mid in got) == (mid in want)
+    assert len(got.runs) <= RUNS and len(got.loose) <= max(LOOSE, len(want) // 4)
+    lasts = [run[-1] for run in got.runs]
+    assert lasts == sorted(set(lasts)) and all(list(run) == sorted(run) for run in got.runs)
+    if order == "rising":
+        assert len(got.runs) == 1 and not got.loose, "rising ids cost an append each"
