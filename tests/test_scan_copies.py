@@ -168,3 +168,12 @@ def test_the_id_set_answers_as_a_set_does_in_any_order_of_adds(order: str):
     assert lasts == sorted(set(lasts)) and all(list(run) == sorted(run) for run in got.runs)
     if order == "rising":
         assert len(got.runs) == 1 and not got.loose, "rising ids cost an append each"
+
+
+def test_ids_above_every_id_held_join_in_one_go():
+    got = IdSet()
+    assert got.high == 0
+    got.extend_above([3, 5, 9])
+    assert got.add(4) and not got.add(5) and got.high == 9
+    got.extend_above([10, 12])
+    assert len(got) == 6 and all(mid in got for mid in (3, 4, 5, 9, 10, 12)) and 11 not in got

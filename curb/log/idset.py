@@ -49,6 +49,21 @@ class IdSet:
         # (Runs interleave: more than one run's span may hold `mid`.)
         return any(run[0] <= mid <= run[-1] and run[bisect_left(run, mid)] == mid for run in self.runs)
 
+    @property
+    def high(self) -> int:
+        """The highest id held (0 if none): every id of `loose` is below it."""
+        return self.runs[-1][-1] if self.runs else 0
+
+    def extend_above(self, ids: list[int]) -> None:
+        """Add ids that rise and lie above every id held (`high`), in one go."""
+        if not ids:
+            return
+        if self.runs:
+            self.runs[-1].extend(ids)
+        else:
+            self.runs.append(array("q", ids))
+        self.size += len(ids)
+
     def add(self, mid: int) -> bool:
         """Add `mid`; False if it was there already."""
         runs = self.runs

@@ -41,6 +41,7 @@ record before anything is read, every loop by the size of the ring.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -73,6 +74,9 @@ PAD_LENGTH = b"0" * 8
 NO_DUE = b"0" * 12
 PARK_BATCH = 4096  # parked records the skim gathers before it adds them to the index
 PARKED_STATES = {STATE_MAX: MAX, STATE_EXP: EXP}
+# The skim's batch: parked records' offsets, sizes, ids, states and due times, and the
+# rising ids of copies that supersede nothing.
+Batch = tuple[list[int], list[int], list[int], bytearray, list[int], list[int]]
 
 
 class LogError(Exception):
@@ -298,11 +302,18 @@ class Scan:
         upto = self.upto
         last, copied = self.last, self.copied
         marks = self.marks
+        mark_next, mark_last = marks.next_at, marks.last_at  # `marks.due`, inlined
+        fresh = self.first_fresh
+        find_oldest = self.oldest_ms is None
         now_ms = self.now_ms
-        # Parked records met, in ring order, added to the index in one go (`_park_batch`).
-        batch: tuple[list[int], list[int], list[int], bytearray, list[int]] = ([], [], [], bytearray(), [])
-        b_off, b_size, b_id, b_state, b_due = batch
-        held: tuple[bytes, int, int, int, bool, int, int] | None = None  # counted once its successor parses
+        # Parked records met, in ring order, added to the index in one go (`_park_batch`),
+        # and the ids of copies that supersede nothing, rising, added to `copied` with them.
+        batch: Batch = ([], [], [], bytearray(), [], [])
+        b_off, b_size, b_id, b_state, b_due, b_copied = batch
+        copied_high = copied.high
+        # The record held back: counted once its successor parses.
+        held = h_copy = False
+        h_state, h_id, h_size, h_pos, h_wseq, h_due = rdy, 0, 0, 0, -1, 0
         odd = False
         while pos != stop and (pos > stop or stop - pos > trust_until):
             odd = True
@@ -330,36 +341,42 @@ class Scan:
                     size = (RECORD_HEADER + ALIGN + int(buf[off + 85 : off + 93], 16)) & -ALIGN
                     if buf[off + 13 : off + 25] != NO_DUE:
                         due = int(buf[off + 13 : off + 25], 16)
-                    if marks.due(pos):  # the write sequence is read only where a mark is due
+                    if pos >= mark_next or pos < mark_last:  # the write sequence is read only where a mark is due
                         wseq = int(buf[off + 46 : off + 58], 16)
-                    if self.oldest_ms is None and state == rdy:
+                    if find_oldest and state == rdy:
                         self.oldest_ms = int(buf[off + 59 : off + 71], 16) & ~fmt.COPY_FLAG
+                        find_oldest = False
                 except ValueError:
                     break
                 if size > max_size or pos + size > (stop if pos < stop else end) or msg_id == 0:
                     break
             odd = False
-            if held is not None:
-                h_state, h_id, h_size, h_pos, h_copy, h_wseq, h_due = held
-                fresh = self.first_fresh
-                if h_copy and (
-                    h_id <= upto
-                    or (h_state == rdy and h_due <= now_ms)
-                    or h_id in last
-                    or (fresh is not None and fresh <= h_id <= max_id)
-                    or not copied.add(h_id)
+            if held:
+                if h_copy and not (
+                    h_id > copied_high  # so not in `copied`: the rest of `_copy`'s test follows
+                    and h_id > upto
+                    and (h_state != rdy or h_due > now_ms)
+                    and h_id not in last
+                    and (fresh is None or h_id < fresh or h_id > max_id)
                 ):
                     self.max_id = max_id
                     self._park_batch(batch)  # in ring order: those before it first
                     self._count(h_state, h_id, h_size, h_pos, True, h_due)
+                    copied_high = copied.high
                 else:  # an original, or a copy parked or acked that supersedes nothing
-                    if not h_copy:
+                    if h_copy:
+                        b_copied.append(h_id)  # into `copied` with the batch
+                        copied_high = h_id
+                    else:
                         if h_id > max_id:
-                            if h_wseq >= 0 and marks.due(h_pos):  # (the record before may have taken it)
+                            if h_wseq >= 0 and (
+                                h_pos >= mark_next or h_pos < mark_last
+                            ):  # (the one before may have taken it)
                                 marks.add(h_id, h_pos, h_wseq)
+                                mark_next, mark_last = marks.next_at, marks.last_at
                             max_id = h_id
                         if fresh is None:
-                            self.first_fresh = h_id
+                            fresh = self.first_fresh = h_id
                     if h_id <= upto or h_state == ack:
                         acked += 1
                         dead_bytes += h_size
@@ -369,15 +386,17 @@ class Scan:
                         b_off.append(h_pos)
                         b_size.append(h_size)
                         b_id.append(h_id)
-                        b_state.append(PARKED_STATES.get(h_state, DELAYED))
+                        b_state.append(DELAYED if h_state == rdy else PARKED_STATES[h_state])
                         b_due.append(h_due)
                         if len(b_off) >= PARK_BATCH:  # bounded: Python ints in lists cost ~40 B each
                             self._park_batch(batch)
-                held = None
+                held = False
             if state == pad:
                 pos = RING_START
                 continue
-            held = (state, msg_id, size, pos, buf[off + 59] >= 56, wseq, due)  # top time digit 8-f: COPY_FLAG
+            held = True
+            h_state, h_id, h_size, h_pos, h_wseq, h_due = state, msg_id, size, pos, wseq, due
+            h_copy = buf[off + 59] >= 56  # top time digit 8-f: COPY_FLAG
             pos += size
         self.max_id = max_id
         self.acked += acked
@@ -387,23 +406,21 @@ class Scan:
             self.messages += n
             self.live_bytes += size * n
             self.classes.add(size, n)
-        if held is not None:
+        if held:
             if odd:
-                return held[3]  # odd bytes after it: the checked path reads it again
-            self._count(*held[:5], held[6])  # it ends where the checked path takes over
+                return h_pos  # odd bytes after it: the checked path reads it again
+            self._count(h_state, h_id, h_size, h_pos, h_copy, h_due)  # it ends where the checked path takes over
         return pos
 
-    def _park_batch(self, batch: tuple[list[int], list[int], list[int], bytearray, list[int]]) -> None:
-        """Add the parked records the skim met to the index, and empty the batch."""
-        offsets, sizes, ids, states, dues = batch
-        if not offsets:
-            return
-        self.parked.extend(offsets, sizes, ids, states, dues)
-        counts: dict[int, int] = {}
-        for size in sizes:
-            counts[size] = counts.get(size, 0) + 1
-        for size, n in counts.items():
-            self.classes.add(size, n)
+    def _park_batch(self, batch: Batch) -> None:
+        """Add the parked records the skim met to the index, and the copies to `copied`,
+        and empty the batch."""
+        offsets, sizes, ids, states, dues, copies = batch
+        self.copied.extend_above(copies)
+        if offsets:
+            self.parked.extend(offsets, sizes, ids, states, dues)
+            for size, n in Counter(sizes).items():
+                self.classes.add(size, n)
         for part in batch:
             part.clear()
 
