@@ -44,9 +44,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import islice, repeat
+from operator import lt
 
 from curb import payload as stored
 from curb.log import record as fmt
+from curb.log import shapes
 from curb.log.disk import Disk, FileDisk
 from curb.log.idset import IdSet
 from curb.log.marks import Marks
@@ -73,6 +76,8 @@ PAD_ID = b"0" * 12
 PAD_LENGTH = b"0" * 8
 NO_DUE = b"0" * 12
 PARK_BATCH = 4096  # parked records the skim gathers before it adds them to the index
+RUN_MOST = 4096  # records of one shape the skim counts at once (curb.log.shapes)
+COOL = 64  # records the skim reads one at a time after a run was not there
 PARKED_STATES = {STATE_MAX: MAX, STATE_EXP: EXP}
 # The skim's batch: parked records' offsets, sizes, ids, states and due times, and the
 # rising ids of copies that supersede nothing.
@@ -315,6 +320,7 @@ class Scan:
         held = h_copy = False
         h_state, h_id, h_size, h_pos, h_wseq, h_due = rdy, 0, 0, 0, -1, 0
         odd = False
+        cool = 0  # records to read one at a time before a run is tried again
         while pos != stop and (pos > stop or stop - pos > trust_until):
             odd = True
             off = pos - base
@@ -323,6 +329,73 @@ class Scan:
                 base = reader.base
                 if off + RECORD_HEADER > len(buf):
                     break
+            cool -= 1
+            if held and cool < 0 and (h_copy or h_wseq < 0):
+                # A run of records of the held one's shape (curb.log.shapes), counted at
+                # once with it as if one at a time; any case it does not cover is left to
+                # the loop. Originals only up to the next mark's offset (none is due in it).
+                s = h_size
+                most = min(RUN_MOST, (len(buf) - off) // s)
+                if pos < stop:
+                    most = min(most, (stop - pos) // s, (stop - trust_until - pos - 1) // s + 1)
+                else:
+                    most = min(most, (end - pos) // s)
+                if not h_copy:
+                    most = min(most, (mark_next - pos - 1) // s + 2 if mark_next > pos else 1)
+                length = buf[off + 85 : off + 93]
+                if most >= shapes.FIRST and length == buf[off + s + 85 : off + s + 93] and shapes.size_of(length) == s:
+                    rows = shapes.run_rows(buf, off, shapes.pattern(h_state, h_copy, length, s), s, most)
+                    k = len(rows)
+                    if k >= shapes.FIRST:
+                        ids = list(map(int, map(shapes.IDS, rows), repeat(16)))
+                        dues = list(map(int, map(shapes.DUES, rows), repeat(16))) if h_state == rdy else [0] * k
+                        g_ids, g_dues = [h_id, *ids[:-1]], [h_due, *dues[:-1]]  # counted now; the last is held
+                        g_last = g_ids[-1]
+                        now = later = False
+                        if h_state == rdy:
+                            now, later = max(g_dues) <= now_ms, min(g_dues) > now_ms
+                        if h_copy:
+                            ok = (
+                                h_id > copied_high
+                                and h_id > upto
+                                and (h_state != rdy or later)
+                                and not (last and any(map(last.__contains__, g_ids)))
+                                and (fresh is None or g_last < fresh or h_id > max_id)
+                            )
+                        else:
+                            dead = g_last <= upto
+                            ok = h_id > max_id and (dead or h_id > upto) and (h_state != rdy or now or later or dead)
+                        if ok and h_id < ids[0] and all(map(lt, ids, islice(ids, 1, None))):
+                            if h_copy:
+                                b_copied.extend(g_ids)
+                                copied_high = g_last
+                            else:
+                                max_id = g_last
+                                if fresh is None:
+                                    fresh = self.first_fresh = h_id
+                            if h_state == ack or (not h_copy and dead):
+                                acked += k
+                                dead_bytes += k * s
+                            elif now:
+                                rdy_sizes[s] = rdy_sizes.get(s, 0) + k
+                            else:
+                                b_off.extend(range(h_pos, h_pos + k * s, s))
+                                b_size.extend(repeat(s, k))
+                                b_id.extend(g_ids)
+                                b_state.extend(bytes((DELAYED if h_state == rdy else PARKED_STATES[h_state],)) * k)
+                                b_due.extend(g_dues)
+                                if len(b_off) >= PARK_BATCH:
+                                    self._park_batch(batch)
+                            h_pos += k * s
+                            h_id, h_due = ids[-1], dues[-1]
+                            h_wseq = -1
+                            if h_pos >= mark_next or h_pos < mark_last:
+                                h_wseq = int(rows[-1][shapes.WSEQ_HIGH] + rows[-1][shapes.TAG], 16)
+                            pos = h_pos + s
+                            odd = False
+                            cool = 0
+                            continue
+                    cool = COOL
             if buf[off + RECORD_HEADER - 1] != 10:
                 break
             state = buf[off : off + 3]
