@@ -90,3 +90,11 @@ def test_keys_close_in_due_time_take_the_cheap_packing_and_give_back_what_they_h
     runs = packed_runs([due << SEQ_BITS | seq for due, seq in pairs])
     assert len(runs) == 1 and runs[0].shift == SEQ_BITS
     assert [runs[0].at(i) for i in range(len(runs[0]))] == pairs
+
+
+def test_offsets_take_four_bytes_in_a_ring_up_to_4_gib_and_eight_past_it():
+    small, large = Parked(1 << 32), Parked((1 << 32) + 4096)
+    assert small.offsets.itemsize == 4 and large.offsets.itemsize == 8
+    small.add((1 << 32) - 4096, 160, 1, MAX)
+    large.add((1 << 32) + 512, 160, 2, MAX)
+    assert small.offset(small.base) == (1 << 32) - 4096 and large.offset(large.base) == (1 << 32) + 512

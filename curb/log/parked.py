@@ -5,8 +5,8 @@ A record is parked when it is neither to be handed out now nor done: a `rdy` rec
 due time is ahead, or a dead letter. It stays where it is in the ring; this index keeps
 it as an *entry*, numbered by `seq` in ring order:
 
-- `offsets`, `sizes`, `ids` and `states`: parallel arrays in ring order, 21 bytes an
-  entry. Entries are appended in the order recovery's walk meets their records or the
+- `offsets`, `sizes`, `ids` and `states`: parallel arrays in ring order, 17 bytes an
+  entry (21 in a ring past 4 GiB, whose offsets take 8). Entries are appended in the order recovery's walk meets their records or the
   read cursor passes them, which is ring order, and only ever leave by turning GONE, so
   the first live entry is the oldest parked record in the ring: it bounds the logical
   tail, and compaction copies it first.
@@ -61,6 +61,7 @@ SEQ_BITS = 40  # a fresh key is due << SEQ_BITS | seq
 SEQ_MASK = (1 << SEQ_BITS) - 1
 TRIM = 4096  # GONE entries at the front worth a trim of the arrays
 STEP = 4096  # entries `step_over` checks at once
+OFFSETS = "I" if array("I").itemsize == 4 else "q"  # the offsets' type in a ring of up to 4 GiB
 
 
 class Run:
@@ -108,8 +109,9 @@ def packed_runs(keys: list[int]) -> list[Run]:
 class Parked:
     """The parked entries, in ring order, by due time and the dead ones in order."""
 
-    def __init__(self) -> None:
-        self.offsets = array("q")
+    def __init__(self, end: int = 1 << 62) -> None:
+        # Offsets lie below the ring's `end`: 4 bytes each where that is below 2**32.
+        self.offsets = array(OFFSETS if end <= 1 << 32 else "q")
         self.sizes = array("i")
         self.ids = array("q")
         self.states = bytearray()

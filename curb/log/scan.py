@@ -116,7 +116,7 @@ class Scan:
         self.file_size = disk.size()
         self.layout = layout
         self.now_ms = now_ms
-        self.parked = Parked()
+        self.parked = Parked(end)
         self.reader = RecordReader(disk, end - RING_START, layout)
         self.head = ckpt.head
         self.next_wseq = ckpt.next_wseq
