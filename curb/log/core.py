@@ -322,8 +322,9 @@ class LogCore:
         if scan.last:
             # A copied message whose last occurrence is parked: the cursor skips every
             # occurrence it reads (it steps over the parked one), and none is unread.
-            for mid, pos in zip(scan.parked.ids, scan.parked.offsets, strict=True):
-                if scan.last.get(mid) == pos:
+            for seq in scan.entries_in_last():
+                mid = scan.parked.id(seq)
+                if scan.last[mid] == scan.parked.offset(seq):
                     scan.last[mid] = PARKED_LAST
         self._cursor = Cursor(
             reader, self.end, ckpt.tail, scan.head, self._next_wseq, scan.last, scan.messages, scan.live_bytes
