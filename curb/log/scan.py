@@ -31,6 +31,12 @@ due time are in the header, so no body is read for them either). A copy supersed
 earlier occurrence wherever that was counted: once the walk is done, parked entries of
 ids copied later are dropped (`_drop_superseded`).
 
+Older records are skimmed by their headers alone (`_skim`): one at a time, or, where
+records of one shape lie end to end (curb.log.shapes), a run at once. Invariant: a run
+changes nothing the walk finds; it is taken only where every case in it is uniform (ids
+rising above those seen, due all now or all later, no copy in `last`, no mark due inside
+it), and the loop of one record at a time reads everything else.
+
 A file of the first format (curb.record's V1) is walked with every CRC checked (it is
 read only once, to upgrade it); it has no parked records.
 
