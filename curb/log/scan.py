@@ -353,7 +353,7 @@ class Scan:
                 else:
                     most = min(most, (end - pos) // s)
                 if not h_copy:
-                    most = min(most, (mark_next - pos - 1) // s + 2 if mark_next > pos else 1)
+                    most = min(most, (mark_next - pos - 1) // s + 2 if mark_last <= pos < mark_next else 1)
                 length = buf[off + 85 : off + 93]
                 if most >= shapes.FIRST and length == buf[off + s + 85 : off + s + 93] and shapes.size_of(length) == s:
                     rows = shapes.run_rows(buf, off, shapes.pattern(h_state, h_copy, length, s), s, most)
@@ -366,6 +366,7 @@ class Scan:
                         now = later = False
                         if h_state == rdy:
                             now, later = max(g_dues) <= now_ms, min(g_dues) > now_ms
+                        dead = False
                         if h_copy:
                             ok = (
                                 h_id > copied_high
