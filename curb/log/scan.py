@@ -354,61 +354,64 @@ class Scan:
                     most = min(most, (end - pos) // s)
                 if not h_copy:
                     most = min(most, (mark_next - pos - 1) // s + 2 if mark_last <= pos < mark_next else 1)
-                length = buf[off + 85 : off + 93]
-                if most >= shapes.FIRST and length == buf[off + s + 85 : off + s + 93] and shapes.size_of(length) == s:
-                    rows = shapes.run_rows(buf, off, shapes.pattern(h_state, h_copy, length, s), s, most)
-                    k = len(rows)
-                    if k >= shapes.FIRST:
-                        ids = list(map(int, map(shapes.IDS, rows), repeat(16)))
-                        dues = list(map(int, map(shapes.DUES, rows), repeat(16))) if h_state == rdy else [0] * k
-                        g_ids, g_dues = [h_id, *ids[:-1]], [h_due, *dues[:-1]]  # counted now; the last is held
-                        g_last = g_ids[-1]
-                        now = later = False
-                        if h_state == rdy:
-                            now, later = max(g_dues) <= now_ms, min(g_dues) > now_ms
-                        dead = False
-                        if h_copy:
-                            ok = (
-                                h_id > copied_high
-                                and h_id > upto
-                                and (h_state != rdy or later)
-                                and not (last and any(map(last.__contains__, g_ids)))
-                                and (fresh is None or g_last < fresh or h_id > max_id)
-                            )
-                        else:
-                            dead = g_last <= upto
-                            ok = h_id > max_id and (dead or h_id > upto) and (h_state != rdy or now or later or dead)
-                        if ok and h_id < ids[0] and all(map(lt, ids, islice(ids, 1, None))):
+                if most >= shapes.FIRST:  # (else a boundary is near: the next record tries again)
+                    length = buf[off + 85 : off + 93]
+                    if length == buf[off + s + 85 : off + s + 93] and shapes.size_of(length) == s:
+                        rows = shapes.run_rows(buf, off, shapes.pattern(h_state, h_copy, length, s), s, most)
+                        k = len(rows)
+                        if k >= shapes.FIRST:
+                            ids = list(map(int, map(shapes.IDS, rows), repeat(16)))
+                            dues = list(map(int, map(shapes.DUES, rows), repeat(16))) if h_state == rdy else [0] * k
+                            g_ids, g_dues = [h_id, *ids[:-1]], [h_due, *dues[:-1]]  # counted now; the last is held
+                            g_last = g_ids[-1]
+                            now = later = False
+                            if h_state == rdy:
+                                now, later = max(g_dues) <= now_ms, min(g_dues) > now_ms
+                            dead = False
                             if h_copy:
-                                b_copied.extend(g_ids)
-                                copied_high = g_last
+                                ok = (
+                                    h_id > copied_high
+                                    and h_id > upto
+                                    and (h_state != rdy or later)
+                                    and not (last and any(map(last.__contains__, g_ids)))
+                                    and (fresh is None or g_last < fresh or h_id > max_id)
+                                )
                             else:
-                                max_id = g_last
-                                if fresh is None:
-                                    fresh = self.first_fresh = h_id
-                            if h_state == ack or (not h_copy and dead):
-                                acked += k
-                                dead_bytes += k * s
-                            elif now:
-                                rdy_sizes[s] = rdy_sizes.get(s, 0) + k
-                            else:
-                                b_off.extend(range(h_pos, h_pos + k * s, s))
-                                b_size.extend(repeat(s, k))
-                                b_id.extend(g_ids)
-                                b_state.extend(bytes((DELAYED if h_state == rdy else PARKED_STATES[h_state],)) * k)
-                                b_due.extend(g_dues)
-                                if len(b_off) >= PARK_BATCH:
-                                    self._park_batch(batch)
-                            h_pos += k * s
-                            h_id, h_due = ids[-1], dues[-1]
-                            h_wseq = -1
-                            if h_pos >= mark_next or h_pos < mark_last:
-                                h_wseq = int(rows[-1][shapes.WSEQ_HIGH] + rows[-1][shapes.TAG], 16)
-                            pos = h_pos + s
-                            odd = False
-                            cool = 0
-                            continue
-                    cool = COOL
+                                dead = g_last <= upto
+                                ok = (
+                                    h_id > max_id and (dead or h_id > upto) and (h_state != rdy or now or later or dead)
+                                )
+                            if ok and h_id < ids[0] and all(map(lt, ids, islice(ids, 1, None))):
+                                if h_copy:
+                                    b_copied.extend(g_ids)
+                                    copied_high = g_last
+                                else:
+                                    max_id = g_last
+                                    if fresh is None:
+                                        fresh = self.first_fresh = h_id
+                                if h_state == ack or (not h_copy and dead):
+                                    acked += k
+                                    dead_bytes += k * s
+                                elif now:
+                                    rdy_sizes[s] = rdy_sizes.get(s, 0) + k
+                                else:
+                                    b_off.extend(range(h_pos, h_pos + k * s, s))
+                                    b_size.extend(repeat(s, k))
+                                    b_id.extend(g_ids)
+                                    b_state.extend(bytes((DELAYED if h_state == rdy else PARKED_STATES[h_state],)) * k)
+                                    b_due.extend(g_dues)
+                                    if len(b_off) >= PARK_BATCH:
+                                        self._park_batch(batch)
+                                h_pos += k * s
+                                h_id, h_due = ids[-1], dues[-1]
+                                h_wseq = -1
+                                if h_pos >= mark_next or h_pos < mark_last:
+                                    h_wseq = int(rows[-1][shapes.WSEQ_HIGH] + rows[-1][shapes.TAG], 16)
+                                pos = h_pos + s
+                                odd = False
+                                cool = 0
+                                continue
+                    cool = COOL  # not a run here: read on one at a time for a while
             if buf[off + RECORD_HEADER - 1] != 10:
                 break
             state = buf[off : off + 3]
