@@ -180,14 +180,20 @@ def test_the_console_shows_every_state_charts_rates_lists_dead_letters_and_redri
         assert wait_until(lambda: page.text("dead") == "3", timeout=10), page.text("dead")
         assert page.text("delayed") == "1" and "MiB" in (page.text("log-use") or "")
         page.evaluate("document.getElementById('browse-dead').click()")
-        rows = "[...document.querySelectorAll('#dead-letters tbody tr')].map(r => [...r.cells].map(c => c.textContent).join('|')).join(',')"
+        rows = (
+            "[...document.querySelectorAll('#dead-letters tbody tr')]"
+            ".map(r => [...r.cells].map(c => c.textContent).join('|')).join(',')"
+        )
         want = ",".join(f"{i + 1}|max-deliveries|1|poison {i}|Delete" for i in range(3))
         assert wait_until(lambda: page.evaluate(rows) == want), page.evaluate(rows)
         page.evaluate("document.querySelectorAll('#dead-letters .delete')[1].click()")  # the second, for good
         assert wait_until(lambda: page.text("redriven") == "2 deleted"), page.text("redriven")
         want = ",".join(f"{i + 1}|max-deliveries|1|poison {i}|Delete" for i in (0, 2))
         assert wait_until(lambda: page.evaluate(rows) == want and page.text("dead") == "2"), page.evaluate(rows)
-        drawn = "(() => { const d = document.getElementById('chart').getContext('2d').getImageData(0, 0, 900, 180).data; let n = 0; for (let i = 3; i < d.length; i += 4) n += d[i] > 0; return n; })()"
+        drawn = (
+            "(() => { const d = document.getElementById('chart').getContext('2d').getImageData(0, 0, 900, 180).data;"
+            " let n = 0; for (let i = 3; i < d.length; i += 4) n += d[i] > 0; return n; })()"
+        )
         assert wait_until(lambda: page.evaluate(drawn) > 100)  # the rates' lines are drawn
         consumer.unsubscribe("c")
         page.evaluate("document.getElementById('redrive').click()")

@@ -62,10 +62,10 @@ the format, curb.log.parked the index):
 - The wall clock is injected (`wall_ms`), as `clock` is: the log has no clock of its own.
   A record whose due time is ahead is *parked*: the read cursor never hands it out, and
   dead letters never either. Parked records stay where they are in the ring; the log
-  keeps them in `curb.log.parked`: in ring order (offset, size, id, a state byte: 21 bytes
-  each) for compaction and the logical tail, and by due time in sorted runs of packed
-  keys (8 bytes each) for `due(now_ms)`. So 1,000,000 delayed messages cost about 29 MB
-  of index, not Python objects, and the queue sees a message only once it is due.
+  keeps them in `curb.log.parked`: in ring order (offset, size, id, a state byte: 17 bytes
+  each in a ring up to 4 GiB) for compaction and the logical tail, and by due time in
+  sorted runs of packed keys (8 bytes each) for `due(now_ms)`. So 1,000,000 delayed
+  messages cost about 25 MB of index, not Python objects, and the queue sees a message only once it is due.
 - Compaction copies parked records like held ones: one that pins the tail is copied to
   the head (same id, new write sequence, the mutable block as it is now) and its index
   entry moves to the copy, at once. Long-lived records therefore never pin the tail,
@@ -322,8 +322,9 @@ class LogCore:
         if scan.last:
             # A copied message whose last occurrence is parked: the cursor skips every
             # occurrence it reads (it steps over the parked one), and none is unread.
-            for mid, pos in zip(scan.parked.ids, scan.parked.offsets, strict=True):
-                if scan.last.get(mid) == pos:
+            for seq in scan.entries_in_last():
+                mid = scan.parked.id(seq)
+                if scan.last[mid] == scan.parked.offset(seq):
                     scan.last[mid] = PARKED_LAST
         self._cursor = Cursor(
             reader, self.end, ckpt.tail, scan.head, self._next_wseq, scan.last, scan.messages, scan.live_bytes

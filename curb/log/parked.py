@@ -5,11 +5,12 @@ A record is parked when it is neither to be handed out now nor done: a `rdy` rec
 due time is ahead, or a dead letter. It stays where it is in the ring; this index keeps
 it as an *entry*, numbered by `seq` in ring order:
 
-- `offsets`, `sizes`, `ids` and `states`: parallel arrays in ring order, 21 bytes an
-  entry. Entries are appended in the order recovery's walk meets their records or the
-  read cursor passes them, which is ring order, and only ever leave by turning GONE, so
-  the first live entry is the oldest parked record in the ring: it bounds the logical
-  tail, and compaction copies it first.
+- `offsets`, `sizes`, `ids` and `states`: parallel arrays in ring order, 17 bytes an
+  entry (21 in a ring past 4 GiB, whose offsets take 8). Entries are appended in the
+  order recovery's walk meets their records or the read cursor passes them, which is
+  ring order, and only ever leave by turning GONE, so the first live entry is the
+  oldest parked record in the ring: it bounds the logical tail, and compaction copies
+  it first.
 - The due order: sorted *runs* of (due time, seq), packed in 8 bytes each (`Run`), and
   a batch of new keys (`fresh`, one int each) sorted into a run once it holds RUN keys
   or one of them is due. A heap over the runs' first keys gives the earliest due time. A
@@ -50,6 +51,8 @@ import bisect
 import heapq
 from array import array
 from collections.abc import Callable, Iterator
+from itertools import accumulate, compress, islice, repeat
+from operator import le, lshift, or_, sub
 from typing import Any
 
 GONE, DELAYED, MAX, EXP, HELD, DEAD_HELD, READY = range(7)
@@ -58,6 +61,8 @@ RUN = 4096
 SEQ_BITS = 40  # a fresh key is due << SEQ_BITS | seq
 SEQ_MASK = (1 << SEQ_BITS) - 1
 TRIM = 4096  # GONE entries at the front worth a trim of the arrays
+STEP = 4096  # entries `step_over` checks at once
+OFFSETS = "I" if array("I").itemsize == 4 else "q"  # the offsets' type in a ring of up to 4 GiB
 
 
 class Run:
@@ -69,7 +74,10 @@ class Run:
 
     def __init__(self, keys: list[int], due_lo: int, seq_lo: int, shift: int):
         self.due_lo, self.seq_lo, self.shift = due_lo, seq_lo, shift
-        self.keys = array("q", [((k >> SEQ_BITS) - due_lo) << shift | ((k & SEQ_MASK) - seq_lo) for k in keys])
+        if shift == SEQ_BITS and seq_lo == 0:  # each key less its due base: one pass in C
+            self.keys = array("q", map(sub, keys, repeat(due_lo << SEQ_BITS)))
+        else:
+            self.keys = array("q", [((k >> SEQ_BITS) - due_lo) << shift | ((k & SEQ_MASK) - seq_lo) for k in keys])
         self.pos = 0
 
     def __len__(self) -> int:
@@ -83,9 +91,13 @@ class Run:
 
 def packed_runs(keys: list[int]) -> list[Run]:
     """Runs holding sorted fresh keys (`due << SEQ_BITS | seq`), halved until each one's
-    due and seq spans fit 63 bits together."""
+    due and seq spans fit 63 bits together. Keys whose due times span less than 2**22 ms
+    (about 70 minutes: a batch of recovery's, or of SENDs alike) keep their seq bits as
+    they are, the cheap packing."""
     if not keys:
         return []
+    if ((keys[-1] >> SEQ_BITS) - (keys[0] >> SEQ_BITS)).bit_length() + SEQ_BITS <= 62:
+        return [Run(keys, keys[0] >> SEQ_BITS, 0, SEQ_BITS)]
     seqs = [k & SEQ_MASK for k in keys]
     due_lo, seq_lo = keys[0] >> SEQ_BITS, min(seqs)
     shift = (max(seqs) - seq_lo).bit_length()
@@ -98,8 +110,9 @@ def packed_runs(keys: list[int]) -> list[Run]:
 class Parked:
     """The parked entries, in ring order, by due time and the dead ones in order."""
 
-    def __init__(self) -> None:
-        self.offsets = array("q")
+    def __init__(self, end: int = 1 << 62) -> None:
+        # Offsets lie below the ring's `end`: 4 bytes each where that is below 2**32.
+        self.offsets = array(OFFSETS if end <= 1 << 32 else "q")
         self.sizes = array("i")
         self.ids = array("q")
         self.states = bytearray()
@@ -187,19 +200,24 @@ class Parked:
         total = sum(sizes)
         self.bytes += total
         self.unpassed_bytes += total
-        keys = [due << SEQ_BITS | (first + at) for at, due in enumerate(dues) if states[at] == DELAYED]
+        # A batch is mostly all delayed or all dead: those are done in passes in C.
+        seqs = range(first, first + len(states))
+        delayed = states.count(DELAYED)
+        dead: range | list[int]
+        if delayed == len(states):
+            keys, dead, dead_ids = list(map(or_, map(lshift, dues, repeat(SEQ_BITS)), seqs)), [], []
+        elif delayed == 0:
+            keys, dead, dead_ids = [], seqs, ids
+        else:
+            keys = [due << SEQ_BITS | (first + at) for at, due in enumerate(dues) if states[at] == DELAYED]
+            dead = [first + at for at, state in enumerate(states) if state != DELAYED]
+            dead_ids = [ids[seq - first] for seq in dead]
         self.delayed += len(keys)
-        dead = [first + at for at, state in enumerate(states) if state != DELAYED]
         self.dead += len(dead)
         if self.dead_sorted and dead:
-            order, base = self.dead_order, self.base
-            prev = self.ids[order[-1] - base] if order else -1
-            for seq in dead:
-                mid = self.ids[seq - base]
-                if mid < prev:
-                    self.dead_sorted = False
-                    break
-                prev = mid
+            order = self.dead_order
+            prev = self.ids[order[-1] - self.base] if order else -1
+            self.dead_sorted = prev <= dead_ids[0] and all(map(le, dead_ids, islice(dead_ids, 1, None)))
         self.dead_order.extend(dead)
         for at in range(0, len(keys), RUN):
             self.fresh.extend(keys[at : at + RUN])
@@ -331,6 +349,16 @@ class Parked:
             return None
         sizes, states = self.sizes, self.states
         at, first = pos, seq
+        while seq < end and at != stop:  # STEP entries at a time while they lie end to end, in C
+            i = seq - base
+            j = min(end - base, i + STEP)
+            chain = list(accumulate(sizes[i:j], initial=at))  # where each would start if they do
+            del chain[-1:]
+            if offsets[i:j].tolist() != chain or stop in chain:
+                break
+            self.unpassed_bytes -= sum(compress(sizes[i:j], states[i:j]))  # (GONE is 0)
+            at += sum(sizes[i:j])
+            seq = base + j
         while seq < end and offsets[seq - base] == at and at != stop:  # and the records right after it
             size = sizes[seq - base]
             if states[seq - base] != GONE:

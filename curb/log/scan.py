@@ -14,9 +14,15 @@ the message and the earlier ones are dead: a copy counts only once its CRC holds
 where the walk skims by headers, so that damage to a copy never takes the intact
 occurrence before it with it (a skimmed walk and a checked one agree). Fresh messages are written in id order, so a
 copy's original lies in the walk exactly when its id is at least the first fresh id
-walked; then the original was counted and is uncounted when the copy is met. `last` maps
-each copied id to the offset of its last occurrence; it holds only copied messages, never
-an entry per queued message. `classes` counts live records by size class (bit length), so
+walked; then the original was counted and is uncounted when the copy is met. A copy
+supersedes an earlier occurrence in the walk when its original lies there, or an earlier
+copy does: one in `last` or in `copied`. `last` maps a copied id to the offset of its
+last occurrence, for the copies that supersede one and for those counted as messages
+(the cursor needs both: curb.log.cursor); `copied` (curb.log.idset, 8 bytes an id) holds
+the other copies, parked or acked ones with no earlier occurrence, which is what a dead
+letter buried while running leaves: so a million of those cost no dict entry each, and
+the walk adds them to the index in batches like originals. Neither holds an entry per
+queued message. `classes` counts live records by size class (bit length), so
 the log knows how large its largest live record may be. A message whose id is at most the
 checkpoint's ack-up-to watermark is dead whatever its record's state says: it counts as
 acked.
@@ -26,6 +32,12 @@ counted as messages: the walk hands them to `parked`, from their headers alone (
 due time are in the header, so no body is read for them either). A copy supersedes an
 earlier occurrence wherever that was counted: once the walk is done, parked entries of
 ids copied later are dropped (`_drop_superseded`).
+
+Older records are skimmed by their headers alone (`_skim`): one at a time, or, where
+records of one shape lie end to end (curb.log.shapes), a run at once. Invariant: a run
+changes nothing the walk finds; it is taken only where every case in it is uniform (ids
+rising above those seen, due all now or all later, no copy in `last`, no mark due inside
+it), and the loop of one record at a time reads everything else.
 
 A file of the first format (curb.record's V1) is walked with every CRC checked (it is
 read only once, to upgrade it); it has no parked records.
@@ -37,12 +49,17 @@ record before anything is read, every loop by the size of the ring.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import compress, islice, repeat
+from operator import lt
 
 from curb import payload as stored
 from curb.log import record as fmt
+from curb.log import shapes
 from curb.log.disk import Disk, FileDisk
+from curb.log.idset import IdSet
 from curb.log.marks import Marks
 from curb.log.parked import DELAYED, EXP, MAX, Parked
 from curb.log.reader import RecordReader
@@ -67,7 +84,12 @@ PAD_ID = b"0" * 12
 PAD_LENGTH = b"0" * 8
 NO_DUE = b"0" * 12
 PARK_BATCH = 4096  # parked records the skim gathers before it adds them to the index
+RUN_MOST = 4096  # records of one shape the skim counts at once (curb.log.shapes)
+COOL = 64  # records the skim reads one at a time after a run was not there
 PARKED_STATES = {STATE_MAX: MAX, STATE_EXP: EXP}
+# The skim's batch: parked records' offsets, sizes, ids, states and due times, and the
+# rising ids of copies that supersede nothing.
+Batch = tuple[list[int], list[int], list[int], bytearray, list[int], list[int]]
 
 
 class LogError(Exception):
@@ -102,7 +124,7 @@ class Scan:
         self.file_size = disk.size()
         self.layout = layout
         self.now_ms = now_ms
-        self.parked = Parked()
+        self.parked = Parked(end)
         self.reader = RecordReader(disk, end - RING_START, layout)
         self.head = ckpt.head
         self.next_wseq = ckpt.next_wseq
@@ -110,6 +132,7 @@ class Scan:
         self.upto = ckpt.acked_upto
         self.first_fresh: int | None = None
         self.last: dict[int, int] = {}
+        self.copied = IdSet()
         self.messages = 0
         self.acked = 0
         self.live_bytes = 0
@@ -134,15 +157,21 @@ class Scan:
         and count back the message the copy uncounted for them (`_count` takes every
         earlier occurrence for a counted message)."""
         parked, last = self.parked, self.last
-        if not last or not parked.states:
-            return
-        for at, (mid, pos) in enumerate(zip(parked.ids, parked.offsets, strict=True)):
-            if last.get(mid, pos) != pos:
-                seq = parked.base + at
+        for seq in self.entries_in_last():
+            if last[parked.id(seq)] != parked.offset(seq):
                 size = parked.size(seq)
                 parked.remove(seq)
                 self.messages += 1
                 self.live_bytes += size
+
+    def entries_in_last(self) -> list[int]:
+        """The seqs of the parked entries whose message is in `last`: few, found by one
+        pass in C over the index's ids (a million parked records, a few copies)."""
+        parked, last = self.parked, self.last
+        if not last:
+            return []
+        ids = parked.ids
+        return [parked.base + at for at in compress(range(len(ids)), map(last.__contains__, ids))]
 
     def records(self) -> Iterator[tuple[int, RecordHeader, bytes, int]]:
         """Yield (offset, header, buffer, index) of every message's live occurrence in
@@ -161,16 +190,10 @@ class Scan:
 
     def _count(self, state: bytes, msg_id: int, size: int, pos: int, copy: bool, due_ms: int = 0) -> None:
         if msg_id <= self.upto:
-            state = STATE_ACK
+            state = STATE_ACK  # (a copy: dead, and so is its original: neither counted as live)
         if copy:
-            if msg_id <= self.upto:
-                pass  # dead, and so is its original: neither counted as live
-            else:
-                if msg_id in self.last or (self.first_fresh is not None and self.first_fresh <= msg_id <= self.max_id):
-                    self.messages -= 1
-                    self.live_bytes -= size
-                    self.classes.remove(size)
-                self.last[msg_id] = pos
+            if msg_id > self.upto:
+                self._copy(msg_id, size, pos, state == STATE_RDY and due_ms <= self.now_ms)
         else:
             self.max_id = max(self.max_id, msg_id)
             if self.first_fresh is None:
@@ -185,6 +208,21 @@ class Scan:
         else:
             self.acked += 1
             self.dead_bytes += size
+
+    def _copy(self, msg_id: int, size: int, pos: int, counted: bool) -> None:
+        """A copy of a message not acked up to the watermark: it supersedes the message's
+        earlier occurrence in the walk, if any (uncounted here; a parked one is dropped
+        by `_drop_superseded`). `counted`: the copy counts as a message."""
+        fresh = self.first_fresh
+        if msg_id in self.last or (fresh is not None and fresh <= msg_id <= self.max_id) or msg_id in self.copied:
+            self.messages -= 1
+            self.live_bytes -= size
+            self.classes.remove(size)
+            self.last[msg_id] = pos
+        elif counted:
+            self.last[msg_id] = pos
+        else:
+            self.copied.add(msg_id)
 
     def _walk(self, trust_until: int | None) -> Iterator[tuple[int, RecordHeader, bytes, int]]:
         """Phase 1: the checkpoint's region; phase 2: records written after it. With
@@ -272,10 +310,11 @@ class Scan:
         own length may be the damage, so the checked path starts again at that record
         (a damaged length must not make the walk skip the records after it). The
         recovery of a large log spends its time here, so it is one flat loop with local
-        counts; copies (rare) go through `_count`, parked records to `parked`. A copy's
-        CRC is checked before it counts: a copy supersedes its message's earlier
-        occurrences, so a damaged one taken on its header alone would lose the message,
-        where the checked path skips it and keeps the intact occurrence before it."""
+        counts; parked records go to `parked` in batches, and so do parked copies that
+        supersede nothing (`copied`); other copies (rare) go through `_count`, once their
+        CRC holds: a copy supersedes its message's earlier occurrences, so a damaged one
+        taken on its header alone would lose the message, where the checked path skips
+        it and keeps the intact occurrence before it."""
         reader, end, max_size = self.reader, self.end, self.reader.max_size
         buf, base = reader.buf, reader.base
         rdy, ack, pad = STATE_RDY, STATE_ACK, STATE_PAD
@@ -283,13 +322,22 @@ class Scan:
         acked = dead_bytes = 0
         max_id = self.max_id
         upto = self.upto
+        last, copied = self.last, self.copied
         marks = self.marks
+        mark_next, mark_last = marks.next_at, marks.last_at  # `marks.due`, inlined
+        fresh = self.first_fresh
+        find_oldest = self.oldest_ms is None
         now_ms = self.now_ms
-        # Parked records met, in ring order, added to the index in one go (`_park_batch`).
-        batch: tuple[list[int], list[int], list[int], bytearray, list[int]] = ([], [], [], bytearray(), [])
-        b_off, b_size, b_id, b_state, b_due = batch
-        held: tuple[bytes, int, int, int, bool, int, int] | None = None  # counted once its successor parses
+        # Parked records met, in ring order, added to the index in one go (`_park_batch`),
+        # and the ids of copies that supersede nothing, rising, added to `copied` with them.
+        batch: Batch = ([], [], [], bytearray(), [], [])
+        b_off, b_size, b_id, b_state, b_due, b_copied = batch
+        copied_high = copied.high
+        # The record held back: counted once its successor parses.
+        held = h_copy = False
+        h_state, h_id, h_size, h_pos, h_wseq, h_due = rdy, 0, 0, 0, -1, 0
         odd = False
+        cool = 0  # records to read one at a time before a run is tried again
         while pos != stop and (pos > stop or stop - pos > trust_until):
             odd = True
             off = pos - base
@@ -298,6 +346,77 @@ class Scan:
                 base = reader.base
                 if off + RECORD_HEADER > len(buf):
                     break
+            cool -= 1
+            if held and cool < 0 and (h_copy or h_wseq < 0):
+                # A run of records of the held one's shape (curb.log.shapes), counted at
+                # once with it as if one at a time; any case it does not cover is left to
+                # the loop. Originals only up to the next mark's offset (none is due in it).
+                s = h_size
+                most = min(RUN_MOST, (len(buf) - off) // s)
+                if pos < stop:
+                    most = min(most, (stop - pos) // s, (stop - trust_until - pos - 1) // s + 1)
+                else:
+                    most = min(most, (end - pos) // s)
+                if not h_copy:
+                    most = min(most, (mark_next - pos - 1) // s + 2 if mark_last <= pos < mark_next else 1)
+                if most >= shapes.FIRST:  # (else a boundary is near: the next record tries again)
+                    length = buf[off + 85 : off + 93]
+                    if length == buf[off + s + 85 : off + s + 93] and shapes.size_of(length) == s:
+                        rows = shapes.run_rows(buf, off, shapes.pattern(h_state, h_copy, length, s), s, most)
+                        k = len(rows)
+                        if k >= shapes.FIRST:
+                            ids = list(map(int, map(shapes.IDS, rows), repeat(16)))
+                            dues = list(map(int, map(shapes.DUES, rows), repeat(16))) if h_state == rdy else [0] * k
+                            g_ids, g_dues = [h_id, *ids[:-1]], [h_due, *dues[:-1]]  # counted now; the last is held
+                            g_last = g_ids[-1]
+                            now = later = False
+                            if h_state == rdy:
+                                now, later = max(g_dues) <= now_ms, min(g_dues) > now_ms
+                            dead = False
+                            if h_copy:
+                                ok = (
+                                    h_id > copied_high
+                                    and h_id > upto
+                                    and (h_state != rdy or later)
+                                    and not (last and any(map(last.__contains__, g_ids)))
+                                    and (fresh is None or g_last < fresh or h_id > max_id)
+                                )
+                            else:
+                                dead = g_last <= upto
+                                ok = (
+                                    h_id > max_id and (dead or h_id > upto) and (h_state != rdy or now or later or dead)
+                                )
+                            if ok and h_id < ids[0] and all(map(lt, ids, islice(ids, 1, None))):
+                                if h_copy:
+                                    b_copied.extend(g_ids)
+                                    copied_high = g_last
+                                else:
+                                    max_id = g_last
+                                    if fresh is None:
+                                        fresh = self.first_fresh = h_id
+                                if h_state == ack or (not h_copy and dead):
+                                    acked += k
+                                    dead_bytes += k * s
+                                elif now:
+                                    rdy_sizes[s] = rdy_sizes.get(s, 0) + k
+                                else:
+                                    b_off.extend(range(h_pos, h_pos + k * s, s))
+                                    b_size.extend(repeat(s, k))
+                                    b_id.extend(g_ids)
+                                    b_state.extend(bytes((DELAYED if h_state == rdy else PARKED_STATES[h_state],)) * k)
+                                    b_due.extend(g_dues)
+                                    if len(b_off) >= PARK_BATCH:
+                                        self._park_batch(batch)
+                                h_pos += k * s
+                                h_id, h_due = ids[-1], dues[-1]
+                                h_wseq = -1
+                                if h_pos >= mark_next or h_pos < mark_last:
+                                    h_wseq = int(rows[-1][shapes.WSEQ_HIGH] + rows[-1][shapes.TAG], 16)
+                                pos = h_pos + s
+                                odd = False
+                                cool = 0
+                                continue
+                    cool = COOL  # not a run here: read on one at a time for a while
             if buf[off + RECORD_HEADER - 1] != 10:
                 break
             state = buf[off : off + 3]
@@ -316,31 +435,45 @@ class Scan:
                     size = (RECORD_HEADER + ALIGN + int(buf[off + 85 : off + 93], 16)) & -ALIGN
                     if buf[off + 13 : off + 25] != NO_DUE:
                         due = int(buf[off + 13 : off + 25], 16)
-                    if marks.due(pos):  # the write sequence is read only where a mark is due
+                    if pos >= mark_next or pos < mark_last:  # the write sequence is read only where a mark is due
                         wseq = int(buf[off + 46 : off + 58], 16)
-                    if self.oldest_ms is None and state == rdy:
+                    if find_oldest and state == rdy:
                         self.oldest_ms = int(buf[off + 59 : off + 71], 16) & ~fmt.COPY_FLAG
+                        find_oldest = False
                 except ValueError:
                     break
                 if size > max_size or pos + size > (stop if pos < stop else end) or msg_id == 0:
                     break
             odd = False
-            if held is not None:
-                h_state, h_id, h_size, h_pos, h_copy, h_wseq, h_due = held
-                if h_copy:
+            if held:
+                if h_copy and not (
+                    h_id > copied_high  # so not in `copied`: the rest of `_copy`'s test follows
+                    and h_id > upto
+                    and (h_state != rdy or h_due > now_ms)
+                    and h_id not in last
+                    and (fresh is None or h_id < fresh or h_id > max_id)
+                ):
                     if not self._copy_intact(h_pos, h_size):
                         odd = True  # a damaged copy: the checked path skips it, reported
                         break
                     self.max_id = max_id
                     self._park_batch(batch)  # in ring order: those before it first
                     self._count(h_state, h_id, h_size, h_pos, True, h_due)
-                else:
-                    if h_id > max_id:
-                        if h_wseq >= 0 and marks.due(h_pos):  # (the record before may have taken it)
-                            marks.add(h_id, h_pos, h_wseq)
-                        max_id = h_id
-                    if self.first_fresh is None:
-                        self.first_fresh = h_id
+                    copied_high = copied.high
+                else:  # an original, or a copy parked or acked that supersedes nothing
+                    if h_copy:
+                        b_copied.append(h_id)  # into `copied` with the batch
+                        copied_high = h_id
+                    else:
+                        if h_id > max_id:
+                            if h_wseq >= 0 and (
+                                h_pos >= mark_next or h_pos < mark_last
+                            ):  # (the one before may have taken it)
+                                marks.add(h_id, h_pos, h_wseq)
+                                mark_next, mark_last = marks.next_at, marks.last_at
+                            max_id = h_id
+                        if fresh is None:
+                            fresh = self.first_fresh = h_id
                     if h_id <= upto or h_state == ack:
                         acked += 1
                         dead_bytes += h_size
@@ -350,15 +483,17 @@ class Scan:
                         b_off.append(h_pos)
                         b_size.append(h_size)
                         b_id.append(h_id)
-                        b_state.append(PARKED_STATES.get(h_state, DELAYED))
+                        b_state.append(DELAYED if h_state == rdy else PARKED_STATES[h_state])
                         b_due.append(h_due)
                         if len(b_off) >= PARK_BATCH:  # bounded: Python ints in lists cost ~40 B each
                             self._park_batch(batch)
-                held = None
+                held = False
             if state == pad:
                 pos = RING_START
                 continue
-            held = (state, msg_id, size, pos, buf[off + 59] >= 56, wseq, due)  # top time digit 8-f: COPY_FLAG
+            held = True
+            h_state, h_id, h_size, h_pos, h_wseq, h_due = state, msg_id, size, pos, wseq, due
+            h_copy = buf[off + 59] >= 56  # top time digit 8-f: COPY_FLAG
             pos += size
         self.max_id = max_id
         self.acked += acked
@@ -368,10 +503,10 @@ class Scan:
             self.messages += n
             self.live_bytes += size * n
             self.classes.add(size, n)
-        if held is not None:
-            if odd or (held[4] and not self._copy_intact(held[3], held[2])):
-                return held[3]  # odd bytes after it, or a damaged copy: the checked path reads it again
-            self._count(*held[:5], held[6])  # it ends where the checked path takes over
+        if held:
+            if odd or (h_copy and not self._copy_intact(h_pos, h_size)):
+                return h_pos  # odd bytes after it, or a damaged copy: the checked path reads it again
+            self._count(h_state, h_id, h_size, h_pos, h_copy, h_due)  # it ends where the checked path takes over
         return pos
 
     def _copy_intact(self, pos: int, size: int) -> bool:
@@ -379,17 +514,15 @@ class Scan:
         buf, off = self.reader.window(pos, size, self.end)
         return fmt.crc_holds(buf, off, size)
 
-    def _park_batch(self, batch: tuple[list[int], list[int], list[int], bytearray, list[int]]) -> None:
-        """Add the parked records the skim met to the index, and empty the batch."""
-        offsets, sizes, ids, states, dues = batch
-        if not offsets:
-            return
-        self.parked.extend(offsets, sizes, ids, states, dues)
-        counts: dict[int, int] = {}
-        for size in sizes:
-            counts[size] = counts.get(size, 0) + 1
-        for size, n in counts.items():
-            self.classes.add(size, n)
+    def _park_batch(self, batch: Batch) -> None:
+        """Add the parked records the skim met to the index, and the copies to `copied`,
+        and empty the batch."""
+        offsets, sizes, ids, states, dues, copies = batch
+        self.copied.extend_above(copies)
+        if offsets:
+            self.parked.extend(offsets, sizes, ids, states, dues)
+            for size, n in Counter(sizes).items():
+                self.classes.add(size, n)
         for part in batch:
             part.clear()
 
