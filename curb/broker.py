@@ -99,6 +99,7 @@ class Store(Protocol):
     """What the broker needs of the log (curb.log.Log, or a fake in tests)."""
 
     on_written: Callable[[], None]
+    on_walked: Callable[[], None]
     on_answered: Callable[[], None]
     on_disk_full: Callable[[int, str], None]
     hold_flush: bool
@@ -320,6 +321,7 @@ class Broker:
         self._browsing: dict[Peer, None] = {}
         self._browse_scheduled = False
         log.on_written = self.pump
+        log.on_walked = self._counts_dirty
         log.on_answered = self.flush_out
         log.on_disk_full = self.disk_full
         self._arm_due()  # messages recovered delayed

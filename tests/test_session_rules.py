@@ -36,6 +36,7 @@ class FakeLog:
         self.dead_rdy: collections.deque[Record] = collections.deque()  # found at start-up, not handed out
         self.on_written: Callable[[], None] = lambda: None
         self.on_answered: Callable[[], None] = lambda: None
+        self.on_walked: Callable[[], None] = lambda: None
         self.on_disk_full: Callable[[int, str], None] = lambda refused, why: None
         self.hold_flush = False
         self.ready: collections.deque[Record] = collections.deque()

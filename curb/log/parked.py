@@ -22,6 +22,10 @@ it as an *entry*, numbered by `seq` in ring order:
   made differ from id order, so they are sorted once when it is done (`sort_dead`).
   `dead_from` is where the next reader starts: every entry before it is handed out,
   redriven or gone, so a reader of a million dead letters never rescans the ones taken.
+- By id, for an ACK up to an id: `id_lo`, per block of ID_BLOCK seqs, an id no live
+  entry of the block is below (8 bytes a block). Ids rise in ring order but for
+  compaction's copies, so an ACK up to an id (`ack_upto`, `walk_upto`) reads only the
+  blocks holding an id up to it and skips the others unread, a bounded slice at a time.
 - The ready line: `ready_order`, the seqs of READY entries in the order they became
   ready (due, or redriven): they wait for a consumer as entries, not objects, and
   `take_ready` hands them out oldest first.
@@ -41,7 +45,12 @@ Invariants:
   are passed at once. Entries are trimmed from the front only below both `passed` and
   the first live entry, so the cursor always recognises a record it must step over.
 - `bytes`, `delayed`, `ready` and `dead` are the live entries' record bytes, the DELAYED
-  and READY entries and the dead letters (MAX, EXP, DEAD_HELD).
+  and READY entries and the dead letters (MAX, EXP, DEAD_HELD); while an ACK up to an id
+  is being walked (`upto_at`) they still count the entries it has yet to remove.
+- An entry with an id up to the watermark `upto` is acked: while the walk has yet to
+  remove it, no reader hands it out or shows it (`take_ready`, `next_dead`,
+  `dead_entry`, `dead_letters`). Compaction may still copy it (`passed_live`): the copy
+  is appended, ahead of the walk, which removes it too.
 """
 
 from __future__ import annotations
@@ -58,6 +67,8 @@ RUN = 4096
 SEQ_BITS = 40  # a fresh key is due << SEQ_BITS | seq
 SEQ_MASK = (1 << SEQ_BITS) - 1
 TRIM = 4096  # GONE entries at the front worth a trim of the arrays
+ID_BLOCK = 1024  # entries a block of `id_lo` covers
+NO_ID = 1 << 62  # above every id: a block with no live entry
 
 
 class Run:
@@ -115,6 +126,10 @@ class Parked:
         self.stale = 0
         self.dead_order = array("q")
         self.dead_from = 0
+        self.id_lo = array("q")  # per block of ID_BLOCK seqs from block0 * ID_BLOCK
+        self.block0 = 0
+        self.upto = 0  # the ack-up-to watermark
+        self.upto_at: int | None = None  # the next seq the walk of an ACK up to an id looks at
         self.dead_sorted = True  # False once a batch of recovery's broke the id order
         self.ready_order = array("q")
         self.ready_from = 0
@@ -161,6 +176,7 @@ class Parked:
         self.sizes.append(size)
         self.ids.append(mid)
         self.states.append(state)
+        self._note_id(seq, mid)
         self.bytes += size
         if state == DELAYED:
             self.delayed += 1
@@ -184,6 +200,11 @@ class Parked:
         self.sizes.extend(sizes)
         self.ids.extend(ids)
         self.states.extend(states)
+        seq, base = first, self.base
+        while seq < self.end:
+            stop = min(self.end, (seq // ID_BLOCK + 1) * ID_BLOCK)
+            self._note_id(seq, min(self.ids[seq - base : stop - base]))
+            seq = stop
         total = sum(sizes)
         self.bytes += total
         self.unpassed_bytes += total
@@ -307,16 +328,61 @@ class Parked:
             del self.ids[:cut]
             del self.states[:cut]
             self.base = upto
+            del self.id_lo[: upto // ID_BLOCK - self.block0]
+            self.block0 = upto // ID_BLOCK
             # The orders name no entry below the base (all GONE): they look ids up by seq.
             self.dead_order = array("q", (s for s in self.dead_order[self.dead_from :] if s >= upto))
             self.dead_from = 0
             self.ready_order = array("q", (s for s in self.ready_order[self.ready_from :] if s >= upto))
             self.ready_from = 0
 
-    def upto(self, upto: int) -> list[int]:
-        """The seqs of the live entries with ids up to `upto` (an ACK up to an id)."""
-        base, states = self.base, self.states
-        return [base + i for i, mid in enumerate(self.ids) if mid <= upto and states[i] != GONE]
+    # ---------------------------------------------------------------- ACK up to an id
+
+    def _note_id(self, seq: int, mid: int) -> None:
+        """Entry `seq` (the newest) has id `mid`: its block's lowest id is no higher."""
+        k, lo = seq // ID_BLOCK - self.block0, self.id_lo
+        if k < len(lo):
+            lo[k] = min(lo[k], mid)
+        else:
+            lo.append(mid)
+
+    def ack_upto(self, upto: int) -> None:
+        """Raise the watermark: entries with ids up to it are acked from now on, and
+        `walk_upto` finds them for removal."""
+        if upto > self.upto:
+            self.upto = upto
+            self.upto_at = self.base
+
+    def _acked(self, seq: int) -> bool:
+        """Whether the entry is acked by the watermark and not yet removed."""
+        return self.upto_at is not None and self.ids[seq - self.base] <= self.upto
+
+    def walk_upto(self, limit: int) -> list[int]:
+        """The next live entries with ids up to the watermark, for the caller to remove,
+        looking at about `limit` entries: blocks whose ids all lie above it cost nothing.
+        `upto_at` is None once the walk has reached the end."""
+        at = self.upto_at
+        if at is None:
+            return []
+        base, ids, states, lo, upto = self.base, self.ids, self.states, self.id_lo, self.upto
+        at, end, looked = max(at, base), self.end, 0
+        found: list[int] = []
+        while at < end and looked < limit:
+            block = at // ID_BLOCK
+            stop = min(end, (block + 1) * ID_BLOCK)
+            k = block - self.block0
+            if lo[k] <= upto:
+                i = at - base
+                found.extend(
+                    base + i + n for n, mid in enumerate(ids[i : stop - base]) if mid <= upto and states[i + n]
+                )
+                if at == block * ID_BLOCK and stop - at == ID_BLOCK:  # the whole block: its lowest id left
+                    left = (mid for n, mid in enumerate(ids[i : i + ID_BLOCK]) if mid > upto and states[i + n])
+                    lo[k] = min(left, default=NO_ID)
+                looked += stop - at
+            at = stop
+        self.upto_at = at if at < end else None
+        return found
 
     # ---------------------------------------------------------------- the cursor's path
 
@@ -420,7 +486,7 @@ class Parked:
         while at < end:
             seq = order[at]
             at += 1
-            if seq >= base and states[seq - base] == READY:
+            if seq >= base and states[seq - base] == READY and not self._acked(seq):
                 states[seq - base] = HELD
                 self.ready -= 1
                 self.ready_from = at
@@ -488,7 +554,12 @@ class Parked:
         """The ids of the dead letters not handed out, oldest first (a snapshot)."""
         base, states, ids = self.base, self.states, self.ids
         return array(
-            "q", (ids[s - base] for s in self.dead_order[self.dead_from :] if s >= base and states[s - base] in DEAD)
+            "q",
+            (
+                ids[s - base]
+                for s in self.dead_order[self.dead_from :]
+                if s >= base and states[s - base] in DEAD and not self._acked(s)
+            ),
         )
 
     def dead_entry(self, mid: int) -> int | None:
@@ -498,7 +569,7 @@ class Parked:
         at = bisect.bisect_left(order, mid, key=self._id_of)
         while at < len(order) and self._id_of(order[at]) == mid:
             seq = order[at]
-            if states[seq - base] in DEAD:
+            if states[seq - base] in DEAD and not self._acked(seq):
                 return seq
             at += 1
         return None
@@ -509,9 +580,9 @@ class Parked:
         at, end = self.dead_from, len(order)
         while at < end:
             seq = order[at]
-            if seq >= base and states[seq - base] in DEAD:
+            if seq >= base and states[seq - base] in DEAD and not self._acked(seq):
                 break
-            at += 1  # handed out, redriven or gone
+            at += 1  # handed out, redriven or gone (or acked, for the walk to remove)
         self.dead_from = at
         if at >= TRIM and at * 2 >= end:
             del order[:at]
