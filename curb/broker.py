@@ -49,7 +49,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Protocol
 
 from curb import message_limits, payload
@@ -127,7 +127,8 @@ class Store(Protocol):
     def revive(self, rec: Record) -> None: ...
     def keep_dead(self, rec: Record) -> None: ...
     def next_dead(self) -> Record | None: ...
-    def dead_letters(self) -> tuple[Sequence[int], list[Record]]: ...
+    def dead_letters(self) -> tuple[int, list[Record]]: ...
+    def dead_after(self, after: int, last: int, limit: int) -> tuple[list[int], int | None]: ...
     def read_dead(self, mid: int) -> Record | None: ...
     def redrive(self, count: int) -> list[int]: ...
     def wall_ms(self) -> int: ...
@@ -468,9 +469,9 @@ class Broker:
     def browse_dead(self, session: Peer) -> DeadBrowse:
         """A browse of the dead letters as they are now, oldest first: those the log holds
         (read one by one as the browse steps) and those of the dead letters' queue."""
-        ids, kept = self.log.dead_letters()
+        last, kept = self.log.dead_letters()
         log = self.log
-        browse = DeadBrowse(ids, kept + self.dead.messages(), log.read_dead, log.payload)
+        browse = DeadBrowse(log, last, kept + self.dead.messages(), log.payload)
         self._browsing[session] = None
         self._want_browse()
         return browse

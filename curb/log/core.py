@@ -94,7 +94,6 @@ from __future__ import annotations
 import collections
 import errno
 import time
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -730,11 +729,15 @@ class LogCore:
                 return rec
         return None
 
-    def dead_letters(self) -> tuple[array[int], list[Record]]:
-        """A snapshot of the dead letters the log holds, oldest first, for a browse of
-        them: the ids of its index's (`read_dead` reads each then, if still dead) and
-        the records it keeps until a flush copies them (nothing changes)."""
-        return self._parked.dead_letters(), [rec for rec in self._reparks if rec.dead]
+    def dead_letters(self) -> tuple[int, list[Record]]:
+        """Where a browse of the dead letters the log holds stops, and what it holds apart:
+        the highest id among its index's (`dead_after` lists them from there in slices,
+        `read_dead` reads each) and the records it keeps until a flush copies them."""
+        return self._parked.last_dead(), [rec for rec in self._reparks if rec.dead]
+
+    def dead_after(self, after: int, last: int, limit: int) -> tuple[list[int], int | None]:
+        """The next slice of the index's dead letters by id (curb.log.parked.dead_after)."""
+        return self._parked.dead_after(after, last, limit)
 
     def read_dead(self, mid: int) -> Record | None:
         """Dead letter `mid` of the index, read now, if it is one still."""

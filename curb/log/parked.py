@@ -49,8 +49,11 @@ Invariants:
   is being walked (`upto_at`) they still count the entries it has yet to remove.
 - An entry with an id up to the watermark `upto` is acked: while the walk has yet to
   remove it, no reader hands it out or shows it (`take_ready`, `next_dead`,
-  `dead_entry`, `dead_letters`). Compaction may still copy it (`passed_live`): the copy
-  is appended, ahead of the walk, which removes it too.
+  `dead_entry`, `dead_after`). Compaction may still copy it (`passed_live`): the copy is
+  appended, ahead of the walk, which removes it too.
+- `dead_after` takes the dead letters by id, never by place in `dead_order`, so a reader
+  of them in slices (a browse of `./dead`) resumes right whatever was inserted, trimmed,
+  handed out or copied since: a copy keeps its original's id.
 """
 
 from __future__ import annotations
@@ -550,17 +553,38 @@ class Parked:
             self.dead_from = 0
             self.dead_sorted = True
 
-    def dead_letters(self) -> array[int]:
-        """The ids of the dead letters not handed out, oldest first (a snapshot)."""
-        base, states, ids = self.base, self.states, self.ids
-        return array(
-            "q",
-            (
-                ids[s - base]
-                for s in self.dead_order[self.dead_from :]
-                if s >= base and states[s - base] in DEAD and not self._acked(s)
-            ),
-        )
+    def last_dead(self) -> int:
+        """The highest id of a dead letter not handed out (0: none)."""
+        order, base, states = self.dead_order, self.base, self.states
+        self.sort_dead()
+        for at in range(len(order) - 1, self.dead_from - 1, -1):
+            seq = order[at]
+            if seq >= base and states[seq - base] in DEAD and not self._acked(seq):
+                return self.ids[seq - base]
+        return 0
+
+    def dead_after(self, after: int, last: int, limit: int) -> tuple[list[int], int | None]:
+        """The ids of the dead letters not handed out with ids in (after, last], oldest
+        first, looking at about `limit` entries of `dead_order` (those no longer dead
+        too); and the id to go on after (None: there are no more)."""
+        self.sort_dead()
+        order, base, states, ids = self.dead_order, self.base, self.states, self.ids
+        at = max(self.dead_from, bisect.bisect_right(order, after, lo=self.dead_from, key=self._id_of))
+        found: list[int] = []
+        mid = after
+        while at < len(order):
+            seq = order[at]
+            if seq >= base:
+                if ids[seq - base] > last:
+                    return found, None
+                if limit <= 0 and ids[seq - base] != mid:
+                    return found, mid  # never between two entries of one id
+                mid = ids[seq - base]
+                if states[seq - base] in DEAD and not self._acked(seq) and (not found or found[-1] != mid):
+                    found.append(mid)
+            limit -= 1
+            at += 1
+        return found, None
 
     def dead_entry(self, mid: int) -> int | None:
         """The seq of message `mid`'s entry if it is a dead letter not handed out (found
