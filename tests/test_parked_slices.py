@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from curb.dead import DeadBrowse
+from curb.dead import SLICE_IDS, STEP_ENTRIES, DeadBrowse
 from curb.log.cursor import Record
 from curb.log.parked import DEAD_HELD, DELAYED, EXP, GONE, ID_BLOCK, MAX, READY, Parked
 
@@ -230,6 +230,29 @@ def test_a_dead_browse_step_looks_at_a_bounded_number_of_entries():
     while not (step := browse.step(1 << 30)).done:
         steps += 1
         got += [mid for mid, _ in step.messages]
-        assert log.calls <= steps * 17  # STEP_ENTRIES / SLICE_IDS + 1 slices a step
+        assert log.calls <= steps * (STEP_ENTRIES // SLICE_IDS + 1)
     got += [mid for mid, _ in step.messages]
     assert got == list(range(99_001, 100_001))
+
+
+@pytest.mark.parametrize(
+    ("limit", "stepped", "passed"),
+    [(0, (SIZE, 1), 1), (1, (SIZE, 1), 1), (3, (3 * SIZE, 3), 3), (10, (5 * SIZE, 5), 5)],
+)
+def test_the_cursor_steps_over_at_most_limit_parked_records_at_a_time(limit, stepped, passed):
+    parked = Parked()
+    for mid in range(1, 6):
+        parked.add((mid - 1) * SIZE, SIZE, mid, DELAYED, due_ms=10**9, passed=False)
+    assert parked.step_over(0, 1 << 40, limit) == stepped
+    assert parked.passed == passed
+    assert parked.unpassed_bytes == (5 - passed) * SIZE
+
+
+def test_the_first_live_entry_is_found_past_a_million_gone_ones():
+    parked = index(list(range(1, 1_000_002)))
+    parked.ack_upto(1_000_000)
+    while parked.upto_at is not None:
+        for seq in parked.walk_upto(1 << 20):
+            parked.remove(seq)
+    assert [parked.id(seq) for seq in parked.passed_live()] == [1_000_001]
+    assert parked.first == parked.end - 1

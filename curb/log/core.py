@@ -139,7 +139,7 @@ ID_RESERVE = 1 << 16  # ids a checkpoint reserves: at most this gap in ids after
 RELEASE_SLICE = 4096
 # Parked entries an ACK up to an id's walk looks at per slice (blocks of ids all above
 # its watermark skipped unread): a few milliseconds of CPU.
-UPTO_SLICE = 16384
+UPTO_SLICE = 2048
 
 
 @dataclass(slots=True)

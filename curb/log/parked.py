@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import re
 from array import array
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -70,6 +71,7 @@ RUN = 4096
 SEQ_BITS = 40  # a fresh key is due << SEQ_BITS | seq
 SEQ_MASK = (1 << SEQ_BITS) - 1
 TRIM = 4096  # GONE entries at the front worth a trim of the arrays
+LIVE = re.compile(b"[^\\x00]")  # a state byte other than GONE
 ID_BLOCK = 1024  # entries a block of `id_lo` covers
 NO_ID = 1 << 62  # above every id: a block with no live entry
 
@@ -290,12 +292,11 @@ class Parked:
             seq += 1
 
     def _first_live(self) -> int:
-        states, base, end = self.states, self.base, self.end
-        seq = self.first
-        while seq < end and states[seq - base] == GONE:
-            seq += 1
-        self.first = seq
-        return seq
+        # GONE is 0: the first other byte, found in C (an ACK up to an id may have left
+        # a million GONE entries at the front).
+        found = LIVE.search(self.states, max(self.first - self.base, 0))
+        self.first = self.base + (found.start() if found else len(self.states))
+        return self.first
 
     def freed(self, distance: Callable[[int, int], int], old_tail: int, new_tail: int) -> None:
         """Space in [old_tail, new_tail) may be reused: entries there (all GONE: a live one
@@ -389,17 +390,19 @@ class Parked:
 
     # ---------------------------------------------------------------- the cursor's path
 
-    def step_over(self, pos: int, stop: int) -> tuple[int, int] | None:
+    def step_over(self, pos: int, stop: int, limit: int) -> tuple[int, int] | None:
         """What the cursor steps over if the record at `pos` is the next entry it has not
         yet passed: that record and the entries right after it, up to `stop` (the write
         head: an entry is made when its record is placed, and may lie at or past what is
-        written yet), as (bytes, the highest id among them); None otherwise."""
+        written yet) and `limit` entries in all, as (bytes, the highest id among them);
+        None otherwise."""
         seq, end, base = self.passed, self.end, self.base
         offsets = self.offsets
         if seq >= end or offsets[seq - base] != pos:
             return None
         sizes, states = self.sizes, self.states
         at, first = pos, seq
+        end = min(end, seq + max(1, limit))
         while seq < end and offsets[seq - base] == at and at != stop:  # and the records right after it
             size = sizes[seq - base]
             if states[seq - base] != GONE:
