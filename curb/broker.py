@@ -49,7 +49,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Protocol
 
 from curb import message_limits, payload
@@ -99,6 +99,7 @@ class Store(Protocol):
     """What the broker needs of the log (curb.log.Log, or a fake in tests)."""
 
     on_written: Callable[[], None]
+    on_walked: Callable[[], None]
     on_answered: Callable[[], None]
     on_disk_full: Callable[[int, str], None]
     hold_flush: bool
@@ -126,7 +127,8 @@ class Store(Protocol):
     def revive(self, rec: Record) -> None: ...
     def keep_dead(self, rec: Record) -> None: ...
     def next_dead(self) -> Record | None: ...
-    def dead_letters(self) -> tuple[Sequence[int], list[Record]]: ...
+    def dead_letters(self) -> tuple[int, list[Record]]: ...
+    def dead_after(self, after: int, last: int, limit: int) -> tuple[list[int], int | None]: ...
     def read_dead(self, mid: int) -> Record | None: ...
     def redrive(self, count: int) -> list[int]: ...
     def wall_ms(self) -> int: ...
@@ -226,8 +228,8 @@ class NotStored(Exception):
 
 
 # Dead letters a redrive moves per loop pass: each is read back and rewritten in place,
-# a few microseconds, so a pass holds other clients up a few milliseconds at most.
-REDRIVE_SLICE = 1024
+# about 9 us, so a pass holds other clients up about 5 ms.
+REDRIVE_SLICE = 512
 TOO_LARGE, BAD_HEADERS, FULL = "too_large", "bad_headers", "full"
 # When a front may suggest trying a SEND the full queue refused again (HTTP's Retry-After).
 RETRY_FULL_SECONDS = 1.0
@@ -320,6 +322,7 @@ class Broker:
         self._browsing: dict[Peer, None] = {}
         self._browse_scheduled = False
         log.on_written = self.pump
+        log.on_walked = self._counts_dirty
         log.on_answered = self.flush_out
         log.on_disk_full = self.disk_full
         self._arm_due()  # messages recovered delayed
@@ -477,9 +480,9 @@ class Broker:
     def browse_dead(self, session: Peer) -> DeadBrowse:
         """A browse of the dead letters as they are now, oldest first: those the log holds
         (read one by one as the browse steps) and those of the dead letters' queue."""
-        ids, kept = self.log.dead_letters()
+        last, kept = self.log.dead_letters()
         log = self.log
-        browse = DeadBrowse(ids, kept + self.dead.messages(), log.read_dead, log.payload)
+        browse = DeadBrowse(log, last, kept + self.dead.messages(), log.payload)
         self._browsing[session] = None
         self._want_browse()
         return browse

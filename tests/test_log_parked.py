@@ -55,7 +55,8 @@ class World:
         return out
 
     def dead_records(self) -> list[Record]:
-        ids, kept = self.log.dead_letters()
+        last, kept = self.log.dead_letters()
+        ids, _ = self.log.dead_after(0, last, 1 << 62)
         return [rec for mid in ids if (rec := self.log.read_dead(mid)) is not None] + kept
 
 

@@ -36,6 +36,7 @@ class FakeLog:
         self.dead_rdy: collections.deque[Record] = collections.deque()  # found at start-up, not handed out
         self.on_written: Callable[[], None] = lambda: None
         self.on_answered: Callable[[], None] = lambda: None
+        self.on_walked: Callable[[], None] = lambda: None
         self.on_disk_full: Callable[[int, str], None] = lambda refused, why: None
         self.hold_flush = False
         self.ready: collections.deque[Record] = collections.deque()
@@ -91,8 +92,11 @@ class FakeLog:
     def next_dead(self) -> Record | None:
         return self.dead_rdy.popleft() if self.dead_rdy else None
 
-    def dead_letters(self) -> tuple[list[int], list[Record]]:
-        return [], list(self.dead_rdy)
+    def dead_letters(self) -> tuple[int, list[Record]]:
+        return 0, list(self.dead_rdy)
+
+    def dead_after(self, after: int, last: int, limit: int) -> tuple[list[int], int | None]:
+        return [], None
 
     def read_dead(self, mid: int) -> Record | None:
         raise AssertionError("the fake log keeps its dead letters as records")

@@ -94,7 +94,6 @@ from __future__ import annotations
 import collections
 import errno
 import time
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -138,6 +137,9 @@ ID_RESERVE = 1 << 16  # ids a checkpoint reserves: at most this gap in ids after
 # Due messages moved to the ready line per call of `release`: no read each, so a call is
 # a few milliseconds at most.
 RELEASE_SLICE = 4096
+# Parked entries an ACK up to an id's walk looks at per slice (blocks of ids all above
+# its watermark skipped unread): a few milliseconds of CPU.
+UPTO_SLICE = 2048
 
 
 @dataclass(slots=True)
@@ -227,6 +229,7 @@ class LogCore:
         self.max_message = max_message_for(cap, max_payload)
         self.max_record = record_size(self.max_message)
         self.on_written: Callable[[], None] = lambda: None
+        self.on_walked: Callable[[], None] = lambda: None  # an ACK up to an id's walk is done
         self.on_fatal: Callable[[str], None] = lambda reason: None
         self.on_answered: Callable[[], None] = lambda: None
         self.on_damage: Callable[[str], None] = lambda text: None
@@ -408,7 +411,7 @@ class LogCore:
     def walking(self) -> bool:
         """Whether a walk of the ring waits for its next slice, which the next `flush`
         grants (until then `next_ready` may say None with messages left to hand out)."""
-        return self._cursor.stalled
+        return self._cursor.stalled or self._parked.upto_at is not None
 
     @property
     def acked_upto(self) -> int:
@@ -513,13 +516,10 @@ class LogCore:
                 self._ready_kept = collections.deque(rec for rec in self._ready_kept if not rec.acked)
             cur.ack_upto(upto)  # first: it tells parked records from unread ones by the index
             parked = self._parked
-            for seq in parked.upto(upto):
-                held_rec = parked.held.get(seq)
-                if held_rec is not None:
-                    held_rec.acked = True
-                    held_rec.slot = -1
-                admission.classes.remove(parked.size(seq))
-                parked.remove(seq)
+            for seq in [seq for seq, held_rec in parked.held.items() if held_rec.id <= upto]:
+                self._drop_parked(seq)  # held ones at once: their records are acked now
+            parked.ack_upto(upto)
+            self._walk_upto()
             self._ready_changed()
         if done is None:
             pass
@@ -532,6 +532,31 @@ class LogCore:
             # watermark order: each is answered by the first durable checkpoint past it.
             self.waiters.watermark.append((self._acked_upto, done))
         self._schedule()
+
+    def _walk_upto(self) -> bool:
+        """One slice of an ACK up to an id's walk of the parked index, if one is under
+        way (whether it was): it removes the entries the watermark acked, the next slice
+        at the next flush; `on_walked` once the counts are exact again."""
+        parked = self._parked
+        if parked.upto_at is None:
+            return False
+        for seq in parked.walk_upto(UPTO_SLICE):
+            self._drop_parked(seq)
+        if parked.upto_at is None:
+            self.on_walked()
+        else:
+            self._schedule()
+        return True
+
+    def _drop_parked(self, seq: int) -> None:
+        """A parked entry is acked: removed, and its record, if one is held, acked."""
+        parked = self._parked
+        held_rec = parked.held.get(seq)
+        if held_rec is not None:
+            held_rec.acked = True
+            held_rec.slot = -1
+        self.admission.classes.remove(parked.size(seq))
+        parked.remove(seq)
 
     def browse(self, from_id: int, to_id: int) -> Browse:
         """A read of the live messages with ids in [from_id, to_id] (curb.log.browse); the
@@ -705,11 +730,15 @@ class LogCore:
                 return rec
         return None
 
-    def dead_letters(self) -> tuple[array[int], list[Record]]:
-        """A snapshot of the dead letters the log holds, oldest first, for a browse of
-        them: the ids of its index's (`read_dead` reads each then, if still dead) and
-        the records it keeps until a flush copies them (nothing changes)."""
-        return self._parked.dead_letters(), [rec for rec in self._reparks if rec.dead]
+    def dead_letters(self) -> tuple[int, list[Record]]:
+        """Where a browse of the dead letters the log holds stops, and what it holds apart:
+        the highest id among its index's (`dead_after` lists them from there in slices,
+        `read_dead` reads each) and the records it keeps until a flush copies them."""
+        return self._parked.last_dead(), [rec for rec in self._reparks if rec.dead]
+
+    def dead_after(self, after: int, last: int, limit: int) -> tuple[list[int], int | None]:
+        """The next slice of the index's dead letters by id (curb.log.parked.dead_after)."""
+        return self._parked.dead_after(after, last, limit)
 
     def read_dead(self, mid: int) -> Record | None:
         """Dead letter `mid` of the index, read now, if it is one still (also one a
@@ -895,8 +924,9 @@ class LogCore:
         out, both of which the owner hears of through `on_written`."""
         cursor = self._cursor
         cursor.allowance = self.slice_work
+        walked = self._walk_upto()
         if not cursor.stalled:
-            return False
+            return walked
         cursor.stalled = False
         cursor.pass_dead()
         return True

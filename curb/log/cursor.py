@@ -32,9 +32,10 @@ Invariants:
   above it, which this run's ACKs up to an id made dead, are still counted until passed.
   Every uncount goes through `_uncount`, which asks this one rule.
 - The cursor's work is bounded: it reads on for at most `allowance` work (bytes read
-  plus RECORD_WORK a record) per slice, then stops where it is, sets `stalled` and calls
-  `on_stalled`; its owner (the log) grants the next slice later, from the event loop's
-  next pass, so that passing a million dead records never holds the loop.
+  plus RECORD_WORK a record, STEP_WORK a parked record it steps over unread) per slice,
+  then stops where it is, sets `stalled` and calls `on_stalled`; its owner (the log)
+  grants the next slice later, from the event loop's next pass, so that passing a
+  million dead records never holds the loop.
 - Parked records (curb.log.parked: due later, or dead) are never handed out by
   `next_ready`: every one is in the index before the cursor can meet it, so the cursor
   only steps over them (by their recorded sizes, unread) and never parks one itself.
@@ -70,6 +71,9 @@ FRESH_BYTES = 1 << 20
 # other clients waiting far less than 50 ms.
 RECORD_WORK = 2048
 SLICE_WORK = 1 << 20
+# The work of stepping over one parked record by its index entry (no read): a slice steps
+# over at most SLICE_WORK / STEP_WORK of them, a few milliseconds of CPU.
+STEP_WORK = 64
 PARKED_LAST = -2  # in `last`: the message's last occurrence is parked (curb.log.parked)
 
 
@@ -302,8 +306,10 @@ class Cursor:
                     self._uncount(rec.id, rec.size)
                     continue
                 return self._hand_out(rec)
-            stepped = self.parked.step_over(pos, self.whead)
+            passed = self.parked.passed
+            stepped = self.parked.step_over(pos, self.whead, self.allowance // STEP_WORK)
             if stepped is not None:  # parked records: indexed, never handed out here
+                self.allowance -= (self.parked.passed - passed - 1) * STEP_WORK
                 self.rpos = pos + stepped[0]
                 # Their ids count as read: an occurrence of one of them met later that
                 # nothing holds (`ahead`) or names (`last`) is stale. No unread message

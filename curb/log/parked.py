@@ -23,6 +23,13 @@ it as an *entry*, numbered by `seq` in ring order:
   made differ from id order, so they are sorted once when it is done (`sort_dead`).
   `dead_from` is where the next reader starts: every entry before it is handed out,
   redriven or gone, so a reader of a million dead letters never rescans the ones taken.
+  Every DEAD_HELD entry stays in `dead_order` (a cut of the front keeps them,
+  `_dead_kept`): it is a dead letter still, which `dead_entry` and a browse of the dead
+  letters (`dead_after`, by id, from the start) must find.
+- By id, for an ACK up to an id: `id_lo`, per block of ID_BLOCK seqs, an id no live
+  entry of the block is below (8 bytes a block). Ids rise in ring order but for
+  compaction's copies, so an ACK up to an id (`ack_upto`, `walk_upto`) reads only the
+  blocks holding an id up to it and skips the others unread, a bounded slice at a time.
 - The ready line: `ready_order`, the seqs of READY entries in the order they became
   ready (due, or redriven): they wait for a consumer as entries, not objects, and
   `take_ready` hands them out oldest first.
@@ -42,13 +49,22 @@ Invariants:
   are passed at once. Entries are trimmed from the front only below both `passed` and
   the first live entry, so the cursor always recognises a record it must step over.
 - `bytes`, `delayed`, `ready` and `dead` are the live entries' record bytes, the DELAYED
-  and READY entries and the dead letters (MAX, EXP, DEAD_HELD).
+  and READY entries and the dead letters (MAX, EXP, DEAD_HELD); while an ACK up to an id
+  is being walked (`upto_at`) they still count the entries it has yet to remove.
+- An entry with an id up to the watermark `upto` is acked: while the walk has yet to
+  remove it, no reader hands it out or shows it (`take_ready`, `next_dead`,
+  `dead_entry`, `dead_after`). Compaction may still copy it (`passed_live`): the copy is
+  appended, ahead of the walk, which removes it too.
+- `dead_after` takes the dead letters by id, never by place in `dead_order`, so a reader
+  of them in slices (a browse of `./dead`) resumes right whatever was inserted, trimmed,
+  handed out or copied since: a copy keeps its original's id.
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
+import re
 from array import array
 from collections.abc import Callable, Iterator
 from itertools import accumulate, compress, islice, repeat
@@ -63,6 +79,9 @@ SEQ_MASK = (1 << SEQ_BITS) - 1
 TRIM = 4096  # GONE entries at the front worth a trim of the arrays
 STEP = 4096  # entries `step_over` checks at once
 OFFSETS = "I" if array("I").itemsize == 4 else "q"  # the offsets' type in a ring of up to 4 GiB
+LIVE = re.compile(b"[^\\x00]")  # a state byte other than GONE
+ID_BLOCK = 1024  # entries a block of `id_lo` covers
+NO_ID = 1 << 62  # above every id: a block with no live entry
 
 
 class Run:
@@ -128,6 +147,10 @@ class Parked:
         self.stale = 0
         self.dead_order = array("q")
         self.dead_from = 0
+        self.id_lo = array("q")  # per block of ID_BLOCK seqs from block0 * ID_BLOCK
+        self.block0 = 0
+        self.upto = 0  # the ack-up-to watermark
+        self.upto_at: int | None = None  # the next seq the walk of an ACK up to an id looks at
         self.dead_sorted = True  # False once a batch of recovery's broke the id order
         self.ready_order = array("q")
         self.ready_from = 0
@@ -174,6 +197,7 @@ class Parked:
         self.sizes.append(size)
         self.ids.append(mid)
         self.states.append(state)
+        self._note_id(seq, mid)
         self.bytes += size
         if state == DELAYED:
             self.delayed += 1
@@ -197,6 +221,11 @@ class Parked:
         self.sizes.extend(sizes)
         self.ids.extend(ids)
         self.states.extend(states)
+        seq, base = first, self.base
+        while seq < self.end:
+            stop = min(self.end, (seq // ID_BLOCK + 1) * ID_BLOCK)
+            self._note_id(seq, min(self.ids[seq - base : stop - base]))
+            seq = stop
         total = sum(sizes)
         self.bytes += total
         self.unpassed_bytes += total
@@ -284,12 +313,11 @@ class Parked:
             seq += 1
 
     def _first_live(self) -> int:
-        states, base, end = self.states, self.base, self.end
-        seq = self.first
-        while seq < end and states[seq - base] == GONE:
-            seq += 1
-        self.first = seq
-        return seq
+        # GONE is 0: the first other byte, found in C (an ACK up to an id may have left
+        # a million GONE entries at the front).
+        found = LIVE.search(self.states, max(self.first - self.base, 0))
+        self.first = self.base + (found.start() if found else len(self.states))
+        return self.first
 
     def freed(self, distance: Callable[[int, int], int], old_tail: int, new_tail: int) -> None:
         """Space in [old_tail, new_tail) may be reused: entries there (all GONE: a live one
@@ -325,30 +353,76 @@ class Parked:
             del self.ids[:cut]
             del self.states[:cut]
             self.base = upto
+            del self.id_lo[: upto // ID_BLOCK - self.block0]
+            self.block0 = upto // ID_BLOCK
             # The orders name no entry below the base (all GONE): they look ids up by seq.
-            self.dead_order = array("q", (s for s in self.dead_order[self.dead_from :] if s >= upto))
-            self.dead_from = 0
+            self.dead_order, self.dead_from = self._dead_kept(self.dead_from, upto)
             self.ready_order = array("q", (s for s in self.ready_order[self.ready_from :] if s >= upto))
             self.ready_from = 0
 
-    def upto(self, upto: int) -> list[int]:
-        """The seqs of the live entries with ids up to `upto` (an ACK up to an id)."""
-        base, states = self.base, self.states
-        return [base + i for i, mid in enumerate(self.ids) if mid <= upto and states[i] != GONE]
+    # ---------------------------------------------------------------- ACK up to an id
+
+    def _note_id(self, seq: int, mid: int) -> None:
+        """Entry `seq` (the newest) has id `mid`: its block's lowest id is no higher."""
+        k, lo = seq // ID_BLOCK - self.block0, self.id_lo
+        if k < len(lo):
+            lo[k] = min(lo[k], mid)
+        else:
+            lo.append(mid)
+
+    def ack_upto(self, upto: int) -> None:
+        """Raise the watermark: entries with ids up to it are acked from now on, and
+        `walk_upto` finds them for removal."""
+        if upto > self.upto:
+            self.upto = upto
+            self.upto_at = self.base
+
+    def _acked(self, seq: int) -> bool:
+        """Whether the entry is acked by the watermark and not yet removed."""
+        return self.upto_at is not None and self.ids[seq - self.base] <= self.upto
+
+    def walk_upto(self, limit: int) -> list[int]:
+        """The next live entries with ids up to the watermark, for the caller to remove,
+        looking at about `limit` entries: blocks whose ids all lie above it cost nothing.
+        `upto_at` is None once the walk has reached the end."""
+        at = self.upto_at
+        if at is None:
+            return []
+        base, ids, states, lo, upto = self.base, self.ids, self.states, self.id_lo, self.upto
+        at, end, looked = max(at, base), self.end, 0
+        found: list[int] = []
+        while at < end and looked < limit:
+            block = at // ID_BLOCK
+            stop = min(end, (block + 1) * ID_BLOCK)
+            k = block - self.block0
+            if lo[k] <= upto:
+                i = at - base
+                found.extend(
+                    base + i + n for n, mid in enumerate(ids[i : stop - base]) if mid <= upto and states[i + n]
+                )
+                if at == block * ID_BLOCK and stop - at == ID_BLOCK:  # the whole block: its lowest id left
+                    left = (mid for n, mid in enumerate(ids[i : i + ID_BLOCK]) if mid > upto and states[i + n])
+                    lo[k] = min(left, default=NO_ID)
+                looked += stop - at
+            at = stop
+        self.upto_at = at if at < end else None
+        return found
 
     # ---------------------------------------------------------------- the cursor's path
 
-    def step_over(self, pos: int, stop: int) -> tuple[int, int] | None:
+    def step_over(self, pos: int, stop: int, limit: int) -> tuple[int, int] | None:
         """What the cursor steps over if the record at `pos` is the next entry it has not
         yet passed: that record and the entries right after it, up to `stop` (the write
         head: an entry is made when its record is placed, and may lie at or past what is
-        written yet), as (bytes, the highest id among them); None otherwise."""
+        written yet) and `limit` entries in all, as (bytes, the highest id among them);
+        None otherwise."""
         seq, end, base = self.passed, self.end, self.base
         offsets = self.offsets
         if seq >= end or offsets[seq - base] != pos:
             return None
         sizes, states = self.sizes, self.states
         at, first = pos, seq
+        end = min(end, seq + max(1, limit))
         while seq < end and at != stop:  # STEP entries at a time while they lie end to end, in C
             i = seq - base
             j = min(end - base, i + STEP)
@@ -448,7 +522,7 @@ class Parked:
         while at < end:
             seq = order[at]
             at += 1
-            if seq >= base and states[seq - base] == READY:
+            if seq >= base and states[seq - base] == READY and not self._acked(seq):
                 states[seq - base] = HELD
                 self.ready -= 1
                 self.ready_from = at
@@ -508,16 +582,53 @@ class Parked:
     def sort_dead(self) -> None:
         """Put recovery's dead letters in id order, if its batches were not."""
         if not self.dead_sorted:
-            self.dead_order = array("q", sorted(self.dead_order[self.dead_from :], key=self._id_of))
+            order, _ = self._dead_kept(self.dead_from, self.base)
+            self.dead_order = array("q", sorted(order, key=self._id_of))
             self.dead_from = 0
             self.dead_sorted = True
 
-    def dead_letters(self) -> array[int]:
-        """The ids of the dead letters not handed out, oldest first (a snapshot)."""
-        base, states, ids = self.base, self.states, self.ids
-        return array(
-            "q", (ids[s - base] for s in self.dead_order[self.dead_from :] if s >= base and states[s - base] in DEAD)
-        )
+    def _dead_kept(self, cut: int, upto: int) -> tuple[array[int], int]:
+        """`dead_order` without its first `cut` entries but for those in a reader's hands
+        (DEAD_HELD: dead letters still, which a browse and `dead_entry` must find), and
+        without seqs below `upto`; and how many of the first it kept."""
+        order, base, states = self.dead_order, self.base, self.states
+        held = [s for s in order[:cut] if s >= max(base, upto) and states[s - base] == DEAD_HELD]
+        return array("q", held + [s for s in order[cut:] if s >= upto]), len(held)
+
+    def last_dead(self) -> int:
+        """The highest id of a dead letter not handed out (0: none)."""
+        order, base, states = self.dead_order, self.base, self.states
+        self.sort_dead()
+        for at in range(len(order) - 1, self.dead_from - 1, -1):
+            seq = order[at]
+            if seq >= base and states[seq - base] in DEAD and not self._acked(seq):
+                return self.ids[seq - base]
+        return 0
+
+    def dead_after(self, after: int, last: int, limit: int) -> tuple[list[int], int | None]:
+        """The ids of the dead letters with ids in (after, last], handed out to a reader
+        of the dead letters or not (they are dead until acked or redriven), oldest first,
+        looking at about `limit` entries of `dead_order` (those no longer dead too); and
+        the id to go on after (None: there are no more)."""
+        self.sort_dead()
+        order, base, states, ids = self.dead_order, self.base, self.states, self.ids
+        at = bisect.bisect_right(order, after, key=self._id_of)  # those handed out lie before dead_from too
+        found: list[int] = []
+        mid = after
+        while at < len(order):
+            seq = order[at]
+            if seq >= base:
+                if ids[seq - base] > last:
+                    return found, None
+                if limit <= 0 and ids[seq - base] != mid:
+                    return found, mid  # never between two entries of one id
+                mid = ids[seq - base]
+                state = states[seq - base]
+                if (state in DEAD or state == DEAD_HELD) and not self._acked(seq) and (not found or found[-1] != mid):
+                    found.append(mid)
+            limit -= 1
+            at += 1
+        return found, None
 
     def dead_entry(self, mid: int) -> int | None:
         """The seq of message `mid`'s entry if it is a dead letter, handed out to a reader
@@ -527,7 +638,7 @@ class Parked:
         at = bisect.bisect_left(order, mid, key=self._id_of)
         while at < len(order) and self._id_of(order[at]) == mid:
             seq = order[at]
-            if states[seq - base] in DEAD or states[seq - base] == DEAD_HELD:
+            if (states[seq - base] in DEAD or states[seq - base] == DEAD_HELD) and not self._acked(seq):
                 return seq
             at += 1
         return None
@@ -538,11 +649,10 @@ class Parked:
         at, end = self.dead_from, len(order)
         while at < end:
             seq = order[at]
-            if seq >= base and states[seq - base] in DEAD:
+            if seq >= base and states[seq - base] in DEAD and not self._acked(seq):
                 break
-            at += 1  # handed out, redriven or gone
+            at += 1  # handed out, redriven or gone (or acked, for the walk to remove)
         self.dead_from = at
         if at >= TRIM and at * 2 >= end:
-            del order[:at]
-            self.dead_from = at = 0
+            self.dead_order, self.dead_from = order, at = self._dead_kept(at, self.base)
         return order[at] if at < len(order) else None

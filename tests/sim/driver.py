@@ -73,7 +73,8 @@ SLICES = (1, 3 * RECORD_WORK, 64 * RECORD_WORK, SLICE_WORK, SLICE_WORK)  # a wal
 
 def dead_records(log: LogCore) -> list[Record]:
     """Every dead letter the log holds, read now (as a browse of them reads them)."""
-    ids, kept = log.dead_letters()
+    last, kept = log.dead_letters()
+    ids, _ = log.dead_after(0, last, 1 << 62)
     return [rec for mid in ids if (rec := log.read_dead(mid)) is not None] + kept
 
 
