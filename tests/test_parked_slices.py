@@ -256,3 +256,26 @@ def test_the_first_live_entry_is_found_past_a_million_gone_ones():
             parked.remove(seq)
     assert [parked.id(seq) for seq in parked.passed_live()] == [1_000_001]
     assert parked.first == parked.end - 1
+
+
+def test_dead_letters_in_readers_hands_at_the_front_make_no_cut_over_and_over(monkeypatch):
+    """A ./dead reader holds 10,000 dead letters and a redrive takes the other 10,000 one
+    by one: each cut of dead_order's front keeps the held ones, and must not come again
+    at once for want of room it cannot make (a redrive of 300,000 stalled 0.7 s a slice)."""
+    parked = index(list(range(1, 20_001)), MAX)
+    for _ in range(10_000):  # handed out, as LogCore.next_dead does
+        seq = parked.next_dead()
+        assert seq is not None
+        parked.set(seq, DEAD_HELD)
+        parked.held[seq] = object()
+    cuts = []
+    kept = Parked._dead_kept
+    monkeypatch.setattr(Parked, "_dead_kept", lambda self, *a: cuts.append(a) or kept(self, *a))
+    moved = 0
+    while (seq := parked.next_dead()) is not None:  # a redrive: READY one by one
+        parked.set(seq, READY)
+        moved += 1
+    assert moved == 10_000 and len(cuts) <= 2, len(cuts)
+    held = [s for s in parked.dead_order if parked.state(s) == DEAD_HELD]
+    assert len(held) == 10_000  # still findable, by dead_entry and a browse
+    assert parked.dead_entry(parked.id(held[0])) == held[0]

@@ -147,6 +147,7 @@ class Parked:
         self.stale = 0
         self.dead_order = array("q")
         self.dead_from = 0
+        self.dead_front = 0  # entries in a reader's hands a cut of the front kept there
         self.id_lo = array("q")  # per block of ID_BLOCK seqs from block0 * ID_BLOCK
         self.block0 = 0
         self.upto = 0  # the ack-up-to watermark
@@ -357,6 +358,7 @@ class Parked:
             self.block0 = upto // ID_BLOCK
             # The orders name no entry below the base (all GONE): they look ids up by seq.
             self.dead_order, self.dead_from = self._dead_kept(self.dead_from, upto)
+            self.dead_front = self.dead_from
             self.ready_order = array("q", (s for s in self.ready_order[self.ready_from :] if s >= upto))
             self.ready_from = 0
 
@@ -582,18 +584,23 @@ class Parked:
     def sort_dead(self) -> None:
         """Put recovery's dead letters in id order, if its batches were not."""
         if not self.dead_sorted:
-            order, _ = self._dead_kept(self.dead_from, self.base)
+            order, _ = self._dead_kept(self.dead_from)
             self.dead_order = array("q", sorted(order, key=self._id_of))
-            self.dead_from = 0
+            self.dead_from = self.dead_front = 0
             self.dead_sorted = True
 
-    def _dead_kept(self, cut: int, upto: int) -> tuple[array[int], int]:
+    def _dead_kept(self, cut: int, upto: int | None = None) -> tuple[array[int], int]:
         """`dead_order` without its first `cut` entries but for those in a reader's hands
-        (DEAD_HELD: dead letters still, which a browse and `dead_entry` must find), and
+        (DEAD_HELD: dead letters still, which a browse and `dead_entry` must find; they
+        are all among the first `cut`, found through `held`, as few as readers hold), and
         without seqs below `upto`; and how many of the first it kept."""
-        order, base, states = self.dead_order, self.base, self.states
-        held = [s for s in order[:cut] if s >= max(base, upto) and states[s - base] == DEAD_HELD]
-        return array("q", held + [s for s in order[cut:] if s >= upto]), len(held)
+        base, states = self.base, self.states
+        floor = base if upto is None else max(base, upto)
+        held = sorted((s for s in self.held if s >= floor and states[s - base] == DEAD_HELD), key=self._id_of)
+        rest = self.dead_order[cut:]
+        kept = array("q", held)
+        kept.extend(rest if upto is None else (s for s in rest if s >= upto))
+        return kept, len(held)
 
     def last_dead(self) -> int:
         """The highest id of a dead letter not handed out (0: none)."""
@@ -653,6 +660,8 @@ class Parked:
                 break
             at += 1  # handed out, redriven or gone (or acked, for the walk to remove)
         self.dead_from = at
-        if at >= TRIM and at * 2 >= end:
-            self.dead_order, self.dead_from = order, at = self._dead_kept(at, self.base)
+        cut = at - self.dead_front  # what a cut would drop (those kept before stay again)
+        if cut >= TRIM and cut * 2 >= end:
+            self.dead_order, self.dead_from = order, at = self._dead_kept(at)
+            self.dead_front = at
         return order[at] if at < len(order) else None
