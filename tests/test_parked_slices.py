@@ -268,9 +268,14 @@ def test_dead_letters_in_readers_hands_at_the_front_make_no_cut_over_and_over(mo
         assert seq is not None
         parked.set(seq, DEAD_HELD)
         parked.held[seq] = object()
-    cuts = []
+    cuts: list[tuple[int, ...]] = []
     kept = Parked._dead_kept
-    monkeypatch.setattr(Parked, "_dead_kept", lambda self, *a: cuts.append(a) or kept(self, *a))
+
+    def counted(self: Parked, *args: int):
+        cuts.append(args)
+        return kept(self, *args)
+
+    monkeypatch.setattr(Parked, "_dead_kept", counted)
     moved = 0
     while (seq := parked.next_dead()) is not None:  # a redrive: READY one by one
         parked.set(seq, READY)
