@@ -324,10 +324,12 @@ class Parked:
         """Space in [old_tail, new_tail) may be reused: entries there (all GONE: a live one
         pins the tail) no longer name their records."""
         span = distance(old_tail, new_tail)
-        seq = max(self.valid, self.base)
-        while seq < self.end and distance(old_tail, self.offsets[seq - self.base]) < span:
-            seq += 1
-        self.valid = seq
+        lo = max(self.valid, self.base) - self.base
+        # From `valid` on, entries lie within one lap in ring order (see `find`): their
+        # distance from the old tail rises, so the first beyond the span is found by
+        # bisection (a tail moving past a million entries at once costs no walk of them).
+        at = bisect.bisect_left(self.offsets, span, lo, key=lambda o: distance(old_tail, o))
+        self.valid = self.base + at
 
     def find(self, pos: int, distance: Callable[[int, int], int], gone: bool = False) -> int | None:
         """The seq of the live entry at ring offset `pos` (with `gone`, of a GONE one
