@@ -924,7 +924,7 @@ class LogCore:
         out, both of which the owner hears of through `on_written`."""
         cursor = self._cursor
         cursor.allowance = self.slice_work
-        walked = self._walk_upto()
+        walked = self._parked.upto_at is not None and self._walk_upto()  # (no call a flush when none)
         if not cursor.stalled:
             return walked
         cursor.stalled = False

@@ -55,6 +55,7 @@ import re
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 MAGIC = b"curb log 2\n"
 MAGIC_V1 = b"curb log 1\n"
@@ -198,9 +199,23 @@ def parse_header(buf, pos: int) -> RecordHeader:
     )
 
 
-def check_payload(buf, pos: int, header: RecordHeader) -> bool:
-    """True if the record at buf[pos:] is complete and its CRC matches."""
-    return _crc_holds(buf, pos, header.size, header.length, header.crc)
+def check_payload(buf, pos: int, header: RecordHeader | CrcFields) -> bool:
+    """True if the record at buf[pos:] is complete and its CRC matches (of `header` only
+    its size, length and crc are read: see `crc_holds`)."""
+    end = pos + header.size
+    if len(buf) < end or buf[end - 1] != 10:
+        return False
+    view = memoryview(buf)  # the CRC reads the bytes where they are: no copy of the payload
+    crc = zlib.crc32(view[pos + CRC_FROM : pos + CRC_TO])
+    return zlib.crc32(view[pos + RECORD_HEADER : pos + RECORD_HEADER + header.length], crc) == header.crc
+
+
+class CrcFields(NamedTuple):
+    """What `check_payload` reads of a header."""
+
+    size: int
+    length: int
+    crc: int
 
 
 def crc_holds(buf, pos: int, size: int) -> bool:
@@ -210,16 +225,7 @@ def crc_holds(buf, pos: int, size: int) -> bool:
         length, crc = int(buf[pos + 85 : pos + 93], 16), int(buf[pos + 94 : pos + 102], 16)
     except ValueError:
         return False
-    return _crc_holds(buf, pos, size, length, crc)
-
-
-def _crc_holds(buf, pos: int, size: int, length: int, crc: int) -> bool:
-    end = pos + size
-    if len(buf) < end or buf[end - 1] != 10:
-        return False
-    view = memoryview(buf)  # the CRC reads the bytes where they are: no copy of the payload
-    covered = zlib.crc32(view[pos + CRC_FROM : pos + CRC_TO])
-    return zlib.crc32(view[pos + RECORD_HEADER : pos + RECORD_HEADER + length], covered) == crc
+    return check_payload(buf, pos, CrcFields(size, length, crc))
 
 
 class Layout:
