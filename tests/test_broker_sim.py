@@ -138,6 +138,11 @@ REGRESSIONS_WITH_SLICES = {
     # longer "one still" to the browse, which skipped it.
     "a_dead_browse_skips_a_dead_letter_handed_out_meanwhile": (20000015, "dead browse missed a dead letter"),
     "a_dead_browse_skips_a_dead_letter_handed_out_meanwhile_2": (20000391, "dead browse missed a dead letter"),
+    # The checker: a redrive of some moved an expired dead letter, which the queue buried
+    # again at once; a crash between the redrive's rewrite and the new burial's left it
+    # queued (expired: it is buried again when met), and the burial before it, receipted,
+    # no longer binds once a redrive may have moved it.
+    "a_redriven_expired_letter_reburied_is_queued_after_a_crash": (31016791, "dead letter came back to life"),
 }
 
 

@@ -431,6 +431,9 @@ class Checker:
         for msg in reburied:
             msg.count = msg.durable_count = msg.returned = 0
             msg.reason_unsure = msg.state == DEAD
+            # Its redrive's rewrite and its burial again are two writes: a crash between
+            # them leaves it queued, the burial before no longer binding.
+            msg.dead_promised = False
         tags = []
         for msg in moved:
             msg.redrive_at_limit = msg.reason == LIMIT or (msg.state == LIVE and msg.spent)
