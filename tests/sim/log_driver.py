@@ -564,7 +564,8 @@ class Sim:
             tag, moved_here = self.model.redriven(rec, ids)
             mine += moved_here
             self.redeliver.append((rec, tag))
-        self.model.check_redrive_lost(moved, mine)
+        if self.fatal is None:  # a write that failed meanwhile stopped the log: it hands out no more
+            self.model.check_redrive_lost(moved, mine)
         self.trace("redrive of %s: %d moved", count, moved)
 
     def core_due(self) -> list[Record]:
