@@ -24,6 +24,7 @@ curb.cli), `LogError` or OSError; whatever was opened before the failure is clos
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import errno
 import gc
@@ -516,10 +517,8 @@ def _fix_mmap_threshold() -> None:
     default; at 128 KiB, a million dead letters took 56.8 MiB live, where 58-61 MiB by
     default). A body of 128 KiB or more then costs a mapping of its own, small beside
     its fsync."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # no glibc: nothing to set
         ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-    except (OSError, AttributeError):
-        pass
 
 
 def _settle_memory() -> None:
