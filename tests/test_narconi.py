@@ -185,12 +185,21 @@ def test_consume_multiple_limit_defaults_to_10(narconi):
         assert [g["message"] for g in got] == [str(i) for i in range(10)]
 
 
-@pytest.mark.parametrize("encoding, text", [("base64", "aGk="), ("hex", "6869"), ("utf-8", "hi")])
-def test_consume_multiple_encoding_puts_the_payload_in_message(narconi, encoding, text):
+@pytest.mark.parametrize(
+    "body, encoding, text, said",
+    [
+        (b"hi", "base64", "aGk=", None),
+        (b"hi", "hex", "6869", None),
+        (b"hi", "utf-8", "hi", None),
+        (b"\xff", "utf-8", "/w==", "base64"),  # not UTF-8: Curb's x-curb-encoding says how it came
+    ],
+)
+def test_consume_multiple_encoding_puts_the_payload_in_message(narconi, body, encoding, text, said):
     base, _ = narconi()
-    http("POST", base + Q + "/messages", b"hi")
+    http("POST", base + Q + "/messages", body)
     with ws(base, Q + f"/messages?encoding={encoding}", "consume") as socket:
-        assert json.loads(socket.recv(timeout=10))["message"] == text
+        metadata = json.loads(socket.recv(timeout=10))
+    assert metadata["message"] == text and metadata.get("x-curb-encoding") == said
 
 
 def test_consume_multiple_an_empty_message_stops_new_deliveries(narconi):
@@ -199,6 +208,7 @@ def test_consume_multiple_an_empty_message_stops_new_deliveries(narconi):
     with ws(base, Q + "/messages?ack&encoding=utf-8", "consume") as socket:
         first = json.loads(socket.recv(timeout=10))
         socket.send("")  # 1. stop
+        socket.send("")  # (once is enough; again changes nothing)
         http("POST", base + Q + "/messages", b"two")
         with pytest.raises(TimeoutError):
             socket.recv(timeout=0.5)  # nothing new comes

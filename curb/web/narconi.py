@@ -48,7 +48,7 @@ from curb.log import Record
 from curb.queue import Late, QueueError, Subscription
 from curb.session import OUTPUT_LIMIT
 from curb.web.access import log_in, peer_of
-from curb.web.messages import DEFAULT_TYPE, PREFIX, BadMessage, check_encoding, decode_body, encode_body
+from curb.web.messages import DEFAULT_TYPE, PREFIX, BadMessage, check_encoding, decode_body, encode_body, headers_in
 from curb.web.peers import HttpPeer
 from curb.web.replies import Refusal, refused
 from curb.web.settings import MAX_LIMIT
@@ -136,18 +136,19 @@ def _json_object(message: Any) -> dict[str, Any]:
 
 
 def metadata_headers(item: dict[str, Any]) -> dict[str, str]:
-    """The STOMP headers of a published message's metadata: `Content-Type` is its
-    content-type and each `x-msg-NAME` its header NAME (Narconi's x-msg-x-NAME: x-NAME);
-    other properties (`message`) are not headers."""
-    headers = {}
-    for key, value in item.items():
-        lower = key.lower()
-        if lower != "content-type" and not (lower.startswith(PREFIX) and len(lower) > len(PREFIX)):
-            continue
+    """The STOMP headers of a published message's metadata, read as an HTTP publish's
+    headers are (curb.web.messages.headers_in): `Content-Type` is its content-type and
+    each `x-msg-NAME` its header NAME (Narconi's x-msg-x-NAME: x-NAME); other properties
+    (`message`) are not headers."""
+    named = {
+        key: value for key, value in item.items() if key.lower() == "content-type" or key.lower().startswith(PREFIX)
+    }
+    for key, value in named.items():
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             raise BadMessage(f"metadata {key[:40]!r} must be a string")
-        headers["content-type" if lower == "content-type" else lower[len(PREFIX) :]] = str(value)
-    return headers
+    strings = {key: str(value) for key, value in named.items()}
+    content_type = next((value for key, value in strings.items() if key.lower() == "content-type"), None)
+    return headers_in(strings, content_type)
 
 
 def _body(message: Any, encoding: str | None) -> bytes:
@@ -300,7 +301,8 @@ async def _consume(
         broker.pump()
         async for message in _messages(ws):
             if _empty(message):  # the client stops: nothing new, what it has it settles
-                broker.unsubscribe(peer, SUB_ID)
+                if sub.active:
+                    broker.unsubscribe(peer, SUB_ID)
                 continue
             item = _json_object(message)
             try:
@@ -309,7 +311,7 @@ async def _consume(
                 elif "ackToId" in item:
                     upto = _id(item["ackToId"])
                     if upto not in sub.unacked:
-                        raise QueueError(f"unrecognized acknowledgment ID {upto}", "")
+                        raise QueueError(f"{upto} is no message this socket holds", "")
                     for msg_id in [i for i in sub.unacked if i <= upto]:
                         broker.ack(peer, msg_id)
                 else:

@@ -165,12 +165,16 @@ function connectStomp() {
 
 const BROWSE_SHOWN = 20;
 let browses = 0;
-let browsing = null; // the id of the browse under way, if any
+const browsing = new Map(); // destination -> the id of its browse under way
 
-function browse() {
-  if (browsing !== null && stomp.subscriptions.delete(browsing)) stomp.frame("UNSUBSCRIBE", { id: browsing });
-  const id = (browsing = `browse-${++browses}`);
-  const body = $("messages").tBodies[0];
+// The first BROWSE_SHOWN messages of a browse of `destination` as rows of `table`, each
+// made by `fill(row, headers, body, position)`; a browse asked for again replaces it.
+function browseInto(destination, table, fill) {
+  const old = browsing.get(destination);
+  if (old !== undefined && stomp.subscriptions.delete(old)) stomp.frame("UNSUBSCRIBE", { id: old });
+  const id = `browse-${++browses}`;
+  browsing.set(destination, id);
+  const body = $(table).tBodies[0];
   body.replaceChildren();
   let shown = 0;
   stomp.subscriptions.set(id, (headers, text) => {
@@ -180,7 +184,13 @@ function browse() {
       return;
     }
     shown += 1;
-    const row = body.insertRow();
+    fill(body.insertRow(), headers, text, shown);
+  });
+  stomp.frame("SUBSCRIBE", { id, destination, browser: "true" });
+}
+
+function browse() {
+  browseInto("/queue/curb", "messages", (row, headers, text) => {
     const kept = Object.entries(headers).filter(
       ([k]) => !["subscription", "destination", "message-id", "content-length"].includes(k),
     );
@@ -188,26 +198,12 @@ function browse() {
     cell(row, kept.map(([k, v]) => `${k}: ${v}`).join("\n"), true);
     cell(row, text, true);
   });
-  stomp.frame("SUBSCRIBE", { id, destination: "/queue/curb", browser: "true" });
 }
 
-let deadBrowsing = null;
-
-// The dead letters, oldest first (a browse of ./dead: nothing changes), with their reason and count.
+// The dead letters, oldest first (a browse of ./dead: nothing changes), with their reason
+// and count, and a button that deletes each.
 function browseDead() {
-  if (deadBrowsing !== null && stomp.subscriptions.delete(deadBrowsing)) stomp.frame("UNSUBSCRIBE", { id: deadBrowsing });
-  const id = (deadBrowsing = `dead-${++browses}`);
-  const body = $("dead-letters").tBodies[0];
-  body.replaceChildren();
-  let shown = 0;
-  stomp.subscriptions.set(id, (headers, text) => {
-    if (headers.browser === "end" || shown >= BROWSE_SHOWN) {
-      stomp.subscriptions.delete(id);
-      if (headers.browser !== "end") stomp.frame("UNSUBSCRIBE", { id });
-      return;
-    }
-    shown += 1;
-    const row = body.insertRow();
+  browseInto("./dead", "dead-letters", (row, headers, text, position) => {
     cell(row, headers["message-id"]);
     cell(row, headers["curb-dead-reason"] ?? "");
     cell(row, headers["curb-deliveries"] ?? "");
@@ -215,11 +211,9 @@ function browseDead() {
     const button = document.createElement("button");
     button.textContent = "Delete";
     button.className = "delete";
-    const position = shown;
     button.addEventListener("click", () => deleteDead(headers["message-id"], position));
     row.insertCell().appendChild(button);
   });
-  stomp.frame("SUBSCRIBE", { id, destination: "./dead", browser: "true" });
 }
 
 // Delete one dead letter for good: read ./dead (oldest first) as far as it, stop reading,
