@@ -110,13 +110,18 @@ def test_an_error_on_ws_reaches_a_client_that_is_still_sending(tmp_path):
         assert b"\x88" in received, "no close frame"  # FIN + opcode 8
 
 
+def queue(web, body: bytes, count: int) -> None:
+    """`count` messages of `body`, stored (the last one receipted) before it returns."""
+    with Client("127.0.0.1", web.stomp_port) as producer:
+        for i in range(count):
+            producer.send(body, receipt="last" if i == count - 1 else None)
+        producer.wait_receipt("last", timeout=30)
+
+
 def test_a_websocket_that_never_reads_holds_a_bounded_output_and_others_are_served(tmp_path):
     body = b"x" * (64 << 10)
     with running(tmp_path, cap=64 << 20) as web:
-        with Client("127.0.0.1", web.stomp_port) as producer:
-            for i in range(300):
-                producer.send(body, receipt=f"r{i}" if i == 299 else None)
-            producer.wait_receipt("r299", timeout=30)
+        queue(web, body, 300)
         stalled = upgrade(web.http_port)
         stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         stalled.sendall(frame(b"CONNECT\naccept-version:1.2\n\n\x00"))
@@ -147,10 +152,7 @@ def test_a_narconi_consumer_that_never_reads_holds_what_a_stomp_one_does(tmp_pat
     socket only while what it holds for it is under the session's bound."""
     body = b"x" * (60 << 10)
     with running(tmp_path, cap=64 << 20) as web:
-        with Client("127.0.0.1", web.stomp_port) as producer:
-            for i in range(300):
-                producer.send(body, receipt=f"r{i}" if i == 299 else None)
-            producer.wait_receipt("r299", timeout=30)
+        queue(web, body, 300)
         stalled = upgrade(web.http_port, "/v2/p/queues/q/messages?ack&limit=10000", "consume")
         stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         time.sleep(2)  # it reads nothing
