@@ -56,7 +56,7 @@ def refused(session: Session, frame: Frame) -> bool:
     needed = permission_needed(frame)
     if needed is None or needed in permissions:
         return False
-    session.broker.permission_refused()
+    session.broker.refusals.permission_refused()
     session.error(
         f"{needed} permission needed",
         f"User {session.user!r} may not {frame.command} here without the {needed!r} permission; "
@@ -80,7 +80,7 @@ def log_in(session: Session, headers: dict[str, str], theirs: tuple[int, int]) -
         _logged_in(session, user, None, came, theirs)
         return
     passcode = headers.get("passcode", "")
-    known = broker.remembered_login(login, passcode)
+    known = broker.logins.remembered(login, passcode)
     if known is not None:
         _logged_in(session, known, login, came, theirs)
         return
@@ -105,15 +105,15 @@ def _checked(session: Session, answer: Answer, login: str, came: float, theirs: 
         if session.state is CLOSING:
             break
         session.handle(frame)
-    session.broker.after_frames()
+    session.broker.passes.after_frames()
 
 
 def _logged_in(session: Session, user: users.User | None, login: str | None, came: float, theirs) -> None:
     """Connect as `user`, or refuse at the deadline a fixed delay after CONNECT came."""
     if user is None:
-        session.broker.access_refused(session, login)
+        session.broker.refusals.access_refused(session, login)
         session.state = CLOSING
-        session.refusing_at = came + session.broker.refuse_delay  # curb.deadlines answers then
+        session.refusing_at = came + session.broker.config.refuse_delay  # curb.deadlines answers then
         session.deadlines += 1
         session.wake()  # the driver re-arms its timer for the refusal
         return
@@ -141,7 +141,7 @@ def on_connect(session: Session, frame: Frame) -> None:
 
 
 def connected(session: Session, theirs: tuple[int, int]) -> None:
-    ours = session.broker.heartbeat_ms
+    ours = session.broker.config.heartbeat_ms
     session.send_every, session.expect_every = heartbeat.negotiate((ours, ours), theirs)
     session.deadlines += 1
     session.state = OPEN

@@ -139,7 +139,7 @@ def _redrive(session: Session, frame: Frame) -> None:
         if entry is not None and receipt_id is not None:
             line.after_sync_at(entry, receipt_id, "SEND", extra=b"curb-moved:%d\n" % n)
 
-    session.broker.redrive(count, moved)
+    session.broker.returns.redrive(count, moved)
 
 
 def on_subscribe(session: Session, frame: Frame) -> None:

@@ -1,7 +1,7 @@
 """A connection's deadlines, as data: when its session must next be looked at
 (`next_deadline`), and what is done then (`tick`). No clock of its own: times are given.
 
-- A connection that has not sent CONNECT by `broker.connect_timeout` seconds after it
+- A connection that has not sent CONNECT by `broker.config.connect_timeout` seconds after it
   opened is answered with an ERROR and closed (not while a login check holds its frames).
 - A failed login is answered "access refused" at the time curb.access set
   (`Session.refusing_at`), the same delay after CONNECT for every failure.
@@ -33,7 +33,7 @@ def next_deadline(session: Session) -> float | None:
     if session.refusing_at is not None:
         return session.refusing_at
     if session.state is NEW:
-        timeout = session.broker.connect_timeout
+        timeout = session.broker.config.connect_timeout
         return session.opened_at + timeout if timeout else None
     deadline = None
     if session.send_every:
@@ -54,9 +54,9 @@ def tick(session: Session, now: float) -> None:
             session.say_and_close(access.ACCESS_REFUSED)
         return
     if session.state is NEW:
-        timeout = broker.connect_timeout
+        timeout = broker.config.connect_timeout
         if session.held is None and timeout and now >= session.opened_at + timeout:
-            broker.connect_timed_out(session, now)
+            broker.refusals.connect_timed_out(session, timeout, now)
             session.end_with(
                 encode(
                     "ERROR",
@@ -66,7 +66,7 @@ def tick(session: Session, now: float) -> None:
             )
         return
     if session.expect_every and now - session.last_recv > heartbeat.tolerance(session.expect_every):
-        broker.events("heartbeat_timeout", f"no heart-beat from {session.peer}; closing", peer=session.peer)
+        broker.refusals.events("heartbeat_timeout", f"no heart-beat from {session.peer}; closing", peer=session.peer)
         session.abort()
         return
     if session.send_every and now - session.last_send >= session.send_every * BEAT_EARLY:

@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from curb import systemd, tls, users
-from curb.broker import ACK_TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS, Broker
+from curb.broker import Broker
+from curb.broker_config import ACK_TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS, BrokerConfig
 from curb.log import Log
 from curb.metrics import Metrics
 from curb.ratelimit import LineLimit
@@ -224,16 +225,18 @@ class Instance:
 
         self.broker = Broker(
             self.log.core,
+            BrokerConfig(
+                prefetch=config.prefetch,
+                max_frame=config.max_frame,
+                heartbeat_ms=config.heartbeat_ms,
+                connect_timeout=config.connect_timeout,
+                max_connections=max_connections,
+                ack_timeout=config.ack_timeout,
+                redelivery=config.redelivery,
+                drop_expired=config.drop_expired,
+            ),
             offload=offload,
-            prefetch=config.prefetch,
-            max_frame=config.max_frame,
-            heartbeat_ms=config.heartbeat_ms,
             users=self.users,
-            connect_timeout=config.connect_timeout,
-            max_connections=max_connections,
-            ack_timeout=config.ack_timeout,
-            redelivery=config.redelivery,
-            drop_expired=config.drop_expired,
             metrics=self.metrics,
             events=events,
         )

@@ -125,7 +125,7 @@ class Messages:
     def watch_counts(self, sub_id: str | None, prefix: bytes = b"") -> None:
         """Subscribe to `./count` as `sub_id` (None: unsubscribe)."""
         self.count_sub, self._count_prefix, self._last_counts = sub_id, prefix, None
-        self._broker.watch_counts(self._peer, sub_id is not None)
+        self._broker.count_watch.watch(self._peer, sub_id is not None)
 
     def send_counts(self, counts: dict[str, int]) -> None:
         """One `./count` MESSAGE if the counts changed since the last (curb.counts); while
@@ -137,7 +137,7 @@ class Messages:
             return
         self.counts_owed = False
         self._last_counts = counts
-        id_line, stored = self._broker.count_messages.tail(counts)
+        id_line, stored = self._broker.count_watch.messages.tail(counts)
         write_message(self._write, self._count_prefix + id_line, stored)
 
 

@@ -68,8 +68,8 @@ class Session:
         self.refusing_at: float | None = None  # a failed login's "access refused" is due
         self.held: list[Frame] | None = None  # frames after a CONNECT whose check is under way
         self.parser = FrameParser(
-            max_frame_bytes=broker.max_frame,
-            max_body_bytes=max(0, min(broker.max_message, broker.max_frame - message_limits.RESERVE)),
+            max_frame_bytes=broker.config.max_frame,
+            max_body_bytes=max(0, min(broker.max_message, broker.config.max_frame - message_limits.RESERVE)),
         )
         # Events for the transport.
         self.close_wanted: str | None = None  # "close" once the output is written, or "abort"
@@ -105,7 +105,7 @@ class Session:
         except ProtocolError as err:
             bad, frames = err, err.frames
         broker = self.broker
-        broker.before_frames()
+        broker.passes.before_frames()
         try:
             for frame in frames:
                 if self.state is CLOSING:
@@ -118,7 +118,7 @@ class Session:
                 else:
                     unparsable(self, str(bad), bad.receipt)
         finally:
-            broker.after_frames()
+            broker.passes.after_frames()
 
     def output_due(self) -> None:
         """The broker tells the transport that output or an event waits (`on_output`)."""
@@ -285,12 +285,12 @@ class Session:
             self._flow()
         if not self._woken:  # wake(), inline: this runs for every message
             self._woken = True
-            self.broker.want_flush(self)
+            self.broker.passes.want_flush(self)
 
     def wake(self) -> None:
         if not self._woken:
             self._woken = True
-            self.broker.want_flush(self)
+            self.broker.passes.want_flush(self)
 
     def error(
         self,
@@ -321,7 +321,7 @@ class Session:
         self.line.settle(entry, error, lambda: self._close_after_error(message))
 
     def _close_after_error(self, reason: str) -> None:
-        self.broker.protocol_error(self, reason)
+        self.broker.refusals.protocol_error(self, reason)
         self.hang_up()
 
     def hang_up(self) -> None:

@@ -89,7 +89,7 @@ async def serve(request: web.Request, api: Api) -> web.StreamResponse:
         raise Refusal(400, str(err)) from None
     except ValueError:
         raise Refusal(400, f"?limit= must be a whole number from 1 to {MAX_LIMIT}") from None
-    ws = web.WebSocketResponse(protocols=PROTOCOLS, max_msg_size=broker.max_frame)
+    ws = web.WebSocketResponse(protocols=PROTOCOLS, max_msg_size=broker.config.max_frame)
     await ws.prepare(request)
     peer = HttpPeer(peer_of(request), None if user is None else user.name)
     try:
