@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from curb import payload
-from curb.access import CLOSING
+from curb.conn import CLOSING, Conn
 from curb.dead import DeadBrowse, dead_headers
 from curb.frame import FRAME_END, encode
 from curb.output import Output, Piece
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from curb.log.browse import Browse
     from curb.log.cursor import Record
     from curb.queue import Subscription
-    from curb.session import Session
 
 VIEW_BODY = 64 * 1024
 BROWSE_END = "browse-end"  # the message-id of a browse's end marker
@@ -65,7 +64,7 @@ class Messages:
     """One connection's subscriptions as the MESSAGEs they make, written through `write`;
     an auto subscription's message is done once `output` has handed its frame over."""
 
-    def __init__(self, broker: Broker, peer: Session, write: Write, output: Output[Record]):
+    def __init__(self, broker: Broker, peer: Conn, write: Write, output: Output[Record]):
         self._broker, self._peer, self._write, self._output = broker, peer, write, output
         self.prefixes: dict[Subscription[Peer, Record], bytes] = {}
         self.browses: dict[str, tuple[Browse | DeadBrowse, bytes]] = {}  # sub id -> browse, MESSAGE prefix

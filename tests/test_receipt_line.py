@@ -23,9 +23,9 @@ from simdisk import Crashed, SimDisk
 from test_frame_props import settings  # its profiles: quick by default, CURB_HYPOTHESIS_PROFILE=thorough
 from test_session_rules import FakeLog
 
-from curb.access import CLOSING
 from curb.broker import Broker
 from curb.broker_config import BrokerConfig
+from curb.conn import CLOSING
 from curb.frame import Frame, FrameParser, encode
 from curb.log import QueueFull
 from curb.log.cursor import Record

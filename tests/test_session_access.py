@@ -51,7 +51,7 @@ def test_valid_credentials_connect(headers, identity, user):
     peer = connect(world, identity, **headers)
     assert commands(peer.frames()) == ["CONNECTED"]
     assert peer.session.user == user
-    assert peer.session.permissions == USERS[user].permissions
+    assert peer.session.login.permissions == USERS[user].permissions
 
 
 @pytest.mark.parametrize(
@@ -106,7 +106,7 @@ def test_without_a_users_file_everyone_may_do_everything():
     world = World()
     peer = world.session()
     peer.connect()
-    assert peer.session.permissions is None and peer.session.user is None
+    assert peer.session.login.permissions is None and peer.session.user is None
 
 
 SUB_QUEUE = ("SUBSCRIBE", {"id": "s", "destination": "/queue/curb"})

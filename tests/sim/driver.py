@@ -47,9 +47,9 @@ from simclock import SimClock
 from simdisk import Crashed, SimDisk
 
 from curb import payload
-from curb.access import OPEN
 from curb.broker import Broker
 from curb.broker_config import BrokerConfig
+from curb.conn import OPEN
 from curb.frame import Frame, FrameParser, encode
 from curb.log import LogCore, Record, max_message_for
 from curb.log.cursor import RECORD_WORK, SLICE_WORK
