@@ -5,6 +5,7 @@ named here pulled in, not what other tests loaded before."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import subprocess
 import sys
@@ -133,6 +134,7 @@ def test_the_layers_import_only_downwards(module, forbidden):
     assert not named & forbidden, f"curb/{module}.py imports {sorted(named & forbidden)}"
 
 
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
     """Every curb module and the curb modules it imports: every import, those inside
     functions and those only the type checker reads included."""
