@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import pstats
 import queue
 import socket
@@ -322,3 +323,33 @@ def test_instructions_refuses_a_broker_it_does_not_start():
     result = bench("--instructions", "--only", "mixed", timeout=300)
     assert result.returncode == 2
     assert "unknown workload(s) mixed; choose from produce-4x256, produce-w1, consume-p256, pingpong" in result.stderr
+
+
+def _measured(key: str, per_message: float) -> instructions.Measured:
+    return instructions.Measured(key, key, per_message, [], [])
+
+
+def test_the_instruction_check_fails_a_workload_more_than_the_margin_over_its_baseline():
+    baseline = {
+        "python": platform.python_version(),
+        "instructions_per_message": {"produce-4x256": 100_000, "consume-p256": 100_000},
+    }
+    within = [_measured("produce-4x256", 102_900), _measured("consume-p256", 90_000)]
+    table, ok = instructions.check(within, baseline)
+    assert ok, table
+    over = [_measured("produce-4x256", 103_100), _measured("consume-p256", 90_000)]
+    table, ok = instructions.check(over, baseline)
+    assert not ok
+    assert "produce-4x256" in table and "FAIL" in table.splitlines()[1]
+
+
+def test_the_instruction_check_fails_a_workload_the_baseline_lacks():
+    table, ok = instructions.check([_measured("pingpong", 1.0)], {"instructions_per_message": {}})
+    assert not ok and "not in the baseline" in table
+
+
+def test_the_committed_baseline_names_every_workload_at_the_check_loads():
+    baseline = instructions.read_baseline()
+    assert baseline["loads"] == list(instructions.CHECK_LOADS)
+    figures = baseline["instructions_per_message"]
+    assert isinstance(figures, dict) and set(figures) == set(instructions.WORKLOADS)

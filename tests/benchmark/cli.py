@@ -198,6 +198,18 @@ def make_side(name: str, options: dict, prefix: str) -> Side | None:
 @click.option(
     "--no-profile", is_flag=True, help="with --instructions: skip the cProfile runs that name the Python functions"
 )
+@click.option(
+    "--check",
+    is_flag=True,
+    help="with --instructions: count every workload at "
+    f"{instructions.CHECK_LOADS[0]:,} and {instructions.CHECK_LOADS[1]:,} messages and fail (exit 1) when one costs "
+    f"more than {instructions.CHECK_MARGIN:.0%} over tests/benchmark/{instructions.BASELINE.name}",
+)
+@click.option(
+    "--write-baseline",
+    is_flag=True,
+    help=f"with --instructions: count as --check does and write tests/benchmark/{instructions.BASELINE.name}",
+)
 @broker_options("", "the broker to measure")
 @broker_options("ref-", "a reference broker to compare with")
 def main(
@@ -219,6 +231,8 @@ def main(
     as_json,
     count_instructions,
     no_profile,
+    check,
+    write_baseline,
     **brokers,
 ):
     """Measure Curb: throughput, latency, memory, restart time and the disk's own limits,
@@ -233,6 +247,10 @@ def main(
                 f"unknown workload(s) {', '.join(sorted(unknown))}; choose from {', '.join(choices)}",
                 param_hint="--only",
             )
+    if (check or write_baseline) and not count_instructions:
+        raise click.UsageError("--check and --write-baseline go with --instructions")
+    if (check or write_baseline) and only:
+        raise click.UsageError("--check and --write-baseline count every workload: leave out --only")
     if count_instructions:
         if brokers["addr"] or brokers["ref_addr"]:
             raise click.BadParameter("--instructions counts a Curb it starts itself: leave out --addr and --ref-addr")
@@ -266,6 +284,22 @@ def main(
             if count_instructions:
                 loads = instructions.QUICK_LOADS if quick else instructions.LOADS
                 keys = [key for key in instructions.WORKLOADS if key in selected]
+                if check or write_baseline:
+                    measured = instructions.measure(bench, keys, instructions.CHECK_LOADS, profile=False)
+                    if write_baseline:
+                        instructions.write_baseline(measured)
+                        click.echo(f"wrote {instructions.BASELINE}")
+                        return
+                    table, ok = instructions.check(measured, instructions.read_baseline())
+                    click.echo(table)
+                    if not ok:
+                        click.echo(
+                            "curb bench: FAILED: instructions per message rose; make it cheaper, or raise "
+                            "the baseline (--write-baseline) in a commit of its own that says why",
+                            err=True,
+                        )
+                        sys.exit(1)
+                    return
                 measured = instructions.measure(bench, keys, loads, profile=not no_profile)
                 click.echo(
                     json.dumps([asdict(m) for m in measured], indent=2)

@@ -22,7 +22,9 @@ measure.
 
 from __future__ import annotations
 
+import json
 import os
+import platform
 import pstats
 import re
 import shutil
@@ -30,8 +32,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import curb
 from benchmark import load
@@ -41,6 +44,11 @@ from benchmark.workloads import PIPELINE_WINDOW, Bench, Side
 
 LOADS = (2_000, 12_000)
 QUICK_LOADS = (100, 600)
+# --check: every workload against the committed baseline, at loads a few minutes measure,
+# failing when one costs more than CHECK_MARGIN over its baseline.
+CHECK_LOADS = (1_000, 6_000)
+CHECK_MARGIN = 0.03
+BASELINE = Path(__file__).with_name("instructions_baseline.json")
 TOP = 20
 START_SECONDS = 300.0  # a broker under callgrind starts 20 to 50 times slower
 CALLGRIND = ("valgrind", "--tool=callgrind", "--dump-instr=no", "--instr-atstart=no")
@@ -286,3 +294,52 @@ def report(results: list[Measured], loads: tuple[int, int]) -> str:
             lines += [f"{m.key}: top Python functions by inclusive share of CPU time per message (cProfile)"]
             lines += [f"  {share:>9.1%}  {name}" for name, share in m.python]
     return "\n".join(lines)
+
+
+def baseline_record(results: list[Measured]) -> dict[str, object]:
+    """What --write-baseline commits: the figures, and what they were counted with."""
+    return {
+        "loads": list(CHECK_LOADS),
+        "python": platform.python_version(),
+        "instructions_per_message": {m.key: round(m.per_message) for m in results},
+    }
+
+
+def check(results: list[Measured], baseline: Mapping[str, object]) -> tuple[str, bool]:
+    """Each workload against its baseline: the table, and whether none costs more than
+    CHECK_MARGIN over it. A workload the baseline lacks fails: a new one joins the
+    baseline in the commit that adds it."""
+    figures = baseline.get("instructions_per_message")
+    if not isinstance(figures, dict):
+        raise ValueError(f"{BASELINE.name} has no instructions_per_message")
+    lines = [f"{'workload':<16} {'baseline':>10} {'now':>10} {'change':>8}"]
+    ok = True
+    for m in results:
+        base = figures.get(m.key)
+        if not isinstance(base, int | float) or base <= 0:
+            lines.append(f"{m.key:<16} {'-':>10} {m.per_message:>10,.0f}  not in the baseline: FAIL")
+            ok = False
+            continue
+        change = m.per_message / base - 1
+        over = change > CHECK_MARGIN
+        ok = ok and not over
+        verdict = f"  more than {CHECK_MARGIN:.0%} over: FAIL" if over else ""
+        lines.append(f"{m.key:<16} {base:>10,.0f} {m.per_message:>10,.0f} {change:>+8.1%}{verdict}")
+    if baseline.get("python") != platform.python_version():
+        lines.append(
+            f"note: the baseline was counted with Python {baseline.get('python')}, this is "
+            f"{platform.python_version()}: the interpreter's own counts differ"
+        )
+    return "\n".join(lines), ok
+
+
+def read_baseline() -> dict[str, object]:
+    with BASELINE.open() as f:
+        loaded = json.load(f)
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{BASELINE.name} is not a JSON object")
+    return loaded
+
+
+def write_baseline(results: list[Measured]) -> None:
+    BASELINE.write_text(json.dumps(baseline_record(results), indent=2) + "\n")
