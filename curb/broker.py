@@ -58,6 +58,7 @@ from curb.dead import DeadBrowse, DeadSource
 from curb.log import QueueFull, TooLarge
 from curb.log.browse import Browse
 from curb.log.cursor import Record
+from curb.log.events import NoEvents
 from curb.log.waiters import MaybeStored
 from curb.logins import SHED, Answer, LoginChecks, Offload, run_now
 from curb.metrics import Metrics
@@ -98,10 +99,6 @@ class Loop(Protocol):
 class Store(Protocol):
     """What the broker needs of the log (curb.log.Log, or a fake in tests)."""
 
-    on_written: Callable[[], None]
-    on_walked: Callable[[], None]
-    on_answered: Callable[[], None]
-    on_disk_full: Callable[[int, str], None]
     hold_flush: bool
 
     @property
@@ -245,6 +242,27 @@ def loop_schedule(loop: asyncio.AbstractEventLoop) -> Schedule:
     return schedule
 
 
+class BrokerEvents(NoEvents):
+    """The log's events (curb.log.events) for the broker made over that log. The log is
+    made first (the broker reads its counts when made), so its owner gives the log this
+    and sets `broker` once the broker exists, before the log's first flush. Damage and a
+    fatal error are the owner's to hear (curb.instance)."""
+
+    broker: Broker
+
+    def written(self) -> None:
+        self.broker.pump()
+
+    def walked(self) -> None:
+        self.broker._counts_dirty()
+
+    def answered(self) -> None:
+        self.broker.flush_out()
+
+    def disk_full(self, refused: int, why: str) -> None:
+        self.broker.disk_full(refused, why)
+
+
 class Broker:
     """The one queue, its log and its metrics, and the sessions that use them."""
 
@@ -321,10 +339,6 @@ class Broker:
         self._in_frames = False  # between before_frames and after_frames: flush_out follows
         self._browsing: dict[Peer, None] = {}
         self._browse_scheduled = False
-        log.on_written = self.pump
-        log.on_walked = self._counts_dirty
-        log.on_answered = self.flush_out
-        log.on_disk_full = self.disk_full
         self._arm_due()  # messages recovered delayed
 
     # ---------------------------------------------------------------- a session's steps

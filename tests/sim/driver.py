@@ -48,7 +48,7 @@ from simdisk import Crashed, SimDisk
 
 from curb import payload
 from curb.access import OPEN
-from curb.broker import Broker
+from curb.broker import Broker, BrokerEvents
 from curb.frame import Frame, FrameParser, encode
 from curb.log import LogCore, Record, max_message_for
 from curb.log.cursor import RECORD_WORK, SLICE_WORK
@@ -128,7 +128,8 @@ class World:
     broker scheduled (run by `Sim.settle_io`)."""
 
     def __init__(self, disk: SimDisk, cfg: Config, clock: SimClock, slice_work: int = SLICE_WORK):
-        self.log = LogCore(disk, cfg.cap, clock=clock.time, wall_ms=clock.wall_ms, slice_work=slice_work)
+        events = BrokerEvents()
+        self.log = LogCore(disk, cfg.cap, events=events, clock=clock.time, wall_ms=clock.wall_ms, slice_work=slice_work)
         self.later: list[Callable[[], None]] = []
         self.broker = Broker(
             self.log,
@@ -141,6 +142,7 @@ class World:
             clock=clock.time,
             loop=clock,
         )
+        events.broker = self.broker
 
 
 class Client:
