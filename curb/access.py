@@ -2,12 +2,12 @@
 frame's permission; the session's states (NEW until CONNECTED, OPEN, CLOSING).
 
 With a users file (Broker.users), CONNECT must name a user and its password, or come
-over a connection whose client certificate's CN names a user (`Session.identity`). A
+over a connection whose client certificate's CN names a user (`Conn.identity`). A
 login verified before is known at once (Broker.remembered_login); another password check
 (scrypt) runs off the event loop (Broker.check_login); until it answers the session reads
-nothing and holds the frames that came after CONNECT (`Session.held`), then handles them
+nothing and holds the frames that came after CONNECT (`Login.held`), then handles them
 in order. A failed CONNECT is answered "access refused" only at a deadline a fixed delay
-after it came (`Session.refuse_at`), the same for every failure, so a wrong password
+after it came (`Login.refusing_at`), the same for every failure, so a wrong password
 cannot be told from an unknown user by its timing; a login the broker shed unchecked
 gets "server busy" at once, never "access refused".
 
@@ -17,18 +17,13 @@ need `count`); without a users file everything is allowed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from curb import __version__, heartbeat, users
+from curb.conn import CLOSING, OPEN, Conn
 from curb.counts import COUNT_DESTINATION
 from curb.dead import REDRIVE_DESTINATION
 from curb.frame import Frame, encode
 from curb.logins import Answer, Shed
 
-if TYPE_CHECKING:
-    from curb.session import Session
-
-NEW, OPEN, CLOSING = "before CONNECT", "after CONNECT", "closing"  # a session's states
 SERVER = f"curb/{__version__}"
 
 # The permission each command needs when Curb has a users file; `./count` frames need
@@ -49,14 +44,14 @@ def permission_needed(frame: Frame) -> str | None:
     return PERMISSION.get(command)
 
 
-def refused(session: Session, frame: Frame) -> bool:
+def refused(session: Conn, frame: Frame) -> bool:
     """Whether the session's user lacks the frame's permission; if so, its ERROR is sent.
     Only for a session with permissions (a users file)."""
-    permissions = session.permissions or frozenset()
+    permissions = session.login.permissions or frozenset()
     needed = permission_needed(frame)
     if needed is None or needed in permissions:
         return False
-    session.broker.permission_refused()
+    session.broker.refusals.permission_refused()
     session.error(
         f"{needed} permission needed",
         f"User {session.user!r} may not {frame.command} here without the {needed!r} permission; "
@@ -66,7 +61,7 @@ def refused(session: Session, frame: Frame) -> bool:
     return True
 
 
-def log_in(session: Session, headers: dict[str, str], theirs: tuple[int, int]) -> None:
+def log_in(session: Conn, headers: dict[str, str], theirs: tuple[int, int]) -> None:
     """Check CONNECT's credentials against the users file: a certificate's CN or a login
     verified before at once, another password off the loop, holding the frames that
     follow until it is known."""
@@ -74,24 +69,24 @@ def log_in(session: Session, headers: dict[str, str], theirs: tuple[int, int]) -
     users_by_name = broker.users
     assert users_by_name is not None
     login = headers.get("login")
-    came = session.last_recv
+    came = session.beats.last_recv
     if login is None:
         user = users_by_name.get(session.identity) if session.identity is not None else None
         _logged_in(session, user, None, came, theirs)
         return
     passcode = headers.get("passcode", "")
-    known = broker.remembered_login(login, passcode)
+    known = broker.logins.remembered(login, passcode)
     if known is not None:
         _logged_in(session, known, login, came, theirs)
         return
-    session.held, session.reading = [], False  # read nothing, hold the frames that come
+    session.login.held, session.reading = [], False  # read nothing, hold the frames that come
     session.wake()
     broker.check_login(session, login, passcode, lambda answer: _checked(session, answer, login, came, theirs))
 
 
-def _checked(session: Session, answer: Answer, login: str, came: float, theirs: tuple[int, int]) -> None:
+def _checked(session: Conn, answer: Answer, login: str, came: float, theirs: tuple[int, int]) -> None:
     """The password check's answer: handle the held frames once connected."""
-    held, session.held = session.held or [], None
+    held, session.login.held = session.login.held or [], None
     if session.gone:
         return
     if isinstance(answer, Shed):
@@ -105,23 +100,23 @@ def _checked(session: Session, answer: Answer, login: str, came: float, theirs: 
         if session.state is CLOSING:
             break
         session.handle(frame)
-    session.broker.after_frames()
+    session.broker.passes.after_frames()
 
 
-def _logged_in(session: Session, user: users.User | None, login: str | None, came: float, theirs) -> None:
+def _logged_in(session: Conn, user: users.User | None, login: str | None, came: float, theirs) -> None:
     """Connect as `user`, or refuse at the deadline a fixed delay after CONNECT came."""
     if user is None:
-        session.broker.access_refused(session, login)
+        session.broker.refusals.access_refused(session, login)
         session.state = CLOSING
-        session.refusing_at = came + session.broker.refuse_delay  # curb.deadlines answers then
+        session.login.refusing_at = came + session.broker.config.refuse_delay  # curb.deadlines answers then
         session.deadlines += 1
         session.wake()  # the driver re-arms its timer for the refusal
         return
-    session.user, session.permissions = user.name, user.permissions
+    session.user, session.login.permissions = user.name, user.permissions
     connected(session, theirs)
 
 
-def on_connect(session: Session, frame: Frame) -> None:
+def on_connect(session: Conn, frame: Frame) -> None:
     """CONNECT (or STOMP): version and heart-beats, then the login when there are users."""
     versions = frame.headers.get("accept-version", "1.0").split(",")
     if "1.2" not in versions:
@@ -140,9 +135,9 @@ def on_connect(session: Session, frame: Frame) -> None:
         connected(session, theirs)
 
 
-def connected(session: Session, theirs: tuple[int, int]) -> None:
-    ours = session.broker.heartbeat_ms
-    session.send_every, session.expect_every = heartbeat.negotiate((ours, ours), theirs)
+def connected(session: Conn, theirs: tuple[int, int]) -> None:
+    ours = session.broker.config.heartbeat_ms
+    session.beats.send_every, session.beats.expect_every = heartbeat.negotiate((ours, ours), theirs)
     session.deadlines += 1
     session.state = OPEN
     session.write(
@@ -153,7 +148,7 @@ def connected(session: Session, theirs: tuple[int, int]) -> None:
     )
 
 
-def _shed(session: Session) -> None:
+def _shed(session: Conn) -> None:
     """The login was not checked (too many wait): say so at once, not as a wrong password."""
     session.say_and_close(
         encode(

@@ -35,7 +35,7 @@ import click
 
 from curb import __version__, systemd, tls
 from curb.addr import parse_addr
-from curb.broker import ACK_TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS
+from curb.broker_config import ACK_TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS
 from curb.durations import Duration, format_seconds
 from curb.flags import max_frame_flag, size_flag
 from curb.heartbeat import MAX_MS as MAX_HEARTBEAT_MS

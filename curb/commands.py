@@ -30,11 +30,11 @@ handlers, which read the frame's headers and tell the broker.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from curb import heartbeat, message_limits, receipts
-from curb.access import NEW, OPEN, on_connect
+from curb.access import on_connect
 from curb.broker import Refused
+from curb.conn import NEW, OPEN, Conn
 from curb.counts import COUNT_DESTINATION
 from curb.dead import DEAD_DESTINATION, REDRIVE_DESTINATION
 from curb.destinations import ORDINARY, send_refusal, subscribe_refusal
@@ -42,9 +42,6 @@ from curb.frame import Frame, decimal, escape
 from curb.log.waiters import MaybeStored
 from curb.queue import MAX_PREFETCH, Late, QueueError
 from curb.timing import TIME_HEADERS, nack_delay
-
-if TYPE_CHECKING:
-    from curb.session import Session
 
 # The command of a stand-in, among the frames held during a login check, for bytes that
 # were no valid frame (its headers: the reason and the receipt); no parsed frame has it,
@@ -57,10 +54,10 @@ PREFETCH_ADVICE = (
 MAX_MESSAGE_ID = (1 << 48) - 1  # a record holds its id in 12 hex digits
 MAX_ID_HEADER = (1 << 64) - 1  # an id range's bound may lie beyond every id (Client.last_id)
 MAX_DEADLINE_MS = heartbeat.MAX_MS  # curb-ack-timeout and curb-touch, at most a day
-Handler = Callable[["Session", Frame], None]
+Handler = Callable[[Conn, Frame], None]
 
 
-def on_send(session: Session, frame: Frame) -> None:
+def on_send(session: Conn, frame: Frame) -> None:
     """The broker's one SEND rule (Broker.accept); the RECEIPT waits for the fsync. A
     SEND to ./redrive is no message: it moves dead letters back."""
     headers = frame.headers
@@ -105,7 +102,7 @@ def on_send(session: Session, frame: Frame) -> None:
         raise
 
 
-def _redrive(session: Session, frame: Frame) -> None:
+def _redrive(session: Conn, frame: Frame) -> None:
     """SEND to ./redrive: dead letters back to the queue; the RECEIPT, saying how many
     moved (`curb-moved`), once that is durable. A redrive is done at once and carries
     nothing, so a due time or a body, which it could not honour, is refused."""
@@ -139,10 +136,10 @@ def _redrive(session: Session, frame: Frame) -> None:
         if entry is not None and receipt_id is not None:
             line.after_sync_at(entry, receipt_id, "SEND", extra=b"curb-moved:%d\n" % n)
 
-    session.broker.redrive(count, moved)
+    session.broker.returns.redrive(count, moved)
 
 
-def on_subscribe(session: Session, frame: Frame) -> None:
+def on_subscribe(session: Conn, frame: Frame) -> None:
     headers = frame.headers
     sub_id = headers.get("id")
     if sub_id is None:
@@ -199,7 +196,7 @@ def on_subscribe(session: Session, frame: Frame) -> None:
     session.line.at_once(headers.get("receipt"))
 
 
-def on_unsubscribe(session: Session, frame: Frame) -> None:
+def on_unsubscribe(session: Conn, frame: Frame) -> None:
     sub_id = frame.headers.get("id")
     if sub_id is None:
         raise QueueError("UNSUBSCRIBE needs an id header", "Give UNSUBSCRIBE the id header its SUBSCRIBE had.")
@@ -222,7 +219,7 @@ def on_unsubscribe(session: Session, frame: Frame) -> None:
     session.line.at_once(frame.headers.get("receipt"))
 
 
-def on_ack(session: Session, frame: Frame) -> None:
+def on_ack(session: Conn, frame: Frame) -> None:
     raw_upto = frame.headers.get("curb-upto")
     if raw_upto is not None:
         _ack_upto(session, frame, _id_value(raw_upto, "curb-upto"))
@@ -230,7 +227,7 @@ def on_ack(session: Session, frame: Frame) -> None:
     _settle(session, frame, _ack_id(session, frame), session.broker.ack)
 
 
-def _ack_upto(session: Session, frame: Frame, upto: int) -> None:
+def _ack_upto(session: Conn, frame: Frame, upto: int) -> None:
     """ACK curb-upto: its RECEIPT waits until the acknowledgement is durable."""
     receipt = frame.headers.get("receipt")
     line = session.line
@@ -251,7 +248,7 @@ def _no_answer(err: str | None) -> None:
     waits on its own): nothing."""
 
 
-def on_nack(session: Session, frame: Frame) -> None:
+def on_nack(session: Conn, frame: Frame) -> None:
     msg_id = _ack_id(session, frame)
     raw_touch = frame.headers.get("curb-touch")
     if raw_touch is None:
@@ -272,7 +269,7 @@ def on_nack(session: Session, frame: Frame) -> None:
     _settle(session, frame, msg_id, lambda peer, msg: session.broker.touch(peer, msg, seconds))
 
 
-def _settle(session: Session, frame: Frame, msg_id: int | None, step: Callable[[Session, int], None]) -> None:
+def _settle(session: Conn, frame: Frame, msg_id: int | None, step: Callable[[Conn, int], None]) -> None:
     """An ACK's, NACK's or touch's `step` on its message (none for a ./count update), then
     its RECEIPT once what the connection sent before is durable; `curb-late:true` when
     the message's ack deadline had passed, and the step changed nothing."""
@@ -287,7 +284,7 @@ def _settle(session: Session, frame: Frame, msg_id: int | None, step: Callable[[
         session.line.after_sync(receipt, frame.command, late=late)
 
 
-def on_disconnect(session: Session, frame: Frame) -> None:
+def on_disconnect(session: Conn, frame: Frame) -> None:
     """The line's last place: its RECEIPT once what came before is durable, then the close."""
     receipt = frame.headers.get("receipt")
     if receipt is None:
@@ -296,7 +293,7 @@ def on_disconnect(session: Session, frame: Frame) -> None:
         session.broker.when_durable(session.line.answer(session.finish(), receipt, "DISCONNECT", session.hang_up))
 
 
-def on_transaction(session: Session, frame: Frame) -> None:
+def on_transaction(session: Conn, frame: Frame) -> None:
     session.error(
         "transactions are not supported",
         "Curb does not buffer transactions; send frames without 'transaction'.",
@@ -304,7 +301,7 @@ def on_transaction(session: Session, frame: Frame) -> None:
     )
 
 
-def unparsable(session: Session, reason: str, receipt: str | None) -> None:
+def unparsable(session: Conn, reason: str, receipt: str | None) -> None:
     """The ERROR for bytes that are no valid frame."""
     session.error(
         reason,
@@ -314,7 +311,7 @@ def unparsable(session: Session, reason: str, receipt: str | None) -> None:
     )
 
 
-def unexpected(session: Session, frame: Frame) -> None:
+def unexpected(session: Conn, frame: Frame) -> None:
     """The ERROR for any frame the table does not allow in the session's state (or for
     bytes held as UNPARSABLE behind a login check)."""
     command = frame.command
@@ -352,7 +349,7 @@ RULES: dict[tuple[str, str], Handler] = {
 KNOWN_COMMANDS = frozenset(command for _, command in RULES)
 
 
-def _ack_id(session: Session, frame: Frame) -> int | None:
+def _ack_id(session: Conn, frame: Frame) -> int | None:
     """The message an ACK or NACK names; None for a ./count update, which needs none."""
     raw = frame.headers.get("id")
     if raw is None:

@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from curb import systemd, tls, users
-from curb.broker import ACK_TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS, Broker, BrokerEvents
+from curb.broker import Broker, BrokerEvents
+from curb.broker_config import ACK_TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS, BrokerConfig
 from curb.log import Log
 from curb.log.events import LogEvents
 from curb.metrics import Metrics
@@ -196,7 +197,7 @@ class Instance:
         left open when a step fails."""
         config, events = self.config, self.events
         loop = asyncio.get_running_loop()
-        self.users = _load_users(config.users_path) if config.users_path is not None else None
+        self.users = load_users(config.users_path) if config.users_path is not None else None
         self._tls = _load_tls(config.tls_files) if config.tls_files is not None else None
         if self.process:
             _fix_mmap_threshold()
@@ -241,16 +242,18 @@ class Instance:
 
         self.broker = Broker(
             self.log.core,
+            BrokerConfig(
+                prefetch=config.prefetch,
+                max_frame=config.max_frame,
+                heartbeat_ms=config.heartbeat_ms,
+                connect_timeout=config.connect_timeout,
+                max_connections=max_connections,
+                ack_timeout=config.ack_timeout,
+                redelivery=config.redelivery,
+                drop_expired=config.drop_expired,
+            ),
             offload=offload,
-            prefetch=config.prefetch,
-            max_frame=config.max_frame,
-            heartbeat_ms=config.heartbeat_ms,
             users=self.users,
-            connect_timeout=config.connect_timeout,
-            max_connections=max_connections,
-            ack_timeout=config.ack_timeout,
-            redelivery=config.redelivery,
-            drop_expired=config.drop_expired,
             metrics=self.metrics,
             events=events,
         )
@@ -293,11 +296,11 @@ class Instance:
         inherited = systemd.listen_sockets() if self.process else []
         if inherited:
             self._servers = [await loop.create_server(new_session, sock=s, start_serving=False) for s in inherited]
-            names = ", ".join(_sockname(s) for s in inherited)
+            names = ", ".join(sockname(s) for s in inherited)
             where = f"listening on {names} (socket passed by systemd; -addr ignored)"
         elif addr is not None:
-            self._servers = [await _listen("-addr", addr, _stomp_server(loop, new_session, addr))]
-            names = ", ".join(_sockname(s) for s in self._servers[0].sockets)
+            self._servers = [await listen("-addr", addr, _stomp_server(loop, new_session, addr))]
+            names = ", ".join(sockname(s) for s in self._servers[0].sockets)
             where = f"listening on {names}, log {config.path}, cap {config.cap} bytes"
         elif tls_addr is None:
             raise StartError("-addr off needs -tls-addr [HOST]:PORT, or nothing would listen", EXIT_USAGE)
@@ -306,13 +309,13 @@ class Instance:
         self.addresses = [s.getsockname()[:2] for server in self._servers for s in server.sockets]
         if self._tls is not None and tls_addr is not None:
             try:
-                tls_server = await _listen("-tls-addr", tls_addr, _stomp_server(loop, new_tls_session, tls_addr))
+                tls_server = await listen("-tls-addr", tls_addr, _stomp_server(loop, new_tls_session, tls_addr))
             except BaseException:
                 self._close_servers()
                 raise
             self._servers.append(tls_server)
             self.tls_addresses = [s.getsockname()[:2] for s in tls_server.sockets]
-            tls_names = ", ".join(_sockname(s) for s in tls_server.sockets)
+            tls_names = ", ".join(sockname(s) for s in tls_server.sockets)
             mutual = ", client certificates required" if config.tls_files and config.tls_files.ca else ""
             if where:
                 where += f"; TLS on {tls_names}{mutual}"
@@ -332,8 +335,8 @@ class Instance:
             self.broker, self.metrics, self.events, self.config.http_origins, http[0], self.config.narconi
         )
         context = self._tls.context if self.config.http_tls and self._tls is not None else None
-        await _listen("-http", http, lambda: web.start(http[0], http[1], context))
-        exposed = [_sockname(sock) for sock in web.sockets if not _is_loopback(sock)]
+        await listen("-http", http, lambda: web.start(http[0], http[1], context))
+        exposed = [sockname(sock) for sock in web.sockets if not _is_loopback(sock)]
         if exposed and self.users is None and not self.config.http_open:
             await web.stop()
             self.web = None
@@ -344,7 +347,7 @@ class Instance:
                 2,
             )
         self.http_address = web.sockets[0].getsockname()[:2]
-        web_addr = _sockname(web.sockets[0])
+        web_addr = sockname(web.sockets[0])
         scheme = "https" if context is not None else "http"
         self.events(
             "http",
@@ -401,7 +404,7 @@ class Instance:
             return
         if path is not None:
             try:
-                self.users = self.broker.users = _load_users(path)
+                self.users = self.broker.users = load_users(path)
                 events("reloaded", f"reloaded {len(self.users)} users from {path}", file=path)
             except StartError as err:
                 events("reload_failed", f"{err.line}; kept the {len(self.broker.users or {})} users read before")
@@ -441,7 +444,7 @@ def _widen_backlog(server: asyncio.Server) -> None:
             sock.detach()
 
 
-def _load_users(path: str) -> dict[str, users.User]:
+def load_users(path: str) -> dict[str, users.User]:
     """The users file; a file without users is refused like a broken one: it would let
     the broker start, and then refuse every CONNECT."""
     try:
@@ -557,8 +560,8 @@ def _say_who_may_connect(events, servers, web_sockets, table, users_path, max_co
     if table is not None:
         events("access", f"{len(table)} users from {users_path}; {limits}", users=len(table), file=users_path)
         return
-    stomp = [_sockname(sock) for server in servers for sock in server.sockets if not _is_loopback(sock)]
-    web = [_sockname(sock) for sock in web_sockets if not _is_loopback(sock)]
+    stomp = [sockname(sock) for server in servers for sock in server.sockets if not _is_loopback(sock)]
+    web = [sockname(sock) for sock in web_sockets if not _is_loopback(sock)]
     exposed = [f"{addr} (STOMP)" for addr in stomp] + [f"{addr} (HTTP, -http-open)" for addr in web]
     if exposed:
         events(
@@ -582,14 +585,14 @@ def _is_loopback(sock) -> bool:
         return False
 
 
-async def _listen(flag: str, addr: Addr, open_server: Callable[[], Awaitable[T]]) -> T:
+async def listen(flag: str, addr: Addr, open_server: Callable[[], Awaitable[T]]) -> T:
     """The server `open_server` makes; an address it cannot bind is the operator's to change."""
     try:
         return await open_server()
     except OSError as err:
         # asyncio wraps a bind error in a long text of its own; a name lookup's errno is < 0.
         reason = os.strerror(err.errno) if err.errno and err.errno > 0 else err.strerror or str(err)
-        raise StartError(f"cannot listen on {_addr_text(addr)}: {reason}; pick another {flag}", EXIT_USAGE) from None
+        raise StartError(f"cannot listen on {addr_text(addr)}: {reason}; pick another {flag}", EXIT_USAGE) from None
 
 
 def _open_log(path: str, cap: int, max_frame: int, metrics: Metrics, events: LogEvents) -> Log:
@@ -612,14 +615,14 @@ def reason_of(err: OSError) -> str:
     return f"{err.strerror or os.strerror(err.errno)} ({errno.errorcode.get(err.errno, err.errno)})"
 
 
-def _addr_text(addr: Addr) -> str:
+def addr_text(addr: Addr) -> str:
     host, port = addr
     if host and ":" in host:
         host = f"[{host}]"
     return f"{host or ''}:{port}"
 
 
-def _sockname(sock) -> str:
+def sockname(sock) -> str:
     name = sock.getsockname()
     if isinstance(name, tuple):
         host = f"[{name[0]}]" if ":" in name[0] else name[0]

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from curb import payload
-from curb.access import CLOSING
+from curb.conn import CLOSING, Conn
 from curb.dead import DeadBrowse, dead_headers
 from curb.frame import FRAME_END, encode
 from curb.output import Output, Piece
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from curb.log.browse import Browse
     from curb.log.cursor import Record
     from curb.queue import Subscription
-    from curb.session import Session
 
 VIEW_BODY = 64 * 1024
 BROWSE_END = "browse-end"  # the message-id of a browse's end marker
@@ -65,7 +64,7 @@ class Messages:
     """One connection's subscriptions as the MESSAGEs they make, written through `write`;
     an auto subscription's message is done once `output` has handed its frame over."""
 
-    def __init__(self, broker: Broker, peer: Session, write: Write, output: Output[Record]):
+    def __init__(self, broker: Broker, peer: Conn, write: Write, output: Output[Record]):
         self._broker, self._peer, self._write, self._output = broker, peer, write, output
         self.prefixes: dict[Subscription[Peer, Record], bytes] = {}
         self.browses: dict[str, tuple[Browse | DeadBrowse, bytes]] = {}  # sub id -> browse, MESSAGE prefix
@@ -125,7 +124,7 @@ class Messages:
     def watch_counts(self, sub_id: str | None, prefix: bytes = b"") -> None:
         """Subscribe to `./count` as `sub_id` (None: unsubscribe)."""
         self.count_sub, self._count_prefix, self._last_counts = sub_id, prefix, None
-        self._broker.watch_counts(self._peer, sub_id is not None)
+        self._broker.count_watch.watch(self._peer, sub_id is not None)
 
     def send_counts(self, counts: dict[str, int]) -> None:
         """One `./count` MESSAGE if the counts changed since the last (curb.counts); while
@@ -137,7 +136,7 @@ class Messages:
             return
         self.counts_owed = False
         self._last_counts = counts
-        id_line, stored = self._broker.count_messages.tail(counts)
+        id_line, stored = self._broker.count_watch.messages.tail(counts)
         write_message(self._write, self._count_prefix + id_line, stored)
 
 

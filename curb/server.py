@@ -21,7 +21,7 @@ for example). The session asks for the close only once its ERROR (or a DISCONNEC
 RECEIPT) is in its output, after the receipts it owes (curb.session), so the close never
 overtakes them.
 
-Connection limit: past `broker.max_connections` open sessions (and TLS handshakes under
+Connection limit: past `broker.config.max_connections` open sessions (and TLS handshakes under
 way) a new connection is closed at once (Broker.admit says so, rate-limited), before it
 costs a session or a handshake.
 
@@ -169,7 +169,7 @@ class Handshake(asyncio.Protocol):
             self.broker.handshaking -= 1
         if tls is None:
             reason, why = handshake_failure(failure, self.timeout)
-            self.broker.tls_failed(peer, reason, why, self._loop.time())
+            self.broker.refusals.tls_failed(peer, reason, why, self._loop.time())
             return
         connection = Connection(self.broker, admitted=True)
         tls.set_protocol(connection)

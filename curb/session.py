@@ -36,9 +36,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from curb import access, deadlines, message_limits, render
-from curb.access import CLOSING, NEW
 from curb.broker import Refused
 from curb.commands import RULES, UNPARSABLE, unexpected, unparsable
+from curb.conn import CLOSING, NEW, Beats, Login
 from curb.frame import Frame, FrameParser, ProtocolError
 from curb.output import Output, Piece
 from curb.queue import QueueError
@@ -62,14 +62,12 @@ class Session:
         self.peer = peer
         self.identity = identity  # the CN of a verified client certificate
         self.user: str | None = None
-        self.permissions: frozenset[str] | None = None  # None: everything is allowed
+        self.login = Login()
         self.state = NEW
         self.opened_at = now
-        self.refusing_at: float | None = None  # a failed login's "access refused" is due
-        self.held: list[Frame] | None = None  # frames after a CONNECT whose check is under way
         self.parser = FrameParser(
-            max_frame_bytes=broker.max_frame,
-            max_body_bytes=max(0, min(broker.max_message, broker.max_frame - message_limits.RESERVE)),
+            max_frame_bytes=broker.config.max_frame,
+            max_body_bytes=max(0, min(broker.max_message, broker.config.max_frame - message_limits.RESERVE)),
         )
         # Events for the transport.
         self.close_wanted: str | None = None  # "close" once the output is written, or "abort"
@@ -87,8 +85,7 @@ class Session:
         self.deliver = self.messages.deliver  # the broker's hottest call, without a hop
         self.send_counts = self.messages.send_counts
         self.browse_more = self.messages.browse_more
-        self.last_recv = self.last_send = now
-        self.send_every = self.expect_every = 0.0
+        self.beats = Beats(now)
         self.deadlines = 0  # changes whenever next_deadline may have come sooner
         broker.join(self)
 
@@ -98,27 +95,27 @@ class Session:
         """Bytes from the peer: handle every frame they complete."""
         if self.state is CLOSING or self.gone:
             return
-        self.last_recv = now
+        self.beats.last_recv = now
         bad: ProtocolError | None = None
         try:
             frames = self.parser.feed(data)
         except ProtocolError as err:
             bad, frames = err, err.frames
         broker = self.broker
-        broker.before_frames()
+        broker.passes.before_frames()
         try:
             for frame in frames:
                 if self.state is CLOSING:
                     break
                 self.handle(frame)
             if bad is not None and self.state is not CLOSING:
-                if self.held is not None:  # its ERROR waits behind the frames held for the login
+                if self.login.held is not None:  # its ERROR waits behind the frames held for the login
                     receipt = {} if bad.receipt is None else {"receipt": bad.receipt}
-                    self.held.append(Frame(UNPARSABLE, {"message": str(bad), **receipt}))
+                    self.login.held.append(Frame(UNPARSABLE, {"message": str(bad), **receipt}))
                 else:
                     unparsable(self, str(bad), bad.receipt)
         finally:
-            broker.after_frames()
+            broker.passes.after_frames()
 
     def output_due(self) -> None:
         """The broker tells the transport that output or an event waits (`on_output`)."""
@@ -138,7 +135,7 @@ class Session:
         may open again."""
         if piece is None:
             return None
-        self.last_send = now
+        self.beats.last_send = now
         out = self._out
         done = out.handed()
         if done:
@@ -181,7 +178,7 @@ class Session:
         change is told to the broker."""
         room = self._out.unsent < OUTPUT_LIMIT
         going_on = self.state is not CLOSING
-        self.reading = room and going_on and not self.stopped and self.held is None
+        self.reading = room and going_on and not self.stopped and self.login.held is None
         writable = room and going_on and self._transport_ok
         if writable != self.writable:
             self.writable = writable
@@ -239,13 +236,13 @@ class Session:
     # ---------------------------------------------------------------- frames
 
     def handle(self, frame: Frame) -> None:
-        if self.held is not None:
-            self.held.append(frame)
+        if self.login.held is not None:
+            self.login.held.append(frame)
             return
         handler = RULES.get((self.state, frame.command))
         if handler is None:
             unexpected(self, frame)
-        elif self.permissions is None or not access.refused(self, frame):
+        elif self.login.permissions is None or not access.refused(self, frame):
             try:
                 handler(self, frame)
             except QueueError as err:
@@ -285,12 +282,12 @@ class Session:
             self._flow()
         if not self._woken:  # wake(), inline: this runs for every message
             self._woken = True
-            self.broker.want_flush(self)
+            self.broker.passes.want_flush(self)
 
     def wake(self) -> None:
         if not self._woken:
             self._woken = True
-            self.broker.want_flush(self)
+            self.broker.passes.want_flush(self)
 
     def error(
         self,
@@ -321,7 +318,7 @@ class Session:
         self.line.settle(entry, error, lambda: self._close_after_error(message))
 
     def _close_after_error(self, reason: str) -> None:
-        self.broker.protocol_error(self, reason)
+        self.broker.refusals.protocol_error(self, reason)
         self.hang_up()
 
     def hang_up(self) -> None:

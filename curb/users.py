@@ -29,10 +29,13 @@ import base64
 import hashlib
 import hmac
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from curb.router.routes import DESTINATION_NAME
+# A destination's name, as a permission (`send:orders`) or a route of `curb router` names it.
+DESTINATION_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+
 
 PERMISSIONS = ("send", "consume", "count", "purge")  # purge: DELETE a queue over HTTP
 NO_PASSWORD = "!"

@@ -20,7 +20,13 @@ FULL_ONLY = (
     "tests/spark/",
     "tests/test_packaging.py",
     "tests/test_crash_sim.py::test_seeds_in_the_default_range",
+    "tests/test_broker_sim.py::test_seeds_in_the_default_range",
     "tests/test_startup_fuzz.py::test_fuzzed_startup",
+    "tests/test_fuzz_smoke.py::test_a_short_codec_fuzz",
+    "tests/test_queue.py::test_the_largest_prefetch_a_subscribe_may_ask_for",
+    "tests/test_slices.py::test_an_ack_upto_a_crash_interrupts_between_slices",
+    "tests/test_parked_slices.py::test_the_first_live_entry_is_found_past_a_million",
+    "tests/test_session_limits.py::test_the_largest_deliverable_send",
 )
 
 

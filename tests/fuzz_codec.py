@@ -30,6 +30,7 @@ from simdisk import SimDisk
 from test_frame_props import run as feed_all  # frames and error of one parser, its buffer bounded
 
 from curb.broker import Broker, BrokerEvents
+from curb.broker_config import BrokerConfig
 from curb.frame import Frame, FrameParser, ProtocolError, encode
 from curb.log import LogCore
 from curb.session import Session
@@ -134,8 +135,7 @@ class Harness:
         )
         self.broker = Broker(
             self.core,
-            heartbeat_ms=0,
-            ack_timeout=0.015,
+            BrokerConfig(heartbeat_ms=0, ack_timeout=0.015),
             schedule=lambda delay, callback: self.later.append(callback),
             clock=self.clock.time,
             loop=self.clock,

@@ -11,6 +11,7 @@ from simclock import SimClock
 from simdisk import SimDisk
 
 from curb.broker import Broker, BrokerEvents
+from curb.broker_config import BrokerConfig
 from curb.frame import Frame, FrameParser, encode
 from curb.log import LogCore
 from curb.redelivery import Redelivery
@@ -36,11 +37,10 @@ class MemWorld:
         self.later: list[Callable[[], None]] = []
         self.broker = Broker(
             self.log,
-            heartbeat_ms=0,
+            BrokerConfig(**{"heartbeat_ms": 0, **broker_options}),
             schedule=lambda delay, callback: self.later.append(callback),
             clock=self.clock.time,
             loop=self.clock,
-            **broker_options,
         )
         self.events.broker = self.broker
 

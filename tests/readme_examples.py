@@ -1,6 +1,7 @@
-"""The README's code blocks, and the markers that say how tests/test_readme_examples.py runs them.
+"""The documents' code blocks, and the markers that say how tests/test_readme_examples.py runs them.
 
-Every code block of README.md is found: fenced blocks (```) and indented blocks (four
+The documents are README.md, ARCHITECTURE.md and every page of docs/ (`documents()`).
+Every code block of each is found: fenced blocks (```) and indented blocks (four
 spaces, after a blank line, a heading or a marker). The line right before each block must
 be a marker, an HTML comment that renders as nothing:
 
@@ -14,7 +15,7 @@ Kinds:
   the test reports it as skipped, with the reason.
 - `text reason="..."`: not a command or a program (a diagram, a frame's layout, the
   contents of a file): not run.
-- `spark`: a ```python block of the Spark section, for a Spark session `spark` and brokers
+- `spark`: a ```python block of the Spark page (docs/spark.md), for a Spark session `spark` and brokers
   at h1:61613 and h2:61613. tests/spark/test_spark_readme_examples.py runs these blocks in
   order, in one namespace, against two local brokers (h1:61613 and h2:61613 become their
   addresses, the relative paths given to the options `path` and `checkpointLocation` move
@@ -39,7 +40,7 @@ in the block and in its marker's values alike:
 - the ports 61613, 61614 and 8161 become free ports (the same ones for the block and its broker);
 - paths under /etc/curb and /var/lib/curb move into the temporary directory, where their
   directories exist, as they would on the system;
-- a command that starts with `bin/` runs the checkout's bin/ script (the README's commands
+- a command that starts with `bin/` runs the checkout's bin/ script (the documents' commands
   are typed at the checkout's top);
 - `curb` is the command installed beside the tests' Python.
 """
@@ -53,6 +54,8 @@ from pathlib import Path
 
 TOP = Path(__file__).resolve().parents[1]
 README = TOP / "README.md"
+ARCHITECTURE = TOP / "ARCHITECTURE.md"
+DOCS = TOP / "docs"
 PASSWORD = "correct horse"
 PORTS = ("61613", "61614", "8161")
 SYSTEM_DIRS = ("/etc/curb", "/var/lib/curb")
@@ -73,17 +76,19 @@ class MarkerError(ValueError):
 
 @dataclass(frozen=True)
 class Block:
-    """One code block of the README: `line` is where its text starts (1-based), `fence`
-    the fenced block's language ("" if none), None for an indented block."""
+    """One code block of a document: `line` is where its text starts (1-based), `fence`
+    the fenced block's language ("" if none), None for an indented block; `document` the
+    file it is in, relative to the checkout's top."""
 
     line: int
     fence: str | None
     text: str
     marker: str | None
+    document: str
 
     def describe(self) -> str:
         first = next((t for t in self.text.splitlines() if t.strip()), "")
-        return f"README.md:{self.line} {first.strip()[:60]}"
+        return f"{self.document}:{self.line} {first.strip()[:60]}"
 
 
 @dataclass(frozen=True)
@@ -115,8 +120,24 @@ class Example:
         return not command.startswith(self.skipped_prefixes) if self.skipped_prefixes else True
 
 
-def blocks(text: str) -> list[Block]:
-    """Every code block of a Markdown text, with the marker on the line before it."""
+def documents() -> list[Path]:
+    """The documents whose examples run: README.md, ARCHITECTURE.md and docs/*.md."""
+    return [README, ARCHITECTURE, *sorted(DOCS.glob("*.md"))]
+
+
+def name(document: Path) -> str:
+    """A document's path relative to the checkout's top, as test ids and messages give it."""
+    return document.relative_to(TOP).as_posix()
+
+
+def all_blocks() -> list[Block]:
+    """Every code block of every document, in document order."""
+    return [block for document in documents() for block in blocks(document.read_text(), name(document))]
+
+
+def blocks(text: str, document: str) -> list[Block]:
+    """Every code block of a Markdown text, with the marker on the line before it;
+    `document` names the file the text is from."""
     lines = text.split("\n")
     found: list[Block] = []
     i = 0
@@ -130,7 +151,7 @@ def blocks(text: str) -> list[Block]:
             while end < len(lines) and not closing.fullmatch(lines[end]):
                 end += 1
             body = [_dedent(line, len(indent)) for line in lines[i + 1 : end]]
-            found.append(Block(i + 2, language, "\n".join(body), _marker(before)))
+            found.append(Block(i + 2, language, "\n".join(body), _marker(before), document))
             i = end + 1
         elif lines[i].startswith("    ") and lines[i].strip() and _may_precede_code(before):
             end = i
@@ -138,7 +159,7 @@ def blocks(text: str) -> list[Block]:
                 end += 1
             while not lines[end - 1].strip():
                 end -= 1
-            found.append(Block(i + 1, None, "\n".join(line[4:] for line in lines[i:end]), _marker(before)))
+            found.append(Block(i + 1, None, "\n".join(line[4:] for line in lines[i:end]), _marker(before), document))
             i = end
         else:
             i += 1

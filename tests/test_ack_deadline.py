@@ -242,7 +242,7 @@ def test_a_touch_of_a_message_never_held_is_the_error_of_an_unknown_id():
 def test_expiries_and_late_acks_are_logged_at_most_once_per_interval():
     world = MemWorld(ack_timeout=1.0)
     lines: list[tuple[str, dict]] = []
-    world.broker.events = lambda event, text, **fields: lines.append((event, fields))
+    world.broker.refusals.events = lambda event, text, **fields: lines.append((event, fields))
     world.peer().produce([b"a", b"b", b"c"])
     holder = consumer(world, prefetch=1)
     for _ in range(3):  # each comes back to the holder and expires again, a second apart

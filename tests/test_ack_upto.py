@@ -249,7 +249,7 @@ def test_upto_finishes_dead_letters_and_delayed_messages_too() -> None:
     peer.send("SEND", b"later", destination="/queue/curb", curb_delay="60000")
     consumer = world.peer()
     consumer.send("SUBSCRIBE", id="s", destination="/queue/curb", ack="client-individual")
-    world.broker.redelivery = Redelivery(delay_ms=0, max_deliveries=1)  # the first NACK makes a dead letter
+    world.broker.returns.redelivery = Redelivery(delay_ms=0, max_deliveries=1)  # the first NACK makes a dead letter
     for frame in consumer.frames():
         consumer.send("NACK", id=frame.headers["ack"])
     assert world.broker.counts()["dead"] == 3 and world.broker.counts()["delayed"] == 1

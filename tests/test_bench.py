@@ -27,8 +27,10 @@ from curb.frame import FrameParser, encode
 TESTS = Path(__file__).resolve().parent
 
 
-def bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    """`python -m benchmark ARGS`, as bin/bench runs it: with tests/ on the path."""
+def bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -m benchmark ARGS`, as bin/bench runs it: with tests/ on the path. The
+    timeout only stops a hang: a loaded machine runs the quick benchmark several times
+    slower than a quiet one, and that is no failure."""
     path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-m", "benchmark", *args],
@@ -314,9 +316,9 @@ def test_python_shares_rank_curbs_functions_by_their_growth_in_cpu_time():
 
 
 def test_instructions_refuses_a_broker_it_does_not_start():
-    result = bench("--instructions", "--addr", "127.0.0.1:1", timeout=30)
+    result = bench("--instructions", "--addr", "127.0.0.1:1", timeout=300)
     assert result.returncode == 2
     assert "--instructions counts a Curb it starts itself" in result.stderr
-    result = bench("--instructions", "--only", "mixed", timeout=30)
+    result = bench("--instructions", "--only", "mixed", timeout=300)
     assert result.returncode == 2
     assert "unknown workload(s) mixed; choose from produce-4x256, produce-w1, consume-p256, pingpong" in result.stderr

@@ -463,7 +463,7 @@ def test_a_redrive_moves_the_oldest_dead_letters_back_with_their_count_reset(cou
     assert got(worker) == [(b"m%d" % n, "1", None) for n in range(moved)]
 
 
-# A SEND's destination -> whether it is stored as an ordinary job (README: Dead letters).
+# A SEND's destination -> whether it is stored as an ordinary job (docs/guide.md: Dead letters).
 DESTINATIONS = {
     "/queue/work": True,
     "/queue/redrive-report": True,
@@ -494,7 +494,7 @@ def test_a_send_to_a_reserved_or_misspelt_name_is_an_error_never_a_job(destinati
         assert world.log.next_id == 1 and world.broker.metrics.redriven == 0, "nothing stored, nothing moved"
 
 
-# A SUBSCRIBE's destination -> whether it is a subscription (README: Dead letters).
+# A SUBSCRIBE's destination -> whether it is a subscription (docs/guide.md: Dead letters).
 SUBSCRIBE_DESTINATIONS = {
     "/queue/work": True,
     "/queue/dead": True,

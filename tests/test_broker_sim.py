@@ -126,7 +126,7 @@ REGRESSIONS_WITH_SLICES = {
     # of the log took; rounds now run loop passes while the log walks.
     "a_drain_outlasts_a_few_rounds_of_small_slices": (20000002, "accepted SEND never delivered"),
     # The checker: rdy still counts what an ACK up to an id took until its walk passes
-    # it (README), so while the log walks only the lower bound holds.
+    # it (docs/guide.md), so while the log walks only the lower bound holds.
     "counts_while_an_ack_upto_is_walked": (20000008, "counts"),
     # A slice of a walk that passed records without reaching a message to hand out did
     # not tell the broker: ./count watchers kept the counts from before it.

@@ -1,5 +1,5 @@
 """./count fan-out: one encoded MESSAGE per change shared by every subscriber, and fewer
-updates a second the more subscribers there are (curb.counts, Broker.counts_changed)."""
+updates a second the more subscribers there are (curb.counts.CountWatch)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import json
 import pytest
 from test_session_rules import World
 
-from curb import broker as broker_module
 from curb import render
-from curb.counts import CountMessages
+from curb.counts import COUNT_COALESCE_SECONDS, COUNT_FRAMES_PER_SECOND, CountMessages
 from curb.frame import FrameParser
 
 
@@ -48,10 +47,10 @@ def test_the_shared_part_is_encoded_once_per_change():
 def test_more_subscribers_mean_fewer_updates_a_second(watchers, delay):
     world = World()
     delays: list[float] = []
-    world.broker.schedule = lambda seconds, callback: delays.append(seconds)
+    world.broker.count_watch.schedule = lambda seconds, callback: delays.append(seconds)
     for _ in range(watchers):
-        world.broker.watch_counts(world.session().session, True)
-    world.broker.counts_changed()
-    world.broker.counts_changed()
+        world.broker.count_watch.watch(world.session().session, True)
+    world.broker.count_watch.changed()
+    world.broker.count_watch.changed()
     assert delays == [pytest.approx(delay)]
-    assert watchers / delay <= max(broker_module.COUNT_FRAMES_PER_SECOND, 1 / broker_module.COUNT_COALESCE_SECONDS)
+    assert watchers / delay <= max(COUNT_FRAMES_PER_SECOND, 1 / COUNT_COALESCE_SECONDS)

@@ -5,6 +5,7 @@ ERROR, and heart-beats from the driver's own timer."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from memworld import MemWorld
 
@@ -131,7 +132,7 @@ def test_after_an_error_the_link_finishes_gracefully_and_gets_nothing_more():
 def test_the_driver_sends_heart_beats_as_frames_of_their_own():
     async def run() -> list[bytes]:
         world = MemWorld()
-        world.broker.heartbeat_ms = 50
+        world.broker.config = dataclasses.replace(world.broker.config, heartbeat_ms=50)
         link = RecordingLink()
         driver = drive(world, link, framed=True)
         driver.received(encode("CONNECT", {"accept-version": "1.2", "heart-beat": "0,50"}))

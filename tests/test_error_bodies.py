@@ -7,6 +7,7 @@ so a few stand for all)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -341,7 +342,7 @@ def the_error(row: Row) -> Frame:
     if row.users:
         world.broker.users = USERS
     if row.max_frame is not None:
-        world.broker.max_frame = row.max_frame
+        world.broker.config = dataclasses.replace(world.broker.config, max_frame=row.max_frame)
     peer = MemPeer(world, Session(world.broker, world.now, "test"))
     if row.connect:
         peer.send("CONNECT", accept_version="1.2")

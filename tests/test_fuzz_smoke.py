@@ -1,5 +1,5 @@
 """The fuzz tools (bin/fuzz) keep working: a short run of each must do real work and find
-nothing wrong. The long runs are opt-in (README, Testing)."""
+nothing wrong. The long runs are opt-in (docs/testing.md)."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ named here pulled in, not what other tests loaded before."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import subprocess
 import sys
@@ -69,14 +70,14 @@ def test_offline_readers_import_only_the_file_format_modules(module, absent):
     assert not loaded & set(absent), f"importing {module} loaded {sorted(loaded & set(absent))}"
 
 
-def test_the_readme_code_map_names_every_module():
-    """The README's "Code map" promises one line per module: a module added without
+def test_the_code_map_names_every_module():
+    """ARCHITECTURE.md's "Code map" promises one line per module: a module added without
     its line fails here."""
     from pathlib import Path
 
     top = Path(__file__).resolve().parent.parent
-    readme = (top / "README.md").read_text()
-    code_map = readme[readme.index("## Code map") :]
+    architecture = (top / "ARCHITECTURE.md").read_text()
+    code_map = architecture[architecture.index("\n## Code map\n") :].split("\n## ", 2)[1]
     package = top / "curb"
     missing = []
     for path in sorted(package.rglob("*.py")):
@@ -84,7 +85,7 @@ def test_the_readme_code_map_names_every_module():
         in_subpackage = path.parent != package and f"`{path.parent.relative_to(top).as_posix()}/`" in code_map
         if f"`{relative}`" not in code_map and not (in_subpackage and f"`{path.name}`" in code_map):
             missing.append(relative)
-    assert not missing, f"modules without a line in the README's Code map: {missing}"
+    assert not missing, f"modules without a line in ARCHITECTURE.md's Code map: {missing}"
 
 
 def test_the_log_package_names_resolve_where_they_are_defined():
@@ -131,3 +132,146 @@ def test_the_layers_import_only_downwards(module, forbidden):
         elif isinstance(node, ast.ImportFrom) and node.module:
             named |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
     assert not named & forbidden, f"curb/{module}.py imports {sorted(named & forbidden)}"
+
+
+@functools.cache
+def import_graph() -> dict[str, set[str]]:
+    """Every curb module and the curb modules it imports: every import, those inside
+    functions and those only the type checker reads included."""
+    import ast
+    from pathlib import Path
+
+    top = Path(__file__).resolve().parent.parent
+    modules: dict[str, Path] = {}
+    for path in (top / "curb").rglob("*.py"):
+        parts = list(path.relative_to(top).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def home(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        named: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                named |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                package = modules.get(node.module, path).name == "__init__.py" and node.module in modules
+                named |= {f"{node.module}.{a.name}" for a in node.names} if package else {node.module}
+        graph[module] = {h for n in named if n.startswith("curb") and (h := home(n)) and h != module}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: strongly connected sets of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(graph[module]):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            part = []
+            while True:
+                other = stack.pop()
+                part.append(other)
+                if other == module:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_module_of_curb_is_in_an_import_circle():
+    """The units import one way: a circle (the session and its rules once were one, the
+    HTTP API and its WebSocket protocols another) fails here, naming its modules."""
+    assert circles(import_graph()) == []
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# Each package (or ground-floor module) and the curb modules it must never import: a
+# lower floor never names a higher one, and the fronts on top never name each other.
+ABOVE = {
+    "curb.log": (
+        "curb.broker",
+        "curb.session",
+        "curb.server",
+        "curb.driver",
+        "curb.instance",
+        "curb.cli",
+        "curb.web",
+        "curb.router",
+        "curb.spark",
+        "curb.queue",
+        "curb.users",
+    ),
+    "curb.users": ("curb.router", "curb.web", "curb.spark", "curb.broker", "curb.session", "curb.log"),
+    "curb.spark": (
+        "curb.broker",
+        "curb.session",
+        "curb.server",
+        "curb.driver",
+        "curb.instance",
+        "curb.cli",
+        "curb.web",
+        "curb.router",
+        "curb.log.core",
+        "curb.log.driver",
+    ),
+    "curb.web": ("curb.router", "curb.spark", "curb.instance", "curb.cli"),
+    "curb.router": ("curb.web", "curb.spark", "curb.cli"),
+    "curb.queue": ("curb.broker", "curb.session", "curb.log", "curb.web", "curb.router"),
+}
+
+
+@pytest.mark.parametrize("package", sorted(ABOVE))
+def test_every_package_imports_only_downwards(package):
+    graph = import_graph()
+    wrong = {
+        f"{module} -> {other}"
+        for module, imports in graph.items()
+        if module == package or module.startswith(package + ".")
+        for other in imports
+        if any(other == high or other.startswith(high + ".") for high in ABOVE[package])
+    }
+    assert not wrong, f"imports up from {package}: {sorted(wrong)}"
+
+
+def test_no_module_imports_another_packages_private_names():
+    """A name with a leading underscore is its module's own: another package that needs
+    it needs it made public, where both can see it."""
+    import ast
+    from pathlib import Path
+
+    top = Path(__file__).resolve().parent.parent
+    wrong = []
+    for path in (top / "curb").rglob("*.py"):
+        package = path.parent.relative_to(top).as_posix().replace("/", ".")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or not node.module or not node.module.startswith("curb"):
+                continue
+            if node.module.rpartition(".")[0] != package and node.module != package:
+                wrong += [
+                    f"{path.relative_to(top)}: {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
+    assert not wrong, f"private names imported across packages: {wrong}"

@@ -3,6 +3,7 @@ the loop's handler for accept() failing at the fd limit."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 
 import pytest
@@ -29,8 +30,8 @@ def test_a_line_is_due_at_once_then_once_per_interval_with_the_count(times, line
 def test_connections_past_the_limit_are_refused_counted_and_logged_once_per_interval():
     world = World()
     said: list[dict] = []
-    world.broker.events = lambda event, text, **fields: said.append({"event": event, **fields})
-    world.broker.max_connections = 2
+    world.broker.refusals.events = lambda event, text, **fields: said.append({"event": event, **fields})
+    world.broker.config = dataclasses.replace(world.broker.config, max_connections=2)
     assert world.broker.admit(0.0, "10.0.0.1:1")
     world.session(), world.session()
     peers = [f"10.0.0.2:{port}" for port in range(4)]
@@ -71,8 +72,8 @@ def test_accept_failures_are_one_line_per_interval_and_other_errors_pass_on():
 def test_connect_timeouts_are_logged_once_per_interval():
     world = World()
     said: list[dict] = []
-    world.broker.events = lambda event, text, **fields: said.append({"event": event, **fields})
-    world.broker.connect_timeout = 1.0
+    world.broker.refusals.events = lambda event, text, **fields: said.append({"event": event, **fields})
+    world.broker.config = dataclasses.replace(world.broker.config, connect_timeout=1.0)
     peers = [world.session(now=0.0) for _ in range(3)]
     for peer in peers:
         peer.session.tick(1.0)

@@ -1,5 +1,5 @@
 """Promises the log file keeps, each a regression test for a failure seen against the real
-broker process (README, "The log file"):
+broker process (docs/log-format.md):
 
 - a: the ring wraps at the end of a lap without wedging the broker;
 - b: one message held unacked does not pin the ring;
@@ -9,7 +9,7 @@ broker process (README, "The log file"):
 - f: on a small file system SENDs are stored while there is room, refused as "disk full" when
   there is none, and stored again once room comes back.
 
-The damage helpers find a record by its body and read its header line as the README documents
+The damage helpers find a record by its body and read its header line as docs/log-format.md documents
 it: one line `state deliveries id wseq time length crc` right before the payload, which for a
 SEND without headers of its own is a blank line and the body.
 """

@@ -14,6 +14,7 @@ from conftest import free_port, wait_until
 from prometheus_client import parser
 
 from curb import __version__
+from curb.broker_config import BrokerConfig
 from curb.client import Client
 from curb.metrics import TLS_FAILURES, Metrics
 from curb.web import exposition
@@ -180,8 +181,7 @@ def test_stats_is_one_flat_json_object_of_gauges_and_counters():
 class FakeBroker:
     """What the /metrics and /stats routes read of a broker: its -max-frame and its gauges."""
 
-    max_frame = 1 << 20
-    max_connections = None
+    config = BrokerConfig(max_frame=1 << 20)
 
     def __init__(self, gauges: dict):
         self._gauges = gauges

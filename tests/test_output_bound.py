@@ -12,6 +12,7 @@ import asyncio
 from test_session_rules import World
 
 from curb.broker import Broker
+from curb.broker_config import BrokerConfig
 from curb.frame import FRAME_END, FrameParser
 from curb.log.cursor import Record
 from curb.output import PIECE_BYTES
@@ -132,7 +133,7 @@ class ShortTransport(asyncio.Transport):
 def test_the_glue_writes_bounded_pieces_only_into_an_empty_transport_buffer():
     async def run() -> tuple[ShortTransport, list[int]]:
         world = World()
-        world.broker = world.log.events.broker = Broker(world.log, heartbeat_ms=0)  # on this event loop
+        world.broker = world.log.events.broker = Broker(world.log, BrokerConfig(heartbeat_ms=0))  # on this event loop
         queue_large(world, 24)
         connection = Connection(world.broker)
         transport = ShortTransport(connection, room=200_000)

@@ -118,3 +118,28 @@ def test_bin_curb_says_when_its_environment_is_not_this_users_to_write():
     assert f"cannot set up the virtual environment in {venv}: {venv} belongs to" in result.stderr, result.stderr
     assert "set CURB_VENV to a directory you can write" in result.stderr
     assert "python3-venv" not in result.stderr
+
+
+def test_two_first_uses_of_bin_curb_at_once_both_set_up_and_run(tmp_path):
+    """A test and a service (or two terminals) that both start bin/curb on a fresh
+    checkout raced to create the environment, and one failed with "No module named pip":
+    the set-up takes turns under a lock, and the second finds it done."""
+    venv = tmp_path / "venv"
+    env = {**os.environ, "CURB_VENV": str(venv)}
+    env.pop("CURB_EXTRAS", None)
+    both = [
+        subprocess.Popen(
+            ["bash", str(SOURCE / "bin" / "curb"), "--version"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [command.communicate(timeout=600) for command in both]
+    for command, (out, err) in zip(both, outputs, strict=True):
+        assert command.returncode == 0, err
+        assert curb.__version__ in out
+    installs = sum(err.count("curb: installing into") for _, err in outputs)
+    assert installs == 1, "the second command waited for the first's set-up instead of redoing it"

@@ -1,6 +1,6 @@
-"""Every example in README.md runs as written, against real brokers.
+"""Every example in README.md, ARCHITECTURE.md and docs/*.md runs as written, against real brokers.
 
-tests/readme_examples.py finds the blocks and reads the marker before each, which says
+tests/readme_examples.py finds the blocks of each document and reads the marker before each, which says
 what a block needs (a broker, a users file, certificates, a terminal) or why it cannot
 run here; a block without a usable marker fails `test_every_block_says_how_it_runs`.
 """
@@ -25,19 +25,21 @@ from fcntl import ioctl
 from pathlib import Path
 
 import pytest
+import readme_examples
 import trustme
 from conftest import free_port
 from readme_examples import (
     PASSWORD,
     PORTS,
-    README,
     TOP,
     Block,
     Example,
     MarkerError,
     Rewrite,
+    all_blocks,
     blocks,
     example,
+    name,
 )
 
 from curb import users
@@ -50,7 +52,7 @@ SPARK_TEST = "tests/spark/test_spark_readme_examples.py"
 
 def _examples() -> list[Example]:
     found = []
-    for block in blocks(README.read_text()):
+    for block in all_blocks():
         with contextlib.suppress(MarkerError):  # reported by test_every_block_says_how_it_runs
             found.append(example(block))
     return found
@@ -73,19 +75,26 @@ def _cases() -> list:
 
 
 def _name(ex: Example, text: str) -> str:
-    """README.md:LINE and the first line of `text`, without its comment."""
+    """DOCUMENT:LINE and the first line of `text`, without its comment."""
     first = next(line for line in text.splitlines() if line.strip()).split("  #")[0].strip()
-    return f"README.md:{ex.block.line} {first[:70]}"
+    return f"{ex.block.document}:{ex.block.line} {first[:70]}"
 
 
 def test_every_block_says_how_it_runs():
     problems = []
-    for block in blocks(README.read_text()):
+    for block in all_blocks():
         try:
             example(block)
         except MarkerError as err:
             problems.append(str(err))
     assert not problems, "\n".join(problems)
+
+
+def test_the_examples_are_looked_for_in_every_document():
+    """README.md, ARCHITECTURE.md and each page of docs/, every one of them a test id's prefix."""
+    documents = {block.document for block in all_blocks()}
+    assert {"README.md", "docs/guide.md", "docs/spark.md"} <= documents
+    assert {name(d) for d in readme_examples.documents()} >= {"README.md", "ARCHITECTURE.md", "docs/guide.md"}
 
 
 def test_the_spark_examples_have_the_test_that_runs_them():
@@ -311,12 +320,13 @@ def test_blocks_finds_fenced_and_indented_blocks_with_their_markers():
             "```",
         ]
     )
-    assert blocks(text) == [
-        Block(6, "", "a -> b", 'text reason="a picture"'),
-        Block(12, None, "curb -cap 1MiB \\\n  -addr :61613\n\ncurb inspect curb.log", None),
-        Block(21, "python", "    indented(inside)", "python broker"),
+    assert blocks(text, "docs/page.md") == [
+        Block(6, "", "a -> b", 'text reason="a picture"', "docs/page.md"),
+        Block(12, None, "curb -cap 1MiB \\\n  -addr :61613\n\ncurb inspect curb.log", None, "docs/page.md"),
+        Block(21, "python", "    indented(inside)", "python broker", "docs/page.md"),
     ]
-    shell = Example(blocks(text)[1], "shell", {"skip": "curb inspect", "reason": "r"})
+    assert blocks(text, "docs/page.md")[0].describe() == "docs/page.md:6 a -> b"
+    shell = Example(blocks(text, "docs/page.md")[1], "shell", {"skip": "curb inspect", "reason": "r"})
     assert shell.commands() == ["curb -cap 1MiB  -addr :61613", "curb inspect curb.log"]
     assert [shell.runs(c) for c in shell.commands()] == [True, False]
 
@@ -338,7 +348,7 @@ def test_blocks_finds_fenced_and_indented_blocks_with_their_markers():
 )
 def test_a_block_without_a_usable_marker_is_refused_with_what_to_write(marker, complaint):
     with pytest.raises(MarkerError, match=re.escape(complaint)):
-        example(Block(3, None, "curb inspect curb.log", marker))
+        example(Block(3, None, "curb inspect curb.log", marker, "README.md"))
 
 
 def test_the_rewrites_move_ports_system_paths_and_bin_scripts_only(tmp_path):

@@ -1,4 +1,4 @@
-"""The README's promise about SEND headers Curb does not act on ("The STOMP 1.2 subset"):
+"""docs/guide.md's promise about SEND headers Curb does not act on ("The STOMP 1.2 subset"):
 they come back unchanged on MESSAGE and change nothing about delivery, whatever other
 brokers make of them (priority, persistence, other brokers' delays). The delay and expiry
 headers Curb acts on are tested in tests/test_work_queue_e2e.py."""

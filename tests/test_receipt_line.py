@@ -23,8 +23,9 @@ from simdisk import Crashed, SimDisk
 from test_frame_props import settings  # its profiles: quick by default, CURB_HYPOTHESIS_PROFILE=thorough
 from test_session_rules import FakeLog
 
-from curb.access import CLOSING
 from curb.broker import Broker
+from curb.broker_config import BrokerConfig
+from curb.conn import CLOSING
 from curb.frame import Frame, FrameParser, encode
 from curb.log import QueueFull
 from curb.log.cursor import Record
@@ -142,7 +143,7 @@ class Rig:
         self.later: list[Callable[[], None]] = []
         self.broker = Broker(
             self.log,
-            heartbeat_ms=0,
+            BrokerConfig(heartbeat_ms=0),
             schedule=lambda delay, callback: self.later.append(callback),
             loop=SimClock(),
         )

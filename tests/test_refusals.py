@@ -11,9 +11,9 @@ from simdisk import SimDisk
 from test_session_access import connect, world_with_users
 from test_session_rules import World
 
-from curb.broker import LIMIT_LOG_SECONDS
 from curb.frame import encode
 from curb.metrics import TLS_FAILURES
+from curb.refusals import LIMIT_LOG_SECONDS
 
 
 class Said:
@@ -22,8 +22,8 @@ class Said:
     def __init__(self, world: World | MemWorld) -> None:
         self.lines: list[tuple[str, str, dict]] = []
         self.now = 0.0
-        world.broker.events = lambda event, text, **fields: self.lines.append((event, text, fields))
-        world.broker.clock = lambda: self.now
+        world.broker.refusals.events = lambda event, text, **fields: self.lines.append((event, text, fields))
+        world.broker.refusals.clock = lambda: self.now
 
     def of(self, event: str) -> list[tuple[str, dict]]:
         return [(text, fields) for name, text, fields in self.lines if name == event]
@@ -33,8 +33,8 @@ def refuse_logins(world: World, said: Said, times: list[float]) -> None:
     for n, now in enumerate(times):
         said.now = now
         peer = connect(world, None, now=now, login="producer", passcode=f"wrong{n}")
-        peer.session.tick(now + world.broker.refuse_delay)
-        assert peer.frames(now + world.broker.refuse_delay)[0].headers["message"] == "access refused"
+        peer.session.tick(now + world.broker.config.refuse_delay)
+        assert peer.frames(now + world.broker.config.refuse_delay)[0].headers["message"] == "access refused"
 
 
 def test_failed_logins_are_counted_and_logged_once_per_interval_with_the_count():
@@ -61,7 +61,7 @@ def test_a_refused_login_says_what_was_tried_never_none(headers, identity, says)
     """A CONNECT without a login was logged as `(login None)`."""
     world = world_with_users()
     said = Said(world)
-    connect(world, identity, **headers).session.tick(world.broker.refuse_delay)
+    connect(world, identity, **headers).session.tick(world.broker.config.refuse_delay)
     [(text, _)] = said.of("access_refused")
     assert text == f"access refused to test {says}"
 
@@ -98,8 +98,8 @@ def test_tls_failures_are_counted_by_reason_and_each_reason_has_its_own_lines():
     said = Said(world)
     broker = world.broker
     for now, reason in [(0.0, "no_certificate"), (1.0, "no_certificate"), (2.0, "old_version"), (3.0, "closed")]:
-        broker.tls_failed("10.0.0.9:4000", reason, f"because {reason}", now)
-    broker.tls_failed("10.0.0.9:4001", "no_certificate", "because no_certificate", LIMIT_LOG_SECONDS)
+        broker.refusals.tls_failed("10.0.0.9:4000", reason, f"because {reason}", now)
+    broker.refusals.tls_failed("10.0.0.9:4001", "no_certificate", "because no_certificate", LIMIT_LOG_SECONDS)
     assert broker.metrics.tls_failures == {
         **dict.fromkeys(TLS_FAILURES, 0),
         "no_certificate": 3,

@@ -1,4 +1,4 @@
-"""What the README promises when the router or an instance is killed (kill -9) in the middle
+"""What docs/router.md promises when the router or an instance is killed (kill -9) in the middle
 of a COMMIT: no RECEIPT for it unless every frame took effect; the client sends the
 transaction again under the same name; every SEND is stored at least once, and the pairs
 (curb-transaction, curb-transaction-seq) let a consumer drop the copies."""

@@ -19,7 +19,7 @@ def test_a_disconnect_receipt_is_not_sent_when_the_sync_fails(tmp_path):
         session = Session(broker, 0.0)
         session.receive_data(b"CONNECT\naccept-version:1.2\n\n\0DISCONNECT\nreceipt:bye\n\n\0", 0.0)
         log.core.fail("fdatasync failed: injected")
-        broker.flush_out()
+        broker.passes.flush_out()
         await log.close()
         return session
 
@@ -151,7 +151,7 @@ def test_a_peer_reset_before_the_linger_is_aborted_without_an_exception(tmp_path
         transport = FakeTransport(eof="reset")
         connection.connection_made(transport)
         connection.data_received(b"FROB\n\n\0")
-        broker.flush_out()
+        broker.passes.flush_out()
         connection.connection_lost(None)
         await log.close()
         return transport

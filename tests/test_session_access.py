@@ -3,6 +3,7 @@ frame needs, the delayed refusal and the CONNECT timeout, all on a fake clock.""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -50,7 +51,7 @@ def test_valid_credentials_connect(headers, identity, user):
     peer = connect(world, identity, **headers)
     assert commands(peer.frames()) == ["CONNECTED"]
     assert peer.session.user == user
-    assert peer.session.permissions == USERS[user].permissions
+    assert peer.session.login.permissions == USERS[user].permissions
 
 
 @pytest.mark.parametrize(
@@ -69,11 +70,11 @@ def test_valid_credentials_connect(headers, identity, user):
 def test_bad_credentials_are_refused_after_the_same_delay(headers, identity):
     world = world_with_users()
     refused = []
-    world.broker.events = lambda event, text, **fields: refused.append((event, text, fields))
+    world.broker.refusals.events = lambda event, text, **fields: refused.append((event, text, fields))
     peer = connect(world, identity, now=5.0, **headers)
     session = peer.session
     assert peer.raw(5.0) == b"", "nothing is said before the delay"
-    assert session.next_deadline == pytest.approx(5.0 + world.broker.refuse_delay)
+    assert session.next_deadline == pytest.approx(5.0 + world.broker.config.refuse_delay)
     assert session.deadlines, "the refusal's deadline is sooner than any before: the transport must re-arm"
     peer.feed(b"SEND\ndestination:/q\n\nx\0", now=5.5)
     session.tick(5.9)
@@ -105,7 +106,7 @@ def test_without_a_users_file_everyone_may_do_everything():
     world = World()
     peer = world.session()
     peer.connect()
-    assert peer.session.permissions is None and peer.session.user is None
+    assert peer.session.login.permissions is None and peer.session.user is None
 
 
 SUB_QUEUE = ("SUBSCRIBE", {"id": "s", "destination": "/queue/curb"})
@@ -158,7 +159,7 @@ def test_each_frame_needs_its_permission(user, name):
 
 def test_a_connection_that_never_connects_is_closed_at_the_connect_timeout():
     world = World()
-    world.broker.connect_timeout = 10.0
+    world.broker.config = dataclasses.replace(world.broker.config, connect_timeout=10.0)
     peer = world.session(now=100.0)
     session = peer.session
     assert session.next_deadline == pytest.approx(110.0)
@@ -174,7 +175,7 @@ def test_a_connection_that_never_connects_is_closed_at_the_connect_timeout():
 
 def test_a_connected_session_has_no_connect_deadline():
     world = World()
-    world.broker.connect_timeout = 10.0
+    world.broker.config = dataclasses.replace(world.broker.config, connect_timeout=10.0)
     peer = world.session()
     peer.connect()
     assert peer.session.next_deadline is None
@@ -184,7 +185,7 @@ def test_a_connected_session_has_no_connect_deadline():
 
 def test_a_zero_connect_timeout_means_no_limit():
     world = World()
-    world.broker.connect_timeout = 0
+    world.broker.config = dataclasses.replace(world.broker.config, connect_timeout=0)
     assert world.session().session.next_deadline is None
 
 
@@ -233,9 +234,9 @@ def test_a_slow_check_still_refuses_at_the_deadline_counted_from_connect():
     checks = Deferred()
     world.broker.logins.offload = checks
     peer = connect(world, now=3.0, login="producer", passcode="wrong")
-    assert peer.session.next_deadline == pytest.approx(3.0 + world.broker.connect_timeout)
+    assert peer.session.next_deadline == pytest.approx(3.0 + world.broker.config.connect_timeout)
     checks.finish()
-    assert peer.session.next_deadline == pytest.approx(3.0 + world.broker.refuse_delay)
+    assert peer.session.next_deadline == pytest.approx(3.0 + world.broker.config.refuse_delay)
 
 
 def from_address(world: World, address: str, now: float = 0.0, **headers: str):
@@ -264,7 +265,7 @@ def test_a_login_verified_before_connects_at_once_without_a_check():
     wrong = connect(world, now=2.0, login="producer", passcode="pw-p ")
     assert len(checks.waiting) == 1, "another passcode is checked"
     checks.finish()
-    assert wrong.session.next_deadline == pytest.approx(2.0 + world.broker.refuse_delay)
+    assert wrong.session.next_deadline == pytest.approx(2.0 + world.broker.config.refuse_delay)
 
 
 def test_a_storm_of_the_same_login_costs_one_check():
@@ -283,7 +284,7 @@ def test_logins_past_the_queue_bounds_get_server_busy_at_once_and_no_access_refu
     checks = Deferred()
     world.broker.logins.offload = checks
     lines = []
-    world.broker.events = lambda event, text, **fields: lines.append(event)
+    world.broker.refusals.events = lambda event, text, **fields: lines.append(event)
     bound = logins.MAX_QUEUED_PER_SOURCE + 1  # one runs, the bound wait
     peers = [from_address(world, "10.0.0.1", login="producer", passcode=f"guess {n}") for n in range(bound + 2)]
     for peer in peers[-2:]:
@@ -312,8 +313,8 @@ def test_a_wrong_passcode_is_refused_at_the_usual_deadline_even_during_a_storm()
     while checks.waiting:
         checks.finish()
     assert all(commands(p.frames()) == ["CONNECTED"] for p in good)
-    assert bad.session.next_deadline == pytest.approx(0.5 + world.broker.refuse_delay)
-    bad.session.tick(0.5 + world.broker.refuse_delay)
+    assert bad.session.next_deadline == pytest.approx(0.5 + world.broker.config.refuse_delay)
+    bad.session.tick(0.5 + world.broker.config.refuse_delay)
     [error] = bad.frames()
     assert error.headers["message"] == "access refused"
 
@@ -339,12 +340,12 @@ def test_a_reload_that_changes_a_password_forgets_its_cached_login():
     world.broker.logins.offload = checks
     connect(world, login="producer", passcode="pw-p")
     checks.finish()
-    assert world.broker.remembered_login("producer", "pw-p") is not None
+    assert world.broker.logins.remembered("producer", "pw-p") is not None
     world.broker.users = {**USERS, "consumer": users.User("consumer", users.hash_password("new", **CHEAP), frozenset())}
-    assert world.broker.remembered_login("producer", "pw-p") is not None, "an unchanged line keeps its login"
+    assert world.broker.logins.remembered("producer", "pw-p") is not None, "an unchanged line keeps its login"
     changed = users.User("producer", users.hash_password("new", **CHEAP), frozenset({"send"}))
     world.broker.users = {**USERS, "producer": changed}
-    assert world.broker.remembered_login("producer", "pw-p") is None
+    assert world.broker.logins.remembered("producer", "pw-p") is None
     old = connect(world, login="producer", passcode="pw-p")
     assert len(checks.waiting) == 1, "the old password is checked again"
     checks.finish()

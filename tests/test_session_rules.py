@@ -12,6 +12,7 @@ from simclock import SimClock
 
 from curb import heartbeat
 from curb.broker import Broker, BrokerEvents
+from curb.broker_config import BrokerConfig
 from curb.frame import Frame, FrameParser, encode
 from curb.log import QueueFull
 from curb.log.browse import Browse
@@ -176,12 +177,10 @@ class World:
         self.later: list[Callable[[], None]] = []
         self.broker = Broker(
             self.log,
-            prefetch=prefetch,
-            heartbeat_ms=heartbeat_ms,
+            BrokerConfig(prefetch=prefetch, heartbeat_ms=heartbeat_ms, **options),
             schedule=lambda delay, callback: self.later.append(callback),
             clock=self.clock.time,
             loop=self.clock,
-            **options,
         )
         self.log.events.broker = self.broker
 

@@ -1,7 +1,7 @@
 """Hostile clients of the web front: a WebSocket that never reads, one that sends a 100 MiB
 message, 1,000 idle WebSockets, slowloris, malformed and oversized requests, a wrong
 Origin and too many connections. Each gets a clear refusal (or is simply bounded), and
-the broker keeps serving the others (README: From a browser and from curl)."""
+the broker keeps serving the others (docs/http-websocket.md)."""
 
 from __future__ import annotations
 
@@ -196,7 +196,7 @@ def test_1000_idle_websockets_cost_a_bounded_rss_and_do_not_slow_others(curb_bro
     try:
         after = rss_kib(pid)
         per_socket = (after - before) / len(idle)
-        assert per_socket < 100, f"{per_socket:.1f} KiB per idle WebSocket"  # README: Limits
+        assert per_socket < 100, f"{per_socket:.1f} KiB per idle WebSocket"  # docs/http-websocket.md
         busy = min(round_trip() for _ in range(5))
         assert busy < max(10 * quiet, 0.25), (quiet, busy)
     finally:

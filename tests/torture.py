@@ -1,5 +1,5 @@
 """Kill -9 torture for Curb: crash the real broker again and again under load and check
-that it kept every promise the README makes about RECEIPTs and the cap.
+that it kept every promise README.md makes about RECEIPTs and the cap (What it promises).
 
     bin/torture --cycles 100 --cap 256KiB [--seed S] [--port P] [--dir D] [--json]
 

@@ -20,7 +20,7 @@ from curb.addr import parse_addr
 from curb.durations import Duration
 from curb.flags import max_frame_flag, size_flag
 from curb.heartbeat import MAX_MS as MAX_HEARTBEAT_MS
-from curb.instance import EXIT_USAGE, Events, StartError, _addr_text, _listen, _load_users, _sockname
+from curb.instance import EXIT_USAGE, Events, StartError, addr_text, listen, load_users, sockname
 from curb.router import routes as routing
 from curb.router.core import RouterCore
 from curb.router.glue import Router, client_factory
@@ -305,7 +305,7 @@ async def serve(
     addr = listeners.addr
     users_path = listeners.users_path
     if users_path is not None:
-        router.use_users(_load_users(users_path))
+        router.use_users(load_users(users_path))
     spawner = None
     if spawning is not None:
         directory, cap, most, extra = spawning
@@ -319,14 +319,14 @@ async def serve(
         )
         core.spawn = spawner.want
     servers = [
-        await _listen(
+        await listen(
             "-addr", addr, lambda: loop.create_server(client_factory(router), addr[0], addr[1], reuse_address=True)
         )
     ]
     tls_addr = listeners.tls_addr
     if tls_addr is not None:
         servers.append(
-            await _listen(
+            await listen(
                 "-tls-addr",
                 tls_addr,
                 lambda: loop.create_server(
@@ -343,7 +343,7 @@ async def serve(
     def on_reload() -> None:
         if users_path is not None:
             try:
-                router.use_users(_load_users(users_path))
+                router.use_users(load_users(users_path))
                 events("reloaded", f"reloaded {len(core.users or {})} users from {users_path}")
             except StartError as err:
                 events("reload_failed", f"{err.line}; kept the users read before")
@@ -361,8 +361,8 @@ async def serve(
     await router.start()
     if spawner is not None:
         spawner.start()
-    names = ", ".join(_sockname(s) for s in servers[0].sockets)
-    tls_names = "".join(f"; TLS on {_sockname(s)}" for server in servers[1:] for s in server.sockets)
+    names = ", ".join(sockname(s) for s in servers[0].sockets)
+    tls_names = "".join(f"; TLS on {sockname(s)}" for server in servers[1:] for s in server.sockets)
     if users_path is None:
         events(
             "access",
@@ -396,5 +396,5 @@ def core_routes(core: RouterCore) -> routing.Routes:
 
 def _describe(table: routing.Routes) -> str:
     return "; ".join(
-        f"{name}={','.join(_addr_text(address) for address in addresses)}" for name, addresses in table.table.items()
+        f"{name}={','.join(addr_text(address) for address in addresses)}" for name, addresses in table.table.items()
     )

@@ -10,12 +10,11 @@ Everything here is pure: parsing, checking, naming.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from curb.addr import parse_addr
+from curb.users import DESTINATION_NAME
 
-DESTINATION_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 QUEUE_PREFIX = "/queue/"
 LOCAL_PREFIX = "./"
 Address = tuple[str, int]

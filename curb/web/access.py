@@ -74,14 +74,14 @@ async def log_in(request: web.Request, broker: Broker, permission: str | None) -
 
 async def authenticate(broker: Broker, caller: HttpPeer, login: str, passcode: str) -> User:
     """The user of these credentials, checked as a STOMP CONNECT's; Refusal (401, 503) otherwise."""
-    user = broker.remembered_login(login, passcode)
+    user = broker.logins.remembered(login, passcode)
     return user if user is not None else await _check(broker, caller, login, passcode)
 
 
 def permitted(broker: Broker, user: User, permission: str | None) -> User:
     """`user`, if it has `permission`; else 403 naming it."""
     if permission is not None and permission not in user.permissions:
-        broker.permission_refused()
+        broker.refusals.permission_refused()
         raise Refusal(
             403,
             f"user {user.name!r} may not do this without the {permission!r} permission; the operator grants it "
@@ -109,8 +109,8 @@ async def _check(broker: Broker, caller: HttpPeer, login: str, passcode: str) ->
             {"Retry-After": str(RETRY_SHED_SECONDS)},
         )
     if answer is None:
-        broker.access_refused(caller, login)
-        await asyncio.sleep(broker.refuse_delay)
+        broker.refusals.access_refused(caller, login)
+        await asyncio.sleep(broker.config.refuse_delay)
         raise Refusal(401, "access refused: unknown user or wrong password", {"WWW-Authenticate": REALM})
     assert isinstance(answer, User)
     return answer

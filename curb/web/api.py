@@ -184,7 +184,7 @@ class Api:
         await self._peer(request, "send")
         encoding = _encoding(request)
         messages = []
-        for number, line in enumerate((await read_body(request, self.broker.max_frame)).splitlines(), 1):
+        for number, line in enumerate((await read_body(request, self.broker.config.max_frame)).splitlines(), 1):
             if not line.strip():
                 continue
             try:

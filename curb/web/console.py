@@ -99,7 +99,7 @@ class Console:
         changed = asyncio.Event()
         watcher.send_counts = lambda counts: changed.set()  # type: ignore[method-assign]
         broker = self.broker
-        broker.watch_counts(watcher, True)
+        broker.count_watch.watch(watcher, True)
         reader = asyncio.get_running_loop().create_task(_drain(ws))
         last: dict[str, float] = {}
         try:
@@ -111,7 +111,7 @@ class Console:
         except ConnectionError:
             pass
         finally:
-            broker.watch_counts(watcher, False)
+            broker.count_watch.watch(watcher, False)
             reader.cancel()
         return ws
 

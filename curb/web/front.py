@@ -73,7 +73,7 @@ class WebFront:
         self.metrics = metrics
         self.events = events
         self.app = web.Application(
-            client_max_size=broker.max_frame,
+            client_max_size=broker.config.max_frame,
             middlewares=[json_errors, self._headroom, origin_check(origins, own_names(listen_host))],
         )
         self._open = lambda: 0  # web connections open now (set by `start`)
@@ -103,12 +103,12 @@ class WebFront:
         await runner.setup()
         handlers = runner.server
         assert handlers is not None
-        limit, broker = self.broker.max_connections, self.broker
+        limit, broker = self.broker.config.max_connections, self.broker
         self._open = lambda: len(handlers.connections)
 
         def protocol() -> asyncio.BaseProtocol:
             if limit is not None and len(handlers.connections) >= limit + MONITOR_HEADROOM:
-                broker.web_connection_refused(limit)
+                broker.refusals.web_connection_refused(limit)
                 return _Refuse()
             return handlers()
 
@@ -125,9 +125,9 @@ class WebFront:
     @web.middleware
     async def _headroom(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """A connection let in past -max-connections may ask for MONITORING paths only."""
-        limit = self.broker.max_connections
+        limit = self.broker.config.max_connections
         if limit is not None and self._open() > limit and request.path not in MONITORING:
-            self.broker.web_connection_refused(limit)
+            self.broker.refusals.web_connection_refused(limit)
             raise Refusal(
                 503,
                 f"{limit} web connections are open (-max-connections): only {', '.join(sorted(MONITORING))} "

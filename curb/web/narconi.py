@@ -38,12 +38,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from curb import payload
-from curb.broker import NotStored, Refused
+from curb.broker import Broker, NotStored, Refused
 from curb.log import Record
 from curb.queue import Late, QueueError, Subscription
 from curb.session import OUTPUT_LIMIT
@@ -51,10 +51,7 @@ from curb.web.access import log_in, peer_of
 from curb.web.messages import DEFAULT_TYPE, PREFIX, BadMessage, check_encoding, decode_body, encode_body, headers_in
 from curb.web.peers import HttpPeer
 from curb.web.replies import Refusal, refused
-from curb.web.settings import MAX_LIMIT
-
-if TYPE_CHECKING:
-    from curb.web.api import Api
+from curb.web.settings import MAX_LIMIT, NarconiSettings
 
 PROTOCOLS = ("publish", "consume")
 MAX_UNCONFIRMED = 1000
@@ -62,6 +59,16 @@ SUB_ID = "narconi"
 # Messages in flight to a consumer without ?ack (each acknowledged once sent): enough to
 # keep the socket busy; OUTPUT_LIMIT bounds their bytes.
 AUTO_WINDOW = 64
+
+
+class Api(Protocol):
+    """What the WebSocket protocols need of the HTTP API (curb.web.api.Api), which
+    serves them at its queue paths."""
+
+    broker: Broker
+    settings: NarconiSettings
+
+    def stored_headers(self, headers: dict[str, str]) -> dict[str, str]: ...
 
 
 class _Closed(Exception):
@@ -89,7 +96,7 @@ async def serve(request: web.Request, api: Api) -> web.StreamResponse:
         raise Refusal(400, str(err)) from None
     except ValueError:
         raise Refusal(400, f"?limit= must be a whole number from 1 to {MAX_LIMIT}") from None
-    ws = web.WebSocketResponse(protocols=PROTOCOLS, max_msg_size=broker.max_frame)
+    ws = web.WebSocketResponse(protocols=PROTOCOLS, max_msg_size=broker.config.max_frame)
     await ws.prepare(request)
     peer = HttpPeer(peer_of(request), None if user is None else user.name)
     try:

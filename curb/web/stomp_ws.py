@@ -141,7 +141,7 @@ class WebSocketLink:
 
 async def serve(request: web.Request, broker: Broker, peer: str) -> web.WebSocketResponse:
     """One STOMP session over the WebSocket of this request, until either side closes."""
-    ws = web.WebSocketResponse(protocols=SUBPROTOCOLS, max_msg_size=broker.max_frame, compress=False)
+    ws = web.WebSocketResponse(protocols=SUBPROTOCOLS, max_msg_size=broker.config.max_frame, compress=False)
     await ws.prepare(request)
     transport = request.transport
     assert transport is not None

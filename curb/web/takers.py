@@ -149,7 +149,7 @@ class Takers:
             self._sweeper.cancel()
             self._sweeper = None
         for msg_id in list(self.claims):
-            self.broker.give_back(self.claims[msg_id].peer)
+            self.broker.returns.closed(self.claims[msg_id].peer, limit=False)
             self._done(msg_id)
 
 

@@ -12,7 +12,7 @@ round trip, runs two operations one after the other:
 
 It prints each operation's own time (to its end marker or RECEIPT) and the other
 client's worst round trip while it ran, next to that client's median round trip, and
-at the end the worst round trip of all. The bound the README states is 50 ms. The
+at the end the worst round trip of all. The bound docs/guide.md states is 50 ms. The
 second client's frame is a receipted SUBSCRIBE to `./count`, answered at once: its round
 trip is the event loop's delay, with no fsync in it (`--ping send`: a receipted SEND,
 which adds the disk's fsync time).

@@ -23,7 +23,7 @@ them with a receipt; its time runs until `./count` says only the other 10% are d
 (the RECEIPT comes once the watermark is durable, the index's walk may go on after it).
 
 It prints each operation's own time and the other client's worst round trip while it
-ran, next to that client's median; the bound the README states is 50 ms.
+ran, next to that client's median; the bound docs/guide.md states is 50 ms.
 """
 
 from __future__ import annotations

@@ -331,7 +331,7 @@ class Checker:
         late = msg.holder != serial
         if late and tag not in conn.late and tag in conn.upto_taken:
             # An ACK up to an id took it from this connection: the ERROR of an id not wip
-            # here, and the connection closes (README: ACK up to an id).
+            # here, and the connection closes (docs/guide.md: ACK up to an id).
             conn.error_expected = "not awaiting ACK or NACK"
             return
         if late and tag not in conn.late:
@@ -806,7 +806,7 @@ class Checker:
 
     def synced(self) -> None:
         """The log wrote and synced what it held: every return so far is on disk with
-        its count (README: a crash loses only the returns not yet synced)."""
+        its count (docs/guide.md: a crash loses only the returns not yet synced)."""
         for msg in self.messages.values():
             if msg.returned > msg.durable_count:
                 msg.durable_count = msg.returned
@@ -923,7 +923,7 @@ class Checker:
         delayed, wip and dead add up to its live and dead messages (an expired message
         is dead-lettered when the queue meets it, which the model cannot time). While the
         log walks in slices (`walking`: passing what an ACK up to an id took), rdy still
-        counts what the walk has not yet passed (README: ./count shows them gone as it
+        counts what the walk has not yet passed (docs/guide.md: ./count shows them gone as it
         passes them), so only the lower bound holds."""
         live = held = dead = unsure = 0
         for msg in self.messages.values():

@@ -47,8 +47,9 @@ from simclock import SimClock
 from simdisk import Crashed, SimDisk
 
 from curb import payload
-from curb.access import OPEN
 from curb.broker import Broker, BrokerEvents
+from curb.broker_config import BrokerConfig
+from curb.conn import OPEN
 from curb.frame import Frame, FrameParser, encode
 from curb.log import LogCore, Record, max_message_for
 from curb.log.cursor import RECORD_WORK, SLICE_WORK
@@ -133,10 +134,12 @@ class World:
         self.later: list[Callable[[], None]] = []
         self.broker = Broker(
             self.log,
-            heartbeat_ms=cfg.heartbeat_ms,
-            ack_timeout=cfg.ack_timeout_ms / 1000,
-            redelivery=Redelivery(
-                cfg.redelivery_delay_ms, cfg.redelivery_multiplier, cfg.redelivery_max_delay_ms, cfg.max_deliveries
+            BrokerConfig(
+                heartbeat_ms=cfg.heartbeat_ms,
+                ack_timeout=cfg.ack_timeout_ms / 1000,
+                redelivery=Redelivery(
+                    cfg.redelivery_delay_ms, cfg.redelivery_multiplier, cfg.redelivery_max_delay_ms, cfg.max_deliveries
+                ),
             ),
             schedule=lambda delay, callback: self.later.append(callback),
             clock=clock.time,

@@ -119,7 +119,7 @@ EXTRA_WEIGHTS = {
     "browse_dead": 1.0,
     "watch_counts": 0.6,
 }
-# The ./dead subscriptions' ack deadline (README: Dead letters): curb-ack-timeout on a
+# The ./dead subscriptions' ack deadline (docs/guide.md: Dead letters): curb-ack-timeout on a
 # ./dead SUBSCRIBE, else the broker's -ack-timeout. With it on, the extra steps ask for
 # one on some ./dead SUBSCRIBEs and touch some dead letters held, and the checker
 # (Checker.subscribed, Checker.advance) puts a dead letter held past it back among the

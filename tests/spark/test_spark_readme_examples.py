@@ -1,4 +1,4 @@
-"""The README's Spark examples (the blocks marked `<!-- example: spark -->`) run as written.
+"""The Spark page's examples (docs/spark.md, the blocks marked `<!-- example: spark -->`) run as written.
 
 They run in order, in one namespace that holds the shared `spark` session, against two
 local brokers: `h1:61613` and `h2:61613` become the brokers' addresses, and the relative
@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from readme_examples import README, Block, blocks, example
+from readme_examples import Block, all_blocks, example
 
 DEADLINE_S = 180.0
 LEAST_SENT = 20  # rows the streaming write must have committed before it is stopped
@@ -25,7 +25,7 @@ _PATH_OPTION = re.compile(r'(\.option\("(?:path|checkpointLocation)", ")([^"/][^
 
 
 def spark_examples() -> list[Block]:
-    return [block for block in blocks(README.read_text()) if example(block).kind == "spark"]
+    return [block for block in all_blocks() if example(block).kind == "spark"]
 
 
 def rewrite(text: str, endpoints: list[str], root: Path) -> str:

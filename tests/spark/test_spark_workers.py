@@ -1,5 +1,5 @@
 """What a user sees when Spark's Python workers cannot import Curb (PYSPARK_PYTHON pointing at
-a Python without it), as the README describes it: the driver, which has Curb, runs in a Spark
+a Python without it), as docs/spark.md describes it: the driver, which has Curb, runs in a Spark
 of its own whose workers use a virtual environment with PySpark and pyarrow but not Curb."""
 
 from __future__ import annotations
