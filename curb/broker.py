@@ -34,6 +34,7 @@ from curb.dead import DeadBrowse, DeadSource
 from curb.log import QueueFull, TooLarge
 from curb.log.browse import Browse
 from curb.log.cursor import Record
+from curb.log.events import NoEvents
 from curb.log.waiters import MaybeStored
 from curb.logins import SHED, Answer, LoginChecks, Offload, run_now
 from curb.loop_pass import LoopPass
@@ -53,10 +54,6 @@ class Store(Kept, Protocol):
     """What the broker needs of the log (curb.log.Log, or a fake in tests), beyond what
     the return policy needs (curb.returns.Kept) and a loop pass (curb.loop_pass.Flushed)."""
 
-    on_written: Callable[[], None]
-    on_walked: Callable[[], None]
-    on_answered: Callable[[], None]
-    on_disk_full: Callable[[int, str], None]
     hold_flush: bool
 
     @property
@@ -129,6 +126,27 @@ def loop_schedule(loop: asyncio.AbstractEventLoop) -> Schedule:
     return schedule
 
 
+class BrokerEvents(NoEvents):
+    """The log's events (curb.log.events) for the broker made over that log. The log is
+    made first (the broker reads its counts when made), so its owner gives the log this
+    and sets `broker` once the broker exists, before the log's first flush. Damage and a
+    fatal error are the owner's to hear (curb.instance)."""
+
+    broker: Broker
+
+    def written(self) -> None:
+        self.broker.pump()
+
+    def walked(self) -> None:
+        self.broker.count_watch.changed()
+
+    def answered(self) -> None:
+        self.broker.passes.flush_out()
+
+    def disk_full(self, refused: int, why: str) -> None:
+        self.broker.refusals.disk_full(refused, why)
+
+
 class Broker:
     """The one queue, its log and its metrics, and the sessions that use them."""
 
@@ -189,10 +207,6 @@ class Broker:
             pump=self.pump,
         )
         self._pumping = False
-        log.on_written = self.pump
-        log.on_walked = self.count_watch.changed
-        log.on_answered = self.passes.flush_out
-        log.on_disk_full = self.refusals.disk_full
 
     # ---------------------------------------------------------------- a session's steps
 

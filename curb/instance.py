@@ -41,9 +41,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from curb import systemd, tls, users
-from curb.broker import Broker
+from curb.broker import Broker, BrokerEvents
 from curb.broker_config import ACK_TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS, BrokerConfig
 from curb.log import Log
+from curb.log.events import LogEvents
 from curb.metrics import Metrics
 from curb.ratelimit import LineLimit
 from curb.redelivery import Redelivery
@@ -152,6 +153,21 @@ def _quiet(event: str, text: str, **fields) -> None:
     """The events of an instance nobody reads (tests)."""
 
 
+class _LogEvents(BrokerEvents):
+    """The log's events in a running instance: the broker's, and damage and a fatal
+    error as event lines (a fatal one stops the instance)."""
+
+    def __init__(self, events: Callable[..., None], stop: Callable[[str], None]) -> None:
+        self.events = events
+        self.stop = stop
+
+    def fatal(self, reason: str) -> None:
+        self.stop(reason)
+
+    def damage(self, text: str) -> None:
+        self.events("damage", text)
+
+
 class Instance:
     """One queue: its log, broker, listeners and HTTP side, from `start` to `stop`."""
 
@@ -192,7 +208,8 @@ class Instance:
         max_connections = config.max_connections or max(1, fd_limit - FD_HEADROOM)
         names, where = await self._listen_stomp(loop)
         try:
-            self.log = _open_log(config.path, config.cap, config.max_frame, self.metrics)
+            log_events = _LogEvents(events, self._on_fatal)
+            self.log = _open_log(config.path, config.cap, config.max_frame, self.metrics, log_events)
         except BaseException:
             self._close_servers()
             raise
@@ -240,8 +257,7 @@ class Instance:
             metrics=self.metrics,
             events=events,
         )
-        self.log.core.on_fatal = self._on_fatal
-        self.log.core.on_damage = lambda text: events("damage", text)
+        log_events.broker = self.broker
         self.log.start(loop)
         stomp_servers = list(self._servers)
         try:
@@ -579,11 +595,11 @@ async def listen(flag: str, addr: Addr, open_server: Callable[[], Awaitable[T]])
         raise StartError(f"cannot listen on {addr_text(addr)}: {reason}; pick another {flag}", EXIT_USAGE) from None
 
 
-def _open_log(path: str, cap: int, max_frame: int, metrics: Metrics) -> Log:
+def _open_log(path: str, cap: int, max_frame: int, metrics: Metrics, events: LogEvents) -> Log:
     """Open and recover the log. An OSError here is about the log file, so the line names it,
     and its errno decides whether the operator must act (2) or a retry may do (1)."""
     try:
-        return Log(path, cap, max_payload=max_frame, metrics=metrics)
+        return Log(path, cap, max_payload=max_frame, metrics=metrics, events=events)
     except OSError as err:
         if err.errno in OPERATOR_ERRNOS:
             raise StartError(

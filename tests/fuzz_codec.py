@@ -29,7 +29,7 @@ from simclock import SimClock
 from simdisk import SimDisk
 from test_frame_props import run as feed_all  # frames and error of one parser, its buffer bounded
 
-from curb.broker import Broker
+from curb.broker import Broker, BrokerEvents
 from curb.broker_config import BrokerConfig
 from curb.frame import Frame, FrameParser, ProtocolError, encode
 from curb.log import LogCore
@@ -129,7 +129,10 @@ class Harness:
     def __init__(self, seed: int) -> None:
         self.later: list[Callable[[], None]] = []
         self.clock = SimClock()
-        self.core = LogCore(SimDisk(random.Random(seed)), 1 << 20, clock=self.clock.time, wall_ms=self.clock.wall_ms)
+        events = BrokerEvents()
+        self.core = LogCore(
+            SimDisk(random.Random(seed)), 1 << 20, events=events, clock=self.clock.time, wall_ms=self.clock.wall_ms
+        )
         self.broker = Broker(
             self.core,
             BrokerConfig(heartbeat_ms=0, ack_timeout=0.015),
@@ -137,6 +140,7 @@ class Harness:
             clock=self.clock.time,
             loop=self.clock,
         )
+        events.broker = self.broker
         self.consumer = Session(self.broker, 0.0, "consumer")
         self.check_output(self.consumer, CONNECT + encode("SUBSCRIBE", {"id": "0", "destination": "/queue/curb"}))
         self.slow = Session(self.broker, 0.0, "slow")

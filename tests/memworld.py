@@ -10,7 +10,7 @@ from collections.abc import Callable
 from simclock import SimClock
 from simdisk import SimDisk
 
-from curb.broker import Broker
+from curb.broker import Broker, BrokerEvents
 from curb.broker_config import BrokerConfig
 from curb.frame import Frame, FrameParser, encode
 from curb.log import LogCore
@@ -32,7 +32,8 @@ class MemWorld:
         self.disk = disk if disk is not None else SimDisk(random.Random(3))
         self.clock = SimClock(now)
         self.broker_options = broker_options
-        self.log = LogCore(self.disk, cap, clock=self.clock.time, wall_ms=self.clock.wall_ms)
+        self.events = BrokerEvents()
+        self.log = LogCore(self.disk, cap, events=self.events, clock=self.clock.time, wall_ms=self.clock.wall_ms)
         self.later: list[Callable[[], None]] = []
         self.broker = Broker(
             self.log,
@@ -41,6 +42,7 @@ class MemWorld:
             clock=self.clock.time,
             loop=self.clock,
         )
+        self.events.broker = self.broker
 
     @property
     def now(self) -> float:

@@ -212,7 +212,8 @@ def test_ids_go_on_without_a_gap_after_a_clean_stop() -> None:
 
 
 def test_using_up_the_reserved_ids_refuses_for_a_moment_and_never_wedges(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("curb.log.core.ID_RESERVE", 4)
+    monkeypatch.setattr("curb.log.recovery.ID_RESERVE", 4)  # start-up's reservation
+    monkeypatch.setattr("curb.log.core.ID_RESERVE", 4)  # and every checkpoint's after it
     now = [0.0]
     log = LogCore(SimDisk(random.Random(1)), 64 * 1024, clock=lambda: now[0])
     accepted = refused = 0

@@ -133,7 +133,7 @@ class ShortTransport(asyncio.Transport):
 def test_the_glue_writes_bounded_pieces_only_into_an_empty_transport_buffer():
     async def run() -> tuple[ShortTransport, list[int]]:
         world = World()
-        world.broker = Broker(world.log, BrokerConfig(heartbeat_ms=0))  # on this event loop
+        world.broker = world.log.events.broker = Broker(world.log, BrokerConfig(heartbeat_ms=0))  # on this event loop
         queue_large(world, 24)
         connection = Connection(world.broker)
         transport = ShortTransport(connection, room=200_000)

@@ -89,7 +89,7 @@ class LaggingLog(FakeLog):
         if self.closed():
             self.late.add(tag)
         done(err)
-        self.on_answered()
+        self.events.answered()
 
     def break_down(self, err: str) -> None:
         self.broken = err
@@ -147,6 +147,7 @@ class Rig:
             schedule=lambda delay, callback: self.later.append(callback),
             loop=SimClock(),
         )
+        self.log.events.broker = self.broker
         self.session = Session(self.broker, 0.0, "test")
         self.log.closed = lambda: self.session.close_wanted is not None
         self.parser = FrameParser()

@@ -4,7 +4,7 @@ over a real log whose sync fails."""
 import asyncio
 
 from curb import server
-from curb.broker import Broker
+from curb.broker import Broker, BrokerEvents
 from curb.log import Log
 from curb.server import Connection
 from curb.session import Session
@@ -12,9 +12,10 @@ from curb.session import Session
 
 def test_a_disconnect_receipt_is_not_sent_when_the_sync_fails(tmp_path):
     async def run():
-        log = Log(tmp_path / "q.log", 64 * 1024)
+        events = BrokerEvents()
+        log = Log(tmp_path / "q.log", 64 * 1024, events=events)
         log.start(asyncio.get_running_loop())
-        broker = Broker(log.core)
+        broker = events.broker = Broker(log.core)
         session = Session(broker, 0.0)
         session.receive_data(b"CONNECT\naccept-version:1.2\n\n\0DISCONNECT\nreceipt:bye\n\n\0", 0.0)
         log.core.fail("fdatasync failed: injected")
@@ -83,9 +84,11 @@ def test_the_glue_stops_reading_while_the_unsent_output_is_above_its_bound_and_c
     )
 
     async def run() -> tuple[FakeTransport, list[bool]]:
-        log = Log(tmp_path / "q.log", 64 * 1024)
+        events = BrokerEvents()
+        log = Log(tmp_path / "q.log", 64 * 1024, events=events)
         log.start(asyncio.get_running_loop())
-        connection = Connection(Broker(log.core))
+        events.broker = Broker(log.core)
+        connection = Connection(events.broker)
         transport = FakeTransport()
         connection.connection_made(transport)
         connection.data_received(b"CONNECT\naccept-version:1.2\n\n\0")
@@ -114,9 +117,11 @@ def test_after_an_error_the_glue_shuts_writing_drops_input_and_closes_after_the_
     monkeypatch.setattr(server, "LINGER_SECONDS", 0.01)
 
     async def run() -> tuple[FakeTransport, bool, bytes]:
-        log = Log(tmp_path / "q.log", 64 * 1024)
+        events = BrokerEvents()
+        log = Log(tmp_path / "q.log", 64 * 1024, events=events)
         log.start(asyncio.get_running_loop())
-        connection = Connection(Broker(log.core))
+        events.broker = Broker(log.core)
+        connection = Connection(events.broker)
         transport = FakeTransport(eof=True)
         connection.connection_made(transport)
         connection.data_received(b"CONNECT\naccept-version:1.2\n\n\0FROB\n\n\0")
@@ -138,9 +143,10 @@ def test_after_an_error_the_glue_shuts_writing_drops_input_and_closes_after_the_
 
 def test_a_peer_reset_before_the_linger_is_aborted_without_an_exception(tmp_path):
     async def run() -> FakeTransport:
-        log = Log(tmp_path / "q.log", 64 * 1024)
+        events = BrokerEvents()
+        log = Log(tmp_path / "q.log", 64 * 1024, events=events)
         log.start(asyncio.get_running_loop())
-        broker = Broker(log.core)
+        broker = events.broker = Broker(log.core)
         connection = Connection(broker)
         transport = FakeTransport(eof="reset")
         connection.connection_made(transport)

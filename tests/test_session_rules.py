@@ -11,7 +11,7 @@ import pytest
 from simclock import SimClock
 
 from curb import heartbeat
-from curb.broker import Broker
+from curb.broker import Broker, BrokerEvents
 from curb.broker_config import BrokerConfig
 from curb.frame import Frame, FrameParser, encode
 from curb.log import QueueFull
@@ -35,10 +35,7 @@ class FakeLog:
         self.clock = clock or SimClock()
         self.parked: dict[int, tuple[int, Record]] = {}  # id -> (due ms, record)
         self.dead_rdy: collections.deque[Record] = collections.deque()  # found at start-up, not handed out
-        self.on_written: Callable[[], None] = lambda: None
-        self.on_answered: Callable[[], None] = lambda: None
-        self.on_walked: Callable[[], None] = lambda: None
-        self.on_disk_full: Callable[[int, str], None] = lambda refused, why: None
+        self.events = BrokerEvents()  # its World names the broker
         self.hold_flush = False
         self.ready: collections.deque[Record] = collections.deque()
         self.waiting: list[Done] = []
@@ -158,13 +155,13 @@ class FakeLog:
         return self.ready.popleft() if self.ready else None
 
     def flush(self) -> None:
-        self.on_written()
+        self.events.written()
 
     def sync(self, err: str | None = None) -> None:
         waiting, self.waiting = self.waiting, []
         for done in waiting:
             done(err)
-        self.on_answered()
+        self.events.answered()
 
 
 class World:
@@ -185,6 +182,7 @@ class World:
             clock=self.clock.time,
             loop=self.clock,
         )
+        self.log.events.broker = self.broker
 
     def run_scheduled(self) -> None:
         while self.later or self.clock.fire_due():

@@ -12,7 +12,7 @@ import pytest
 import trustme
 
 from curb import tls
-from curb.broker import Broker
+from curb.broker import Broker, BrokerEvents
 from curb.instance import Config, Instance
 from curb.log import Log
 from curb.metrics import TLS_FAILURES
@@ -139,9 +139,12 @@ def test_every_failed_handshake_is_counted_by_reason_and_logged_with_the_peer(tm
 
     async def run() -> tuple[Broker, dict[str, bytes]]:
         loop = asyncio.get_running_loop()
-        log = Log(tmp_path / "q.log", 64 * 1024)
+        log_events = BrokerEvents()
+        log = Log(tmp_path / "q.log", 64 * 1024, events=log_events)
         log.start(loop)
-        broker = Broker(log.core, events=lambda event, text, **fields: said.append((event, text, fields)))
+        broker = log_events.broker = Broker(
+            log.core, events=lambda event, text, **fields: said.append((event, text, fields))
+        )
         context = pki.server_context()
         # A short time limit only for the silent client: the others must not time out on a busy machine.
         listeners = [

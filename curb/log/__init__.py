@@ -9,12 +9,16 @@ message in flight, which the next checkpoint's tail retires with no write at all
 
 The units: `record` is the file format, read through `reader` by recovery's walk and
 offline reads (`scan`), by the cursor and by browses (`browse`, kept and told of the
-log's changes by `browses`, started near their range by `marks`); `ring` is placement
-arithmetic, `checkpoints` the checkpoint pipeline, `sizes` the bound on the largest live
+log's changes by `browses`, started near their range by `marks`); `recovery` builds the
+log from the file at start-up; `ring` is placement arithmetic and `placement` the writes
+and compaction that use it; `appends` is the line of messages not yet written, `kept`
+the parked records and those the log keeps (indexed by `parked`); `checkpoints` is the
+checkpoint pipeline, `syncing` group commit, `sizes` the bound on the largest live
 record, `admission` whether a message is taken now, `waiters` who waits for durability,
 and `disk` the only way to the file. `core` ties them into the log, sans I/O of its own:
-`pacing` is what it asks of whoever runs it, and `driver` runs it on an asyncio loop.
-Each module's docstring states the invariants it keeps.
+`pacing` is what it asks of whoever runs it, `events` what it tells its owner, and
+`driver` runs it on an asyncio loop. Each module's docstring states the invariants it
+keeps.
 
 The public names below are imported from their modules on first use, not when the
 package is: an offline reader (`curb inspect`, Spark's log-file source) imports

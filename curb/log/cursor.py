@@ -21,7 +21,7 @@ Invariants:
   new one when written), so bytes that are intact but out of place (a sector written to
   the wrong spot, a stale record) count as damage, never as a second message.
 - A damaged record is never handed out: the cursor reads through the same RecordReader
-  as recovery, skips to the next intact record (reported through `on_damage`), and
+  as recovery, skips to the next intact record (reported through `damaged`), and
   counts what is left exactly: `unread` is what recovery counted plus what was written
   since, minus what was handed out, and is reset to 0 whenever the cursor reaches the
   head (recovery's count can be off only where it skimmed over damage).
@@ -33,7 +33,7 @@ Invariants:
   Every uncount goes through `_uncount`, which asks this one rule.
 - The cursor's work is bounded: it reads on for at most `allowance` work (bytes read
   plus RECORD_WORK a record, STEP_WORK a parked record it steps over unread) per slice,
-  then stops where it is, sets `stalled` and calls `on_stalled`; its owner (the log)
+  then stops where it is, sets `stalled` and calls `wants_slice`; its owner (the log)
   grants the next slice later, from the event loop's next pass, so that passing a
   million dead records never holds the loop.
 - Parked records (curb.log.parked: due later, or dead) are never handed out by
@@ -58,7 +58,7 @@ from collections.abc import Callable, Iterator
 
 from curb.log.parked import DELAYED, HELD, READY, Parked
 from curb.log.reader import RecordReader
-from curb.log.record import RING_START, STATE_ACK, STATE_EXP, STATE_MAX, STATE_PAD, RecordHeader
+from curb.log.record import RING_START, STATE_ACK, STATE_EXP, STATE_MAX, STATE_PAD, STATE_RDY, RecordHeader
 
 # A payload up to this size stays with its record while the message is held (for
 # redelivery and compaction); a larger one only from its read or write until its
@@ -138,6 +138,8 @@ class Cursor:
         last: dict[int, int],
         unread: int,
         unread_bytes: int,
+        damaged: Callable[[str], None],
+        wants_slice: Callable[[], None],
     ):
         self.reader = reader
         self.end = end
@@ -157,10 +159,10 @@ class Cursor:
         self.ahead: dict[int, Record] = {}
         self.fresh: collections.deque[Record] = collections.deque()
         self.fresh_bytes = 0
-        self.on_damage: Callable[[str], None] = lambda text: None
+        self.damaged = damaged  # told of damaged bytes skipped
         self.allowance = SLICE_WORK  # work left in this slice
         self.stalled = False  # stopped for want of allowance, with records left to read
-        self.on_stalled: Callable[[], None] = lambda: None
+        self.wants_slice = wants_slice  # told when it stalls: the owner grants the next slice
         self.parked = Parked()  # recovery's index replaces it (curb.log.parked)
 
     def tail(self) -> int:
@@ -276,21 +278,32 @@ class Cursor:
 
     def spend(self) -> bool:
         """Charge this slice's allowance for reading one more record, if any is left;
-        else stall (`stalled`, `on_stalled`) until the owner grants the next slice. For
+        else stall (`stalled`, `wants_slice`) until the owner grants the next slice. For
         every reader of the ring the log paces: the walk here, and the log's reads of
         parked records back (the ready line, dead letters)."""
         if self.allowance <= 0:
-            if not self.stalled:
-                self.stalled = True
-                self.on_stalled()
+            self._stall()
             return False
         self.allowance -= RECORD_WORK
         return True
 
+    def _stall(self) -> None:
+        if not self.stalled:
+            self.stalled = True
+            self.wants_slice()
+
     def _advance(self, hand_out: bool) -> Record | None:
+        """Read on from the read position, a step per record: one kept in memory since
+        its write (`fresh`), parked ones stepped over by the index, and any other read
+        and judged (`_read`, `_judge`). Returns the message handed out, or None: every
+        written record is passed, the allowance ran out, or (not `hand_out`) the next
+        record is a message to hand out, which stays unpassed."""
+        parked = self.parked
         while self.rpos != self.whead:
-            if not self.spend():
+            if self.allowance <= 0:
+                self._stall()
                 return None
+            self.allowance -= RECORD_WORK  # (`spend`, inlined: once a record)
             pos = self.rpos
             fresh = self.fresh
             if fresh and fresh[0].offset == pos:
@@ -307,69 +320,112 @@ class Cursor:
                     self._uncount(rec.id, rec.size)
                     continue
                 return self._hand_out(rec)
-            passed = self.parked.passed
-            stepped = self.parked.step_over(pos, self.whead, self.allowance // STEP_WORK)
-            if stepped is not None:  # parked records: indexed, never handed out here
-                self.allowance -= (self.parked.passed - passed - 1) * STEP_WORK
-                self.rpos = pos + stepped[0]
-                # Their ids count as read: an occurrence of one of them met later that
-                # nothing holds (`ahead`) or names (`last`) is stale. No unread message
-                # lies after them with an id below theirs (ids are assigned in write order).
-                self.max_id = max(self.max_id, stepped[1])
+            passed = parked.passed
+            stepped = parked.step_over(pos, self.whead, self.allowance // STEP_WORK)
+            if stepped is not None:
+                self._stepped(pos, stepped, parked.passed - passed)
                 continue
-            limit = self.whead if self.whead > pos else self.end
-            found = self.reader.intact(pos, limit)
-            if found is None or not self.last_wseq < found[0].wseq < self.next_wseq:
-                self._skip_damage(pos, limit)
+            found = self._read(pos)
+            if found is None:
                 continue
-            hdr, buf, off = found
-            prev_wseq, self.last_wseq = self.last_wseq, hdr.wseq
-            if hdr.state == STATE_PAD:
-                self.rpos = RING_START
-                self.reader.drop()
+            got = self._judge(pos, found, hand_out)
+            if got is True:
                 continue
-            size = hdr.size
-            self.allowance -= size
-            self.rpos = pos + size
-            mid = hdr.id
-            moved = self.ahead.get(mid)
-            if moved is not None and moved.offset == pos:
-                del self.ahead[mid]
-                if not moved.acked:
-                    self.behind[mid] = moved
-                    self.behind_bytes += size
-                continue
-            live_at = self.last.get(mid) if self.last else None
-            if live_at is not None:
-                if live_at != pos:
-                    continue
-                del self.last[mid]
-            elif mid <= self.max_id:
-                continue
-            if mid <= self.upto:
-                self.max_id = max(self.max_id, mid)
-                if hdr.state != STATE_ACK:
-                    self._uncount(mid, size)
-                continue
-            if hdr.state in (STATE_MAX, STATE_EXP):  # an occurrence no index names: stale
-                self.max_id = max(self.max_id, mid)
-                continue
-            if hdr.state != STATE_ACK and not hand_out:
-                # Stopped before the message to hand out: not passed, so not charged
-                # (the next slice's hand-out always makes progress).
-                self.allowance += RECORD_WORK + size
-                self.rpos, self.last_wseq = pos, prev_wseq
-                if live_at is not None:
-                    self.last[mid] = pos
+            if got is False:
                 return None
-            self.max_id = max(self.max_id, mid)
-            if hdr.state == STATE_ACK:
-                continue
-            return self._hand_out(self._record(pos, hdr, buf, off))
+            return self._hand_out(got)
         # Every written record is handed out: the counts are exact again, whatever
         # damage made recovery's estimate of them wrong.
         self.unread = self.unread_bytes = 0
         return None
+
+    def _stepped(self, pos: int, stepped: tuple[int, int], entries: int) -> None:
+        """Parked records at pos were stepped over (`entries` of them, `stepped[0]` bytes,
+        the highest id `stepped[1]`): indexed, never handed out here."""
+        self.allowance -= (entries - 1) * STEP_WORK
+        self.rpos = pos + stepped[0]
+        # Their ids count as read: an occurrence of one of them met later that nothing
+        # holds (`ahead`) or names (`last`) is stale. No unread message lies after them
+        # with an id below theirs (ids are assigned in write order).
+        self.max_id = max(self.max_id, stepped[1])
+
+    def _read(self, pos: int) -> tuple[RecordHeader, bytes, int] | None:
+        """The intact record at pos, if it continues the write sequence; else, past
+        damage (reported) or a pad (the next lap), None, the read position moved on."""
+        limit = self.whead if self.whead > pos else self.end
+        found = self.reader.intact(pos, limit)
+        if found is None or not self.last_wseq < found[0].wseq < self.next_wseq:
+            self._skip_damage(pos, limit)
+            return None
+        if found[0].state == STATE_PAD:
+            self.last_wseq = found[0].wseq
+            self.rpos = RING_START
+            self.reader.drop()
+            return None
+        return found
+
+    def _judge(self, pos: int, found: tuple[RecordHeader, bytes, int], hand_out: bool) -> Record | bool:
+        """The record read at pos, passed: True when it is no message to hand out (a held
+        copy reached, an occurrence that is not the message, a dead or acked one); else
+        its Record to hand out, or (not `hand_out`) False, with nothing passed."""
+        hdr, buf, off = found
+        prev_wseq, self.last_wseq = self.last_wseq, hdr.wseq
+        size = hdr.size
+        self.allowance -= size
+        self.rpos = pos + size
+        mid = hdr.id
+        if self.ahead and self._reached_copy(pos, mid, size):
+            return True
+        live_at = self.last.get(mid) if self.last else None
+        if live_at is not None:
+            if live_at != pos:
+                return True
+            del self.last[mid]
+        elif mid <= self.max_id:
+            return True
+        state = hdr.state
+        if mid <= self.upto or state != STATE_RDY:
+            return self._passed_dead(mid, size, state)
+        if not hand_out:
+            return self._stop_before(pos, size, prev_wseq, mid, live_at)
+        if mid > self.max_id:
+            self.max_id = mid
+        # A small payload is copied out of the window (it may stay long); a large one is
+        # a view of the bytes just read and CRC-checked, taken by its delivery.
+        start = off + hdr.body_at
+        stop = start + hdr.length
+        payload = bytes(buf[start:stop]) if size <= KEEP_PAYLOAD else memoryview(buf)[start:stop]
+        return Record(mid, pos, size, hdr.deliveries, hdr.timestamp_ms, payload, hdr.wseq, hdr.due_ms, hdr.expires_ms)
+
+    def _reached_copy(self, pos: int, mid: int, size: int) -> bool:
+        """Whether the record at pos is the copy of a held message that compaction made
+        ahead of the cursor: then it holds it behind the read position again, if not acked."""
+        moved = self.ahead.get(mid)
+        if moved is None or moved.offset != pos:
+            return False
+        del self.ahead[mid]
+        if not moved.acked:
+            self.behind[mid] = moved
+            self.behind_bytes += size
+        return True
+
+    def _passed_dead(self, mid: int, size: int, state: bytes) -> bool:
+        """An occurrence of a message that is dead: acked up to the watermark (uncounted,
+        if it was counted), acked, or a dead letter no index names (stale)."""
+        if mid > self.max_id:
+            self.max_id = mid
+        if mid <= self.upto and state != STATE_ACK:
+            self._uncount(mid, size)
+        return True
+
+    def _stop_before(self, pos: int, size: int, prev_wseq: int, mid: int, live_at: int | None) -> bool:
+        """Stop before the message at pos, to hand out: not passed, so not charged (the
+        next slice's hand-out always makes progress)."""
+        self.allowance += RECORD_WORK + size
+        self.rpos, self.last_wseq = pos, prev_wseq
+        if live_at is not None:
+            self.last[mid] = pos
+        return False
 
     def _uncount(self, mid: int, size: int) -> None:
         """An unread message is passed that the watermark made dead, or that is parked:
@@ -378,17 +434,6 @@ class Cursor:
             return
         self.unread = max(0, self.unread - 1)
         self.unread_bytes = max(0, self.unread_bytes - size)
-
-    def _record(self, pos: int, hdr: RecordHeader, buf: bytes, off: int) -> Record:
-        """The Record of the intact record at `pos` (read into buf[off:])."""
-        # A small payload is copied out of the window (it may stay long); a large one is
-        # a view of the bytes just read and CRC-checked, taken by its delivery.
-        start = off + hdr.body_at
-        stop = start + hdr.length
-        payload = bytes(buf[start:stop]) if hdr.size <= KEEP_PAYLOAD else memoryview(buf)[start:stop]
-        return Record(
-            hdr.id, pos, hdr.size, hdr.deliveries, hdr.timestamp_ms, payload, hdr.wseq, hdr.due_ms, hdr.expires_ms
-        )
 
     def _hand_out(self, rec: Record, unread: bool = True) -> Record:
         if unread:
@@ -403,7 +448,7 @@ class Cursor:
         """Move past damaged bytes at pos to the next intact record of this lap, or to
         the next lap when none is left before the end of the ring."""
         nxt = self.reader.past_damage(pos, limit, self.last_wseq, self.next_wseq, self.whead)
-        self.on_damage(f"damaged bytes {pos}..{nxt} skipped while reading; never delivered")
+        self.damaged(f"damaged bytes {pos}..{nxt} skipped while reading; never delivered")
         self.parked.pass_span(pos, nxt, self._distance)
         self.rpos = nxt
 

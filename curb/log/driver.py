@@ -19,6 +19,7 @@ from typing import Any
 
 from curb.log.core import LogCore
 from curb.log.disk import Disk, FileDisk, LockedError
+from curb.log.events import LogEvents
 from curb.log.scan import LogError
 from curb.log.upgrade import upgrade
 
@@ -27,9 +28,18 @@ LAZY_SYNC = 0.01
 
 class Log:
     """A LogCore over the file at `path`, opened and locked, paced by the event loop
-    given to `start`. The broker works with `core`."""
+    given to `start`, telling `events` what happens (curb.log.events). The broker works
+    with `core`."""
 
-    def __init__(self, path: str | os.PathLike[str], cap: int, *, max_payload: int = 16 << 20, metrics: Any = None):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        cap: int,
+        *,
+        max_payload: int = 16 << 20,
+        metrics: Any = None,
+        events: LogEvents | None = None,
+    ):
         self.path = os.fspath(path)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._syncer: Syncer | None = None
@@ -42,7 +52,9 @@ class Log:
             if upgrade(disk, self.path, cap - cap % 4096) is not None:  # a file of the first format
                 disk.close()
                 disk = open_disk(self.path)
-            self.core = LogCore(disk, cap, max_payload=max_payload, metrics=metrics, name=self.path, pacer=self)
+            self.core = LogCore(
+                disk, cap, events=events, max_payload=max_payload, metrics=metrics, name=self.path, pacer=self
+            )
         except BaseException:
             disk.close()
             raise

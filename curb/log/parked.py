@@ -1,5 +1,5 @@
 """Parked records: delayed messages and dead letters, kept in compact arrays, never as
-one Python object each (the design is in curb.log.core's docstring).
+one Python object each (the design is in curb.log.kept's docstring).
 
 A record is parked when it is neither to be handed out now nor done: a `rdy` record whose
 due time is ahead, or a dead letter. It stays where it is in the ring; this index keeps

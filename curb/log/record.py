@@ -54,8 +54,13 @@ from __future__ import annotations
 import re
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
+
+# What the readers parse: bytes read from a file, or a buffer they were read into.
+Bytes = bytes | bytearray
+B = TypeVar("B", bytes, bytearray)
 
 MAGIC = b"curb log 2\n"
 MAGIC_V1 = b"curb log 1\n"
@@ -121,7 +126,7 @@ class RecordHeader:
     size: int = 0  # the record's bytes in the ring
     body_at: int = RECORD_HEADER  # where the payload starts, from the record's start
 
-    def payload(self, buf, off: int):
+    def payload(self, buf: B, off: int) -> B:
         """The payload of this record, which starts at buf[off]: a slice of buf."""
         return buf[off + self.body_at : off + self.body_at + self.length]
 
@@ -156,7 +161,7 @@ def mutable_block(state: bytes, deliveries: int, due_ms: int, wseq: int) -> byte
     return b"%s %08x %012x %06x" % (state, min(deliveries, MAX_DELIVERIES), due_ms, wseq & TAG_MASK)
 
 
-def parse_header(buf, pos: int) -> RecordHeader:
+def parse_header(buf: Bytes, pos: int) -> RecordHeader:
     """Parse the record header at buf[pos:]; FormatError if it is not well formed.
     The payload's CRC is not checked here (see check_payload)."""
     if len(buf) < pos + RECORD_HEADER or buf[pos + RECORD_HEADER - 1] != 10:
@@ -199,7 +204,7 @@ def parse_header(buf, pos: int) -> RecordHeader:
     )
 
 
-def check_payload(buf, pos: int, header: RecordHeader | CrcFields) -> bool:
+def check_payload(buf: Bytes, pos: int, header: RecordHeader | CrcFields) -> bool:
     """True if the record at buf[pos:] is complete and its CRC matches (of `header` only
     its size, length and crc are read: see `crc_holds`)."""
     end = pos + header.size
@@ -218,7 +223,7 @@ class CrcFields(NamedTuple):
     crc: int
 
 
-def crc_holds(buf, pos: int, size: int) -> bool:
+def crc_holds(buf: Bytes, pos: int, size: int) -> bool:
     """`check_payload` for a record of `size` bytes whose header was found well formed
     by a reader of its fields in place (recovery's skim), without parsing it again."""
     try:
@@ -232,7 +237,14 @@ class Layout:
     """How a format's records are read: the header's size, its parser, the CRC check and
     the pattern a header's start matches (for finding records after damage)."""
 
-    def __init__(self, magic: bytes, header: int, parse, check, candidate: re.Pattern[bytes]):
+    def __init__(
+        self,
+        magic: bytes,
+        header: int,
+        parse: Callable[[Bytes, int], RecordHeader],
+        check: Callable[[Bytes, int, RecordHeader], bool],
+        candidate: re.Pattern[bytes],
+    ):
         self.magic = magic
         self.header = header
         self.parse = parse
@@ -252,7 +264,7 @@ TORN_STATES_V1 = {STATE_RDY[:k] + STATE_ACK[k:]: STATE_RDY for k in (1, 2)} | {
 _FIELDS_V1 = struct.Struct(">HHIHIHIII")
 
 
-def parse_header_v1(buf, pos: int) -> RecordHeader:
+def parse_header_v1(buf: Bytes, pos: int) -> RecordHeader:
     """Parse a first-format record header at buf[pos:]; FormatError if not well formed."""
     if len(buf) < pos + RECORD_HEADER_V1 or buf[pos + RECORD_HEADER_V1 - 1] != 10:
         raise FormatError("incomplete or malformed record header")
@@ -288,7 +300,7 @@ def parse_header_v1(buf, pos: int) -> RecordHeader:
     )
 
 
-def check_payload_v1(buf, pos: int, header: RecordHeader) -> bool:
+def check_payload_v1(buf: Bytes, pos: int, header: RecordHeader) -> bool:
     """True if the first-format record at buf[pos:] is complete and its CRC matches."""
     end = pos + header.size
     if len(buf) < end or buf[end - 1] != 10:

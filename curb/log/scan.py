@@ -90,6 +90,9 @@ PARKED_STATES = {STATE_MAX: MAX, STATE_EXP: EXP}
 # The skim's batch: parked records' offsets, sizes, ids, states and due times, and the
 # rising ids of copies that supersede nothing.
 Batch = tuple[list[int], list[int], list[int], bytearray, list[int], list[int]]
+# A record the skim read and holds back until the header after it parses: its state, id,
+# size, offset, write sequence (-1 where no mark is due), due time and whether it is a copy.
+Held = tuple[bytes, int, int, int, int, int, bool]
 
 
 class LogError(Exception):
@@ -305,209 +308,8 @@ class Scan:
     def _skim(self, pos: int, stop: int, trust_until: int) -> int:
         """Count well-formed records from pos by their headers alone while they are more
         than `trust_until` bytes before the checkpoint's head; return where it stopped
-        (there the checked path takes over, also at anything odd). A record is counted
-        only once the header after it is well formed too: when it is not, the record's
-        own length may be the damage, so the checked path starts again at that record
-        (a damaged length must not make the walk skip the records after it). The
-        recovery of a large log spends its time here, so it is one flat loop with local
-        counts; parked records go to `parked` in batches, and so do parked copies that
-        supersede nothing (`copied`); other copies (rare) go through `_count`, once their
-        CRC holds: a copy supersedes its message's earlier occurrences, so a damaged one
-        taken on its header alone would lose the message, where the checked path skips
-        it and keeps the intact occurrence before it."""
-        reader, end, max_size = self.reader, self.end, self.reader.max_size
-        buf, base = reader.buf, reader.base
-        rdy, ack, pad = STATE_RDY, STATE_ACK, STATE_PAD
-        rdy_sizes: dict[int, int] = {}
-        acked = dead_bytes = 0
-        max_id = self.max_id
-        upto = self.upto
-        last, copied = self.last, self.copied
-        marks = self.marks
-        mark_next, mark_last = marks.next_at, marks.last_at  # `marks.due`, inlined
-        fresh = self.first_fresh
-        find_oldest = self.oldest_ms is None
-        now_ms = self.now_ms
-        # Parked records met, in ring order, added to the index in one go (`_park_batch`),
-        # and the ids of copies that supersede nothing, rising, added to `copied` with them.
-        batch: Batch = ([], [], [], bytearray(), [], [])
-        b_off, b_size, b_id, b_state, b_due, b_copied = batch
-        copied_high = copied.high
-        # The record held back: counted once its successor parses.
-        held = h_copy = False
-        h_state, h_id, h_size, h_pos, h_wseq, h_due = rdy, 0, 0, 0, -1, 0
-        odd = False
-        cool = 0  # records to read one at a time before a run is tried again
-        while pos != stop and (pos > stop or stop - pos > trust_until):
-            odd = True
-            off = pos - base
-            if off < 0 or off + RECORD_HEADER > len(buf):
-                buf, off = reader.window(pos, RECORD_HEADER, end)
-                base = reader.base
-                if off + RECORD_HEADER > len(buf):
-                    break
-            cool -= 1
-            if held and cool < 0 and (h_copy or h_wseq < 0):
-                # A run of records of the held one's shape (curb.log.shapes), counted at
-                # once with it as if one at a time; any case it does not cover is left to
-                # the loop. Originals only up to the next mark's offset (none is due in it).
-                s = h_size
-                most = min(RUN_MOST, (len(buf) - off) // s)
-                if pos < stop:
-                    most = min(most, (stop - pos) // s, (stop - trust_until - pos - 1) // s + 1)
-                else:
-                    most = min(most, (end - pos) // s)
-                if not h_copy:
-                    most = min(most, (mark_next - pos - 1) // s + 2 if mark_last <= pos < mark_next else 1)
-                if most >= shapes.FIRST:  # (else a boundary is near: the next record tries again)
-                    length = buf[off + 85 : off + 93]
-                    if length == buf[off + s + 85 : off + s + 93] and shapes.size_of(length) == s:
-                        rows = shapes.run_rows(buf, off, shapes.pattern(h_state, h_copy, length, s), s, most)
-                        k = len(rows)
-                        if k >= shapes.FIRST:
-                            ids = list(map(int, map(shapes.IDS, rows), repeat(16)))
-                            dues = list(map(int, map(shapes.DUES, rows), repeat(16))) if h_state == rdy else [0] * k
-                            g_ids, g_dues = [h_id, *ids[:-1]], [h_due, *dues[:-1]]  # counted now; the last is held
-                            g_last = g_ids[-1]
-                            now = later = False
-                            if h_state == rdy:
-                                now, later = max(g_dues) <= now_ms, min(g_dues) > now_ms
-                            dead = False
-                            if h_copy:
-                                ok = (
-                                    h_id > copied_high
-                                    and h_id > upto
-                                    and (h_state != rdy or later)
-                                    and not (last and any(map(last.__contains__, g_ids)))
-                                    and (fresh is None or g_last < fresh or h_id > max_id)
-                                )
-                            else:
-                                dead = g_last <= upto
-                                ok = (
-                                    h_id > max_id and (dead or h_id > upto) and (h_state != rdy or now or later or dead)
-                                )
-                            if ok and h_id < ids[0] and all(map(lt, ids, islice(ids, 1, None))):
-                                if h_copy:
-                                    b_copied.extend(g_ids)
-                                    copied_high = g_last
-                                else:
-                                    max_id = g_last
-                                    if fresh is None:
-                                        fresh = self.first_fresh = h_id
-                                if h_state == ack or (not h_copy and dead):
-                                    acked += k
-                                    dead_bytes += k * s
-                                elif now:
-                                    rdy_sizes[s] = rdy_sizes.get(s, 0) + k
-                                else:
-                                    b_off.extend(range(h_pos, h_pos + k * s, s))
-                                    b_size.extend(repeat(s, k))
-                                    b_id.extend(g_ids)
-                                    b_state.extend(bytes((DELAYED if h_state == rdy else PARKED_STATES[h_state],)) * k)
-                                    b_due.extend(g_dues)
-                                    if len(b_off) >= PARK_BATCH:
-                                        self._park_batch(batch)
-                                h_pos += k * s
-                                h_id, h_due = ids[-1], dues[-1]
-                                h_wseq = -1
-                                if h_pos >= mark_next or h_pos < mark_last:
-                                    h_wseq = int(rows[-1][shapes.WSEQ_HIGH] + rows[-1][shapes.TAG], 16)
-                                pos = h_pos + s
-                                odd = False
-                                cool = 0
-                                continue
-                    cool = COOL  # not a run here: read on one at a time for a while
-            if buf[off + RECORD_HEADER - 1] != 10:
-                break
-            state = buf[off : off + 3]
-            msg_id = size = due = 0
-            wseq = -1
-            if buf[off + 26 : off + 32] != buf[off + 52 : off + 58]:
-                break  # the tag is not the write sequence's: the checked path judges it
-            if state == pad:
-                if buf[off + 33 : off + 45] != PAD_ID or buf[off + 85 : off + 93] != PAD_LENGTH:
-                    break
-            else:
-                if state != rdy and state != ack and state not in PARKED_STATES:
-                    break
-                try:
-                    msg_id = int(buf[off + 33 : off + 45], 16)
-                    size = (RECORD_HEADER + ALIGN + int(buf[off + 85 : off + 93], 16)) & -ALIGN
-                    if buf[off + 13 : off + 25] != NO_DUE:
-                        due = int(buf[off + 13 : off + 25], 16)
-                    if pos >= mark_next or pos < mark_last:  # the write sequence is read only where a mark is due
-                        wseq = int(buf[off + 46 : off + 58], 16)
-                    if find_oldest and state == rdy:
-                        self.oldest_ms = int(buf[off + 59 : off + 71], 16) & ~fmt.COPY_FLAG
-                        find_oldest = False
-                except ValueError:
-                    break
-                if size > max_size or pos + size > (stop if pos < stop else end) or msg_id == 0:
-                    break
-            odd = False
-            if held:
-                if h_copy and not (
-                    h_id > copied_high  # so not in `copied`: the rest of `_copy`'s test follows
-                    and h_id > upto
-                    and (h_state != rdy or h_due > now_ms)
-                    and h_id not in last
-                    and (fresh is None or h_id < fresh or h_id > max_id)
-                ):
-                    if not self._copy_intact(h_pos, h_size):
-                        odd = True  # a damaged copy: the checked path skips it, reported
-                        break
-                    self.max_id = max_id
-                    self._park_batch(batch)  # in ring order: those before it first
-                    self._count(h_state, h_id, h_size, h_pos, True, h_due)
-                    copied_high = copied.high
-                else:  # an original, or a copy parked or acked that supersedes nothing
-                    if h_copy:
-                        b_copied.append(h_id)  # into `copied` with the batch
-                        copied_high = h_id
-                    else:
-                        if h_id > max_id:
-                            if h_wseq >= 0 and (
-                                h_pos >= mark_next or h_pos < mark_last
-                            ):  # (the one before may have taken it)
-                                marks.add(h_id, h_pos, h_wseq)
-                                mark_next, mark_last = marks.next_at, marks.last_at
-                            max_id = h_id
-                        if fresh is None:
-                            fresh = self.first_fresh = h_id
-                    if h_id <= upto or h_state == ack:
-                        acked += 1
-                        dead_bytes += h_size
-                    elif h_state == rdy and h_due <= now_ms:
-                        rdy_sizes[h_size] = rdy_sizes.get(h_size, 0) + 1
-                    else:
-                        b_off.append(h_pos)
-                        b_size.append(h_size)
-                        b_id.append(h_id)
-                        b_state.append(DELAYED if h_state == rdy else PARKED_STATES[h_state])
-                        b_due.append(h_due)
-                        if len(b_off) >= PARK_BATCH:  # bounded: Python ints in lists cost ~40 B each
-                            self._park_batch(batch)
-                held = False
-            if state == pad:
-                pos = RING_START
-                continue
-            held = True
-            h_state, h_id, h_size, h_pos, h_wseq, h_due = state, msg_id, size, pos, wseq, due
-            h_copy = buf[off + 59] >= 56  # top time digit 8-f: COPY_FLAG
-            pos += size
-        self.max_id = max_id
-        self.acked += acked
-        self.dead_bytes += dead_bytes
-        self._park_batch(batch)
-        for size, n in rdy_sizes.items():
-            self.messages += n
-            self.live_bytes += size * n
-            self.classes.add(size, n)
-        if held:
-            if odd or (h_copy and not self._copy_intact(h_pos, h_size)):
-                return h_pos  # odd bytes after it, or a damaged copy: the checked path reads it again
-            self._count(h_state, h_id, h_size, h_pos, h_copy, h_due)  # it ends where the checked path takes over
-        return pos
+        (there the checked path takes over, also at anything odd). See `Skim`."""
+        return Skim(self, stop, trust_until).run(pos)
 
     def _copy_intact(self, pos: int, size: int) -> bool:
         """Whether the skimmed copy at pos (its header well formed) is whole and its CRC holds."""
@@ -539,6 +341,312 @@ class Scan:
             return self.layout.parse(buf, off).wseq == expect
         except FormatError:
             return len(buf) - off < header
+
+
+class Skim:
+    """One skim of a Scan's records by their headers alone (`Scan._skim`). A record is
+    counted only once the header after it is well formed too: when it is not, the
+    record's own length may be the damage, so the checked path starts again at that
+    record (a damaged length must not make the walk skip the records after it). The
+    recovery of a large log spends its time here, so the counts are kept here and added
+    to the Scan's at the end, and each record is two steps: its header read (`_header`),
+    then the record held back before it counted (`_count_held`); where records of one
+    shape lie end to end, a run at once (`_run`). Parked records go to `parked` in
+    batches, and so do parked copies that supersede nothing (`copied`); other copies
+    (rare) go through `Scan._count`, once their CRC holds (`_count_copy`): a copy
+    supersedes its message's earlier occurrences, so a damaged one taken on its header
+    alone would lose the message, where the checked path skips it and keeps the intact
+    occurrence before it."""
+
+    __slots__ = (
+        "acked",
+        "b_copied",
+        "b_due",
+        "b_id",
+        "b_off",
+        "b_size",
+        "b_state",
+        "base",
+        "batch",
+        "buf",
+        "cool",
+        "copied_high",
+        "dead_bytes",
+        "end",
+        "find_oldest",
+        "fresh",
+        "held",
+        "mark_last",
+        "mark_next",
+        "max_id",
+        "max_size",
+        "now_ms",
+        "rdy_sizes",
+        "scan",
+        "stop",
+        "trust_until",
+        "upto",
+    )
+
+    def __init__(self, scan: Scan, stop: int, trust_until: int):
+        self.scan = scan
+        self.stop = stop
+        self.trust_until = trust_until
+        reader = scan.reader
+        self.end, self.max_size, self.upto, self.now_ms = scan.end, reader.max_size, scan.upto, scan.now_ms
+        self.buf, self.base = reader.buf, reader.base
+        self.rdy_sizes: dict[int, int] = {}
+        self.acked = self.dead_bytes = 0
+        self.max_id = scan.max_id
+        self.mark_next, self.mark_last = scan.marks.next_at, scan.marks.last_at  # `marks.due`, inlined
+        self.fresh = scan.first_fresh
+        self.find_oldest = scan.oldest_ms is None
+        # Parked records met, in ring order, added to the index in one go (`_park_batch`),
+        # and the ids of copies that supersede nothing, rising, added to `copied` with them.
+        self.batch: Batch = ([], [], [], bytearray(), [], [])
+        self.b_off, self.b_size, self.b_id, self.b_state, self.b_due, self.b_copied = self.batch
+        self.copied_high = scan.copied.high
+        self.held: Held | None = None  # the record held back: counted once its successor parses
+        self.cool = 0  # records to read one at a time before a run is tried again
+
+    def run(self, pos: int) -> int:
+        """Skim from pos; returns where the checked path takes over."""
+        stop, trust_until, reader, end = self.stop, self.trust_until, self.scan.reader, self.scan.end
+        buf, base, held, odd = self.buf, self.base, self.held, False
+        while pos != stop and (pos > stop or stop - pos > trust_until):
+            odd = True
+            off = pos - base
+            if off < 0 or off + RECORD_HEADER > len(buf):
+                buf, off = reader.window(pos, RECORD_HEADER, end)
+                self.buf, base = buf, reader.base
+                if off + RECORD_HEADER > len(buf):
+                    break
+            self.cool -= 1
+            if held is not None and self.cool < 0 and (held[6] or held[4] < 0):
+                self.held = held
+                after = self._run(pos, off)
+                if after >= 0:
+                    pos, held, odd = after, self.held, False
+                    continue
+            found = self._header(buf, pos, off)
+            if found is None:
+                break
+            if held is not None and not self._count_held(held):
+                break  # a damaged copy: the checked path skips it, reported (`odd`)
+            odd = False
+            if found[0] == STATE_PAD:
+                pos, held = RING_START, None
+                continue
+            held = found
+            pos += found[2]
+        self.base, self.held = base, held
+        return self._finish(pos, odd)
+
+    def _header(self, buf: bytes, pos: int, off: int) -> Held | None:
+        """The record at pos whose header starts at buf[off], read in place if it is well
+        formed; None if it is odd (the checked path judges it). Its write sequence is
+        read only where a mark is due (else -1)."""
+        if buf[off + RECORD_HEADER - 1] != 10 or buf[off + 26 : off + 32] != buf[off + 52 : off + 58]:
+            return None  # no header, or the tag is not the write sequence's
+        state = buf[off : off + 3]
+        if state == STATE_PAD:
+            if buf[off + 33 : off + 45] != PAD_ID or buf[off + 85 : off + 93] != PAD_LENGTH:
+                return None
+            return state, 0, 0, pos, -1, 0, False
+        if state != STATE_RDY and state != STATE_ACK and state not in PARKED_STATES:
+            return None
+        wseq = -1
+        try:
+            msg_id = int(buf[off + 33 : off + 45], 16)
+            size = (RECORD_HEADER + ALIGN + int(buf[off + 85 : off + 93], 16)) & -ALIGN
+            due = int(buf[off + 13 : off + 25], 16) if buf[off + 13 : off + 25] != NO_DUE else 0
+            if pos >= self.mark_next or pos < self.mark_last:
+                wseq = int(buf[off + 46 : off + 58], 16)
+            if self.find_oldest and state == STATE_RDY:
+                self.scan.oldest_ms = int(buf[off + 59 : off + 71], 16) & ~fmt.COPY_FLAG
+                self.find_oldest = False
+        except ValueError:
+            return None
+        if size > self.max_size or pos + size > (self.stop if pos < self.stop else self.end):
+            return None
+        # (The top time digit 8-f: COPY_FLAG.)
+        return (state, msg_id, size, pos, wseq, due, buf[off + 59] >= 56) if msg_id else None
+
+    def _count_held(self, held: Held) -> bool:
+        """Count the record held back (its successor parsed): an original, or a copy
+        parked or acked that supersedes nothing, here; any other copy by `_count_copy`.
+        False if that copy is damaged."""
+        state, h_id, size, h_pos, wseq, due, copy = held
+        if copy and not self._copy_alone(held):
+            return self._count_copy(held)
+        if copy:
+            self.b_copied.append(h_id)  # into `copied` with the batch
+            self.copied_high = h_id
+        else:  # an original: its id may be a mark, and is the highest read
+            if h_id > self.max_id:
+                if wseq >= 0 and (h_pos >= self.mark_next or h_pos < self.mark_last):
+                    marks = self.scan.marks  # (the one before may have taken it)
+                    marks.add(h_id, h_pos, wseq)
+                    self.mark_next, self.mark_last = marks.next_at, marks.last_at
+                self.max_id = h_id
+            if self.fresh is None:
+                self.fresh = self.scan.first_fresh = h_id
+        if h_id <= self.upto or state == STATE_ACK:
+            self.acked += 1
+            self.dead_bytes += size
+        elif state == STATE_RDY and due <= self.now_ms:
+            self.rdy_sizes[size] = self.rdy_sizes.get(size, 0) + 1
+        else:
+            self.b_off.append(h_pos)
+            self.b_size.append(size)
+            self.b_id.append(h_id)
+            self.b_state.append(DELAYED if state == STATE_RDY else PARKED_STATES[state])
+            self.b_due.append(due)
+            if len(self.b_off) >= PARK_BATCH:  # bounded: Python ints in lists cost ~40 B each
+                self.scan._park_batch(self.batch)
+        return True
+
+    def _copy_alone(self, held: Held) -> bool:
+        """Whether the held copy supersedes nothing and is parked or acked (`Scan._copy`'s
+        test, with `copied` known to hold only ids up to `copied_high`)."""
+        state, h_id, _, _, _, due, _ = held
+        scan, fresh = self.scan, self.fresh
+        return (
+            h_id > self.copied_high
+            and h_id > scan.upto
+            and (state != STATE_RDY or due > scan.now_ms)
+            and h_id not in scan.last
+            and (fresh is None or h_id < fresh or h_id > self.max_id)
+        )
+
+    def _count_copy(self, held: Held) -> bool:
+        """The held copy supersedes an occurrence, or counts as a message: counted by
+        `Scan._count` once its CRC holds, after the batch (in ring order)."""
+        state, h_id, size, h_pos, _, due, _ = held
+        scan = self.scan
+        if not scan._copy_intact(h_pos, size):
+            return False
+        scan.max_id = self.max_id
+        scan._park_batch(self.batch)
+        scan._count(state, h_id, size, h_pos, True, due)
+        self.copied_high = scan.copied.high
+        return True
+
+    def _run(self, pos: int, off: int) -> int:
+        """A run of records of the held one's shape (curb.log.shapes) from pos, counted at
+        once with it as if one at a time; returns where it ends, the run's last record
+        held, or -1 when there is none (any case it does not cover is left to the records
+        one at a time). Originals only up to the next mark's offset (none is due in it)."""
+        held, scan, buf = self.held, self.scan, self.buf
+        assert held is not None
+        state, _, s, _, _, _, copy = held
+        most = min(RUN_MOST, (len(buf) - off) // s)
+        if pos < self.stop:
+            most = min(most, (self.stop - pos) // s, (self.stop - self.trust_until - pos - 1) // s + 1)
+        else:
+            most = min(most, (scan.end - pos) // s)
+        if not copy:
+            most = min(most, (self.mark_next - pos - 1) // s + 2 if self.mark_last <= pos < self.mark_next else 1)
+        if most < shapes.FIRST:
+            return -1  # a boundary is near: the next record tries again
+        length = buf[off + 85 : off + 93]
+        if length == buf[off + s + 85 : off + s + 93] and shapes.size_of(length) == s:
+            rows = shapes.run_rows(buf, off, shapes.pattern(state, copy, length, s), s, most)
+            taken = self._take_run(held, rows) if len(rows) >= shapes.FIRST else None
+            if taken is not None:
+                self.held, self.cool = taken, 0
+                return taken[3] + s
+        self.cool = COOL  # not a run here: read on one at a time for a while
+        return -1
+
+    def _take_run(self, held: Held, rows: list[tuple[bytes, ...]]) -> Held | None:
+        """Count the held record and the run's rows but the last, which it returns to be
+        held next, if every case in them is uniform; else count nothing (None)."""
+        state, h_id, s, h_pos, _, h_due, copy = held
+        k, scan = len(rows), self.scan
+        ids = list(map(int, map(shapes.IDS, rows), repeat(16)))
+        dues = list(map(int, map(shapes.DUES, rows), repeat(16))) if state == STATE_RDY else [0] * k
+        g_ids, g_dues = [h_id, *ids[:-1]], [h_due, *dues[:-1]]  # counted now; the last is held
+        g_last = g_ids[-1]
+        now = later = False
+        if state == STATE_RDY:
+            now, later = max(g_dues) <= scan.now_ms, min(g_dues) > scan.now_ms
+        dead = not copy and g_last <= scan.upto
+        if not (
+            self._run_copies(held, g_ids, later) if copy else self._run_originals(held, now or later or dead, dead)
+        ):
+            return None
+        if h_id >= ids[0] or not all(map(lt, ids, islice(ids, 1, None))):
+            return None
+        if copy:
+            self.b_copied.extend(g_ids)
+            self.copied_high = g_last
+        else:
+            self.max_id = g_last
+            if self.fresh is None:
+                self.fresh = scan.first_fresh = h_id
+        if state == STATE_ACK or dead:
+            self.acked += k
+            self.dead_bytes += k * s
+        elif now:
+            self.rdy_sizes[s] = self.rdy_sizes.get(s, 0) + k
+        else:
+            self._park_run(held, g_ids, g_dues)
+        h_pos += k * s
+        wseq = -1
+        if h_pos >= self.mark_next or h_pos < self.mark_last:
+            wseq = int(rows[-1][shapes.WSEQ_HIGH] + rows[-1][shapes.TAG], 16)
+        return state, ids[-1], s, h_pos, wseq, dues[-1], copy
+
+    def _run_copies(self, held: Held, g_ids: list[int], later: bool) -> bool:
+        """Whether a run of copies is uniform: each supersedes nothing and is parked or acked."""
+        h_id, scan, fresh, last = held[1], self.scan, self.fresh, self.scan.last
+        return (
+            h_id > self.copied_high
+            and h_id > scan.upto
+            and (held[0] != STATE_RDY or later)
+            and not (last and any(map(last.__contains__, g_ids)))
+            and (fresh is None or g_ids[-1] < fresh or h_id > self.max_id)
+        )
+
+    def _run_originals(self, held: Held, uniform_due: bool, dead: bool) -> bool:
+        """Whether a run of originals is uniform: ids above those read, all acked up to the
+        watermark or all above it, and (rdy ones) all due now or all later."""
+        h_id = held[1]
+        return h_id > self.max_id and (dead or h_id > self.upto) and (held[0] != STATE_RDY or uniform_due)
+
+    def _park_run(self, held: Held, g_ids: list[int], g_dues: list[int]) -> None:
+        """The run's records are parked: into the batch."""
+        state, _, s, h_pos, _, _, _ = held
+        k = len(g_ids)
+        self.b_off.extend(range(h_pos, h_pos + k * s, s))
+        self.b_size.extend(repeat(s, k))
+        self.b_id.extend(g_ids)
+        self.b_state.extend(bytes((DELAYED if state == STATE_RDY else PARKED_STATES[state],)) * k)
+        self.b_due.extend(g_dues)
+        if len(self.b_off) >= PARK_BATCH:
+            self.scan._park_batch(self.batch)
+
+    def _finish(self, pos: int, odd: bool) -> int:
+        """Add the skim's counts to the Scan's, and count the record held back, unless odd
+        bytes follow it (`odd`) or it is a damaged copy: then the checked path reads it
+        again."""
+        scan = self.scan
+        scan.max_id = self.max_id
+        scan.acked += self.acked
+        scan.dead_bytes += self.dead_bytes
+        scan._park_batch(self.batch)
+        for size, n in self.rdy_sizes.items():
+            scan.messages += n
+            scan.live_bytes += size * n
+            scan.classes.add(size, n)
+        held = self.held
+        if held is not None:
+            state, h_id, size, h_pos, _, due, copy = held
+            if odd or (copy and not scan._copy_intact(h_pos, size)):
+                return h_pos
+            scan._count(state, h_id, size, h_pos, copy, due)
+        return pos
 
 
 @dataclass(frozen=True, slots=True)

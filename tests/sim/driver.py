@@ -47,7 +47,7 @@ from simclock import SimClock
 from simdisk import Crashed, SimDisk
 
 from curb import payload
-from curb.broker import Broker
+from curb.broker import Broker, BrokerEvents
 from curb.broker_config import BrokerConfig
 from curb.conn import OPEN
 from curb.frame import Frame, FrameParser, encode
@@ -129,7 +129,8 @@ class World:
     broker scheduled (run by `Sim.settle_io`)."""
 
     def __init__(self, disk: SimDisk, cfg: Config, clock: SimClock, slice_work: int = SLICE_WORK):
-        self.log = LogCore(disk, cfg.cap, clock=clock.time, wall_ms=clock.wall_ms, slice_work=slice_work)
+        events = BrokerEvents()
+        self.log = LogCore(disk, cfg.cap, events=events, clock=clock.time, wall_ms=clock.wall_ms, slice_work=slice_work)
         self.later: list[Callable[[], None]] = []
         self.broker = Broker(
             self.log,
@@ -144,6 +145,7 @@ class World:
             clock=clock.time,
             loop=clock,
         )
+        events.broker = self.broker
 
 
 class Client:

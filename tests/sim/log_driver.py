@@ -49,6 +49,7 @@ from simdisk import Crashed, SimDisk
 
 from curb.log import LogCore, LogError, QueueFull, Record, TooLarge
 from curb.log.cursor import SLICE_WORK
+from curb.log.events import NoEvents
 from curb.log.pacing import ByHand
 from curb.log.parked import DELAYED, EXP, MAX
 from curb.log.record import PAD_SIZE
@@ -60,6 +61,16 @@ STEPS = 300
 ROUND_SECONDS = 0.06
 TRACE_KEEP = 40
 START_TIME = 1_700_000_000.0
+
+
+class FatalEvents(NoEvents):
+    """What the simulator hears from the log: the fatal error that stopped it."""
+
+    def __init__(self, fatal: Callable[[str], None]) -> None:
+        self._fatal = fatal
+
+    def fatal(self, reason: str) -> None:
+        self._fatal(reason)
 
 
 @dataclass(slots=True)
@@ -232,6 +243,7 @@ class Sim:
                     slice_work=slice_work,
                     mark_spacing=mark_spacing,
                     pacer=ByHand(),  # the steps flush and sync (and settle proves none is missed)
+                    events=FatalEvents(self._on_fatal),
                 )
                 break
             except Crashed:
@@ -244,7 +256,6 @@ class Sim:
         disk.arm_crash(None)
         if self.faults_on:
             disk.write_eio, disk.sync_eio = self.cfg.write_eio, self.cfg.sync_eio
-        core.on_fatal = self._on_fatal
         rec = core.recovery
         self.trace("open: recovered %d messages, %d live bytes, torn %r", rec.messages, rec.live_bytes, rec.torn)
         return core
@@ -327,7 +338,7 @@ class Sim:
         for at, state in enumerate(index.states):
             if state not in (DELAYED, MAX, EXP):
                 continue
-            rec = core._read_parked(index.base + at)
+            rec = core._kept.read_parked(index.base + at)
             if rec is None:
                 continue  # damage the log reported (bit rot)
             out.append((rec, self.model.check_parked(rec, state)))
