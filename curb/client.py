@@ -15,6 +15,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Iterator
+from types import TracebackType
 from typing import NoReturn, overload
 
 from curb import heartbeat
@@ -75,7 +76,9 @@ class Client:
             self.connect()
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc_type is None and self._sock is not None:
             self.disconnect()
         else:

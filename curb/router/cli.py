@@ -20,7 +20,7 @@ from curb.addr import parse_addr
 from curb.durations import Duration
 from curb.flags import max_frame_flag, size_flag
 from curb.heartbeat import MAX_MS as MAX_HEARTBEAT_MS
-from curb.instance import EXIT_USAGE, Events, StartError, addr_text, listen, load_users, sockname
+from curb.instance import EXIT_USAGE, Addr, Events, StartError, addr_text, listen, load_users, sockname
 from curb.router import routes as routing
 from curb.router.core import RouterCore
 from curb.router.glue import Router, client_factory
@@ -29,18 +29,18 @@ from curb.router.spawner import Spawner
 DEFAULT_PORT = 61614
 
 
-def _addr(ctx, param, value: str):
+def _addr(ctx: click.Context, param: click.Parameter, value: str) -> Addr:
     try:
         return parse_addr(value)
     except ValueError as err:
         raise click.BadParameter(str(err)) from None
 
 
-def _tls_addr(ctx, param, value: str | None):
+def _tls_addr(ctx: click.Context, param: click.Parameter, value: str | None) -> Addr | None:
     return None if value is None else _addr(ctx, param, value)
 
 
-def _checked_size(ctx, param, value: str) -> str:
+def _checked_size(ctx: click.Context, param: click.Parameter, value: str) -> str:
     """A size flag passed on to instances as given, once it parses."""
     size_flag(ctx, param, value)
     return value
@@ -192,28 +192,28 @@ def load_routes(route_flags: tuple[str, ...], routes_file: str | None) -> routin
     help="Log lines on stderr as text or as one JSON object each.",
 )
 def router_command(
-    addr,
-    route_flags,
-    routes_file,
-    prefetch,
-    max_frame,
-    heartbeat,
-    link_heartbeat,
-    link_wait,
-    spawn_dir,
-    spawn_cap,
-    spawn_max,
-    spawn_args,
-    users_path,
-    tls_addr,
-    tls_cert,
-    tls_key,
-    instance_credentials,
-    instance_tls_ca,
-    instance_tls_cert,
-    instance_tls_key,
-    log_format,
-):
+    addr: Addr,
+    route_flags: tuple[str, ...],
+    routes_file: str | None,
+    prefetch: int,
+    max_frame: int,
+    heartbeat: float,
+    link_heartbeat: float,
+    link_wait: float,
+    spawn_dir: str | None,
+    spawn_cap: str,
+    spawn_max: int,
+    spawn_args: tuple[str, ...],
+    users_path: str | None,
+    tls_addr: Addr | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    instance_credentials: str | None,
+    instance_tls_ca: str | None,
+    instance_tls_cert: str | None,
+    instance_tls_key: str | None,
+    log_format: str,
+) -> None:
     """A STOMP router in front of Curb instances: destinations, partitions and transactions.
 
     Run `curb router -addr :61614 -route orders=127.0.0.1:61613` and send to /queue/orders."""
@@ -295,7 +295,7 @@ def _credentials(path: str) -> tuple[str, str]:
 async def serve(
     core: RouterCore,
     listeners: Listeners,
-    route_flags,
+    route_flags: tuple[str, ...],
     routes_file: str | None,
     events: Events,
     spawning: tuple[Path, str, int, tuple[str, ...]] | None = None,

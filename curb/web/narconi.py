@@ -38,9 +38,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from curb import payload
 from curb.broker import Broker, NotStored, Refused
@@ -112,7 +113,7 @@ async def serve(request: web.Request, api: Api) -> web.StreamResponse:
     return ws
 
 
-async def _messages(ws: web.WebSocketResponse):
+async def _messages(ws: web.WebSocketResponse) -> AsyncIterator[WSMessage]:
     """The client's messages, until it closes; a too-large one ends the socket (1009)."""
     while True:
         message = await ws.receive()
