@@ -103,7 +103,7 @@ def _checked(session: Conn, answer: Answer, login: str, came: float, theirs: tup
     session.broker.passes.after_frames()
 
 
-def _logged_in(session: Conn, user: users.User | None, login: str | None, came: float, theirs) -> None:
+def _logged_in(session: Conn, user: users.User | None, login: str | None, came: float, theirs: tuple[int, int]) -> None:
     """Connect as `user`, or refuse at the deadline a fixed delay after CONNECT came."""
     if user is None:
         session.broker.refusals.access_refused(session, login)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from curb import message_limits, payload
@@ -387,7 +387,7 @@ class Broker:
             raise
         self.returns.deadlines.arm(queue.soonest)
 
-    def handed_off(self, session: Peer, records: list[Record]) -> None:
+    def handed_off(self, session: Peer, records: Sequence[Record]) -> None:
         """Messages of an auto subscription went to the connection's transport: only now
         are they done, and their credit is free for more."""
         for rec in records:

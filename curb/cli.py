@@ -40,7 +40,7 @@ from curb.durations import Duration, format_seconds
 from curb.flags import max_frame_flag, size_flag
 from curb.heartbeat import MAX_MS as MAX_HEARTBEAT_MS
 from curb.inspect import inspect_command
-from curb.instance import DEFAULT_PORT, EXIT_IO, FD_HEADROOM, Config, Events, Instance, StartError, reason_of
+from curb.instance import DEFAULT_PORT, EXIT_IO, FD_HEADROOM, Addr, Config, Events, Instance, StartError, reason_of
 from curb.log import LogError
 from curb.passwd import passwd_command
 from curb.redelivery import MAX_DELAY_MS, MAX_MULTIPLIER, Redelivery
@@ -51,7 +51,7 @@ MAX_NARCONI_TTL = 366 * 86400.0  # a year: a TTL longer than that is a mistake
 DEFAULT_POLICY = Redelivery()  # the redelivery flags' defaults (curb.redelivery says why)
 
 
-def _addr(ctx, param, value: str | None):
+def _addr(ctx: click.Context, param: click.Parameter, value: str | None) -> Addr | None:
     if value is None or value == "off":
         return None
     try:
@@ -282,35 +282,35 @@ class _Commands(click.Group):
 @click.version_option(__version__, "-version", "--version", prog_name="curb")
 @click.pass_context
 def command(
-    ctx,
-    cap,
-    addr,
-    tls_addr,
-    tls_cert,
-    tls_key,
-    tls_ca,
-    users_path,
-    connect_timeout,
-    max_connections,
-    path,
-    prefetch,
-    max_frame,
-    heartbeat,
-    ack_timeout,
-    redelivery_delay,
-    redelivery_multiplier,
-    redelivery_max_delay,
-    max_deliveries,
-    expired,
-    http,
-    http_tls,
-    http_open,
-    narconi_max_message,
-    narconi_ttl,
-    narconi_limit,
-    http_origins,
-    log_format,
-):
+    ctx: click.Context,
+    cap: int,
+    addr: Addr | None,
+    tls_addr: Addr | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_ca: str | None,
+    users_path: str | None,
+    connect_timeout: float,
+    max_connections: int | None,
+    path: str | None,
+    prefetch: int,
+    max_frame: int,
+    heartbeat: float,
+    ack_timeout: float,
+    redelivery_delay: float,
+    redelivery_multiplier: float,
+    redelivery_max_delay: float,
+    max_deliveries: int,
+    expired: str,
+    http: Addr | None,
+    http_tls: bool,
+    http_open: bool,
+    narconi_max_message: int,
+    narconi_ttl: float,
+    narconi_limit: int,
+    http_origins: tuple[str, ...],
+    log_format: str,
+) -> None:
     """Curb: one durable work queue behind a STOMP 1.2 port, kept in one capped log file.
 
     Run `curb -cap 10MiB -addr :61613` to serve; `curb inspect FILE` reads a log offline."""
@@ -360,7 +360,7 @@ command.add_command(passwd_command)
 
 
 def _tls_files(
-    tls_addr, cert: str | None, key: str | None, ca: str | None, http_tls: bool = False
+    tls_addr: Addr | None, cert: str | None, key: str | None, ca: str | None, http_tls: bool = False
 ) -> tls.TlsFiles | None:
     """The TLS flags, checked together: -tls-addr and -http-tls need -tls-cert and -tls-key,
     and they need one of them."""

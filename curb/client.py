@@ -15,6 +15,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Iterator
+from types import TracebackType
 from typing import NoReturn, overload
 
 from curb import heartbeat
@@ -75,7 +76,9 @@ class Client:
             self.connect()
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc_type is None and self._sock is not None:
             self.disconnect()
         else:
@@ -275,8 +278,12 @@ class Client:
         if sent:
             del self._out[:sent]
             self._last_sent = time.monotonic()
-        if not self._out:
-            return
+        if self._out:
+            self._send_as_writable(sock, poll)
+
+    def _send_as_writable(self, sock: socket.socket, poll: select.poll) -> None:
+        """Send the rest as the socket becomes writable, reading what comes meanwhile;
+        StompError once nothing could be sent for `timeout` seconds."""
         poll.modify(sock, _READABLE | select.POLLOUT)
         try:
             stalled_at = time.monotonic() + self.timeout
@@ -288,18 +295,23 @@ class Client:
                     if mask & ~select.POLLOUT:  # readable, closed or failed: reading tells which
                         self._read()
                     if mask & ~select.POLLIN:
-                        try:
-                            sent = sock.send(self._out)
-                        except BlockingIOError:
-                            continue
-                        except OSError as err:
-                            self._lost(f"connection lost: {err}")
-                        del self._out[:sent]
-                        self._last_sent = time.monotonic()
-                        stalled_at = self._last_sent + self.timeout
+                        stalled_at = self._send_some(sock, stalled_at)
         finally:
             if self._poll is not None:
                 poll.modify(sock, _READABLE)
+
+    def _send_some(self, sock: socket.socket, stalled_at: float) -> float:
+        """Send what the writable socket takes; return the time past which sending has stalled:
+        `timeout` seconds after it took some, still `stalled_at` if it took none."""
+        try:
+            sent = sock.send(self._out)
+        except BlockingIOError:
+            return stalled_at
+        except OSError as err:
+            self._lost(f"connection lost: {err}")
+        del self._out[:sent]
+        self._last_sent = time.monotonic()
+        return self._last_sent + self.timeout
 
     def _write(self, data: bytes) -> None:
         if self._sock is None:

@@ -43,7 +43,7 @@ def format_seconds(seconds: float) -> str:
     return f"{round(seconds * 1000, 3):g}ms"
 
 
-class Duration(click.ParamType):
+class Duration(click.ParamType[float, str | float]):
     """A click type for a duration flag: seconds as a float, between 0 and `most` seconds."""
 
     name = "duration"
@@ -52,7 +52,7 @@ class Duration(click.ParamType):
         self.most = most
         self.zero = f"; 0 for {zero}" if zero else ""  # what 0 means, said with every error
 
-    def convert(self, value, param, ctx) -> float:
+    def convert(self, value: str | float, param: click.Parameter | None, ctx: click.Context | None) -> float:
         if isinstance(value, float):
             return value
         try:

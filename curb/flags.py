@@ -7,7 +7,7 @@ from curb.log import parse_size
 from curb.message_limits import MIN_FRAME, RESERVE
 
 
-def size_flag(ctx, param, value: str) -> int:
+def size_flag(ctx: click.Context, param: click.Parameter, value: str) -> int:
     """A size such as 10MiB, in bytes."""
     try:
         return parse_size(value)
@@ -15,7 +15,7 @@ def size_flag(ctx, param, value: str) -> int:
         raise click.BadParameter(str(err)) from None
 
 
-def max_frame_flag(ctx, param, value: str) -> int:
+def max_frame_flag(ctx: click.Context, param: click.Parameter, value: str) -> int:
     """-max-frame: a size large enough for a CONNECT and a MESSAGE with the broker's headers."""
     size = size_flag(ctx, param, value)
     if size < MIN_FRAME:

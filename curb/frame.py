@@ -190,43 +190,38 @@ class FrameParser:
 
     def _parse(self, buf: bytes | bytearray, pos: int, frames: list[Frame], limit: int) -> int:
         """Append up to `limit` (-1: all) complete frames from buf[pos:] to frames and return
-        where the unparsed rest starts (the incomplete frame's state is saved, relative to it)."""
+        where the unparsed rest starts (the incomplete frame's state is saved, relative to it).
+        A frame that comes whole takes one call, _parse_head; the rare cases (a CR in the
+        head, an incomplete or oversized frame) take calls of their own."""
         end = len(buf)
         find = buf.find
         append = frames.append
         head = self._head
         searched = self._searched
         max_body = self.max_body_bytes
-        while pos < end:
+        while pos < end and len(frames) != limit:
             if head is None:
                 if buf[pos] <= 13:  # maybe LF or CR: heart-beats
                     if buf[pos] == 10 and pos + 1 < end and buf[pos + 1] > 13:
                         pos += 1  # the common case, one LF after a frame's NUL, at once
                         searched = 0
-                        self._head_scan = _NO_HEAD_SCAN
                     else:
                         match = _EOLS.match(buf, pos)
                         if match:
                             pos = match.end()
                             searched = 0
-                            self._head_scan = _NO_HEAD_SCAN
-                            if pos == end:
-                                break
+                            continue  # at the end of buf, or at a CR that is no EOL, or at a head
                 # A head end (LF LF or LF CR LF) may straddle feeds: resume a little back.
                 resume = pos + searched - 2 if searched > 2 else pos
                 head_end = find(b"\n\n", resume)
                 has_cr = (searched > 0 and self._head_scan[2]) or find(
                     b"\r", pos + searched, end if head_end < 0 else head_end
                 ) >= 0
-                if has_cr:  # an LF CR LF that starts before the LF LF ends the head first
-                    lf_crlf = find(b"\n\r\n", resume, end if head_end < 0 else head_end + 2)
-                    if lf_crlf >= 0:
-                        head_end = lf_crlf
+                if has_cr:
+                    head_end = _head_end_with_cr(buf, resume, head_end)
                 if head_end < 0:
                     searched = self._check_incomplete_head(buf, pos, searched, has_cr)
                     break
-                if searched:
-                    self._head_scan = _NO_HEAD_SCAN
                 command, headers, body_offset, length = self._parse_head(buf, pos, head_end, has_cr)
                 searched = body_offset
             else:
@@ -234,13 +229,13 @@ class FrameParser:
                 head = None
             if length is None:
                 nul = find(b"\0", pos + searched)
-                if nul < 0:
-                    searched = end - pos
+                if nul < 0 or nul - pos - body_offset > max_body or nul - pos > self.max_frame_bytes:
+                    # No NUL yet, or one past a limit: _check_unsized raises then, so only the
+                    # incomplete frame gets past it, to wait for more bytes.
+                    searched = (end if nul < 0 else nul) - pos
                     self._check_unsized(searched, body_offset, headers)
                     head = (command, headers, body_offset, length)
                     break
-                if nul - pos - body_offset > max_body or nul - pos > self.max_frame_bytes:
-                    self._check_unsized(nul - pos, body_offset, headers)
             else:
                 nul = pos + body_offset + length
                 if nul >= end:
@@ -255,8 +250,6 @@ class FrameParser:
             )
             searched = 0
             pos = nul + 1
-            if len(frames) == limit:
-                break
         self._head = head
         self._searched = searched
         return pos
@@ -275,7 +268,8 @@ class FrameParser:
         """Save how far the incomplete head at pos was scanned, fail early on a limit or a bad CR,
         and return the new count of searched bytes."""
         end = len(buf)
-        lines, line_start, _ = self._head_scan
+        # The scan so far is this head's only once some of it was searched (a new head's is stale).
+        lines, line_start, _ = self._head_scan if searched else _NO_HEAD_SCAN
         unchecked = pos + line_start  # lines from here on were not length-checked yet
         lines += buf.count(b"\n", pos + searched, end)
         last_lf = buf.rfind(b"\n", pos + searched, end)
@@ -380,6 +374,13 @@ class FrameParser:
         if size > self.max_frame_bytes:
             raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes", headers.get("receipt"))
         return command, headers, body_offset, length
+
+
+def _head_end_with_cr(buf: bytes | bytearray, resume: int, head_end: int) -> int:
+    """Where a head with a CR in it ends: at an LF CR LF that starts before its first LF LF
+    (head_end, -1 if none yet), or at that LF LF."""
+    lf_crlf = buf.find(b"\n\r\n", resume, len(buf) if head_end < 0 else head_end + 2)
+    return lf_crlf if lf_crlf >= 0 else head_end
 
 
 def _first_headers(lines: list[str], escaped: bool) -> dict[str, str]:

@@ -92,7 +92,9 @@ def inspect_command(path: str, messages: bool, acked: bool, limit: int | None, a
         raise click.ClickException(f"cannot read {path}: {error.strerror or error}") from None
     now_ms = time.time_ns() // 1_000_000
     if as_json:
-        document: dict[str, dict | list[dict]] = {"summary": _summary_json(summary, found, now_ms)}
+        document: dict[str, dict[str, object] | list[dict[str, object]]] = {
+            "summary": _summary_json(summary, found, now_ms)
+        }
         if messages:
             document["messages"] = [_entry_json(entry, now_ms) for entry in found.listed]
         click.echo(json.dumps(document, indent=2))
@@ -155,7 +157,7 @@ def _describe(entry: Entry, now_ms: int, with_id: bool = True) -> str:
     return f"#{entry.id}, {text}" if with_id else text
 
 
-def _summary_json(summary: Summary, found: _Findings, now_ms: int) -> dict:
+def _summary_json(summary: Summary, found: _Findings, now_ms: int) -> dict[str, object]:
     return {
         "path": str(summary.path),
         "file_bytes": summary.file_bytes,
@@ -178,7 +180,7 @@ def _summary_json(summary: Summary, found: _Findings, now_ms: int) -> dict:
     }
 
 
-def _entry_json(entry: Entry, now_ms: int) -> dict:
+def _entry_json(entry: Entry, now_ms: int) -> dict[str, object]:
     return {
         "id": entry.id,
         "state": entry.state,

@@ -35,7 +35,7 @@ import resource
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
@@ -141,7 +141,7 @@ class Events:
     def __init__(self, fmt: str = "text"):
         self.json = fmt == "json"
 
-    def __call__(self, event: str, text: str, **fields) -> None:
+    def __call__(self, event: str, text: str, **fields: object) -> None:
         if self.json:
             line = json.dumps({"ts": round(time.time(), 3), "event": event, "msg": text, **fields})
         else:
@@ -149,7 +149,7 @@ class Events:
         print(line, file=sys.stderr, flush=True)
 
 
-def _quiet(event: str, text: str, **fields) -> None:
+def _quiet(event: str, text: str, **fields: object) -> None:
     """The events of an instance nobody reads (tests)."""
 
 
@@ -237,7 +237,7 @@ class Instance:
         )
         checks = self._checks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="curb-login")  # a core at most
 
-        def offload(work, then) -> None:
+        def offload(work: Callable[[], T], then: Callable[[T], None]) -> None:
             loop.run_in_executor(checks, work).add_done_callback(lambda done: then(done.result()))
 
         self.broker = Broker(
@@ -504,12 +504,14 @@ def _raise_fd_limit() -> int:
     return soft
 
 
-def _accept_failures_as_lines(events: Callable[..., None]):
+def _accept_failures_as_lines(
+    events: Callable[..., None],
+) -> Callable[[asyncio.AbstractEventLoop, dict[str, object]], None]:
     """The loop's exception handler: accept() failing at the fd limit (asyncio retries it a
     second later) is one line per ACCEPT_FAILED_LOG_SECONDS, not a traceback per try."""
     lines = LineLimit(ACCEPT_FAILED_LOG_SECONDS)
 
-    def handle(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
         err = context.get("exception")
         if context.get("message") != "socket.accept() out of system resource" or not isinstance(err, OSError):
             loop.default_exception_handler(context)
@@ -553,7 +555,15 @@ def _settle_memory() -> None:
     gc.set_threshold(GC_EVERY, 20, 10)
 
 
-def _say_who_may_connect(events, servers, web_sockets, table, users_path, max_connections: int, fd_limit: int) -> None:
+def _say_who_may_connect(
+    events: Callable[..., None],
+    servers: Sequence[asyncio.Server],
+    web_sockets: Sequence[socket.socket],
+    table: dict[str, users.User] | None,
+    users_path: str | None,
+    max_connections: int,
+    fd_limit: int,
+) -> None:
     """One line on access: the users file, or who may do what without one, naming every
     listener that the network reaches (STOMP's and the web front's)."""
     limits = f"at most {max_connections} connections (fd limit {fd_limit})"
@@ -575,7 +585,7 @@ def _say_who_may_connect(events, servers, web_sockets, table, users_path, max_co
         events("access", f"no -users: any local client may send, consume and count; {limits}", level="info")
 
 
-def _is_loopback(sock) -> bool:
+def _is_loopback(sock: socket.socket) -> bool:
     name = sock.getsockname()
     if not isinstance(name, tuple):
         return True  # a Unix socket: only this machine
@@ -622,7 +632,7 @@ def addr_text(addr: Addr) -> str:
     return f"{host or ''}:{port}"
 
 
-def sockname(sock) -> str:
+def sockname(sock: socket.socket) -> str:
     name = sock.getsockname()
     if isinstance(name, tuple):
         host = f"[{name[0]}]" if ":" in name[0] else name[0]

@@ -118,7 +118,7 @@ class Metrics:
             buckets.append((str(bound), cumulative))
         return buckets
 
-    def stats(self, gauges: dict[str, int]) -> dict:
+    def stats(self, gauges: dict[str, int]) -> dict[str, object]:
         """One flat JSON-able object: version, gauges, counters, fsync count and total seconds."""
         return {
             "version": __version__,

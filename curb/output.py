@@ -14,7 +14,8 @@ Pure: no transport, no clock; the session decides what the counts mean for flow 
 from __future__ import annotations
 
 import collections
-from typing import Generic, TypeVar
+from collections.abc import Sequence
+from typing import Generic, Never, TypeVar
 
 # The most output handed to the transport at once: small frames are joined up to it,
 # larger pieces are cut to it, so that what a socket does not take at once is small.
@@ -22,7 +23,7 @@ PIECE_BYTES = 256 * 1024
 
 Piece = bytes | memoryview
 T = TypeVar("T")
-NONE: list = []  # what `handed` returns when nothing is due; never changed
+NONE: Sequence[Never] = []  # what `handed` returns when nothing is due; never changed
 
 
 class Output(Generic[T]):
@@ -97,7 +98,7 @@ class Output(Generic[T]):
             size += len(nxt)
         return b"".join(run), size
 
-    def handed(self) -> list[T]:
+    def handed(self) -> Sequence[T]:
         """The items whose frames are now all taken, in order (usually none)."""
         handoff, taken = self._handoff, self.taken
         if not handoff or handoff[0][0] > taken:

@@ -29,9 +29,10 @@ from curb.frame import FRAME_END, encode
 from curb.output import Output, Piece
 
 if TYPE_CHECKING:
-    from curb.broker import Broker, Peer
+    from curb.broker import Broker
     from curb.log.browse import Browse
     from curb.log.cursor import Record
+    from curb.peer import Peer
     from curb.queue import Subscription
 
 VIEW_BODY = 64 * 1024

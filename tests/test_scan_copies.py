@@ -11,7 +11,7 @@ import random
 import pytest
 from simdisk import SimDisk
 
-from curb.log import LogCore, Record
+from curb.log import LogCore, Record, shapes
 from curb.log import reader as reader_module
 from curb.log import record as fmt
 from curb.log import scan as scan_module
@@ -225,7 +225,7 @@ def scan_of(records, path: str, upto: int, monkeypatch: pytest.MonkeyPatch) -> S
     with monkeypatch.context() as patch:
         patch.setattr(scan_module, "VERIFY_NEAR_HEAD", 1 << 40 if path == "checked" else 3000)
         if path == "skimmed":
-            patch.setattr(scan_module.shapes, "FIRST", 1 << 40)
+            patch.setattr(shapes, "FIRST", 1 << 40)
         scan = Scan(SimDisk(random.Random(1), image=bytes(image)), ckpt, CAP * 8, Marks(2048), now_ms=WALL)
         scan.run()
     return scan

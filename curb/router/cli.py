@@ -20,7 +20,7 @@ from curb.addr import parse_addr
 from curb.durations import Duration
 from curb.flags import max_frame_flag, size_flag
 from curb.heartbeat import MAX_MS as MAX_HEARTBEAT_MS
-from curb.instance import EXIT_USAGE, Events, StartError, addr_text, listen, load_users, sockname
+from curb.instance import EXIT_USAGE, Addr, Events, StartError, addr_text, listen, load_users, sockname
 from curb.router import routes as routing
 from curb.router.core import RouterCore
 from curb.router.glue import Router, client_factory
@@ -29,18 +29,18 @@ from curb.router.spawner import Spawner
 DEFAULT_PORT = 61614
 
 
-def _addr(ctx, param, value: str):
+def _addr(ctx: click.Context, param: click.Parameter, value: str) -> Addr:
     try:
         return parse_addr(value)
     except ValueError as err:
         raise click.BadParameter(str(err)) from None
 
 
-def _tls_addr(ctx, param, value: str | None):
+def _tls_addr(ctx: click.Context, param: click.Parameter, value: str | None) -> Addr | None:
     return None if value is None else _addr(ctx, param, value)
 
 
-def _checked_size(ctx, param, value: str) -> str:
+def _checked_size(ctx: click.Context, param: click.Parameter, value: str) -> str:
     """A size flag passed on to instances as given, once it parses."""
     size_flag(ctx, param, value)
     return value
@@ -192,28 +192,28 @@ def load_routes(route_flags: tuple[str, ...], routes_file: str | None) -> routin
     help="Log lines on stderr as text or as one JSON object each.",
 )
 def router_command(
-    addr,
-    route_flags,
-    routes_file,
-    prefetch,
-    max_frame,
-    heartbeat,
-    link_heartbeat,
-    link_wait,
-    spawn_dir,
-    spawn_cap,
-    spawn_max,
-    spawn_args,
-    users_path,
-    tls_addr,
-    tls_cert,
-    tls_key,
-    instance_credentials,
-    instance_tls_ca,
-    instance_tls_cert,
-    instance_tls_key,
-    log_format,
-):
+    addr: Addr,
+    route_flags: tuple[str, ...],
+    routes_file: str | None,
+    prefetch: int,
+    max_frame: int,
+    heartbeat: float,
+    link_heartbeat: float,
+    link_wait: float,
+    spawn_dir: str | None,
+    spawn_cap: str,
+    spawn_max: int,
+    spawn_args: tuple[str, ...],
+    users_path: str | None,
+    tls_addr: Addr | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    instance_credentials: str | None,
+    instance_tls_ca: str | None,
+    instance_tls_cert: str | None,
+    instance_tls_key: str | None,
+    log_format: str,
+) -> None:
     """A STOMP router in front of Curb instances: destinations, partitions and transactions.
 
     Run `curb router -addr :61614 -route orders=127.0.0.1:61613` and send to /queue/orders."""
@@ -295,83 +295,33 @@ def _credentials(path: str) -> tuple[str, str]:
 async def serve(
     core: RouterCore,
     listeners: Listeners,
-    route_flags,
+    route_flags: tuple[str, ...],
     routes_file: str | None,
     events: Events,
     spawning: tuple[Path, str, int, tuple[str, ...]] | None = None,
 ) -> int:
     loop = asyncio.get_running_loop()
     router = Router(core, listeners.link_tls)
-    addr = listeners.addr
     users_path = listeners.users_path
     if users_path is not None:
         router.use_users(load_users(users_path))
-    spawner = None
-    if spawning is not None:
-        directory, cap, most, extra = spawning
-        spawner = Spawner(
-            directory,
-            cap,
-            most,
-            extra,
-            lambda name, port: router.add_links(core.spawned_instance(name, ("127.0.0.1", port))),
-            events,
-        )
-        core.spawn = spawner.want
-    servers = [
-        await listen(
-            "-addr", addr, lambda: loop.create_server(client_factory(router), addr[0], addr[1], reuse_address=True)
-        )
-    ]
-    tls_addr = listeners.tls_addr
-    if tls_addr is not None:
-        servers.append(
-            await listen(
-                "-tls-addr",
-                tls_addr,
-                lambda: loop.create_server(
-                    client_factory(router), tls_addr[0], tls_addr[1], ssl=listeners.server_tls, reuse_address=True
-                ),
-            )
-        )
+    spawner = None if spawning is None else _spawner(core, router, spawning, events)
+    servers = await _listen(loop, router, listeners)
     stop = loop.create_future()
 
     def on_signal() -> None:
         if not stop.done():
             stop.set_result(None)
 
-    def on_reload() -> None:
-        if users_path is not None:
-            try:
-                router.use_users(load_users(users_path))
-                events("reloaded", f"reloaded {len(core.users or {})} users from {users_path}")
-            except StartError as err:
-                events("reload_failed", f"{err.line}; kept the users read before")
-        try:
-            table = load_routes(route_flags, routes_file)
-        except (routing.RouteError, OSError, UnicodeDecodeError) as err:
-            events("reload_failed", f"cannot reload routes: {err}; kept the routes read before")
-            return
-        router.set_routes(table)
-        events("reloaded", f"reloaded routes: {_describe(table)}")
-
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
-    loop.add_signal_handler(signal.SIGHUP, on_reload)
+    loop.add_signal_handler(signal.SIGHUP, _reload, router, users_path, route_flags, routes_file, events)
     await router.start()
     if spawner is not None:
         spawner.start()
     names = ", ".join(sockname(s) for s in servers[0].sockets)
     tls_names = "".join(f"; TLS on {sockname(s)}" for server in servers[1:] for s in server.sockets)
-    if users_path is None:
-        events(
-            "access",
-            "WARNING: no -users: any client that reaches the router may send to, consume from and count "
-            "every destination it routes; add -users FILE (see curb passwd) or listen on 127.0.0.1",
-            level="warning",
-        )
-    else:
-        events("access", f"{len(core.users or {})} users from {users_path}", users=len(core.users or {}))
+    _say_who_may_connect(core, users_path, events)
     events(
         "listening",
         f"listening on {names} (router; routes: {_describe(core_routes(core))}){tls_names}",
@@ -388,6 +338,79 @@ async def serve(
         spawner.stop()
     events("stopped", "stopped")
     return 0
+
+
+def _spawner(
+    core: RouterCore, router: Router, spawning: tuple[Path, str, int, tuple[str, ...]], events: Events
+) -> Spawner:
+    """-spawn: the spawner of instances for destinations no route names, known to the core."""
+    directory, cap, most, extra = spawning
+    spawner = Spawner(
+        directory,
+        cap,
+        most,
+        extra,
+        lambda name, port: router.add_links(core.spawned_instance(name, ("127.0.0.1", port))),
+        events,
+    )
+    core.spawn = spawner.want
+    return spawner
+
+
+async def _listen(loop: asyncio.AbstractEventLoop, router: Router, listeners: Listeners) -> list[asyncio.Server]:
+    """The client listeners, -addr and then -tls-addr if given (serving at once)."""
+    addr = listeners.addr
+    servers = [
+        await listen(
+            "-addr", addr, lambda: loop.create_server(client_factory(router), addr[0], addr[1], reuse_address=True)
+        )
+    ]
+    tls_addr = listeners.tls_addr
+    if tls_addr is not None:
+        servers.append(
+            await listen(
+                "-tls-addr",
+                tls_addr,
+                lambda: loop.create_server(
+                    client_factory(router), tls_addr[0], tls_addr[1], ssl=listeners.server_tls, reuse_address=True
+                ),
+            )
+        )
+    return servers
+
+
+def _reload(
+    router: Router, users_path: str | None, route_flags: tuple[str, ...], routes_file: str | None, events: Events
+) -> None:
+    """SIGHUP: read the users file and the routes again; one that fails is logged and the
+    one read before kept."""
+    core = router.core
+    if users_path is not None:
+        try:
+            router.use_users(load_users(users_path))
+            events("reloaded", f"reloaded {len(core.users or {})} users from {users_path}")
+        except StartError as err:
+            events("reload_failed", f"{err.line}; kept the users read before")
+    try:
+        table = load_routes(route_flags, routes_file)
+    except (routing.RouteError, OSError, UnicodeDecodeError) as err:
+        events("reload_failed", f"cannot reload routes: {err}; kept the routes read before")
+        return
+    router.set_routes(table)
+    events("reloaded", f"reloaded routes: {_describe(table)}")
+
+
+def _say_who_may_connect(core: RouterCore, users_path: str | None, events: Events) -> None:
+    """One line on access: the users file, or a warning that there is none."""
+    if users_path is None:
+        events(
+            "access",
+            "WARNING: no -users: any client that reaches the router may send to, consume from and count "
+            "every destination it routes; add -users FILE (see curb passwd) or listen on 127.0.0.1",
+            level="warning",
+        )
+    else:
+        events("access", f"{len(core.users or {})} users from {users_path}", users=len(core.users or {}))
 
 
 def core_routes(core: RouterCore) -> routing.Routes:

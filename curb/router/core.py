@@ -610,28 +610,10 @@ class RouterCore:
         key = self._ack_id(frame)
         delivery = client.deliveries.get(key)
         if delivery is None:
-            number, epoch, _ = key.split(".", 2)
-            link = self.links.get(int(number))
-            if link is not None and int(epoch) == link.epoch and link.state is UP:
-                raise QueueError(
-                    f"unknown ack id {key[:40]!r}",
-                    f"Give {frame.command} the ack header of a MESSAGE this connection holds, once.",
-                )
-            # Its link was lost since: the instance has queued it again, nothing changes.
-            if place is None:
-                receipt = headers.get("receipt")
-                if receipt is not None:
-                    client.line.append(Place(receipts.late_receipt(receipt), 0, receipt))
-                    self._pump(client)
+            self._ack_of_lost_link(client, frame, key, place)
             return
         self._allow(client, "consume", delivery.link.dest)
-        deliveries = [delivery]
-        if delivery.client_sub.ack == "client" and frame.command == "ACK":
-            deliveries = []
-            for each in delivery.client_sub.order.values():
-                deliveries.append(each)
-                if each is delivery:
-                    break
+        deliveries = _settled_by(delivery, frame.command)
         touch = frame.command == "NACK" and "curb-touch" in headers
         receipt = headers.get("receipt")
         if place is None and receipt is not None:
@@ -650,6 +632,22 @@ class RouterCore:
             links.add(each.link)
         for link in links:
             self._rebalance(link)
+
+    def _ack_of_lost_link(self, client: ClientConn, frame: Frame, key: str, place: Place | None) -> None:
+        """An ACK or NACK of no delivery this client holds: an error, unless the delivery's
+        link was lost since (the instance has queued it again, nothing changes)."""
+        number, epoch, _ = key.split(".", 2)
+        link = self.links.get(int(number))
+        if link is not None and int(epoch) == link.epoch and link.state is UP:
+            raise QueueError(
+                f"unknown ack id {key[:40]!r}",
+                f"Give {frame.command} the ack header of a MESSAGE this connection holds, once.",
+            )
+        if place is None:
+            receipt = frame.headers.get("receipt")
+            if receipt is not None:
+                client.line.append(Place(receipts.late_receipt(receipt), 0, receipt))
+                self._pump(client)
 
     def _ack_id(self, frame: Frame) -> str:
         raw = frame.headers.get("id")
@@ -1192,6 +1190,12 @@ class RouterCore:
         """Heart-beats: send ours when due, drop a peer silent for too long; SENDs parked
         for longer than link_wait are refused."""
         self.now = now
+        self._refuse_parked(now)
+        self._beat_clients(now)
+        self._beat_links(now)
+
+    def _refuse_parked(self, now: float) -> None:
+        """Refuse the SENDs parked until `now` for an instance that did not come up."""
         for dest, parked in list(self.parked.items()):
             while parked and parked[0][0] <= now:
                 _, item = parked.popleft()
@@ -1199,6 +1203,9 @@ class RouterCore:
                     self._lost_frame(item, f"no instance of destination {dest!r} came up ({self._why_down(dest)})")
             if not parked:
                 del self.parked[dest]
+
+    def _beat_clients(self, now: float) -> None:
+        """Drop the clients silent for too long; send a heart-beat to those owed one."""
         for client in list(self.clients):
             if client.state is NEW or client.close_wanted:
                 continue
@@ -1208,6 +1215,9 @@ class RouterCore:
                 self.client_lost(client)
             elif client.send_every and now - client.last_send >= client.send_every * BEAT_EARLY:
                 self._write(client, b"\n")
+
+    def _beat_links(self, now: float) -> None:
+        """Drop the links to instances silent for too long; send a heart-beat to those owed one."""
         for link in self.links.values():
             if link.state is DOWN:
                 continue
@@ -1215,6 +1225,19 @@ class RouterCore:
                 self._drop_link(link, "the instance fell silent (no heart-beat)")
             elif link.send_every and now - link.last_send >= link.send_every * BEAT_EARLY:
                 self._write(link, b"\n")
+
+
+def _settled_by(delivery: Delivery, command: str) -> list[Delivery]:
+    """The deliveries an ACK or NACK of `delivery` settles: with ack:client an ACK settles
+    every delivery of the subscription up to it, else it settles that one."""
+    if delivery.client_sub.ack != "client" or command != "ACK":
+        return [delivery]
+    deliveries = []
+    for each in delivery.client_sub.order.values():
+        deliveries.append(each)
+        if each is delivery:
+            break
+    return deliveries
 
 
 Handler = Callable[[RouterCore, ClientConn, Frame], None]

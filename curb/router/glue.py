@@ -22,6 +22,7 @@ from typing import cast
 
 from curb import users
 from curb.router.core import UP, ClientConn, Endpoint, Link, RouterCore
+from curb.router.routes import Routes
 from curb.server import LINGER_SECONDS, peer_address
 
 TICK_SECONDS = 0.1
@@ -96,7 +97,7 @@ class Router:
             self.watch(link)
         self.flush()
 
-    def set_routes(self, routes) -> None:
+    def set_routes(self, routes: Routes) -> None:
         for link in self.core.set_routes(routes):
             self.watch(link)
         for link in list(self._link_tasks):

@@ -94,4 +94,5 @@ class LocalBroker:
             frame = client.receive(timeout=STARTUP_S)
         if frame is None:
             raise RuntimeError(f"curb at {self.endpoint} sent no counts")
-        return json.loads(frame.body)
+        counts: dict[str, int] = json.loads(frame.body)
+        return counts

@@ -24,7 +24,7 @@ class LogFileReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         path = partition.value
-        columns: list[list] = [[] for _ in LOG_SCHEMA.fields]
+        columns: list[list[object]] = [[] for _ in LOG_SCHEMA.fields]
         with LogReader(path) as log:
             for entry in log.entries():
                 for column, value in zip(

@@ -141,6 +141,7 @@ def parse_sink(options: Mapping[str, str]) -> SinkOptions:
 def parse_paths(options: Mapping[str, str]) -> list[str]:
     """The log files given to `load(path)` or `load([path, ...])` (Spark passes the list as JSON)."""
     lowered = _lowered(options)
+    paths: list[str]
     if "paths" in lowered:
         paths = json.loads(lowered["paths"])
     elif lowered.get("path"):

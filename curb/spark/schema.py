@@ -51,7 +51,7 @@ LOG_SCHEMA = StructType(
 )
 
 
-def record_batch(schema: StructType, columns: Sequence[list]) -> pa.RecordBatch:
+def record_batch(schema: StructType, columns: Sequence[list[object]]) -> pa.RecordBatch:
     """An Arrow batch with exactly the Arrow schema Spark derives from `schema` (timestamps in microseconds)."""
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
     return pa.RecordBatch.from_arrays(

@@ -131,7 +131,7 @@ def _messages(
     batch: pa.RecordBatch, layout: RowLayout, fixed: int, count: int
 ) -> Iterator[tuple[bytes, dict[str, str] | None, int]]:
     bodies = batch.column(layout.body).to_pylist()
-    headers: Iterable = repeat(None)
+    headers: Iterable[dict[str, str] | None] = repeat(None)
     if layout.headers is not None:
         headers = (dict(pairs) if pairs else None for pairs in batch.column(layout.headers).to_pylist())
     targets: Iterable[int] = repeat(fixed)

@@ -73,11 +73,11 @@ class CurbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now: dict[str, int] | None = None  # the highest ids when an availableNow run began
         self._first_live: dict[str, tuple[int, int]] = {}  # per endpoint, (after, the first live id after it)
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, object]:
         """Executors and Spark's planner get the options only, never the driver's connections."""
         return {"options": self.options, "_links": {}, "_acked": {}, "_available_now": None, "_first_live": {}}
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, int]:
         """Before every id: the first batch skips to the live ones (`latestOffset`, `partitions`)."""
         return {endpoint.label: 0 for endpoint in self.options.endpoints}
 
@@ -89,7 +89,7 @@ class CurbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._available_now = {endpoint.label: self._highest(endpoint) for endpoint in self.options.endpoints}
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         highest = {
             endpoint.label: self._highest(endpoint, start.get(endpoint.label)) for endpoint in self.options.endpoints
         }
@@ -110,7 +110,7 @@ class CurbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end[endpoint.label] = last if first is None else max(first, last)
         return end
 
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
         size = self.options.rows_per_partition
         planned: list[InputPartition] = []
         for endpoint in self.options.endpoints:
@@ -133,7 +133,7 @@ class CurbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         finally:
             link.close()
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, int]) -> None:
         self._acknowledge(end)
 
     def stop(self) -> None:
@@ -164,7 +164,7 @@ class CurbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
         return highest
 
-    def _acknowledge(self, offset: dict) -> None:
+    def _acknowledge(self, offset: dict[str, int]) -> None:
         """ACK every message up to `offset` on each endpoint it moves past what this process acknowledged."""
         for endpoint in self.options.endpoints:
             last = offset.get(endpoint.label, 0)
@@ -206,7 +206,7 @@ def _browse_span(link: Link, span: IdSpan) -> Iterator[pa.RecordBatch]:
     skips the ids already given: a retried browse lists the same messages, maybe in another order."""
     label = span.endpoint.label
     given: set[int] = set()
-    columns: list[list] = [[] for _ in MESSAGE_SCHEMA.fields]
+    columns: list[list[object]] = [[] for _ in MESSAGE_SCHEMA.fields]
     endpoints, seqs, message_ids, header_maps, bodies = columns
     while True:
         try:

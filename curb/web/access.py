@@ -28,6 +28,7 @@ import socket
 from collections.abc import Iterable
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from curb.broker import Broker
 from curb.logins import SHED, Answer
@@ -154,7 +155,7 @@ def is_own(origin: str, request: web.Request, names: frozenset[str]) -> bool:
     return True
 
 
-def origin_check(allowed: Iterable[str], names: frozenset[str] = frozenset({"localhost"})):
+def origin_check(allowed: Iterable[str], names: frozenset[str] = frozenset({"localhost"})) -> Middleware:
     """Middleware: a request whose Origin is neither the broker's own (`is_own`) nor in
     `allowed` gets 403. A page of an allowed other origin gets CORS headers, so that its
     scripts may read the answers (and its preflight OPTIONS an answer of its own)."""

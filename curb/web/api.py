@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -259,7 +260,7 @@ class Api:
         await self._settle(request, self.takers.release)
         return web.Response(status=204)
 
-    async def _settle(self, request: web.Request, settle) -> None:
+    async def _settle(self, request: web.Request, settle: Callable[[int], Awaitable[None]]) -> None:
         await self._peer(request, "consume")
         msg_id = message_id(request)
         try:

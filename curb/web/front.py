@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 from collections.abc import Callable, Iterable
 from typing import cast
@@ -76,7 +77,7 @@ class WebFront:
             client_max_size=broker.config.max_frame,
             middlewares=[json_errors, self._headroom, origin_check(origins, own_names(listen_host))],
         )
-        self._open = lambda: 0  # web connections open now (set by `start`)
+        self._open: Callable[[], int] = lambda: 0  # web connections open now (set by `start`)
         stats.add_routes(self.app, broker, metrics)
         self.api = Api(broker, narconi)
         self.api.add_routes(self.app)
@@ -84,7 +85,7 @@ class WebFront:
         Console(broker, metrics).add_routes(self.app)
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
-        self.sockets: list = []
+        self.sockets: list[socket.socket] = []
 
     async def start(self, host: str | None, port: int, context: ssl.SSLContext | None = None) -> None:
         """Listen on host:port (None: every interface); OSError if it cannot be bound."""

@@ -38,9 +38,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from curb import payload
 from curb.broker import Broker, NotStored, Refused
@@ -112,7 +113,7 @@ async def serve(request: web.Request, api: Api) -> web.StreamResponse:
     return ws
 
 
-async def _messages(ws: web.WebSocketResponse):
+async def _messages(ws: web.WebSocketResponse) -> AsyncIterator[WSMessage]:
     """The client's messages, until it closes; a too-large one ends the socket (1009)."""
     while True:
         message = await ws.receive()
@@ -167,19 +168,85 @@ def _body(message: Any, encoding: str | None) -> bytes:
 
 
 async def _publish(ws: web.WebSocketResponse, api: Api, encoding: str | None) -> None:
-    broker, settings = api.broker, api.settings
-    pending: collections.deque[asyncio.Future[None] | tuple[int, str]] = collections.deque()
-    wake = asyncio.Event()
-    room = asyncio.Event()
-    room.set()
-    finished = False
+    await _Publisher(ws, api, encoding).run()
 
-    async def confirm() -> None:
+
+class _Publisher:
+    """A publishing socket: its messages are stored in the order they come, and each is
+    confirmed (an empty message, or its error) in that order by a task of its own; the
+    socket is read no further while MAX_UNCONFIRMED wait."""
+
+    def __init__(self, ws: web.WebSocketResponse, api: Api, encoding: str | None) -> None:
+        self.ws = ws
+        self.api = api
+        self.encoding = encoding
+        self.pending: collections.deque[asyncio.Future[None] | tuple[int, str]] = collections.deque()
+        self.wake = asyncio.Event()
+        self.room = asyncio.Event()
+        self.room.set()
+        self.finished = False
+
+    async def run(self) -> None:
+        confirmer = asyncio.get_running_loop().create_task(self._confirm())
+        metadata: dict[str, str] | None = None
+        try:
+            async for message in _messages(self.ws):
+                if metadata is None:
+                    headers, body = self._metadata(message)
+                    if body is None:  # the payload is the next message
+                        metadata = headers
+                        continue
+                else:
+                    headers, metadata = metadata, None
+                    body = self._payload(message)
+                self.pending.append(self._store(headers, body))
+                self.wake.set()
+                if len(self.pending) >= MAX_UNCONFIRMED:
+                    self.room.clear()
+                    await self.room.wait()
+        finally:
+            self.finished = True
+            self.wake.set()
+            await confirmer
+
+    def _metadata(self, message: Any) -> tuple[dict[str, str], bytes | None]:
+        """A metadata message's headers, and the payload in it (None: the next message is)."""
+        item = {} if _empty(message) else _json_object(message)
+        try:
+            headers = metadata_headers(item)
+            if "message" not in item:
+                return headers, None
+            return headers, decode_body(item["message"], self.encoding or "utf-8")
+        except BadMessage as err:
+            raise _Closed(400, str(err)) from None
+
+    def _payload(self, message: Any) -> bytes:
+        """The payload message that follows a metadata message without one."""
+        try:
+            return _body(message, self.encoding)
+        except BadMessage as err:
+            raise _Closed(400, str(err)) from None
+
+    def _store(self, headers: dict[str, str], body: bytes) -> asyncio.Future[None] | tuple[int, str]:
+        """The broker's future for a message, or the error that takes its place."""
+        settings = self.api.settings
+        if len(body) > settings.max_message:
+            text = f"a message of {len(body)} bytes is over the limit of {settings.max_message} bytes"
+            return 413, text + " (-narconi-max-message)"
+        try:
+            return self.api.broker.publish(self.api.stored_headers(headers), body)
+        except Refusal as err:
+            return err.status, err.error
+        except Refused as err:
+            return refused(err).status, f"{err.message}: {err}"
+
+    async def _confirm(self) -> None:
         """One empty message per message stored, or its error, in the order they came."""
-        while pending or not finished:
+        pending, ws = self.pending, self.ws
+        while pending or not self.finished:
             if not pending:
-                wake.clear()
-                await wake.wait()
+                self.wake.clear()
+                await self.wake.wait()
                 continue
             stored = pending[0]
             answer: dict[str, object] | None = None
@@ -192,51 +259,9 @@ async def _publish(ws: web.WebSocketResponse, api: Api, encoding: str | None) ->
                     answer = {"code": 503, "error": f"not stored: {err}; send it again"}
             pending.popleft()
             if len(pending) < MAX_UNCONFIRMED:
-                room.set()
+                self.room.set()
             if not ws.closed:
                 await (ws.send_str("") if answer is None else ws.send_json(answer))
-
-    def store(headers: dict[str, str], body: bytes) -> asyncio.Future[None] | tuple[int, str]:
-        """The broker's future for a message, or the error that takes its place."""
-        if len(body) > settings.max_message:
-            text = f"a message of {len(body)} bytes is over the limit of {settings.max_message} bytes"
-            return 413, text + " (-narconi-max-message)"
-        try:
-            return broker.publish(api.stored_headers(headers), body)
-        except Refusal as err:
-            return err.status, err.error
-        except Refused as err:
-            return refused(err).status, f"{err.message}: {err}"
-
-    confirmer = asyncio.get_running_loop().create_task(confirm())
-    metadata: dict[str, str] | None = None
-    try:
-        async for message in _messages(ws):
-            if metadata is None:
-                item = {} if _empty(message) else _json_object(message)
-                try:
-                    headers = metadata_headers(item)
-                    if "message" not in item:
-                        metadata = headers
-                        continue
-                    body = decode_body(item["message"], encoding or "utf-8")
-                except BadMessage as err:
-                    raise _Closed(400, str(err)) from None
-            else:
-                headers, metadata = metadata, None
-                try:
-                    body = _body(message, encoding)
-                except BadMessage as err:
-                    raise _Closed(400, str(err)) from None
-            pending.append(store(headers, body))
-            wake.set()
-            if len(pending) >= MAX_UNCONFIRMED:
-                room.clear()
-                await room.wait()
-    finally:
-        finished = True
-        wake.set()
-        await confirmer
 
 
 def consumed_metadata(rec: Record, stored: dict[str, str], acks: bool) -> dict[str, object]:
@@ -259,27 +284,80 @@ def consumed_metadata(rec: Record, stored: dict[str, str], acks: bool) -> dict[s
 async def _consume(
     ws: web.WebSocketResponse, api: Api, peer: HttpPeer, encoding: str | None, acks: bool, limit: int
 ) -> None:
-    broker = api.broker
-    out: collections.deque[tuple[Record, bytes]] = collections.deque()
-    held = 0  # bytes in `out`
-    blocked = False
-    wake = asyncio.Event()
+    await _Consumer(ws, api.broker, peer, encoding, acks).run(limit)
 
-    def delivered(sub: Subscription[Any, Record], rec: Record, data: bytes | memoryview) -> None:
-        nonlocal held, blocked
-        out.append((rec, bytes(data)))
-        held += len(data)
-        if held >= OUTPUT_LIMIT and not blocked:
-            blocked = True
-            broker.set_writable(peer, False)
-        wake.set()
 
-    async def send() -> None:
-        nonlocal held, blocked
+class _Consumer:
+    """A consuming socket: each message delivered to its peer is sent as a metadata message
+    (with the payload in it, or in a message of its own after it) by a task of its own, in
+    order; the client's messages acknowledge them (with ?ack; else each is acknowledged once
+    sent). Past OUTPUT_LIMIT bytes not sent yet the peer stops taking deliveries."""
+
+    def __init__(
+        self, ws: web.WebSocketResponse, broker: Broker, peer: HttpPeer, encoding: str | None, acks: bool
+    ) -> None:
+        self.ws = ws
+        self.broker = broker
+        self.peer = peer
+        self.encoding = encoding
+        self.acks = acks
+        self.out: collections.deque[tuple[Record, bytes]] = collections.deque()
+        self.held = 0  # bytes in `out`
+        self.blocked = False
+        self.wake = asyncio.Event()
+
+    async def run(self, limit: int) -> None:
+        broker, peer, acks = self.broker, self.peer, self.acks
+        peer.on_deliver = self._delivered
+        sub = broker.subscribe(peer, SUB_ID, "client-individual", limit if acks else AUTO_WINDOW, None if acks else 0)
+        sender = asyncio.get_running_loop().create_task(self._send())
+        try:
+            broker.pump()
+            async for message in _messages(self.ws):
+                if _empty(message):  # the client stops: nothing new, what it has it settles
+                    if sub.active:
+                        broker.unsubscribe(peer, SUB_ID)
+                    continue
+                item = _json_object(message)
+                try:
+                    self._acknowledge(sub, item)
+                except Late as err:
+                    await self.ws.send_json({"code": 410, "error": str(err)})
+                except QueueError as err:
+                    raise _Closed(400, f"unrecognized acknowledgment ID: {err}") from None
+                broker.pump()
+        finally:
+            sender.cancel()
+            broker.gone(peer)
+
+    def _acknowledge(self, sub: Subscription[Any, Record], item: dict[str, Any]) -> None:
+        """{"ackId": ID} acknowledges one message, {"ackToId": ID} every one up to it."""
+        broker, peer = self.broker, self.peer
+        if "ackId" in item:
+            broker.ack(peer, _id(item["ackId"]))
+        elif "ackToId" in item:
+            upto = _id(item["ackToId"])
+            if upto not in sub.unacked:
+                raise QueueError(f"{upto} is no message this socket holds", "")
+            for msg_id in [i for i in sub.unacked if i <= upto]:
+                broker.ack(peer, msg_id)
+        else:
+            raise _Closed(400, 'send {"ackId": ID} or {"ackToId": ID}, or an empty message to stop')
+
+    def _delivered(self, sub: Subscription[Any, Record], rec: Record, data: bytes | memoryview) -> None:
+        self.out.append((rec, bytes(data)))
+        self.held += len(data)
+        if self.held >= OUTPUT_LIMIT and not self.blocked:
+            self.blocked = True
+            self.broker.set_writable(self.peer, False)
+        self.wake.set()
+
+    async def _send(self) -> None:
+        ws, out, broker, peer, encoding, acks = self.ws, self.out, self.broker, self.peer, self.encoding, self.acks
         while not ws.closed:
             if not out:
-                wake.clear()
-                await wake.wait()
+                self.wake.clear()
+                await self.wake.wait()
                 continue
             rec, data = out.popleft()
             stored, body = payload.decode(data)
@@ -293,44 +371,13 @@ async def _consume(
             else:
                 await ws.send_json(item)
                 await ws.send_bytes(bytes(body))
-            held -= len(data)
+            self.held -= len(data)
             if not acks:
                 broker.ack(peer, rec.id)
-            if blocked and held < OUTPUT_LIMIT // 4:
-                blocked = False
+            if self.blocked and self.held < OUTPUT_LIMIT // 4:
+                self.blocked = False
                 broker.set_writable(peer, True)
             broker.pump()
-
-    peer.on_deliver = delivered
-    sub = broker.subscribe(peer, SUB_ID, "client-individual", limit if acks else AUTO_WINDOW, None if acks else 0)
-    sender = asyncio.get_running_loop().create_task(send())
-    try:
-        broker.pump()
-        async for message in _messages(ws):
-            if _empty(message):  # the client stops: nothing new, what it has it settles
-                if sub.active:
-                    broker.unsubscribe(peer, SUB_ID)
-                continue
-            item = _json_object(message)
-            try:
-                if "ackId" in item:
-                    broker.ack(peer, _id(item["ackId"]))
-                elif "ackToId" in item:
-                    upto = _id(item["ackToId"])
-                    if upto not in sub.unacked:
-                        raise QueueError(f"{upto} is no message this socket holds", "")
-                    for msg_id in [i for i in sub.unacked if i <= upto]:
-                        broker.ack(peer, msg_id)
-                else:
-                    raise _Closed(400, 'send {"ackId": ID} or {"ackToId": ID}, or an empty message to stop')
-            except Late as err:
-                await ws.send_json({"code": 410, "error": str(err)})
-            except QueueError as err:
-                raise _Closed(400, f"unrecognized acknowledgment ID: {err}") from None
-            broker.pump()
-    finally:
-        sender.cancel()
-        broker.gone(peer)
 
 
 def _id(raw: object) -> int:
