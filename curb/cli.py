@@ -34,10 +34,19 @@ import sys
 import click
 
 from curb import __version__, systemd, tls
-from curb.addr import parse_addr
 from curb.broker_config import ACK_TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS
 from curb.durations import Duration, format_seconds
-from curb.flags import max_frame_flag, size_flag
+from curb.flags import (
+    addr_flag,
+    addr_option,
+    heartbeat_option,
+    log_format_option,
+    max_frame_option,
+    prefetch_option,
+    size_flag,
+    tls_options,
+    users_option,
+)
 from curb.heartbeat import MAX_MS as MAX_HEARTBEAT_MS
 from curb.inspect import inspect_command
 from curb.instance import DEFAULT_PORT, EXIT_IO, FD_HEADROOM, Addr, Config, Events, Instance, StartError, reason_of
@@ -49,15 +58,6 @@ from curb.web.settings import LIMIT, MAX_LIMIT, NarconiSettings
 MAX_NARCONI_TTL = 366 * 86400.0  # a year: a TTL longer than that is a mistake
 
 DEFAULT_POLICY = Redelivery()  # the redelivery flags' defaults (curb.redelivery says why)
-
-
-def _addr(ctx: click.Context, param: click.Parameter, value: str | None) -> Addr | None:
-    if value is None or value == "off":
-        return None
-    try:
-        return parse_addr(value)
-    except ValueError as err:
-        raise click.BadParameter(str(err)) from None
 
 
 def default_file() -> str:
@@ -89,30 +89,19 @@ class _Commands(click.Group):
     callback=size_flag,
     help="Most bytes the log file may ever take on disk (B, KiB, MiB, GiB).",
 )
-@click.option(
-    "-addr",
-    "--addr",
-    default=f":{DEFAULT_PORT}",
-    show_default=True,
-    callback=_addr,
-    help="Where to listen, [HOST]:PORT; an empty host means every interface (IPv4 and IPv6); off: no plain TCP.",
+@addr_option(
+    f":{DEFAULT_PORT}",
+    "Where to listen, [HOST]:PORT; an empty host means every interface (IPv4 and IPv6); off: no plain TCP.",
+    may_be_off=True,
 )
-@click.option("-tls-addr", "--tls-addr", default=None, callback=_addr, help="Serve STOMP over TLS on [HOST]:PORT.")
-@click.option("-tls-cert", "--tls-cert", default=None, help="The TLS certificate chain (PEM), for -tls-addr.")
-@click.option("-tls-key", "--tls-key", default=None, help="The TLS certificate's private key (PEM), for -tls-addr.")
+@tls_options
 @click.option(
     "-tls-ca",
     "--tls-ca",
     default=None,
     help="Require client certificates signed by these CAs (PEM); a certificate's CN can stand in for the login.",
 )
-@click.option(
-    "-users",
-    "--users",
-    "users_path",
-    default=None,
-    help="The users file (see `curb passwd`): CONNECT must log in as one of them. Default: no logins.",
-)
+@users_option("The users file (see `curb passwd`): CONNECT must log in as one of them. Default: no logins.")
 @click.option(
     "-connect-timeout",
     "--connect-timeout",
@@ -136,30 +125,11 @@ class _Commands(click.Group):
     default=None,
     help="The log file. Default: $STATE_DIRECTORY/curb.log under systemd, else ./curb.log.",
 )
-@click.option(
-    "-prefetch",
-    "--prefetch",
-    default=100,
-    show_default=True,
-    type=click.IntRange(1, 10000),
-    help="Unacked messages a subscription may hold when SUBSCRIBE names no prefetch-count.",
-)
-@click.option(
-    "-max-frame",
-    "--max-frame",
-    default="16MiB",
-    show_default=True,
-    callback=max_frame_flag,
-    help="Largest frame a client may send (at least 4KiB); larger ones get an ERROR.",
-)
-@click.option(
-    "-heartbeat",
-    "--heartbeat",
-    default="10s",
-    show_default=True,
-    type=Duration(MAX_HEARTBEAT_MS / 1000, zero="no heart-beats"),
-    help="Heart-beat interval offered (a plain number is seconds, or 500ms, 10s, 1m; 0: none; at most 24h); "
-    "silent peers are dropped.",
+@prefetch_option("Unacked messages a subscription may hold when SUBSCRIBE names no prefetch-count.")
+@max_frame_option("Largest frame a client may send (at least 4KiB); larger ones get an ERROR.")
+@heartbeat_option(
+    "Heart-beat interval offered (a plain number is seconds, or 500ms, 10s, 1m; 0: none; at most 24h); "
+    "silent peers are dropped."
 )
 @click.option(
     "-ack-timeout",
@@ -218,7 +188,7 @@ class _Commands(click.Group):
     "-http",
     "--http",
     default=None,
-    callback=_addr,
+    callback=addr_flag,
     help="Serve the web front on [HOST]:PORT: /metrics (Prometheus), /stats (JSON), the console at /, "
     "STOMP over WebSocket at /ws and the HTTP API under /v2. Off by default.",
 )
@@ -271,14 +241,7 @@ class _Commands(click.Group):
     help="A web page origin (https://host[:port]) allowed to use -http besides the broker's own pages; "
     "repeat for more; * allows every origin.",
 )
-@click.option(
-    "-log-format",
-    "--log-format",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="Log lines on stderr as text or as one JSON object each.",
-)
+@log_format_option
 @click.version_option(__version__, "-version", "--version", prog_name="curb")
 @click.pass_context
 def command(

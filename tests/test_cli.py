@@ -486,3 +486,35 @@ def test_the_redelivery_flags_reach_the_broker(monkeypatch, args, policy, drop):
 def test_a_bad_redelivery_flag_is_a_usage_error(capsys, tmp_path, flag, value, says):
     line = usage_error(capsys, bad_flag(tmp_path, flag, value))
     assert flag in line and says in line, line
+
+
+def test_the_flags_both_commands_take_are_declared_once_in_curb_flags():
+    """`curb` and `curb router` share their listener, TLS, users, prefetch, frame,
+    heart-beat and log flags: declared in curb/flags.py, never again in either command."""
+    import ast
+    from pathlib import Path
+
+    import click
+
+    from curb.cli import command as broker_command
+    from curb.router.cli import router_command
+
+    def names(cmd: click.Command) -> set[str]:
+        return {name for param in cmd.params for name in param.opts if name.startswith("-") and name[1] != "-"}
+
+    shared = names(broker_command) & names(router_command)
+    assert {"-addr", "-tls-addr", "-tls-cert", "-tls-key", "-users", "-prefetch", "-max-frame"} <= shared
+    assert {"-heartbeat", "-log-format"} <= shared
+    top = Path(__file__).resolve().parent.parent / "curb"
+    for source in (top / "cli.py", top / "router" / "cli.py"):
+        declared = sorted(
+            node.args[0].value
+            for node in ast.walk(ast.parse(source.read_text()))
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "option"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value in shared
+        )
+        assert not declared, f"{source.name} declares {declared} again (curb/flags.py has them)"

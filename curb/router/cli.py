@@ -16,9 +16,17 @@ from pathlib import Path
 import click
 
 from curb import systemd, tls
-from curb.addr import parse_addr
 from curb.durations import Duration
-from curb.flags import max_frame_flag, size_flag
+from curb.flags import (
+    addr_option,
+    heartbeat_option,
+    log_format_option,
+    max_frame_option,
+    prefetch_option,
+    size_flag,
+    tls_options,
+    users_option,
+)
 from curb.heartbeat import MAX_MS as MAX_HEARTBEAT_MS
 from curb.instance import EXIT_USAGE, Addr, Events, StartError, addr_text, listen, load_users, sockname
 from curb.router import routes as routing
@@ -27,17 +35,6 @@ from curb.router.glue import Router, client_factory
 from curb.router.spawner import Spawner
 
 DEFAULT_PORT = 61614
-
-
-def _addr(ctx: click.Context, param: click.Parameter, value: str) -> Addr:
-    try:
-        return parse_addr(value)
-    except ValueError as err:
-        raise click.BadParameter(str(err)) from None
-
-
-def _tls_addr(ctx: click.Context, param: click.Parameter, value: str | None) -> Addr | None:
-    return None if value is None else _addr(ctx, param, value)
 
 
 def _checked_size(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -56,13 +53,8 @@ def load_routes(route_flags: tuple[str, ...], routes_file: str | None) -> routin
 
 
 @click.command("router", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "-addr",
-    "--addr",
-    default=f":{DEFAULT_PORT}",
-    show_default=True,
-    callback=_addr,
-    help="Where clients connect, [HOST]:PORT; an empty host means every interface.",
+@addr_option(
+    f":{DEFAULT_PORT}", "Where clients connect, [HOST]:PORT; an empty host means every interface.", may_be_off=False
 )
 @click.option(
     "-route",
@@ -78,29 +70,10 @@ def load_routes(route_flags: tuple[str, ...], routes_file: str | None) -> routin
     default=None,
     help="A file of routes, one NAME=HOST:PORT[,HOST:PORT...] a line (# comments); re-read on SIGHUP.",
 )
-@click.option(
-    "-prefetch",
-    "--prefetch",
-    default=100,
-    show_default=True,
-    type=click.IntRange(1, 10000),
-    help="Unacked messages a client subscription may hold when SUBSCRIBE names no prefetch-count.",
-)
-@click.option(
-    "-max-frame",
-    "--max-frame",
-    default="16MiB",
-    show_default=True,
-    callback=max_frame_flag,
-    help="Largest frame a client may send; the instances' -max-frame must be at least this.",
-)
-@click.option(
-    "-heartbeat",
-    "--heartbeat",
-    default="10s",
-    show_default=True,
-    type=Duration(MAX_HEARTBEAT_MS / 1000, zero="no heart-beats"),
-    help="Heart-beat interval offered to clients (a plain number is seconds, or 500ms, 10s, 1m; 0: none; at most 24h).",
+@prefetch_option("Unacked messages a client subscription may hold when SUBSCRIBE names no prefetch-count.")
+@max_frame_option("Largest frame a client may send; the instances' -max-frame must be at least this.")
+@heartbeat_option(
+    "Heart-beat interval offered to clients (a plain number is seconds, or 500ms, 10s, 1m; 0: none; at most 24h)."
 )
 @click.option(
     "-link-heartbeat",
@@ -120,17 +93,11 @@ def load_routes(route_flags: tuple[str, ...], routes_file: str | None) -> routin
     help="How long a SEND waits for an instance of its destination to be up before it is refused "
     "(a plain number is seconds, or 500ms, 5s, 1m; 0: refuse at once; at most 24h).",
 )
-@click.option(
-    "-users",
-    "--users",
-    "users_path",
-    default=None,
-    help="The users file (see `curb passwd`): CONNECT must log in as one of them; permissions may name "
-    "destinations (send@orders). Re-read on SIGHUP. Default: no logins.",
+@users_option(
+    "The users file (see `curb passwd`): CONNECT must log in as one of them; permissions may name "
+    "destinations (send@orders). Re-read on SIGHUP. Default: no logins."
 )
-@click.option("-tls-addr", "--tls-addr", default=None, callback=_tls_addr, help="Serve STOMP over TLS on [HOST]:PORT.")
-@click.option("-tls-cert", "--tls-cert", default=None, help="The TLS certificate chain (PEM), for -tls-addr.")
-@click.option("-tls-key", "--tls-key", default=None, help="The TLS certificate's private key (PEM), for -tls-addr.")
+@tls_options
 @click.option(
     "-instance-credentials",
     "--instance-credentials",
@@ -183,14 +150,7 @@ def load_routes(route_flags: tuple[str, ...], routes_file: str | None) -> routin
     metavar="ARG",
     help="An extra flag for every spawned instance, e.g. -spawn-arg=-users=FILE (repeatable).",
 )
-@click.option(
-    "-log-format",
-    "--log-format",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="Log lines on stderr as text or as one JSON object each.",
-)
+@log_format_option
 def router_command(
     addr: Addr,
     route_flags: tuple[str, ...],
