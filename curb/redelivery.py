@@ -1,8 +1,8 @@
 """Where a message that came back unfinished goes: the broker's one policy, pure.
 
 A message comes back by NACK, a passed ack deadline, its consumer's disconnect or lost
-heart-beat. The broker (`Broker._requeue`) asks `Redelivery.fate` once per message and
-does what it says, so every way back obeys the same rules:
+heart-beat. The return policy (`curb.returns.Returns.requeue`) asks `Redelivery.fate`
+once per message and does what it says, so every way back obeys the same rules:
 
 - The delivery limit: a message delivered `max_deliveries` times that comes back once
   more is a dead letter (reason `max-deliveries`), whatever brought it back, a consumer
