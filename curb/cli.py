@@ -364,21 +364,27 @@ def _unknown_option(err: click.NoSuchOption, args: list[str]) -> str:
     for param in ctx.command.get_params(ctx) if ctx is not None else []:
         for flag in param.opts:
             known.setdefault(flag.lstrip("-"), flag)
-    subcommands = [command.get_command(ctx, name) for name in command.list_commands(ctx)] if ctx else []
-    every = {flag for cmd in (command, *subcommands) if cmd for param in cmd.params for flag in param.opts}
-    every |= {"-h", "--help"}
     typed = err.option_name
     if not typed.startswith("--"):
+        ours = set(known.values()) | {f"-{name}" for name in known} | {"-h", "--help"}
         unknown = [
             name
-            for name in (arg.split("=", 1)[0] for arg in args)
-            if name.startswith("-") and name not in every and typed[1:] in name[1:]
+            for name in (arg.split("=", 1)[0] for arg in _args_of(ctx, args))
+            if name.startswith("-") and name not in ours and typed[1:] in name[1:]
         ]
         typed = unknown[0] if unknown else typed
     near = difflib.get_close_matches(typed.lstrip("-"), list(known), n=2, cutoff=0.6)
     hint = f"; did you mean {' or '.join(known[name] for name in near)}?" if near else ""
     where = ctx.command_path if ctx is not None else "curb"
     return f"no such option {typed}{hint} (`{where} --help` lists them)"
+
+
+def _args_of(ctx: click.Context | None, args: list[str]) -> list[str]:
+    """The arguments the command of `ctx` parsed: a subcommand's come after its name, the
+    top command's before the first subcommand's name."""
+    names = set(command.list_commands(ctx)) if ctx is not None else set()
+    at = next((i for i, arg in enumerate(args) if arg in names), len(args))
+    return args[at + 1 :] if ctx is not None and ctx.parent is not None else args[:at]
 
 
 async def serve(config: Config, events: Events) -> int:
