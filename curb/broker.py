@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from curb import message_limits, payload
+from curb import message_limits, payload, send_rule
 from curb.broker_config import BrokerConfig
 from curb.browse_steps import BrowseSteps
 from curb.counts import CountWatch
@@ -44,7 +44,6 @@ from curb.queue import Late, Queue, QueueError, Subscription
 from curb.redelivery import REASON_MAX_DELIVERIES
 from curb.refusals import Refusals
 from curb.returns import Kept, Loop, Returns, Schedule
-from curb.timing import TIME_HEADERS, send_times
 from curb.users import User
 
 Done = Callable[[str | None], None]
@@ -236,15 +235,10 @@ class Broker:
         due_ms = expires_ms = 0
         max_frame = self.config.max_frame
         if lines or len(data) - 1 + message_limits.RESERVE > max_frame:  # else nothing to check
-            problem = message_limits.send_problem(lines, len(data), max_frame)
-            if problem is not None:
-                message, detail = problem
-                raise Refused(message, detail, TOO_LARGE if message == "message too large" else BAD_HEADERS)
-            if not headers.keys().isdisjoint(TIME_HEADERS):
-                try:
-                    due_ms, expires_ms = send_times(headers, self.wall_ms())
-                except QueueError as err:
-                    raise Refused(str(err), err.advice, BAD_HEADERS) from None
+            try:
+                due_ms, expires_ms = send_rule.check(headers, lines, len(data), max_frame, self.wall_ms)
+            except send_rule.BadSend as err:
+                raise Refused(str(err), err.advice, TOO_LARGE if err.too_large else BAD_HEADERS) from None
         try:
             self.log.append(data, done, urgent=urgent, due_ms=due_ms, expires_ms=expires_ms)
         except TooLarge as err:

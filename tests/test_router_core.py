@@ -554,3 +554,62 @@ def test_consuming_needs_consume_and_counting_needs_count_for_the_destination():
     w.send(c, "SUBSCRIBE", {"destination": "/queue/orders", "id": "s"})
     [error] = w.out(c)
     assert error.headers["message"] == "consume permission needed for 'orders'"
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        ({"browser": "true"}, "browse subscriptions are not routed"),
+        ({"browser": "true", "curb-from-id": "1"}, "browse subscriptions are not routed"),
+        ({"curb-from-id": "1"}, "browse subscriptions are not routed"),
+        ({"curb-ack-timeout": "5000"}, "curb-ack-timeout is not routed"),
+        ({"curb-ack-timeout": "-1"}, "curb-ack-timeout is not routed"),
+    ],
+)
+def test_a_browse_or_an_own_ack_deadline_is_refused_and_subscribes_nothing_upstream(headers, message):
+    """A browse through the router became an auto-ack subscription and emptied the queue
+    it read; a curb-ack-timeout was dropped without a word. Both are ERRORs now, and the
+    instance sees no SUBSCRIBE."""
+    w = World("q=127.0.0.1:1")
+    link = w.up("q")
+    w.out(link)  # its ./count subscription
+    c = w.client()
+    w.send(c, "SUBSCRIBE", {"destination": "/queue/q", "id": "s", "receipt": "r", **headers})
+    [error] = w.out(c)
+    assert error.command == "ERROR" and error.headers["message"] == message
+    assert error.body.strip()
+    assert w.out(link) == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"curb-delay": "-1"}, {"curb-delay": "1", "AMQ_SCHEDULED_DELAY": "2"}, {"AMQ_SCHEDULED_PERIOD": "1000"}],
+)
+def test_a_send_an_instance_would_refuse_is_refused_before_it_is_forwarded_or_held(bad):
+    """A COMMIT forwarded every SEND it held, and the instance stored those around one it
+    refused: the router checks each SEND by the instances' own rule as it comes, so a
+    transaction holds only SENDs an instance takes, and a bad one ends the connection
+    (and its transaction) with nothing forwarded."""
+    w = World("q=127.0.0.1:1")
+    w.up("q")
+    sender = w.sender("q")
+    c = w.client()
+    w.send(c, "BEGIN", {"transaction": "t"})
+    w.send(c, "SEND", {"destination": "/queue/q", "transaction": "t"}, b"first")
+    w.send(c, "SEND", {"destination": "/queue/q", "transaction": "t", "receipt": "bad", **bad}, b"second")
+    w.send(c, "SEND", {"destination": "/queue/q", "transaction": "t"}, b"third")
+    w.send(c, "COMMIT", {"transaction": "t", "receipt": "done"})
+    [error] = w.out(c)
+    assert error.command == "ERROR" and error.headers["receipt-id"] == "bad"
+    assert c.close_wanted
+    assert w.out(sender) == []
+
+
+def test_a_send_with_a_bad_delay_outside_a_transaction_is_refused_as_an_instance_would():
+    w = World("q=127.0.0.1:1")
+    w.up("q")
+    c = w.client()
+    w.send(c, "SEND", {"destination": "/queue/q", "curb-delay": "soon", "receipt": "r"}, b"x")
+    [error] = w.out(c)
+    assert error.command == "ERROR" and "curb-delay" in error.headers["message"]
+    assert w.out(w.sender("q")) == []

@@ -73,11 +73,12 @@ from __future__ import annotations
 
 import collections
 import json
+import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from curb import heartbeat, message_limits, payload, receipts, users
+from curb import heartbeat, message_limits, payload, receipts, send_rule, users
 from curb.access import SERVER
 from curb.commands import KNOWN_COMMANDS, prefetch_header
 from curb.deadlines import BEAT_EARLY
@@ -218,6 +219,24 @@ class Link(Endpoint):
         return f"{self.address[0]}:{self.address[1]}"
 
 
+def _refuse_unrouted_subscribe(headers: dict[str, str]) -> None:
+    """A browse, or a SUBSCRIBE with its own ack deadline, is not routed: refused with an
+    ERROR rather than turned into a consuming subscription (a browse through the router
+    once took the messages it read) or stripped of its deadline."""
+    if headers.get("browser") == "true" or "curb-from-id" in headers or "curb-to-id" in headers:
+        raise QueueError(
+            "browse subscriptions are not routed",
+            "Browse a destination on its instance: SUBSCRIBE with browser:true to the instance's own address. "
+            "Through the router, a SUBSCRIBE consumes.",
+        )
+    if "curb-ack-timeout" in headers:
+        raise QueueError(
+            "curb-ack-timeout is not routed",
+            "Through the router the instances' -ack-timeout applies; leave out curb-ack-timeout, or SUBSCRIBE "
+            "on the instance itself to set a deadline of your own.",
+        )
+
+
 class RouterCore:
     """Every client and link of one router; see the module docstring for the rules."""
 
@@ -233,8 +252,10 @@ class RouterCore:
         login: str | None = None,
         passcode: str | None = None,
         events: Callable[..., None] = lambda *args, **fields: None,
+        wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ):
         self.prefetch = prefetch
+        self.wall_ms = wall_ms  # for a SEND's due times, checked as an instance checks them
         self.max_frame = max_frame
         self.heartbeat_ms = heartbeat_ms
         self.link_heartbeat_ms = link_heartbeat_ms
@@ -500,9 +521,9 @@ class RouterCore:
         lines = payload.header_lines(headers)
         size = len(lines) + 1 + len(frame.body)
         if lines or size - 1 + message_limits.RESERVE > self.max_frame:  # else nothing to check
-            problem = message_limits.send_problem(lines, size, self.max_frame)
-            if problem is not None:
-                raise QueueError(*problem)
+            # What an instance would refuse is refused here, before it is forwarded or
+            # held in a transaction: a COMMIT forwards only SENDs that pass.
+            send_rule.check(headers, lines, size, self.max_frame, self.wall_ms)
         tx = headers.get("transaction")
         if tx is not None:
             self._hold(client, tx, frame)
@@ -552,6 +573,7 @@ class RouterCore:
             self._place_now(client, headers.get("receipt"))
             self._send_counts(counted)
             return
+        _refuse_unrouted_subscribe(headers)
         dest = self._route(frame)
         self._allow(client, "consume", dest)
         ack = headers.get("ack", "auto")
