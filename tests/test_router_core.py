@@ -613,3 +613,53 @@ def test_a_send_with_a_bad_delay_outside_a_transaction_is_refused_as_an_instance
     [error] = w.out(c)
     assert error.command == "ERROR" and "curb-delay" in error.headers["message"]
     assert w.out(w.sender("q")) == []
+
+
+def test_transactions_are_bounded_per_connection_and_the_bytes_come_back():
+    """One client held 400 x 1 MiB SENDs in open transactions and took the router from 45
+    to 455 MB: a connection's transactions now hold a bounded number of frames and bytes,
+    past which the frame is an ERROR and nothing of the transaction is forwarded."""
+    w = World("q=127.0.0.1:1")
+    w.up("q")
+    c = w.client()
+    c.transactions.max_bytes = 10_000
+    w.send(c, "BEGIN", {"transaction": "t"})
+    for _ in range(9):
+        w.send(c, "SEND", {"destination": "/queue/q", "transaction": "t"}, b"x" * 1000)
+    assert w.core.tx_budget.held > 9000
+    w.send(c, "SEND", {"destination": "/queue/q", "transaction": "t", "receipt": "big"}, b"x" * 1000)
+    [error] = w.out(c)
+    assert (error.headers["message"], error.headers["receipt-id"]) == ("transaction too large", "big")
+    assert w.out(w.sender("q")) == []
+    assert w.core.tx_budget.held == 0, "the refused connection's transactions gave their bytes back"
+
+
+def test_transactions_of_all_connections_share_a_bound():
+    w = World("q=127.0.0.1:1")
+    w.up("q")
+    w.core.tx_budget.limit = 5_000
+    first, second = w.client(), w.client()
+    for client in (first, second):
+        w.send(client, "BEGIN", {"transaction": "t"})
+    w.send(first, "SEND", {"destination": "/queue/q", "transaction": "t"}, b"x" * 3000)
+    w.send(second, "SEND", {"destination": "/queue/q", "transaction": "t", "receipt": "r"}, b"x" * 3000)
+    [error] = w.out(second)
+    assert error.headers["message"] == "router busy: transactions hold too much"
+    w.send(first, "COMMIT", {"transaction": "t"})
+    assert [f.body for f in w.out(w.sender("q"))] == [b"x" * 3000]
+    assert w.core.tx_budget.held == 0
+
+
+@pytest.mark.parametrize("end", ["ABORT", "DISCONNECT", "gone"])
+def test_whatever_ends_a_transaction_gives_its_bytes_back(end):
+    w = World("q=127.0.0.1:1")
+    w.up("q")
+    c = w.client()
+    w.send(c, "BEGIN", {"transaction": "t"})
+    w.send(c, "SEND", {"destination": "/queue/q", "transaction": "t"}, b"x" * 500)
+    assert w.core.tx_budget.held > 500
+    if end == "gone":
+        w.core.client_lost(c)
+    else:
+        w.send(c, end, {"transaction": "t"} if end == "ABORT" else {})
+    assert w.core.tx_budget.held == 0

@@ -85,6 +85,7 @@ from curb.deadlines import BEAT_EARLY
 from curb.frame import Frame, FrameParser, ProtocolError, decimal, encode
 from curb.queue import QueueError
 from curb.router.routes import Address, Routes, count_name, destination_name
+from curb.router.transactions import Budget, Transactions
 
 NEW, OPEN, CLOSING = "before CONNECT", "after CONNECT", "closing"
 DOWN, CONNECTING, UP = "down", "connecting", "up"
@@ -167,7 +168,7 @@ class ClientSub:
 class ClientConn(Endpoint):
     """One client's connection: its state, line of receipts, subscriptions, transactions."""
 
-    def __init__(self, peer: str, now: float, max_frame: int):
+    def __init__(self, peer: str, now: float, max_frame: int, budget: Budget):
         super().__init__()
         self.peer = peer
         self.state = NEW
@@ -177,7 +178,7 @@ class ClientConn(Endpoint):
         self.line: collections.deque[Place] = collections.deque()
         self.subs: dict[str, ClientSub] = {}
         self.deliveries: dict[str, Delivery] = {}
-        self.transactions: dict[str, list[Frame]] = {}
+        self.transactions = Transactions(budget)
         self.counts: dict[str, tuple[str, str]] = {}  # ./count subscriptions: id -> (name, header)
         self.held: list[Frame] | None = None  # frames after a CONNECT whose login is being checked
         self.permissions: frozenset[str] | None = None  # None: everything is allowed
@@ -256,6 +257,7 @@ class RouterCore:
     ):
         self.prefetch = prefetch
         self.wall_ms = wall_ms  # for a SEND's due times, checked as an instance checks them
+        self.tx_budget = Budget()  # what all clients' transactions hold (curb.router.transactions)
         self.max_frame = max_frame
         self.heartbeat_ms = heartbeat_ms
         self.link_heartbeat_ms = link_heartbeat_ms
@@ -364,7 +366,7 @@ class RouterCore:
     # ---------------------------------------------------------------- clients
 
     def client_opened(self, peer: str, now: float) -> ClientConn:
-        client = ClientConn(peer, now, self.max_frame)
+        client = ClientConn(peer, now, self.max_frame, self.tx_budget)
         self.clients.add(client)
         return client
 
@@ -694,7 +696,7 @@ class RouterCore:
                 f"transaction {tx!r} has begun already",
                 "COMMIT or ABORT it first, or give the new transaction another name.",
             )
-        client.transactions[tx] = []
+        client.transactions.begin(tx)
         self._place_now(client, frame.headers.get("receipt"))
 
     def on_commit(self, client: ClientConn, frame: Frame) -> None:
@@ -732,7 +734,7 @@ class RouterCore:
         return tx
 
     def _open_tx(self, client: ClientConn, tx: str, frame: Frame) -> list[Frame]:
-        frames = client.transactions.pop(tx, None)
+        frames = client.transactions.take(tx)
         if frames is None:
             raise QueueError(
                 f"no transaction {tx[:40]!r} on this connection",
@@ -741,13 +743,12 @@ class RouterCore:
         return frames
 
     def _hold(self, client: ClientConn, tx: str, frame: Frame) -> None:
-        held = client.transactions.get(tx)
-        if held is None:
+        if tx not in client.transactions:
             raise QueueError(
                 f"no transaction {tx[:40]!r} on this connection",
                 f"BEGIN the transaction before a {frame.command} names it.",
             )
-        held.append(frame)
+        client.transactions.hold(tx, frame)
 
     def on_disconnect(self, client: ClientConn, frame: Frame) -> None:
         receipt = frame.headers.get("receipt")
