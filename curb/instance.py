@@ -336,7 +336,7 @@ class Instance:
         )
         context = self._tls.context if self.config.http_tls and self._tls is not None else None
         await listen("-http", http, lambda: web.start(http[0], http[1], context))
-        exposed = [sockname(sock) for sock in web.sockets if not _is_loopback(sock)]
+        exposed = [sockname(sock) for sock in web.sockets if not is_loopback(sock)]
         if exposed and self.users is None and not self.config.http_open:
             await web.stop()
             self.web = None
@@ -570,8 +570,8 @@ def _say_who_may_connect(
     if table is not None:
         events("access", f"{len(table)} users from {users_path}; {limits}", users=len(table), file=users_path)
         return
-    stomp = [sockname(sock) for server in servers for sock in server.sockets if not _is_loopback(sock)]
-    web = [sockname(sock) for sock in web_sockets if not _is_loopback(sock)]
+    stomp = [sockname(sock) for server in servers for sock in server.sockets if not is_loopback(sock)]
+    web = [sockname(sock) for sock in web_sockets if not is_loopback(sock)]
     exposed = [f"{addr} (STOMP)" for addr in stomp] + [f"{addr} (HTTP, -http-open)" for addr in web]
     if exposed:
         events(
@@ -585,7 +585,7 @@ def _say_who_may_connect(
         events("access", f"no -users: any local client may send, consume and count; {limits}", level="info")
 
 
-def _is_loopback(sock: socket.socket) -> bool:
+def is_loopback(sock: socket.socket) -> bool:
     name = sock.getsockname()
     if not isinstance(name, tuple):
         return True  # a Unix socket: only this machine

@@ -187,7 +187,10 @@ def test_routes_file_is_reread_on_sighup(curb_broker, curb_router, tmp_path):
     routes = tmp_path / "routes"
     routes.write_text(f"# routes\na=127.0.0.1:{first.port}\n")
     router = curb_router([], extra_args=["-routes", str(routes)])
-    routes.write_text(f"a=127.0.0.1:{first.port}\nb=127.0.0.1:{second.port}\n")
+    # A router on 127.0.0.1 says so, rather than telling the operator to listen there.
+    assert "no -users: any local client may send to, consume from and count" in router.stderr_text()
+    # A comment after a route is a comment (it once made the reload fail).
+    routes.write_text(f"a=127.0.0.1:{first.port}  # the first\nb=127.0.0.1:{second.port} # added\n")
     router.child.process.send_signal(signal.SIGHUP)
     deadline = time.monotonic() + 10
     while "reloaded routes" not in router.stderr_text():

@@ -28,7 +28,17 @@ from curb.flags import (
     users_option,
 )
 from curb.heartbeat import MAX_MS as MAX_HEARTBEAT_MS
-from curb.instance import EXIT_USAGE, Addr, Events, StartError, addr_text, listen, load_users, sockname
+from curb.instance import (
+    EXIT_USAGE,
+    Addr,
+    Events,
+    StartError,
+    addr_text,
+    is_loopback,
+    listen,
+    load_users,
+    sockname,
+)
 from curb.router import routes as routing
 from curb.router.core import RouterCore
 from curb.router.glue import Router, client_factory
@@ -281,7 +291,7 @@ async def serve(
         spawner.start()
     names = ", ".join(sockname(s) for s in servers[0].sockets)
     tls_names = "".join(f"; TLS on {sockname(s)}" for server in servers[1:] for s in server.sockets)
-    _say_who_may_connect(core, users_path, events)
+    _say_who_may_connect(core, users_path, events, servers)
     events(
         "listening",
         f"listening on {names} (router; routes: {_describe(core_routes(core))}){tls_names}",
@@ -360,17 +370,24 @@ def _reload(
     events("reloaded", f"reloaded routes: {_describe(table)}")
 
 
-def _say_who_may_connect(core: RouterCore, users_path: str | None, events: Events) -> None:
-    """One line on access: the users file, or a warning that there is none."""
-    if users_path is None:
+def _say_who_may_connect(
+    core: RouterCore, users_path: str | None, events: Events, servers: list[asyncio.Server]
+) -> None:
+    """One line on access: the users file, or who may do what without one, naming every
+    listener that the network reaches."""
+    if users_path is not None:
+        events("access", f"{len(core.users or {})} users from {users_path}", users=len(core.users or {}))
+        return
+    exposed = [sockname(sock) for server in servers for sock in server.sockets if not is_loopback(sock)]
+    if exposed:
         events(
             "access",
-            "WARNING: no -users: any client that reaches the router may send to, consume from and count "
-            "every destination it routes; add -users FILE (see curb passwd) or listen on 127.0.0.1",
+            f"WARNING: no -users, so any client that reaches {', '.join(exposed)} may send to, consume from and "
+            "count every destination it routes; add -users FILE (see curb passwd) or listen on 127.0.0.1",
             level="warning",
         )
     else:
-        events("access", f"{len(core.users or {})} users from {users_path}", users=len(core.users or {}))
+        events("access", "no -users: any local client may send to, consume from and count every destination")
 
 
 def core_routes(core: RouterCore) -> routing.Routes:

@@ -84,8 +84,10 @@ def build(routes: list[str] | tuple[str, ...]) -> Routes:
 
 
 def parse_file(text: str) -> list[str]:
-    """The routes of a routes file's text."""
-    return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    """The routes of a routes file's text: a route a line; `#` starts a comment, on a line
+    of its own or after a route (no name or address holds one)."""
+    routes = (line.split("#", 1)[0].strip() for line in text.splitlines())
+    return [route for route in routes if route]
 
 
 COUNT_SUFFIX = "/count"
