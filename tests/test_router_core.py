@@ -663,3 +663,37 @@ def test_whatever_ends_a_transaction_gives_its_bytes_back(end):
     else:
         w.send(c, end, {"transaction": "t"} if end == "ABORT" else {})
     assert w.core.tx_budget.held == 0
+
+
+@pytest.mark.parametrize("name", [".", "..", ".hidden", "-x", "_x", "a" * 65])
+def test_spawn_starts_no_instance_for_a_name_it_does_not_take(name):
+    """With -spawn, `.`, `..` and names a file system or a command line would take for
+    something else created instances (DIR/NAME.log): refused now, with the rule."""
+    w = World("q=127.0.0.1:1")
+    asked: list[str] = []
+
+    def spawn(wanted: str) -> bool:
+        asked.append(wanted)
+        return True
+
+    w.core.spawn = spawn
+    c = w.client()
+    w.send(c, "SEND", {"destination": f"/queue/{name}", "receipt": "r"}, b"x")
+    [error] = w.out(c)
+    assert error.command == "ERROR" and error.headers["message"].startswith("unknown destination")
+    assert b"-spawn starts an instance for a new NAME" in error.body
+    assert asked == []
+
+
+def test_spawn_starts_an_instance_for_a_plain_name():
+    w = World("q=127.0.0.1:1")
+    asked: list[str] = []
+
+    def spawn(wanted: str) -> bool:
+        asked.append(wanted)
+        return True
+
+    w.core.spawn = spawn
+    c = w.client()
+    w.send(c, "SEND", {"destination": "/queue/orders-2.eu", "receipt": "r"}, b"x")
+    assert asked == ["orders-2.eu"]

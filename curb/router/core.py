@@ -84,7 +84,7 @@ from curb.commands import KNOWN_COMMANDS, prefetch_header
 from curb.deadlines import BEAT_EARLY
 from curb.frame import Frame, FrameParser, ProtocolError, decimal, encode
 from curb.queue import QueueError
-from curb.router.routes import Address, Routes, count_name, destination_name
+from curb.router.routes import SPAWN_NAME, Address, Routes, count_name, destination_name
 from curb.router.transactions import Budget, Transactions
 
 NEW, OPEN, CLOSING = "before CONNECT", "after CONNECT", "closing"
@@ -761,14 +761,27 @@ class RouterCore:
     def _route(self, frame: Frame) -> str:
         header = frame.headers.get("destination")
         name = destination_name(header)
-        if name is not None and name not in self.dests and self.spawn is not None and self.spawn(name):
+        spawn = self.spawn
+        if (
+            spawn is not None
+            and name is not None
+            and name not in self.dests
+            and SPAWN_NAME.fullmatch(name)
+            and spawn(name)
+        ):
             self.spawning.add(name)
             self.dests[name], self.senders[name] = [], []
         if name is None or name not in self.dests:
             known = ", ".join(f"/queue/{n}" for n in sorted(self.dests)) or "none"
+            how = (
+                " -spawn starts an instance for a new NAME of letters, digits, '_', '.' and '-' that starts "
+                "with a letter or digit (64 characters at most), while fewer than -spawn-max run."
+                if spawn is not None
+                else ""
+            )
             raise QueueError(
                 f"unknown destination {(header or '')[:80]!r}" if header else f"{frame.command} needs a destination",
-                f"Give destination:/queue/NAME (or ./NAME) with a routed NAME; this router routes: {known}.",
+                f"Give destination:/queue/NAME (or ./NAME) with a routed NAME; this router routes: {known}.{how}",
             )
         return name
 

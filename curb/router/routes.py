@@ -10,11 +10,15 @@ Everything here is pure: parsing, checking, naming.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from curb.addr import parse_addr
 from curb.users import DESTINATION_NAME
 
+# The names `-spawn` starts an instance for (each becomes DIR/NAME.log): a letter or digit
+# first, so that no name is `.`, `..`, hidden or taken for a flag, and 64 characters at most.
+SPAWN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 QUEUE_PREFIX = "/queue/"
 LOCAL_PREFIX = "./"
 Address = tuple[str, int]

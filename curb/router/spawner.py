@@ -59,7 +59,7 @@ class Spawner:
         """Spawn the destinations whose logs are in the directory, and start watching."""
         for log in sorted(self.directory.glob("*.log")):
             name = log.stem
-            if routing.destination_name(f"./{name}") == name:
+            if routing.SPAWN_NAME.fullmatch(name):
                 self.want(name)
         self._watch = self._loop.call_later(WATCH_SECONDS, self._check)
 
