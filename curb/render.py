@@ -106,8 +106,12 @@ class Messages:
         more = False
         for sub_id, (browse, prefix) in list(self.browses.items()):
             step = browse.step(budget)
+            due, now_ms = step.due, self._broker.wall_ms() if step.due else 0
             for msg_id, data in step.messages:
-                write_message(self._write, b"%smessage-id:%d\n" % (prefix, msg_id), data)
+                head = b"%smessage-id:%d\n" % (prefix, msg_id)
+                if due.get(msg_id, 0) > now_ms:  # delayed: when it is due, ms since the epoch
+                    head += b"curb-due:%d\n" % due[msg_id]
+                write_message(self._write, head, data)
             if step.done:
                 write_message(self._write, browse_end_head(prefix, browse.to_id), NO_PAYLOAD)
                 del self.browses[sub_id]

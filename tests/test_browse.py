@@ -386,3 +386,19 @@ def test_browse_exactly_once_under_churn(seed: int) -> None:
 )
 def test_browse_and_ack_upto_need_the_consume_permission(command: str, headers: dict[str, str]) -> None:
     assert permission_needed(Frame(command, headers, b"")) == "consume"
+
+
+def test_a_delayed_message_is_browsed_with_its_due_time_and_a_ready_one_without(world: MemWorld) -> None:
+    """A browse lists delayed messages among the others (in id order): each carries
+    `curb-due` (ms since the epoch), so a reader such as the console can tell "due at"
+    from "next", and one whose due time passed carries none."""
+    peer = world.peer()
+    peer.send("SEND", b"later", destination="/queue/curb", **{"curb-delay": "60000", "receipt": "r1"})
+    peer.produce([b"now"])
+    world.log.flush()
+    frames = browse(peer)
+    later, now = (f for f in frames if f.command == "MESSAGE" and f.headers["message-id"] != BROWSE_END)
+    assert later.body == b"later" and int(later.headers["curb-due"]) >= world.clock.wall_ms() + 59_000
+    assert now.body == b"now" and "curb-due" not in now.headers
+    world.now += 61.0
+    assert [f.headers.get("curb-due") for f in browse(peer) if f.command == "MESSAGE"] == [None, None, None]

@@ -7,6 +7,7 @@ say why (bin/test installs it where it may)."""
 from __future__ import annotations
 
 import base64
+import datetime
 import itertools
 import json
 import shutil
@@ -199,6 +200,18 @@ def test_the_console_shows_every_state_charts_rates_lists_dead_letters_and_redri
         page.evaluate("document.getElementById('redrive').click()")
         assert wait_until(lambda: page.text("redriven") == "2 moved back to the queue"), page.text("redriven")
         assert wait_until(lambda: page.text("dead") == "0" and page.text("rdy") == "2", timeout=10)
+        # the queue's next messages, and the delayed one apart, with its due time, an hour ahead
+        page.evaluate("document.getElementById('browse').click()")
+        ready = "[...document.querySelectorAll('#messages tbody tr')].map(r => r.cells[2].textContent).join(',')"
+        assert wait_until(lambda: page.evaluate(ready) == "poison 0,poison 2"), page.evaluate(ready)
+        delayed = (
+            "[...document.querySelectorAll('#delayed-messages tbody tr')]"
+            ".map(r => r.cells[0].textContent + '|' + r.cells[3].textContent).join(',')"
+        )
+        assert wait_until(lambda: page.evaluate(delayed) == "4|later"), page.evaluate(delayed)
+        due = page.evaluate("document.querySelector('#delayed-messages tbody tr').cells[1].textContent")
+        due_at = datetime.datetime.strptime(due, "%Y-%m-%d %H:%M:%SZ").replace(tzinfo=datetime.UTC)
+        assert abs(due_at.timestamp() - (time.time() + 3600)) < 120, due
         # each panel renders: a screenshot of every section holds more than a blank area
         boxes = page.evaluate(
             "[...document.querySelectorAll('main section')].map(s => { const r = s.getBoundingClientRect();"

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from curb.log.cursor import RECORD_WORK, SLICE_WORK, Cursor
 from curb.log.reader import RecordReader
@@ -57,12 +57,14 @@ from curb.log.record import (
 
 @dataclass(slots=True)
 class Step:
-    """What one step of a browse found: (id, stored payload) pairs, and whether the
-    browse is over (`done`) or waits for the log to write more (`waiting`)."""
+    """What one step of a browse found: (id, stored payload) pairs, the due times of
+    those delayed (`due`: id -> ms since the epoch, as the record on disk has it), and
+    whether the browse is over (`done`) or waits for the log to write more (`waiting`)."""
 
     messages: list[tuple[int, bytes]]
     done: bool = False
     waiting: bool = False
+    due: dict[int, int] = field(default_factory=dict)
 
 
 class Browse:
@@ -114,6 +116,7 @@ class Browse:
         """Read on until `budget` bytes of messages are found, this step's work is done
         (`slice_work`), the head, or the end."""
         out: list[tuple[int, bytes]] = []
+        due: dict[int, int] = {}
         if self.done:
             return Step(out, done=True)
         cur, reader, skip = self.cursor, self.reader, self.skip
@@ -125,7 +128,7 @@ class Browse:
             whead = cur.whead
             if pos == whead:
                 self.done = not self.waits_for(high)
-                return Step(out, done=self.done, waiting=not self.done)
+                return Step(out, done=self.done, waiting=not self.done, due=due)
             limit = whead if whead > pos else self.end
             found = self._plain(pos, limit) or reader.intact(pos, limit)
             if found is None or not self.last_wseq < found[0].wseq < cur.next_wseq:
@@ -145,13 +148,15 @@ class Browse:
                 del skip[mid]
                 continue
             if not hdr.copy and mid > high:
-                out.extend(self._held_ahead())
+                out.extend(self._held_ahead(due))
                 self.done = True
-                return Step(out, done=True)
+                return Step(out, done=True, due=due)
             if low <= mid <= high and cur.is_live(pos, mid, wseq, state):
                 out.append((mid, hdr.payload(buf, off)))
+                if hdr.due_ms:
+                    due[mid] = hdr.due_ms
                 used += size
-        return Step(out)
+        return Step(out, due=due)
 
     def _plain(self, pos: int, limit: int) -> tuple[RecordHeader, bytes, int] | None:
         """The record at pos when it is a plain intact `rdy` or `ack` record inside the
@@ -171,6 +176,7 @@ class Browse:
             length = int(buf[off + 85 : off + 93], 16)
             mid = int(buf[off + 33 : off + 45], 16)
             stamp = int(buf[off + 59 : off + 71], 16)
+            due_ms = int(buf[off + 13 : off + 25], 16)
             size = record_size(length)
             hdr = RecordHeader(
                 state,
@@ -181,6 +187,7 @@ class Browse:
                 length,
                 int(buf[off + 94 : off + 102], 16),
                 bool(stamp & COPY_FLAG),
+                due_ms=due_ms,
                 size=size,
             )
         except ValueError:
@@ -193,10 +200,10 @@ class Browse:
             return None
         return hdr, buf, off
 
-    def _held_ahead(self) -> list[tuple[int, bytes]]:
+    def _held_ahead(self, due: dict[int, int]) -> list[tuple[int, bytes]]:
         """The live messages in range whose live occurrence is still ahead, once no
         original in range is: held messages, parked ones, and copies recovery found, in
-        write order.
+        write order (the due times of those delayed into `due`).
         Each is read back and judged by `Cursor.is_live` like any other record."""
         cur, low, high = self.cursor, self.from_id, self.to_id
         places = [rec.offset for held in (cur.behind, cur.ahead) for rec in held.values() if low <= rec.id <= high]
@@ -220,6 +227,8 @@ class Browse:
                 and cur.is_live(at, hdr.id, hdr.wseq, hdr.state)
             ):
                 found.append((hdr.wseq, hdr.id, bytes(hdr.payload(buf, off))))
+                if hdr.due_ms:
+                    due[hdr.id] = hdr.due_ms
         reader.drop()
         found.sort()
         return [(mid, payload) for _, mid, payload in found]

@@ -167,15 +167,15 @@ const BROWSE_SHOWN = 20;
 let browses = 0;
 const browsing = new Map(); // destination -> the id of its browse under way
 
-// The first BROWSE_SHOWN messages of a browse of `destination` as rows of `table`, each
-// made by `fill(row, headers, body, position)`; a browse asked for again replaces it.
-function browseInto(destination, table, fill) {
+// The first BROWSE_SHOWN messages of a browse of `destination`, each shown by
+// `fill(headers, body, position)` in one of `tables` (emptied first); a browse asked for
+// again replaces it.
+function browseInto(destination, tables, fill) {
   const old = browsing.get(destination);
   if (old !== undefined && stomp.subscriptions.delete(old)) stomp.frame("UNSUBSCRIBE", { id: old });
   const id = `browse-${++browses}`;
   browsing.set(destination, id);
-  const body = $(table).tBodies[0];
-  body.replaceChildren();
+  for (const table of tables) $(table).tBodies[0].replaceChildren();
   let shown = 0;
   stomp.subscriptions.set(id, (headers, text) => {
     if (headers.browser === "end" || shown >= BROWSE_SHOWN) {
@@ -184,17 +184,29 @@ function browseInto(destination, table, fill) {
       return;
     }
     shown += 1;
-    fill(body.insertRow(), headers, text, shown);
+    fill(headers, text, shown);
   });
   stomp.frame("SUBSCRIBE", { id, destination, browser: "true" });
 }
 
+// The queue's messages: those ready, in the order they are delivered ("Next messages"),
+// and those delayed (a browse MESSAGE with curb-due, ms since the epoch) by due time,
+// with it, since they are not delivered before it.
 function browse() {
-  browseInto("/queue/curb", "messages", (row, headers, text) => {
-    const kept = Object.entries(headers).filter(
-      ([k]) => !["subscription", "destination", "message-id", "content-length"].includes(k),
-    );
+  browseInto("/queue/curb", ["messages", "delayed-messages"], (headers, text) => {
+    const own = ["subscription", "destination", "message-id", "content-length", "curb-due"];
+    const kept = Object.entries(headers).filter(([k]) => !own.includes(k));
+    const due = headers["curb-due"];
+    let row;
+    if (due === undefined) row = $("messages").tBodies[0].insertRow();
+    else {
+      const rows = [...$("delayed-messages").tBodies[0].rows];
+      const after = rows.findIndex((r) => Number(r.dataset.due) > Number(due));
+      row = $("delayed-messages").tBodies[0].insertRow(after);
+      row.dataset.due = due;
+    }
     cell(row, headers["message-id"]);
+    if (due !== undefined) cell(row, `${new Date(Number(due)).toISOString().slice(0, 19).replace("T", " ")}Z`);
     cell(row, kept.map(([k, v]) => `${k}: ${v}`).join("\n"), true);
     cell(row, text, true);
   });
@@ -203,7 +215,8 @@ function browse() {
 // The dead letters, oldest first (a browse of ./dead: nothing changes), with their reason
 // and count, and a button that deletes each.
 function browseDead() {
-  browseInto("./dead", "dead-letters", (row, headers, text, position) => {
+  browseInto("./dead", ["dead-letters"], (headers, text, position) => {
+    const row = $("dead-letters").tBodies[0].insertRow();
     cell(row, headers["message-id"]);
     cell(row, headers["curb-dead-reason"] ?? "");
     cell(row, headers["curb-deliveries"] ?? "");
