@@ -306,7 +306,7 @@ def unparsable(session: Conn, reason: str, receipt: str | None) -> None:
     session.error(
         reason,
         "The frame is not valid STOMP 1.2 or breaks one of the broker's limits "
-        "(README: Limits): fix the frame and reconnect.",
+        "(see Limits in Curb's docs/guide.md): fix the frame and reconnect.",
         receipt=receipt,
     )
 

@@ -3,7 +3,7 @@ misses of them.
 
 A Curb instance is one queue and ignores an ordinary destination, so a SEND that meant
 one of Curb's own names but missed it would be stored as a job and handed to a worker,
-and such a SUBSCRIBE would take jobs. The rules (README: Dead letters), pure:
+and such a SUBSCRIBE would take jobs. The rules (docs/guide.md: Delays, retries and dead letters), pure:
 
 - `./redrive` is the one `./` name a SEND may use: a redrive (curb.dead).
 - Every other destination that starts with `./` is refused: `./dead` and `./count` are

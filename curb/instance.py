@@ -100,7 +100,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    """Every setting of one instance, as the flags give it (README: Flags). An address
+    """Every setting of one instance, as the flags give it (docs/guide.md: Flags). An address
     of None is a listener that is off; `max_connections` None is the fd limit less
     FD_HEADROOM."""
 

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 
 # Unsent output per connection past which the broker makes no more for it and reads none
-# of its frames (README: Limits).
+# of its frames (docs/guide.md: Limits).
 OUTPUT_LIMIT = 256 * 1024
 
 

@@ -1,5 +1,5 @@
-"""The browse the streaming source reads with, on top of `Client.browse` (see the README's
-"Browse and ACK up to an id" for the two frames).
+"""The browse the streaming source reads with, on top of `Client.browse` (see "Browse
+and ACK up to an id" in docs/guide.md for the two frames).
 
 A browsed MESSAGE never carries an `ack` header; one that does comes from a broker without
 browse subscriptions, which would be handing the message to us as a consumer: refused.

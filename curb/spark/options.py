@@ -1,7 +1,7 @@
 """Options of the `curb` Spark format, parsed and checked before any connection is made.
 
 Spark hands options over as a case-insensitive map of strings, with names lower-cased. Every
-mistake becomes an `OptionError` whose one-line message names the option (as the README
+mistake becomes an `OptionError` whose one-line message names the option (as docs/spark.md
 spells it, when it is one Curb knows) and what it accepts, so a query fails at `load()` (or
 when the writer is made) instead of with a connection error later. An option the chosen mode
 does not know is a mistake too: a typo must not run with defaults, and an option of an older
@@ -22,7 +22,7 @@ DEFAULT_RECONNECT_TIMEOUT_S = 60
 DEFAULT_ROWS_PER_PARTITION = 25_000
 MAX_ROWS_NONE = 0  # maxRowsPerBatch 0: each micro-batch takes everything available
 
-# Names as the README's option table spells them; Spark matches them case-insensitively.
+# Names as docs/spark.md's option table spells them; Spark matches them case-insensitively.
 CONNECTION_OPTIONS = ("endpoints", "login", "passcode", "heartbeat", "timeout")
 SOURCE_OPTIONS = (*CONNECTION_OPTIONS, "reconnectTimeout", "maxRowsPerBatch", "rowsPerPartition")
 SINK_OPTIONS = (*CONNECTION_OPTIONS, "window", "key")
@@ -34,7 +34,7 @@ REMOVED_SOURCE_OPTIONS = {
     "prefetch": ("prefetch", "remove it: the source reads by browse and holds no messages ahead"),
     "pollms": ("pollMs", "remove it: the query's trigger sets how often it asks (trigger(processingTime=...))"),
 }
-# Spark passes names lower-cased; errors spell them as the README does.
+# Spark passes names lower-cased; errors spell them as docs/spark.md does.
 SPELLINGS = {name.lower(): name for name in (*SOURCE_OPTIONS, *SINK_OPTIONS, *SPARK_OPTIONS)} | {
     key: spelling for key, (spelling, _) in REMOVED_SOURCE_OPTIONS.items()
 }

@@ -1,5 +1,5 @@
 """Narconi's HTTP API under /v2/{project}/queues/{queue}, as its README specifies it
-(README: HTTP API), with Curb's additions, which a Narconi client never needs to know.
+(docs/http-websocket.md: The HTTP API), with Curb's additions, which a Narconi client never needs to know.
 
 One Curb instance serves one queue, so the project and queue names are accepted and
 ignored, as a STOMP destination is. Paths (Q stands for /v2/{project}/queues/{queue}):
@@ -50,7 +50,7 @@ from curb.web.settings import SEED, NarconiSettings
 from curb.web.takers import Taken, Takers, answer
 
 QUEUE = "/v2/{project}/queues/{queue}"
-BODY_SECONDS = 15.0  # a request's body must have come by then (README: Hostile web clients)
+BODY_SECONDS = 15.0  # a request's body must have come by then (docs/http-websocket.md: Hostile web clients)
 MAX_WAIT_SECONDS = 30.0  # the longest ?wait a consume or claim may ask for
 MAX_TTL_SECONDS = MAX_MS / 1000  # a claim's deadline, at most a day, as curb-ack-timeout
 

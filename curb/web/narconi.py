@@ -1,5 +1,5 @@
 """Narconi's WebSocket protocols, as its README specifies them, on GET
-/v2/{project}/queues/{queue} and GET .../messages (README: HTTP API).
+/v2/{project}/queues/{queue} and GET .../messages (docs/http-websocket.md: Narconi's WebSocket protocols).
 
 The client picks one with `Sec-WebSocket-Protocol: publish` or `consume`, and logs in
 (with -users) on the upgrade request as any HTTP request does.
