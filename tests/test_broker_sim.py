@@ -16,7 +16,7 @@ from sim import driver
 from sim.driver import STEPS, run_many, run_seed
 from simdisk import SimDisk
 
-from curb import broker, timing
+from curb import send_rule, timing
 from curb.queue import Queue
 from curb.redelivery import Redelivery
 
@@ -222,14 +222,14 @@ def test_a_deadline_that_never_releases_is_caught(monkeypatch):
 
 def test_a_broker_that_ignores_due_times_is_caught(monkeypatch):
     """A SEND's delay read as none: its message is delivered before it is due."""
-    send_times = timing.send_times  # the function curb.broker calls by that name
-    monkeypatch.setattr(broker, "send_times", lambda headers, wall_ms: (0, send_times(headers, wall_ms)[1]))
+    send_times = timing.send_times  # the function curb.send_rule calls by that name
+    monkeypatch.setattr(send_rule, "send_times", lambda headers, wall_ms: (0, send_times(headers, wall_ms)[1]))
     assert caught({"delivered before it was due"}, 40)
 
 
 def test_a_broker_that_ignores_expiry_is_caught(monkeypatch):
-    send_times = timing.send_times  # the function curb.broker calls by that name
-    monkeypatch.setattr(broker, "send_times", lambda headers, wall_ms: (send_times(headers, wall_ms)[0], 0))
+    send_times = timing.send_times  # the function curb.send_rule calls by that name
+    monkeypatch.setattr(send_rule, "send_times", lambda headers, wall_ms: (send_times(headers, wall_ms)[0], 0))
     assert caught({"delivered after it expired"}, 40)
 
 
