@@ -370,6 +370,25 @@ class Broker:
         self.metrics.nacked += len(records)
         self.returns.requeue(records, delay_ms)
 
+    def bounce(self, session: Peer, msg_id: int) -> None:
+        """A NACK with curb-undelivered:true: the message never reached anyone (a router
+        that had no client with credit for it), so it is rdy again at once and its
+        delivery is not counted: no redelivery delay, no step towards the dead letters.
+        A dead letter's goes back among the dead, as its NACK would."""
+        queue = self._holder(session, msg_id)
+        try:
+            records = queue.nack(session, msg_id)
+        except Late:
+            self.refusals.late(session, msg_id, "NACK", self.loop.time())
+            raise
+        if queue is self.dead:
+            queue.requeue(records)
+            return
+        for rec in records:
+            rec.deliveries = max(0, rec.deliveries - 1)
+        self.metrics.bounced += len(records)
+        self.returns.requeue(records, 0)
+
     def touch(self, session: Peer, msg_id: int, seconds: float) -> None:
         """The message's ack deadline is `seconds` from now (Late as for a NACK); a dead
         letter's too."""

@@ -252,6 +252,10 @@ def on_nack(session: Conn, frame: Frame) -> None:
     msg_id = _ack_id(session, frame)
     raw_touch = frame.headers.get("curb-touch")
     if raw_touch is None:
+        if frame.headers.get("curb-undelivered") == "true":
+            # A router handing back what it could give no client: rdy at once, uncounted.
+            _settle(session, frame, msg_id, session.broker.bounce)
+            return
         delay = nack_delay(frame.headers)
         _settle(session, frame, msg_id, lambda peer, msg: session.broker.nack(peer, msg, delay))
         return

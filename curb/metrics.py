@@ -18,6 +18,7 @@ COUNTER_NAMES = (
     "delivered",
     "acked",
     "nacked",
+    "bounced",
     "redelivered",
     "refused_full",
     "refused_too_large",
@@ -65,6 +66,7 @@ class Metrics:
     delivered: int
     acked: int
     nacked: int
+    bounced: int
     redelivered: int
     refused_full: int
     refused_too_large: int

@@ -616,3 +616,24 @@ def test_an_auto_reader_of_dead_letters_deletes_them_once_handed_to_the_transpor
     assert [f.body for f in reader.frames()] == [b"m0", b"m1"]
     world.run_scheduled()
     assert world.log.acked == [1, 2] and world.broker.counts()["dead"] == 0
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+def test_a_nack_with_curb_undelivered_is_rdy_at_once_and_its_delivery_uncounted(limit):
+    """A router that has no client with credit for a MESSAGE hands it back: its NACK says
+    curb-undelivered:true. Counted as a delivery, 66 of 20,000 messages reached their
+    first client as redeliveries and, at -max-deliveries 1, became dead letters no
+    client saw. Uncounted, it is rdy at once and its next MESSAGE is its first delivery."""
+    world = World(redelivery=Redelivery(delay_ms=5000, max_deliveries=limit))
+    producer(world, b"job")
+    peer = consumer(world)
+    for _ in range(4):  # more than the limit: none of them counts, and none waits
+        frame = one(peer)
+        assert (frame.headers["curb-deliveries"], frame.headers.get("redelivered")) == ("1", None)
+        peer.feed(encode("NACK", {"id": frame.headers["ack"], "curb-undelivered": "true"}))
+    assert world.broker.metrics.bounced == 4 and world.broker.metrics.nacked == 0
+    assert world.broker.counts()["dead"] == 0
+    frame = one(peer)
+    peer.feed(encode("NACK", {"id": frame.headers["ack"]}))  # a NACK of its own counts, as ever
+    at(world, 5.001)
+    assert got(peer) == [(b"job", "2", None)] if limit > 1 else world.broker.counts()["dead"] == 1

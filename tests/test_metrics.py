@@ -152,6 +152,7 @@ def test_stats_is_one_flat_json_object_of_gauges_and_counters():
         "delivered": 0,
         "acked": 0,
         "nacked": 0,
+        "bounced": 0,
         "redelivered": 0,
         "refused_full": 0,
         "refused_too_large": 0,

@@ -162,9 +162,11 @@ def test_each_message_goes_to_one_client_with_credit_and_prefetch_is_respected()
     assert (m1.headers["subscription"], m2.headers["subscription"]) == ("a", "b")
     assert m1.headers["message-id"] == f"{link.number}.{link.epoch}.1" == m1.headers["ack"]
     assert m1.headers["destination"] == "/queue/q"
-    # Both are full: a third MESSAGE (sent before the instance saw an UNSUBSCRIBE) goes back at once.
+    # Both are full: a third MESSAGE (sent before the instance saw an UNSUBSCRIBE) goes back at
+    # once, undelivered: the instance counts no delivery (curb-undelivered).
     w.answer(link, *message(sub_id, 3))
-    assert [(f.command, f.headers["id"]) for f in w.out(link)] == [("NACK", "3")]
+    [bounce] = w.out(link)
+    assert (bounce.command, bounce.headers["id"], bounce.headers.get("curb-undelivered")) == ("NACK", "3", "true")
     assert w.out(c1) == [] and w.out(c2) == []
 
 

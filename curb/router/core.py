@@ -1046,7 +1046,9 @@ class RouterCore:
         sub_id = headers.get("subscription", "")
         sub = self._taker(link)
         if sub is None:
-            self._write_link(link, "NACK", {"id": upstream})
+            # No client has credit for it (it crossed a smaller SUBSCRIBE): handed back
+            # undelivered, so the instance counts no delivery and applies no delay.
+            self._write_link(link, "NACK", {"id": upstream, "curb-undelivered": "true"})
             return
         key = f"{link.number}.{link.epoch}.{upstream}"
         delivery = Delivery(link, upstream, sub_id, sub, key)

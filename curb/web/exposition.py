@@ -86,6 +86,11 @@ _COUNTERS = (
     ("curb_messages_delivered", "delivered", "MESSAGE frames sent to consumers, redeliveries included."),
     ("curb_messages_acked", "acked", "Messages removed by ACK."),
     ("curb_messages_nacked", "nacked", "Messages made ready again by NACK."),
+    (
+        "curb_messages_bounced",
+        "bounced",
+        "Messages a router handed back undelivered (NACK curb-undelivered:true): ready again, uncounted.",
+    ),
     ("curb_messages_redelivered", "redelivered", "Deliveries of messages that had been delivered before."),
     ("curb_connections_accepted", "connections_total", "Client connections accepted."),
     ("curb_protocol_errors", "protocol_errors", "Client frames answered with ERROR because they broke the protocol."),

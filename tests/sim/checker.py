@@ -92,7 +92,7 @@ LIVE, ACKED, GONE, REFUSED, DEAD = "live", "acked", "gone", "refused", "dead"
 # is never owed a delivery; the next restart's read says which it is.
 UNSURE = "unsure"
 LIMIT, EXPIRED = "max-deliveries", "expired"
-COVERING = frozenset(("NACK", "touch", "DISCONNECT"))
+COVERING = frozenset(("NACK", "bounce", "touch", "DISCONNECT"))
 
 
 def fail(kind: str, detail: str) -> SimFailure:
@@ -324,8 +324,8 @@ class Checker:
         touch_ms: int = 0,
         delay_ms: int | None = None,
     ) -> None:
-        """An ACK, NACK or touch of `tag` by this connection (kind ACK, NACK, touch);
-        `delay_ms`: the NACK's curb-delay."""
+        """An ACK, NACK or touch of `tag` by this connection (kind ACK, NACK, touch, or
+        bounce: a NACK with curb-undelivered:true); `delay_ms`: the NACK's curb-delay."""
         conn = self.conns[serial]
         msg = self.messages[tag]
         late = msg.holder != serial
@@ -353,6 +353,10 @@ class Checker:
                 self._release(m)
                 m.state = ACKED
             else:
+                if kind == "bounce" and not conn.dead:  # undelivered: uncounted, rdy at once (a dead
+                    # letter's goes back among the dead, as its NACK would)
+                    m.count = max(0, m.count - 1)
+                    delay_ms = 0
                 count = m.count
                 self._come_back(m, delay_ms)
                 conn.effects.append(Effect(seq, "NACK", (settled,), count, m.due, m.state == DEAD, m.redrives))

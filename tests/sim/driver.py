@@ -70,6 +70,9 @@ SETTLE_PASSES = 1000  # passes of settle_io before the broker counts as spinning
 TIMERS_PER_PASS = 10
 WALK_PASSES = 100_000  # loop passes a walk of the log may take, one slice each (far more than a log holds records)
 SLICES = (1, 3 * RECORD_WORK, 64 * RECORD_WORK, SLICE_WORK, SLICE_WORK)  # a walk's slice: one record up to the default
+# The share of NACKs that say curb-undelivered:true, as `curb router` does for a MESSAGE it
+# had no client with credit for.
+BOUNCE_SHARE = 0.3
 
 
 def dead_records(log: LogCore) -> list[Record]:
@@ -93,6 +96,7 @@ class Stats(runner.Stats):
     redeliveries: int = 0
     acks: int = 0
     nacks: int = 0
+    bounces: int = 0
     touches: int = 0
     late: int = 0
     deadlines: int = 0
@@ -114,7 +118,8 @@ class Stats(runner.Stats):
             f"seeds {self.seeds}, steps {self.steps}, crashes {self.kills + self.powers} "
             f"(kill {self.kills}, power {self.powers}; {self.mid_op} amid a step or a recovery), "
             f"sends {self.sends} (+{self.refused} refused), deliveries {self.deliveries} "
-            f"({self.redeliveries} again), acks {self.acks}, nacks {self.nacks}, touches {self.touches}, "
+            f"({self.redeliveries} again), acks {self.acks}, nacks {self.nacks} ({self.bounces} undelivered), "
+            f"touches {self.touches}, "
             f"late {self.late}, deadlines passed {self.deadlines}, heart-beats lost {self.beats_lost}, "
             f"disconnects {self.disconnects}, delayed SENDs {self.delayed}, expiring SENDs {self.expiring}, "
             f"dead letters delivered {self.dead_letters}, redrives {self.redrives}, "
@@ -195,6 +200,7 @@ class Sim:
         out: Callable[[str], None] = print,
         extra: bool = True,
         slices: bool = True,
+        bounces: bool = True,
     ):
         self.seed = seed
         self.steps = steps
@@ -221,6 +227,9 @@ class Sim:
         # browses): small ones make every walk span loop passes, as a large log's do.
         # Drawn from a stream of its own, so that the other choices replay as before.
         self.slice_work = random.Random(f"slices of seed {seed}").choice(SLICES) if extra and slices else SLICE_WORK
+        # Which NACKs say curb-undelivered:true (a router's hand-back): drawn from a stream
+        # of their own too.
+        self.bounce_rng = random.Random(f"bounces of seed {seed}") if extra and bounces else None
         self.checker.dead_timeouts = DEAD_ACK_TIMEOUTS
         self.known: list[int] = []  # the message ids the clients saw, in the order they saw them
         self.faults_on = True
@@ -356,7 +365,11 @@ class Sim:
         self.stats.acks += 1
 
     def do_nack(self, a: Action) -> None:
-        self._settle(a, "NACK")
+        if self.bounce_rng is not None and self.bounce_rng.random() < BOUNCE_SHARE:
+            self._settle(a, "bounce")
+            self.stats.bounces += 1
+        else:
+            self._settle(a, "NACK")
         self.stats.nacks += 1
 
     def do_touch(self, a: Action) -> None:
@@ -368,7 +381,8 @@ class Sim:
         tag = client.holding[a.ack_id]
         seq = client.next_seq()
         receipt = f"r{seq}" if a.receipt else None
-        self.checker.settle(client.serial, seq, kind, tag, receipt, a.ms, a.delay_ms)
+        delay_ms = None if kind == "bounce" else a.delay_ms
+        self.checker.settle(client.serial, seq, kind, tag, receipt, a.ms, delay_ms)
         if kind != "touch":
             held = client.held
             for ack_id in held[: held.index(a.ack_id) + 1] if client.ack_mode == "client" else [a.ack_id]:
@@ -378,9 +392,11 @@ class Sim:
             headers["receipt"] = receipt
         if kind == "touch":
             headers["curb-touch"] = str(a.ms)
-        if a.delay_ms is not None:
-            headers["curb-delay"] = str(a.delay_ms)
-        self.feed(client, "NACK" if kind == "touch" else kind, headers)
+        if delay_ms is not None:
+            headers["curb-delay"] = str(delay_ms)
+        if kind == "bounce":
+            headers["curb-undelivered"] = "true"
+        self.feed(client, "NACK" if kind in ("touch", "bounce") else kind, headers)
 
     def do_disconnect(self, a: Action) -> None:
         client = self._client(a)
@@ -786,12 +802,19 @@ def run_seed(
     ignore: frozenset[str] = frozenset(),
     extra: bool = True,
     slices: bool = True,
+    bounces: bool = True,
 ) -> runner.Outcome[Stats]:
     """Play one seed; a broken invariant or an exception from the broker is its failure.
     extra=False plays it as before the extra steps and the disk's faults existed;
-    slices=False with the default slice of the log's walks, as before slices were drawn."""
-    replay = "bin/crashsim --broker" + ("" if extra else " --no-extra-steps") + ("" if slices else " --no-slices")
-    return runner.play(Sim(seed, steps, verbose, out, extra, slices), seed, replay, ignore)
+    slices=False with the default slice of the log's walks, as before slices were drawn;
+    bounces=False with no NACK curb-undelivered, as before those were drawn."""
+    replay = (
+        "bin/crashsim --broker"
+        + ("" if extra else " --no-extra-steps")
+        + ("" if slices else " --no-slices")
+        + ("" if bounces else " --no-bounces")
+    )
+    return runner.play(Sim(seed, steps, verbose, out, extra, slices, bounces), seed, replay, ignore)
 
 
 def run_many(
@@ -802,9 +825,11 @@ def run_many(
     ignore: frozenset[str] = frozenset(),
     extra: bool = True,
     slices: bool = True,
+    bounces: bool = True,
 ) -> runner.Totals[Stats]:
     """Play `count` seeds over `jobs` processes."""
-    return runner.run_many(TARGET, start, count, steps, jobs, ignore, (("extra", extra), ("slices", slices)))
+    options = (("extra", extra), ("slices", slices), ("bounces", bounces))
+    return runner.run_many(TARGET, start, count, steps, jobs, ignore, options)
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
@@ -821,10 +846,16 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="play with the default slice of the log's walks, as seeds found before slices were drawn",
     )
+    parser.add_argument(
+        "--no-bounces",
+        dest="bounces",
+        action="store_false",
+        help="play with no NACK curb-undelivered (a router's hand-back), as seeds found before those were drawn",
+    )
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"extra": args.extra, "slices": args.slices}
+    return {"extra": args.extra, "slices": args.slices, "bounces": args.bounces}
 
 
 TARGET = runner.Target(
