@@ -447,14 +447,14 @@ class Skim:
         return self._finish(pos, odd)
 
     def _plain(self, pos: int, held: Held, base: int) -> tuple[int, Held]:
-        """Read on from pos, the held record an original with no mark due, while each
-        record is plain: an original of a known state, with no mark due at it, none of
-        the oldest timestamp still to find, and the one before it of a rising id. Each is
-        one pass of the loop, its header read and the one held before it counted, with
-        the hot values in locals; returns where it stopped and the record held there
-        (the steps in `run` read the record at that position, whatever it is). It stops
-        too before a run is due again (`cool`), and at the end of the window, of the
-        skimmed region or of the mark's spacing."""
+        """Read on from pos (the held record an original with no mark due) while each
+        record is plain: an original of a known state with no mark due at it, not a rdy
+        one while the oldest timestamp is still to find, and the one held before it of an
+        id above those read. Each is one pass of the loop, its header read and the one
+        held before it counted, with the hot values in locals; returns where it stopped
+        and the record held there (the steps in `run` read the record at that position,
+        whatever it is). It stops too before a run is due again (`cool`), and at the end
+        of the window, of the skimmed region or of the marks' spacing."""
         buf, stop, end = self.buf, self.stop, self.end
         h_state, h_id, h_size, h_pos, _, h_due, _ = held
         max_id, upto, now_ms, fresh, find_oldest = self.max_id, self.upto, self.now_ms, self.fresh, self.find_oldest
