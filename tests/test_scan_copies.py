@@ -213,7 +213,9 @@ def random_log(rng: random.Random, n: int) -> list[tuple[bytes, int, bool, int, 
 
 def scan_of(records, path: str, upto: int, monkeypatch: pytest.MonkeyPatch) -> Scan:
     """A walk of `records` from a checkpoint with watermark `upto`: `checked` reads every
-    record in full; `skimmed` by headers one at a time; `runs` with runs of one shape."""
+    record in full; `skimmed` by headers one at a time; `runs` with runs of one shape;
+    `plain` one at a time where it can (no run is ever found, so the loop for plain
+    records takes most of them)."""
     image = bytearray(fmt.initial_header(CAP * 8))
     for wseq, (state, mid, copy, due, length) in enumerate(records, 1):
         payload = b"x" * length
@@ -226,6 +228,8 @@ def scan_of(records, path: str, upto: int, monkeypatch: pytest.MonkeyPatch) -> S
         patch.setattr(scan_module, "VERIFY_NEAR_HEAD", 1 << 40 if path == "checked" else 3000)
         if path == "skimmed":
             patch.setattr(shapes, "FIRST", 1 << 40)
+        if path == "plain":
+            patch.setattr(shapes, "run_rows", lambda *_: [])
         scan = Scan(SimDisk(random.Random(1), image=bytes(image)), ckpt, CAP * 8, Marks(2048), now_ms=WALL)
         scan.run()
     return scan
@@ -264,6 +268,7 @@ def test_runs_of_one_shape_count_as_one_record_at_a_time_does(seed: int, monkeyp
         monkeypatch.setattr(reader_module, "CHUNK", 4096)  # runs cut by the read window's end
     skimmed = summary(scan_of(records, "skimmed", upto, monkeypatch))
     assert summary(scan_of(records, "runs", upto, monkeypatch)) == skimmed
+    assert summary(scan_of(records, "plain", upto, monkeypatch)) == skimmed
     checked = summary(scan_of(records, "checked", upto, monkeypatch))
     for estimate in ("marks", "classes"):  # (placed a little differently by the checked path, as before runs)
         del checked[estimate], skimmed[estimate]

@@ -349,14 +349,16 @@ class Skim:
     record's own length may be the damage, so the checked path starts again at that
     record (a damaged length must not make the walk skip the records after it). The
     recovery of a large log spends its time here, so the counts are kept here and added
-    to the Scan's at the end, and each record is two steps: its header read (`_header`),
-    then the record held back before it counted (`_count_held`); where records of one
-    shape lie end to end, a run at once (`_run`). Parked records go to `parked` in
-    batches, and so do parked copies that supersede nothing (`copied`); other copies
-    (rare) go through `Scan._count`, once their CRC holds (`_count_copy`): a copy
-    supersedes its message's earlier occurrences, so a damaged one taken on its header
-    alone would lose the message, where the checked path skips it and keeps the intact
-    occurrence before it."""
+    to the Scan's at the end. Where records are plain (originals with no mark due, the
+    most of a log), one loop reads each header and counts the record held before it,
+    with the hot values in locals (`_plain`); any other record is two steps: its header
+    read (`_header`), then the record held back before it counted (`_count_held`); and
+    where records of one shape lie end to end, a run at once (`_run`). Parked records
+    go to `parked` in batches, and so do parked copies that supersede nothing
+    (`copied`); other copies (rare) go through `Scan._count`, once their CRC holds
+    (`_count_copy`): a copy supersedes its message's earlier occurrences, so a damaged
+    one taken on its header alone would lose the message, where the checked path skips
+    it and keeps the intact occurrence before it."""
 
     __slots__ = (
         "acked",
@@ -439,8 +441,66 @@ class Skim:
                 continue
             held = found
             pos += found[2]
+            if self.cool > 0 and not found[6] and found[4] < 0:
+                pos, held = self._plain(pos, found, base)
         self.base, self.held = base, held
         return self._finish(pos, odd)
+
+    def _plain(self, pos: int, held: Held, base: int) -> tuple[int, Held]:
+        """Read on from pos (the held record an original with no mark due) while each
+        record is plain: an original of a known state with no mark due at it, not a rdy
+        one while the oldest timestamp is still to find, and the one held before it of an
+        id above those read. Each is one pass of the loop, its header read and the one
+        held before it counted, with the hot values in locals; returns where it stopped
+        and the record held there (the steps in `run` read the record at that position,
+        whatever it is). It stops too before a run is due again (`cool`), and at the end
+        of the window, of the skimmed region or of the marks' spacing."""
+        buf, stop, end = self.buf, self.stop, self.end
+        h_state, h_id, h_size, h_pos, _, h_due, _ = held
+        max_id, upto, now_ms, fresh, find_oldest = self.max_id, self.upto, self.now_ms, self.fresh, self.find_oldest
+        rdy, ack, max_size, rdy_sizes = STATE_RDY, STATE_ACK, self.max_size, self.rdy_sizes
+        room = stop if pos < stop else end  # (pos rises here: it stays on its side of stop)
+        until = min(
+            self.mark_next if self.mark_last <= pos else pos,
+            stop - self.trust_until if pos <= stop else end,
+            base + len(buf) - RECORD_HEADER + 1,
+        )
+        cool, acked, dead_bytes = self.cool, 0, 0
+        while pos < until and cool > 0 and fresh is not None:
+            off = pos - base
+            state = buf[off : off + 3]
+            if (
+                buf[off + RECORD_HEADER - 1] != 10
+                or buf[off + 26 : off + 32] != buf[off + 52 : off + 58]
+                or buf[off + 59] >= 56  # a copy (see `_header`)
+                or (state != rdy and state != ack and state not in PARKED_STATES)
+                or (find_oldest and state == rdy)
+                or h_id <= max_id
+            ):
+                break
+            try:
+                msg_id = int(buf[off + 33 : off + 45], 16)
+                size = (RECORD_HEADER + ALIGN + int(buf[off + 85 : off + 93], 16)) & -ALIGN
+                due = int(buf[off + 13 : off + 25], 16) if buf[off + 13 : off + 25] != NO_DUE else 0
+            except ValueError:
+                break
+            if size > max_size or pos + size > room or not msg_id:
+                break
+            max_id = h_id  # the held record, counted now that this header parsed
+            if h_id <= upto or h_state == ack:
+                acked += 1
+                dead_bytes += h_size
+            elif h_state == rdy and h_due <= now_ms:
+                rdy_sizes[h_size] = rdy_sizes.get(h_size, 0) + 1
+            else:
+                self._park(h_state, h_id, h_size, h_pos, h_due)
+            h_state, h_id, h_size, h_pos, h_due = state, msg_id, size, pos, due
+            pos += size
+            cool -= 1
+        self.max_id, self.cool = max_id, cool
+        self.acked += acked
+        self.dead_bytes += dead_bytes
+        return pos, (h_state, h_id, h_size, h_pos, -1, h_due, False)
 
     def _header(self, buf: bytes, pos: int, off: int) -> Held | None:
         """The record at pos whose header starts at buf[off], read in place if it is well
@@ -497,14 +557,18 @@ class Skim:
         elif state == STATE_RDY and due <= self.now_ms:
             self.rdy_sizes[size] = self.rdy_sizes.get(size, 0) + 1
         else:
-            self.b_off.append(h_pos)
-            self.b_size.append(size)
-            self.b_id.append(h_id)
-            self.b_state.append(DELAYED if state == STATE_RDY else PARKED_STATES[state])
-            self.b_due.append(due)
-            if len(self.b_off) >= PARK_BATCH:  # bounded: Python ints in lists cost ~40 B each
-                self.scan._park_batch(self.batch)
+            self._park(state, h_id, size, h_pos, due)
         return True
+
+    def _park(self, state: bytes, msg_id: int, size: int, pos: int, due: int) -> None:
+        """A parked record: into the batch."""
+        self.b_off.append(pos)
+        self.b_size.append(size)
+        self.b_id.append(msg_id)
+        self.b_state.append(DELAYED if state == STATE_RDY else PARKED_STATES[state])
+        self.b_due.append(due)
+        if len(self.b_off) >= PARK_BATCH:  # bounded: Python ints in lists cost ~40 B each
+            self.scan._park_batch(self.batch)
 
     def _copy_alone(self, held: Held) -> bool:
         """Whether the held copy supersedes nothing and is parked or acked (`Scan._copy`'s
