@@ -3,6 +3,7 @@ instances, each a real `curb` process on loopback."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -279,3 +280,26 @@ def test_two_routers_side_by_side_serve_the_same_instances(curb_broker, curb_rou
     with Client("127.0.0.1", second.port) as client:
         client.send(b"after", receipt="a", destination="/queue/p")
         client.wait_receipt("a")
+
+
+def test_a_restarted_spawning_router_knows_the_destinations_of_its_logs_at_once(curb_router, tmp_path):
+    """For a second or two after a -spawn router restarted, `./b/count` for an existing
+    b.log was an unknown destination: the logs already in DIR are destinations from the
+    start, their counts zero until their instance is up."""
+    spawned = tmp_path / "spawned"
+    spawned.mkdir()
+    first = curb_router([], extra_args=["-spawn", str(spawned), "-spawn-cap", "1MiB"])
+    with Client("127.0.0.1", first.port) as client:
+        client.send(b"kept", receipt="r", destination="/queue/b")
+        client.wait_receipt("r")
+    assert first.stop() == 0
+    second = curb_router([], extra_args=["-spawn", str(spawned), "-spawn-cap", "1MiB"])
+    with Client("127.0.0.1", second.port) as client:
+        client.subscribe("c", destination="./b/count")
+        counts = client.receive(timeout=10)
+        assert counts is not None and counts.command == "MESSAGE", counts
+        deadline = time.monotonic() + 15
+        while json.loads(counts.body)["rdy"] != 1:
+            assert time.monotonic() < deadline, counts.body
+            update = client.receive(timeout=1)
+            counts = update if update is not None else counts

@@ -289,6 +289,8 @@ async def serve(
     await router.start()
     if spawner is not None:
         spawner.start()
+        for name in spawner.children:  # the logs already in DIR: destinations at once
+            core.spawn_pending(name)
     names = ", ".join(sockname(s) for s in servers[0].sockets)
     tls_names = "".join(f"; TLS on {sockname(s)}" for server in servers[1:] for s in server.sockets)
     _say_who_may_connect(core, users_path, events, servers)

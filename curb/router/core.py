@@ -304,6 +304,13 @@ class RouterCore:
             table.setdefault(name, ())
         return self._build(table)
 
+    def spawn_pending(self, name: str) -> None:
+        """An instance for `name` is being started (-spawn): it is a destination from now
+        on, its SENDs parked and its counts zero until the instance is up."""
+        if name not in self.dests:
+            self.spawning.add(name)
+            self.dests[name], self.senders[name] = [], []
+
     def spawned_instance(self, name: str, address: Address) -> list[Link]:
         """The instance the glue spawned for `name` listens at `address`: route to it."""
         self.spawning.discard(name)
@@ -769,8 +776,7 @@ class RouterCore:
             and SPAWN_NAME.fullmatch(name)
             and spawn(name)
         ):
-            self.spawning.add(name)
-            self.dests[name], self.senders[name] = [], []
+            self.spawn_pending(name)
         if name is None or name not in self.dests:
             known = ", ".join(f"/queue/{n}" for n in sorted(self.dests)) or "none"
             how = (
