@@ -356,25 +356,23 @@ class Broker:
 
     def nack(self, session: Peer, msg_id: int, delay_ms: int | None = None) -> None:
         """The client gives the message back: rdy again after `delay_ms` (None: the
-        policy's delay), or dead past the delivery limit. A dead letter's NACK puts it
-        back among the dead."""
-        queue = self._holder(session, msg_id)
-        try:
-            records = queue.nack(session, msg_id)
-        except Late:
-            self.refusals.late(session, msg_id, "NACK", self.loop.time())
-            raise
-        if queue is self.dead:
-            queue.requeue(records)
-            return
+        policy's delay), or dead past the delivery limit."""
+        records = self._given_back(session, msg_id)
         self.metrics.nacked += len(records)
         self.returns.requeue(records, delay_ms)
 
     def bounce(self, session: Peer, msg_id: int) -> None:
-        """A NACK with curb-undelivered:true: the message never reached anyone (a router
-        that had no client with credit for it), so it is rdy again at once and its
-        delivery is not counted: no redelivery delay, no step towards the dead letters.
-        A dead letter's goes back among the dead, as its NACK would."""
+        """NACK curb-undelivered:true: the message reached nobody (a router had no client
+        with credit for it), so it is rdy at once and its delivery is not counted."""
+        records = self._given_back(session, msg_id)
+        for rec in records:
+            rec.deliveries = max(0, rec.deliveries - 1)
+        self.metrics.bounced += len(records)
+        self.returns.requeue(records, 0)
+
+    def _given_back(self, session: Peer, msg_id: int) -> list[Record]:
+        """A NACK's messages (Late past their ack deadline); none when they are dead
+        letters, which go back among the dead."""
         queue = self._holder(session, msg_id)
         try:
             records = queue.nack(session, msg_id)
@@ -383,11 +381,8 @@ class Broker:
             raise
         if queue is self.dead:
             queue.requeue(records)
-            return
-        for rec in records:
-            rec.deliveries = max(0, rec.deliveries - 1)
-        self.metrics.bounced += len(records)
-        self.returns.requeue(records, 0)
+            return []
+        return records
 
     def touch(self, session: Peer, msg_id: int, seconds: float) -> None:
         """The message's ack deadline is `seconds` from now (Late as for a NACK); a dead

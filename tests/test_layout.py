@@ -254,3 +254,17 @@ def test_no_module_imports_another_packages_private_names():
                     if a.name.startswith("_") and not a.name.startswith("__")
                 ]
     assert not wrong, f"private names imported across packages: {wrong}"
+
+
+@pytest.mark.parametrize(("path", "name", "most"), [("log/core.py", "LogCore", 450), ("broker.py", "Broker", 400)])
+def test_the_coordinators_stay_small(path, name, most):
+    """The log core and the broker tie units together and do little else: a job that
+    grows in them belongs in a unit of its own (their docstrings name the units)."""
+    import ast
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parent.parent / "curb" / path).read_text()
+    [node] = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == name]
+    assert node.end_lineno is not None
+    lines = node.end_lineno - node.lineno + 1
+    assert lines < most, f"{name} is {lines} lines; move a job out to a unit of its own"
