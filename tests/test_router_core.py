@@ -667,10 +667,8 @@ def test_whatever_ends_a_transaction_gives_its_bytes_back(end):
     assert w.core.tx_budget.held == 0
 
 
-@pytest.mark.parametrize("name", [".", "..", ".hidden", "-x", "_x", "a" * 65])
-def test_spawn_starts_no_instance_for_a_name_it_does_not_take(name):
-    """With -spawn, `.`, `..` and names a file system or a command line would take for
-    something else created instances (DIR/NAME.log): refused now, with the rule."""
+def spawning_world() -> tuple[World, list[str]]:
+    """A router with -spawn, and the names it asked its spawner for (each one spawned)."""
     w = World("q=127.0.0.1:1")
     asked: list[str] = []
 
@@ -679,6 +677,14 @@ def test_spawn_starts_no_instance_for_a_name_it_does_not_take(name):
         return True
 
     w.core.spawn = spawn
+    return w, asked
+
+
+@pytest.mark.parametrize("name", [".", "..", ".hidden", "-x", "_x", "a" * 65])
+def test_spawn_starts_no_instance_for_a_name_it_does_not_take(name):
+    """With -spawn, `.`, `..` and names a file system or a command line would take for
+    something else created instances (DIR/NAME.log): refused now, with the rule."""
+    w, asked = spawning_world()
     c = w.client()
     w.send(c, "SEND", {"destination": f"/queue/{name}", "receipt": "r"}, b"x")
     [error] = w.out(c)
@@ -688,14 +694,7 @@ def test_spawn_starts_no_instance_for_a_name_it_does_not_take(name):
 
 
 def test_spawn_starts_an_instance_for_a_plain_name():
-    w = World("q=127.0.0.1:1")
-    asked: list[str] = []
-
-    def spawn(wanted: str) -> bool:
-        asked.append(wanted)
-        return True
-
-    w.core.spawn = spawn
+    w, asked = spawning_world()
     c = w.client()
     w.send(c, "SEND", {"destination": "/queue/orders-2.eu", "receipt": "r"}, b"x")
     assert asked == ["orders-2.eu"]
