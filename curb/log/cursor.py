@@ -169,8 +169,14 @@ class Cursor:
         """The oldest byte still needed: the first message behind the read position that
         is not acked, or the first parked record the cursor passed, else the read
         position itself."""
-        first = next(self.pinning(), None)
-        return self.rpos if first is None else first[0]
+        # `pinning`'s first item, without its generators: this runs for every ACK.
+        rec = next(iter(self.behind.values()), None)
+        parked = self.parked
+        seq = parked.first_passed_live()
+        if seq is None:
+            return self.rpos if rec is None else rec.offset
+        at = parked.offset(seq)
+        return at if rec is None or self.back(at) > self.back(rec.offset) else rec.offset
 
     def pinning(self) -> Iterator[tuple[int, int, Record | None, int | None]]:
         """What pins the tail, oldest first: (offset, size, held Record or None, parked

@@ -313,6 +313,11 @@ class Parked:
                 yield seq
             seq += 1
 
+    def first_passed_live(self) -> int | None:
+        """`passed_live`'s first seq, or None when it has none."""
+        seq = self._first_live()
+        return seq if seq < self.passed else None
+
     def _first_live(self) -> int:
         # GONE is 0: the first other byte, found in C (an ACK up to an id may have left
         # a million GONE entries at the front).
