@@ -876,8 +876,10 @@ class Checker:
         """Queued after the restart: a dead letter only if its burial may have been lost."""
         if msg.state == DEAD and msg.dead_promised:
             raise fail("dead letter came back to life", f"{where}, queued; the NACK that buried it was receipted")
-        if msg.state == DEAD and msg.reason == LIMIT:
-            msg.spent = True  # its burial was lost, not its count: the queue buries it again
+        if msg.state in (DEAD, ACKED) and msg.reason == LIMIT:
+            # Its burial was lost, not its count (so too when an ACK up to an id took it
+            # after its burial and the ACK was lost): the queue buries it again.
+            msg.spent = True
         if msg.redrive_unsure and msg.redrive_at_limit:
             msg.spent = True  # the redrive's reset was lost, maybe not its count at the limit
         if msg.redrive_unsure:
