@@ -100,14 +100,32 @@ def test_an_error_on_ws_reaches_a_client_that_is_still_sending(tmp_path):
         for _ in range(200):  # the client goes on sending, not yet reading
             with contextlib.suppress(OSError):
                 sock.sendall(frame(b"SEND\ndestination:/queue/a\n\n" + b"x" * 2000 + b"\x00"))
-        time.sleep(0.5)
+        # Read until the close frame comes: the broker then waits for the client's close
+        # frame, which this client does not send.
         received = b""
+        sock.settimeout(30)
         with contextlib.suppress(OSError):
-            while chunk := sock.recv(65536):
+            while 8 not in server_opcodes(received) and (chunk := sock.recv(65536)):
                 received += chunk
         sock.close()
         assert b"ERROR" in received, received[:300]
-        assert b"\x88" in received, "no close frame"  # FIN + opcode 8
+        assert 8 in server_opcodes(received), "no close frame"
+
+
+def server_opcodes(data: bytes) -> list[int]:
+    """The opcodes of the whole (unmasked) frames a server sent in `data`."""
+    opcodes, at = [], 0
+    while at + 2 <= len(data):
+        size, at_payload = data[at + 1] & 0x7F, at + 2
+        if size == 126:
+            size, at_payload = int.from_bytes(data[at + 2 : at + 4], "big"), at + 4
+        elif size == 127:
+            size, at_payload = int.from_bytes(data[at + 2 : at + 10], "big"), at + 10
+        if at_payload + size > len(data):
+            break
+        opcodes.append(data[at] & 0x0F)
+        at = at_payload + size
+    return opcodes
 
 
 def queue(web, body: bytes, count: int) -> None:
