@@ -379,3 +379,24 @@ def test_json_nested_too_deep_is_a_400_not_a_500(tmp_path, depth, caplog):
         got = http("POST", web.base + "/v2/p/queues/q/messages/batch", line)
         assert got.status == 400 and "nested too deep" in got.json["error"], got
     assert "Traceback" not in caplog.text
+
+
+def test_a_narconi_consumer_gone_holds_no_message(tmp_path):
+    """A consumer that never read and then went left its socket, peer and consumer in a
+    reference cycle that only the garbage collector's full pass frees, and with them the
+    messages it had been handed: RSS crept with each such client. They are let go at once."""
+    import gc
+
+    with running(tmp_path, cap=64 << 20) as web:
+        queue(web, b"x" * (50 << 10), 40)
+        stalled = upgrade(web.http_port, "/v2/p/queues/q/messages?ack&limit=10000", "consume")
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        assert wait_until(lambda: web.gauges()["wip"] > 0)
+        stalled.close()
+        assert wait_until(lambda: web.gauges()["wip"] == 0)  # its messages are rdy again
+
+        def holding() -> int:
+            consumers = [o for o in gc.get_objects() if type(o).__name__ == "_Consumer"]
+            return sum(len(consumer.out) for consumer in consumers)
+
+        assert web.call(holding) == 0

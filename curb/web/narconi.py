@@ -50,7 +50,7 @@ from curb.queue import Late, QueueError, Subscription
 from curb.session import OUTPUT_LIMIT
 from curb.web.access import log_in, peer_of
 from curb.web.messages import DEFAULT_TYPE, PREFIX, BadMessage, check_encoding, decode_body, encode_body, headers_in
-from curb.web.peers import HttpPeer
+from curb.web.peers import HttpPeer, refuse
 from curb.web.replies import Refusal, refused
 from curb.web.settings import MAX_LIMIT, NarconiSettings
 
@@ -329,6 +329,11 @@ class _Consumer:
         finally:
             sender.cancel()
             broker.gone(peer)
+            # The socket, its peer and this consumer hold each other and wait for the
+            # garbage collector's full pass, which a broker rarely runs: let go of the
+            # messages now (what is not sent went back with `gone`) and of the peer.
+            self.out.clear()
+            peer.on_deliver = refuse
 
     def _acknowledge(self, sub: Subscription[Any, Record], item: dict[str, Any]) -> None:
         """{"ackId": ID} acknowledges one message, {"ackToId": ID} every one up to it."""

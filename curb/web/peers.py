@@ -18,7 +18,7 @@ from curb.queue import Subscription
 Delivery = Callable[[Subscription[Any, Record], Record, bytes | memoryview], None]
 
 
-def _refuse(sub: Subscription[Any, Record], rec: Record, data: bytes | memoryview) -> None:
+def refuse(sub: Subscription[Any, Record], rec: Record, data: bytes | memoryview) -> None:
     raise AssertionError("a message was delivered to an HTTP client that takes none")
 
 
@@ -33,7 +33,7 @@ class HttpPeer:
         self.identity = identity
         self.writable = True
         self.last_recv = 0.0  # the broker's log line for a shed login reads it
-        self.on_deliver: Delivery = _refuse
+        self.on_deliver: Delivery = refuse
 
     def deliver(self, sub: Subscription[Any, Record], rec: Record, data: bytes | memoryview) -> None:
         self.on_deliver(sub, rec, data)
