@@ -44,6 +44,7 @@ from curb.queue import Late, Queue, QueueError, Subscription
 from curb.redelivery import REASON_MAX_DELIVERIES
 from curb.refusals import Refusals
 from curb.returns import Kept, Loop, Returns, Schedule
+from curb.single_queue import SingleQueue
 from curb.users import User
 
 Done = Callable[[str | None], None]
@@ -146,7 +147,7 @@ class BrokerEvents(NoEvents):
         self.broker.refusals.disk_full(refused, why)
 
 
-class Broker:
+class Broker(SingleQueue):
     """The one queue, its log and its metrics, and the sessions that use them."""
 
     def __init__(
@@ -280,6 +281,7 @@ class Broker:
         prefetch: int | None,
         ack_timeout: float | None = None,
         dead: bool = False,
+        name: str = "",
     ) -> Subscription[Peer, Record]:
         """A subscription to the queue, or with `dead` to the dead letters; `ack_timeout`
         None: the broker's -ack-timeout."""
@@ -317,7 +319,7 @@ class Broker:
             return dead
         return self.queue
 
-    def ack_upto(self, upto: int, done: Done | None) -> None:
+    def ack_upto(self, upto: int, done: Done | None = None, destination: str | None = None) -> None:
         """Every message with an id up to `upto` is done for good, on every connection,
         delayed messages and dead letters too; `done(None)` runs once that is durable."""
         last = self.log.last_id
@@ -334,7 +336,7 @@ class Broker:
         self.metrics.acked += len(records)
         self.count_watch.changed()
 
-    def browse_dead(self, session: Peer) -> DeadBrowse:
+    def browse_dead(self, session: Peer, name: str = "") -> DeadBrowse:
         """A browse of the dead letters as they are now, oldest first: those the log holds
         (read one by one as the browse steps) and those of the dead letters' queue."""
         last, kept = self.log.dead_letters()
@@ -342,7 +344,7 @@ class Broker:
         self.browses.add(session)
         return browse
 
-    def browse(self, session: Peer, from_id: int, to_id: int | None) -> Browse:
+    def browse(self, session: Peer, from_id: int, to_id: int | None, name: str = "") -> Browse:
         """A browse of ids [from_id, to_id] for the session, stepped from the next loop
         pass on. to_id None: the highest id on disk, so that a range a reader plans from
         the end marker's `curb-last-id` holds nothing a power loss could take back."""
@@ -433,6 +435,9 @@ class Broker:
     def when_durable(self, done: Done) -> None:
         """Run done(None) once every step asked of the log so far is on disk."""
         self.log.on_durable(done)
+
+    def durability(self, session: Peer) -> Callable[[Done], None]:
+        return self.when_durable
 
     def gone(self, session: Peer) -> None:
         """The connection is gone: its subscriptions vanish and its wip is rdy again."""

@@ -33,11 +33,10 @@ from collections.abc import Callable
 
 from curb import heartbeat, message_limits, receipts
 from curb.access import on_connect
+from curb.backend import COUNT, DEAD, QUEUE, REDRIVE
 from curb.broker import Refused
 from curb.conn import NEW, OPEN, Conn
-from curb.counts import COUNT_DESTINATION
-from curb.dead import DEAD_DESTINATION, REDRIVE_DESTINATION
-from curb.destinations import ORDINARY, send_refusal, subscribe_refusal
+from curb.destinations import ORDINARY
 from curb.frame import Frame, decimal, escape
 from curb.log.waiters import MaybeStored
 from curb.queue import MAX_PREFETCH, Late, QueueError
@@ -62,11 +61,11 @@ def on_send(session: Conn, frame: Frame) -> None:
     SEND to ./redrive is no message: it moves dead letters back."""
     headers = frame.headers
     destination = headers.get("destination")
-    if destination == REDRIVE_DESTINATION:
-        _redrive(session, frame)
-        return
-    if destination not in ORDINARY and (refusal := send_refusal(destination)) is not None:
-        raise refusal
+    if destination not in ORDINARY:
+        kind, name = session.broker.send_kind(destination)
+        if kind is REDRIVE:
+            _redrive(session, frame, name)
+            return
     receipt = headers.get("receipt")
     line = session.line
     entry = line.owe() if receipt is not None else None
@@ -102,21 +101,21 @@ def on_send(session: Conn, frame: Frame) -> None:
         raise
 
 
-def _redrive(session: Conn, frame: Frame) -> None:
+def _redrive(session: Conn, frame: Frame, name: str) -> None:
     """SEND to ./redrive: dead letters back to the queue; the RECEIPT, saying how many
     moved (`curb-moved`), once that is durable. A redrive is done at once and carries
     nothing, so a due time or a body, which it could not honour, is refused."""
     timed = [name for name in TIME_HEADERS if name in frame.headers]
     if timed:
         raise QueueError(
-            f"{REDRIVE_DESTINATION} takes no {timed[0]} header",
+            f"{frame.headers['destination']} takes no {timed[0]} header",
             "A redrive moves dead letters at once and cannot wait: send it without "
             f"{', '.join(timed)}, when the dead letters should move.",
         )
     if frame.body:
         raise QueueError(
-            f"{REDRIVE_DESTINATION} takes no body",
-            "A redrive moves dead letters and stores nothing: send ./redrive with an empty body "
+            f"{frame.headers['destination']} takes no body",
+            f"A redrive moves dead letters and stores nothing: send {frame.headers['destination']} with an empty body "
             "(curb-count:<n> moves at most n); to send a job, use another destination, such as /queue/work.",
         )
     raw = frame.headers.get("curb-count")
@@ -136,7 +135,7 @@ def _redrive(session: Conn, frame: Frame) -> None:
         if entry is not None and receipt_id is not None:
             line.after_sync_at(entry, receipt_id, "SEND", extra=b"curb-moved:%d\n" % n)
 
-    session.broker.returns.redrive(count, moved)
+    session.broker.redrive(name, count, moved)
 
 
 def on_subscribe(session: Conn, frame: Frame) -> None:
@@ -147,9 +146,7 @@ def on_subscribe(session: Conn, frame: Frame) -> None:
             "SUBSCRIBE needs an id header",
             "Give SUBSCRIBE an id header (any name); MESSAGEs carry it as subscription and UNSUBSCRIBE names it.",
         )
-    refusal = subscribe_refusal(headers.get("destination"))
-    if refusal is not None:
-        raise refusal
+    kind, name = session.broker.subscribe_kind(headers.get("destination"))
     lines = [
         b"subscription:" + escape(sub_id).encode(),
         b"destination:" + escape(headers.get("destination", "/queue/curb")).encode(),
@@ -169,13 +166,18 @@ def on_subscribe(session: Conn, frame: Frame) -> None:
             )
         first = _message_id(headers, "curb-from-id")
         last = _message_id(headers, "curb-to-id")
-        if headers.get("destination") == DEAD_DESTINATION:
-            messages.browses[sub_id] = (broker.browse_dead(session), prefix)
+        if kind is DEAD:
+            messages.browses[sub_id] = (broker.browse_dead(session, name), prefix)
+        elif kind is QUEUE:
+            messages.browses[sub_id] = (broker.browse(session, 1 if first is None else first, last, name), prefix)
         else:
-            messages.browses[sub_id] = (broker.browse(session, 1 if first is None else first, last), prefix)
-    elif headers.get("destination") == COUNT_DESTINATION:
-        messages.watch_counts(sub_id, prefix)
-        session.send_counts(broker.counts())
+            raise QueueError(
+                f"{headers.get('destination')} cannot be browsed",
+                "Browse the queue or its dead letters; the counts come with a plain SUBSCRIBE.",
+            )
+    elif kind is COUNT:
+        messages.watch_counts(sub_id, prefix, name)
+        session.send_counts(broker.counts_of(name))
     else:
         raw_timeout = headers.get("curb-ack-timeout")
         try:
@@ -188,8 +190,10 @@ def on_subscribe(session: Conn, frame: Frame) -> None:
                 frame,
             )
             return
-        dead = headers.get("destination") == DEAD_DESTINATION
-        sub = broker.subscribe(session, sub_id, headers.get("ack", "auto"), prefetch_header(headers), timeout, dead)
+        dead = kind is DEAD
+        sub = broker.subscribe(
+            session, sub_id, headers.get("ack", "auto"), prefetch_header(headers), timeout, dead, name
+        )
         messages.prefixes[sub] = prefix
         if dead:
             messages.dead_sub = sub_id
@@ -222,12 +226,12 @@ def on_unsubscribe(session: Conn, frame: Frame) -> None:
 def on_ack(session: Conn, frame: Frame) -> None:
     raw_upto = frame.headers.get("curb-upto")
     if raw_upto is not None:
-        _ack_upto(session, frame, _id_value(raw_upto, "curb-upto"))
+        _ack_upto(session, frame, _id_value(raw_upto, "curb-upto"), frame.headers.get("destination"))
         return
-    _settle(session, frame, _ack_id(session, frame), session.broker.ack)
+    _settle(session, frame, ack_id(session, frame), session.broker.ack)
 
 
-def _ack_upto(session: Conn, frame: Frame, upto: int) -> None:
+def _ack_upto(session: Conn, frame: Frame, upto: int, destination: str | None) -> None:
     """ACK curb-upto: its RECEIPT waits until the acknowledgement is durable."""
     receipt = frame.headers.get("receipt")
     line = session.line
@@ -236,7 +240,7 @@ def _ack_upto(session: Conn, frame: Frame, upto: int) -> None:
     # soon, instead of with some later checkpoint.
     done = _no_answer if entry is None or receipt is None else line.answer(entry, receipt, "ACK")
     try:
-        session.broker.ack_upto(upto, done)
+        session.broker.ack_upto(upto, done, destination)
     except QueueError:
         if entry is not None:
             line.remove(entry)
@@ -249,7 +253,7 @@ def _no_answer(err: str | None) -> None:
 
 
 def on_nack(session: Conn, frame: Frame) -> None:
-    msg_id = _ack_id(session, frame)
+    msg_id = ack_id(session, frame)
     raw_touch = frame.headers.get("curb-touch")
     if raw_touch is None:
         if frame.headers.get("curb-undelivered") == "true":
@@ -294,7 +298,7 @@ def on_disconnect(session: Conn, frame: Frame) -> None:
     if receipt is None:
         session.end_with(b"")
     else:
-        session.broker.when_durable(session.line.answer(session.finish(), receipt, "DISCONNECT", session.hang_up))
+        session.line.when_durable(session.line.answer(session.finish(), receipt, "DISCONNECT", session.hang_up))
 
 
 def on_transaction(session: Conn, frame: Frame) -> None:
@@ -353,7 +357,7 @@ RULES: dict[tuple[str, str], Handler] = {
 KNOWN_COMMANDS = frozenset(command for _, command in RULES)
 
 
-def _ack_id(session: Conn, frame: Frame) -> int | None:
+def ack_id(session: Conn, frame: Frame) -> int | None:
     """The message an ACK or NACK names; None for a ./count update, which needs none."""
     raw = frame.headers.get("id")
     if raw is None:

@@ -23,11 +23,12 @@ from curb.peer import Peer
 from curb.receipts import Owed, ReceiptLine
 
 if TYPE_CHECKING:
-    from curb.broker import Broker
+    from curb.backend import Backend
     from curb.dead import DeadBrowse
     from curb.log.browse import Browse
     from curb.log.cursor import Record
     from curb.queue import Subscription
+    from curb.transactions import Transactions
 
 NEW, OPEN, CLOSING = "before CONNECT", "after CONNECT", "closing"  # a session's states
 
@@ -63,13 +64,13 @@ class Subscriptions(Protocol):
     count_sub: str | None
     dead_sub: str | None
 
-    def watch_counts(self, sub_id: str | None, prefix: bytes = b"") -> None: ...
+    def watch_counts(self, sub_id: str | None, prefix: bytes = b"", name: str = "") -> None: ...
 
 
 class Conn(Peer, Protocol):
     """A connection as its rule units use it (curb.session.Session)."""
 
-    broker: Broker
+    broker: Backend
     state: str
     opened_at: float
     login: Login
@@ -78,6 +79,7 @@ class Conn(Peer, Protocol):
     stopped: bool
     gone: bool
     line: ReceiptLine
+    transactions: Transactions | None  # the open ones, where the backend takes transactions
     deadlines: int  # changes whenever next_deadline may have come sooner
 
     @property

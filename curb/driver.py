@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from curb.broker import Broker
+from curb.backend import Backend
 from curb.output import Piece
 from curb.session import Session
 
@@ -57,7 +57,7 @@ class Driver:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: Backend,
         link: Link,
         peer: str,
         identity: str | None = None,

@@ -29,6 +29,12 @@ from curb.frame import FRAME_END, escape
 Done = Callable[[str | None], None]
 
 
+class Unconfirmed(str):
+    """An answer to a waiting RECEIPT that says whether the frames before it took effect
+    can no longer be known (a router's link to an instance was lost before the instance
+    answered): the RECEIPT carries `curb-late:true`, which promises nothing."""
+
+
 @dataclass(slots=True, eq=False)
 class Owed:
     """A place in the line: its bytes once known (a RECEIPT, an ERROR, or b"" for a plain
@@ -85,8 +91,9 @@ class ReceiptLine:
         an ERROR in its place when the log could not make the frames before durable."""
 
         def done(err: str | None) -> None:
-            if err is None:
-                self.settle(entry, late_receipt(receipt_id) if late else receipt(receipt_id, extra), then)
+            if err is None or isinstance(err, Unconfirmed):
+                late_one = late or err is not None
+                self.settle(entry, late_receipt(receipt_id) if late_one else receipt(receipt_id, extra), then)
             else:
                 self._error(
                     f"{command} not stored",
@@ -98,6 +105,10 @@ class ReceiptLine:
                 )
 
         return done
+
+    def when_durable(self, done: Done) -> None:
+        """done(None) once everything the connection sent so far is durable."""
+        self._when_durable(done)
 
     def owe(self) -> Owed:
         """A new place at the end of the line, filled in later by `settle`."""

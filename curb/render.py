@@ -29,7 +29,7 @@ from curb.frame import FRAME_END, encode
 from curb.output import Output, Piece
 
 if TYPE_CHECKING:
-    from curb.broker import Broker
+    from curb.backend import Backend
     from curb.log.browse import Browse
     from curb.log.cursor import Record
     from curb.peer import Peer
@@ -65,7 +65,7 @@ class Messages:
     """One connection's subscriptions as the MESSAGEs they make, written through `write`;
     an auto subscription's message is done once `output` has handed its frame over."""
 
-    def __init__(self, broker: Broker, peer: Conn, write: Write, output: Output[Record]):
+    def __init__(self, broker: Backend, peer: Conn, write: Write, output: Output[Record]):
         self._broker, self._peer, self._write, self._output = broker, peer, write, output
         self.prefixes: dict[Subscription[Peer, Record], bytes] = {}
         self.browses: dict[str, tuple[Browse | DeadBrowse, bytes]] = {}  # sub id -> browse, MESSAGE prefix
@@ -73,6 +73,7 @@ class Messages:
         # crossed the marker on the wire (the client could not know), and is no error.
         self.ended: collections.deque[str] = collections.deque(maxlen=ENDED_KEPT)
         self.count_sub: str | None = None
+        self.count_name = ""  # the destination whose counts it watches (a router's NAME)
         self.dead_sub: str | None = None  # the id of its ./dead subscription
         self._count_prefix = b""
         self._last_counts: dict[str, int] | None = None
@@ -126,10 +127,17 @@ class Messages:
             self._broker.end_browse(browse)
         self.browses.clear()
 
-    def watch_counts(self, sub_id: str | None, prefix: bytes = b"") -> None:
-        """Subscribe to `./count` as `sub_id` (None: unsubscribe)."""
-        self.count_sub, self._count_prefix, self._last_counts = sub_id, prefix, None
-        self._broker.count_watch.watch(self._peer, sub_id is not None)
+    def watch_counts(self, sub_id: str | None, prefix: bytes = b"", name: str = "") -> None:
+        """Subscribe to `./count` (a router's `./NAME/count`) as `sub_id` (None: unsubscribe)."""
+        if self.count_sub is not None:
+            self._broker.watch_counts(self._peer, self.count_name, False)
+        self.count_sub, self._count_prefix, self._last_counts, self.count_name = sub_id, prefix, None, name
+        if sub_id is not None:
+            self._broker.watch_counts(self._peer, name, True)
+
+    def resend_counts(self) -> None:
+        """The latest counts, owed while the peer could take no output."""
+        self.send_counts(self._broker.counts_of(self.count_name))
 
     def send_counts(self, counts: dict[str, int]) -> None:
         """One `./count` MESSAGE if the counts changed since the last (curb.counts); while
@@ -141,7 +149,7 @@ class Messages:
             return
         self.counts_owed = False
         self._last_counts = counts
-        id_line, stored = self._broker.count_watch.messages.tail(counts)
+        id_line, stored = self._broker.count_tail(self.count_name, counts)
         write_message(self._write, self._count_prefix + id_line, stored)
 
 

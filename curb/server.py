@@ -38,13 +38,13 @@ import socket
 import ssl
 from typing import cast
 
-from curb.broker import Broker
+from curb.backend import Backend
 from curb.driver import Driver
 from curb.output import Piece
 from curb.session import Session
 from curb.tls import handshake_failure, peer_name
 
-__all__ = ["Broker", "Connection", "Handshake"]
+__all__ = ["Connection", "Handshake"]
 
 LINGER_SECONDS = 1.0
 
@@ -52,7 +52,7 @@ LINGER_SECONDS = 1.0
 class Connection(asyncio.Protocol):
     """One TCP or TLS connection: asyncio's transport as the Link of a curb.driver.Driver."""
 
-    def __init__(self, broker: Broker, admitted: bool = False):
+    def __init__(self, broker: Backend, admitted: bool = False):
         self.broker = broker
         self._admitted = admitted  # by the Handshake before it: not asked again
         self.driver: Driver  # set by connection_made, before any other call
@@ -138,7 +138,7 @@ class Connection(asyncio.Protocol):
 class Handshake(asyncio.Protocol):
     """A TLS connection until its handshake is done (see the module docstring)."""
 
-    def __init__(self, broker: Broker, context: ssl.SSLContext, timeout: float):
+    def __init__(self, broker: Backend, context: ssl.SSLContext, timeout: float):
         self.broker = broker
         self.context = context
         self.timeout = timeout  # seconds

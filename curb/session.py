@@ -27,7 +27,8 @@ Rules kept here:
   whatever the message size or the prefetch.
 - An `ack:auto` message is done only once its frame is handed to the transport; one the
   transport never took is rdy again when the connection goes.
-- The queue, the log and the metrics are reached only through the Broker.
+- The queue is reached only through the backend (curb.backend): an instance's Broker, or
+  a router's core.
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ from curb.frame import Frame, FrameParser, ProtocolError
 from curb.output import Output, Piece
 from curb.queue import QueueError
 from curb.receipts import Owed, ReceiptLine
+from curb.transaction_rules import TRANSACTION_RULES
+from curb.transactions import Transactions
 
 if TYPE_CHECKING:
-    from curb.broker import Broker
+    from curb.backend import Backend
     from curb.log.cursor import Record
 
 
@@ -57,7 +60,7 @@ OUTPUT_LIMIT = 256 * 1024
 class Session:
     """One STOMP connection from CONNECT to close, with no I/O of its own."""
 
-    def __init__(self, broker: Broker, now: float, peer: str = "?", identity: str | None = None, framed: bool = False):
+    def __init__(self, broker: Backend, now: float, peer: str = "?", identity: str | None = None, framed: bool = False):
         self.broker = broker
         self.peer = peer
         self.identity = identity  # the CN of a verified client certificate
@@ -79,7 +82,10 @@ class Session:
         self._out: Output[Record] = Output(framed)
         self._transport_ok = True  # the transport can take output now
         self._woken = False
-        self.line = ReceiptLine(self.write, broker.when_durable, self.error)
+        self.line = ReceiptLine(self.write, broker.durability(self), self.error)
+        budget = broker.transactions
+        self.rules = RULES if budget is None else TRANSACTION_RULES
+        self.transactions = None if budget is None else Transactions(budget)
         self._erring = False  # an ERROR is in the line
         self.messages = render.Messages(broker, self, self.write, self._out)
         self.deliver = self.messages.deliver  # the broker's hottest call, without a hop
@@ -185,7 +191,7 @@ class Session:
             self.broker.set_writable(self, writable)
             if writable:
                 if self.messages.counts_owed:
-                    self.send_counts(self.broker.counts())
+                    self.messages.resend_counts()
                 self.broker.pump()
 
     def tick(self, now: float) -> None:
@@ -203,6 +209,8 @@ class Session:
             return
         self.gone = True
         self.state = CLOSING
+        if self.transactions is not None:
+            self.transactions.clear()
         self.discard_output()
         self.messages.end_browses()
         self.broker.gone(self)
@@ -239,7 +247,7 @@ class Session:
         if self.login.held is not None:
             self.login.held.append(frame)
             return
-        handler = RULES.get((self.state, frame.command))
+        handler = self.rules.get((self.state, frame.command))
         if handler is None:
             unexpected(self, frame)
         elif self.login.permissions is None or not access.refused(self, frame):
@@ -265,6 +273,8 @@ class Session:
         """The connection is ending: from now on no frame is read or handled, and no
         message is delivered to it (its wip is returned when it is gone)."""
         self.state = CLOSING
+        if self.transactions is not None:
+            self.transactions.clear()
         self._flow()  # reads nothing more, and gets no message
         self.messages.end_browses()  # nothing may follow an ERROR or a DISCONNECT's RECEIPT
         self.wake()

@@ -85,7 +85,7 @@ from curb.deadlines import BEAT_EARLY
 from curb.frame import Frame, FrameParser, ProtocolError, decimal, encode
 from curb.queue import QueueError
 from curb.router.routes import SPAWN_NAME, Address, Routes, count_name, destination_name
-from curb.router.transactions import Budget, Transactions
+from curb.transactions import Budget, Transactions
 
 NEW, OPEN, CLOSING = "before CONNECT", "after CONNECT", "closing"
 DOWN, CONNECTING, UP = "down", "connecting", "up"

@@ -1,7 +1,8 @@
-"""The transactions a router holds for its clients until COMMIT, bounded.
+"""The transactions a session holds for its client until COMMIT, bounded.
 
-A SEND, ACK or NACK with a `transaction` header waits in the router until its COMMIT
-forwards it (curb.router.core). Held frames are memory a client chooses, so they are
+Where the backend takes transactions (`curb router`), a SEND, ACK or NACK with a
+`transaction` header waits in the session until its COMMIT hands it on
+(curb.transaction_rules). Held frames are memory a client chooses, so they are
 bounded: at most MAX_FRAMES frames and MAX_BYTES bytes a connection, and SHARED_BYTES
 bytes for all connections together; a frame past a bound is refused with an ERROR (the
 connection closes, its transactions are dropped, nothing of them was forwarded).
@@ -27,7 +28,7 @@ def frame_bytes(frame: Frame) -> int:
 
 
 class Budget:
-    """The bytes held in transactions by all of a router's connections."""
+    """The bytes held in transactions by all of a backend's connections."""
 
     def __init__(self, limit: int = SHARED_BYTES):
         self.limit = limit
