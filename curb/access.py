@@ -17,12 +17,14 @@ need `count`); without a users file everything is allowed.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from curb import __version__, heartbeat, users
+from curb.backend import COUNT, REDRIVE
 from curb.conn import CLOSING, OPEN, Conn
-from curb.counts import COUNT_DESTINATION
-from curb.dead import REDRIVE_DESTINATION
 from curb.frame import Frame, encode
 from curb.logins import Answer, Shed
+from curb.queue import QueueError
 
 SERVER = f"curb/{__version__}"
 
@@ -31,14 +33,25 @@ SERVER = f"curb/{__version__}"
 PERMISSION = {"SEND": "send", "SUBSCRIBE": "consume", "ACK": "consume", "NACK": "consume"}
 
 
-def permission_needed(frame: Frame) -> str | None:
+class Destinations(Protocol):
+    """How a backend judges a destination (curb.backend.Backend.send_kind, subscribe_kind)."""
+
+    def send_kind(self, destination: str | None) -> tuple[str, str]: ...
+    def subscribe_kind(self, destination: str | None) -> tuple[str, str]: ...
+
+
+def permission_needed(backend: Destinations, frame: Frame) -> str | None:
     """The permission a frame needs, or None for a frame anyone logged in may send. A
-    redrive changes dead letters as consuming them does: it needs `consume`."""
+    redrive changes dead letters as consuming them does: it needs `consume`; reading
+    counts needs `count`. Which destination is which is the backend's to say."""
     command, headers = frame.command, frame.headers
-    if command == "SEND" and headers.get("destination") == REDRIVE_DESTINATION:
-        return "consume"
-    if command == "SUBSCRIBE" and headers.get("destination") == COUNT_DESTINATION:
-        return "count"
+    try:
+        if command == "SEND" and backend.send_kind(headers.get("destination"))[0] is REDRIVE:
+            return "consume"
+        if command == "SUBSCRIBE" and backend.subscribe_kind(headers.get("destination"))[0] is COUNT:
+            return "count"
+    except QueueError:
+        pass  # a destination refused: the frame's own rule says so
     if command in ("ACK", "NACK") and headers.get("id", "").startswith("count-"):
         return "count"
     return PERMISSION.get(command)
@@ -48,14 +61,18 @@ def refused(session: Conn, frame: Frame) -> bool:
     """Whether the session's user lacks the frame's permission; if so, its ERROR is sent.
     Only for a session with permissions (a users file)."""
     permissions = session.login.permissions or frozenset()
-    needed = permission_needed(frame)
+    needed = permission_needed(session.broker, frame)
     if needed is None or needed in permissions:
+        return False
+    scope = session.broker.scope(session, frame)
+    if scope is not None and users.allows(permissions, needed, scope):
         return False
     session.broker.refusals.permission_refused()
     session.error(
-        f"{needed} permission needed",
+        f"{needed} permission needed" + (f" for {scope!r}" if scope is not None else ""),
         f"User {session.user!r} may not {frame.command} here without the {needed!r} permission; "
-        f"the operator grants it with `curb passwd USERS-FILE {session.user} --perm {needed} ...`.",
+        f"the operator grants it with `curb passwd USERS-FILE {session.user} --perm {needed} ...`"
+        + (f" (or --perm {needed}@{scope} for this destination only)." if scope is not None else "."),
         frame,
     )
     return True

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from curb.frame import Frame
 from curb.logins import Answer
 from curb.users import User
 
@@ -132,8 +133,16 @@ class Backend(Protocol):
         holds only SENDs that pass)."""
 
     def accept(
-        self, headers: Mapping[str, str], body: bytes, done: Done | None = None, urgent: bool = True
-    ) -> None: ...
+        self,
+        headers: Mapping[str, str],
+        body: bytes,
+        done: Done | None = None,
+        urgent: bool = True,
+        session: Peer | None = None,
+    ) -> None:
+        """Take a message (Broker.accept); `session`: the connection that sent it, whose
+        later RECEIPTs wait for it too."""
+
     def redrive(self, name: str, count: int | None, moved: Callable[[int], None]) -> None: ...
     def subscribe(
         self,
@@ -150,6 +159,9 @@ class Backend(Protocol):
     def nack(self, session: Peer, msg_id: int, delay_ms: int | None = None) -> None: ...
     def bounce(self, session: Peer, msg_id: int) -> None: ...
     def touch(self, session: Peer, msg_id: int, seconds: float) -> None: ...
+    def scope(self, session: Peer, frame: Frame) -> str | None:
+        """The destination a frame's permission is scoped to (`send@NAME`), or None."""
+
     def ack_upto(self, upto: int, done: Done | None = None, destination: str | None = None) -> None: ...
     def browse(self, session: Peer, from_id: int, to_id: int | None, name: str = "") -> Browse: ...
     def browse_dead(self, session: Peer, name: str = "") -> DeadBrowse: ...

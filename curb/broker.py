@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from curb import message_limits, payload, send_rule
+from curb.backend import Backend
 from curb.broker_config import BrokerConfig
 from curb.browse_steps import BrowseSteps
 from curb.counts import CountWatch
@@ -36,7 +37,7 @@ from curb.log.browse import Browse
 from curb.log.cursor import Record
 from curb.log.events import NoEvents
 from curb.log.waiters import MaybeStored
-from curb.logins import SHED, Answer, LoginChecks, Offload, run_now
+from curb.logins import Answer, LoginChecks, Offload, run_now
 from curb.loop_pass import LoopPass
 from curb.metrics import Metrics
 from curb.peer import Peer
@@ -114,6 +115,22 @@ class NotStored(Exception):
 TOO_LARGE, BAD_HEADERS, FULL = "too_large", "bad_headers", "full"
 # When a front may suggest trying a SEND the full queue refused again (HTTP's Retry-After).
 RETRY_FULL_SECONDS = 1.0
+
+
+def publish(broker: Backend, headers: Mapping[str, str], body: bytes) -> asyncio.Future[None]:
+    """`accept` for a front that awaits (HTTP publish): raises Refused at once, else a
+    future that is done once the message is fsynced, or fails with NotStored."""
+    stored: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def done(err: str | None) -> None:
+        if not stored.done():
+            if err is None:
+                stored.set_result(None)
+            else:
+                stored.set_exception(NotStored(err))
+
+    broker.accept(headers, body, done)
+    return stored
 
 
 def loop_schedule(loop: asyncio.AbstractEventLoop) -> Schedule:
@@ -223,7 +240,14 @@ class Broker(SingleQueue):
         self.sessions[session] = None
         self.metrics.connections_total += 1
 
-    def accept(self, headers: Mapping[str, str], body: bytes, done: Done | None = None, urgent: bool = True) -> None:
+    def accept(
+        self,
+        headers: Mapping[str, str],
+        body: bytes,
+        done: Done | None = None,
+        urgent: bool = True,
+        session: Peer | None = None,
+    ) -> None:
         """The one SEND rule, for every front (STOMP over TCP, TLS and WebSocket, HTTP):
         take a message of these headers (the one-hop ones, curb.payload.NOT_STORED, are
         dropped, the rest kept for its MESSAGE; its due and expiry times, curb.timing, are
@@ -257,21 +281,6 @@ class Broker(SingleQueue):
             self.returns.arm_due()
         if self.count_watch.watchers:
             self.count_watch.changed()
-
-    def publish(self, headers: Mapping[str, str], body: bytes) -> asyncio.Future[None]:
-        """`accept` for a front that awaits (HTTP publish): raises Refused at once, else a
-        future that is done once the message is fsynced, or fails with NotStored."""
-        stored: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def done(err: str | None) -> None:
-            if not stored.done():
-                if err is None:
-                    stored.set_result(None)
-                else:
-                    stored.set_exception(NotStored(err))
-
-        self.accept(headers, body, done)
-        return stored
 
     def subscribe(
         self,
@@ -423,14 +432,11 @@ class Broker(SingleQueue):
     def check_login(self, session: Peer, login: str, passcode: str, then: Callable[[Answer], None]) -> None:
         """Check a password against the users file off the loop, queued fairly by the
         session's source address; `then(user, None, or SHED)`, possibly at once."""
-        source = session.peer.rpartition(":")[0] or session.peer
 
-        def answer(result: Answer) -> None:
-            if result is SHED:
-                self.refusals.login_shed(session, self.logins.queued)
-            then(result)
+        def shed(_: Answer) -> None:
+            self.refusals.login_shed(session, self.logins.queued)
 
-        self.logins.check(session, source, login, passcode, answer)
+        self.logins.check_peer(session.peer, session, login, passcode, then, shed)
 
     def when_durable(self, done: Done) -> None:
         """Run done(None) once every step asked of the log so far is on disk."""

@@ -74,6 +74,8 @@ def on_send(session: Conn, frame: Frame) -> None:
         if err is None:
             if entry is not None and receipt is not None:
                 line.settle(entry, receipts.receipt(receipt))
+        elif isinstance(err, receipts.Refusal):
+            session.error(err.message, str(err), receipt=receipt, entry=entry)
         elif isinstance(err, MaybeStored):
             session.error(
                 "message may not be stored",
@@ -94,7 +96,7 @@ def on_send(session: Conn, frame: Frame) -> None:
             )
 
     try:
-        session.broker.accept(headers, frame.body, stored, urgent=receipt is not None)
+        session.broker.accept(headers, frame.body, stored, receipt is not None, session)
     except Refused:
         if entry is not None:
             line.remove(entry)

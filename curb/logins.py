@@ -109,6 +109,18 @@ class LoginChecks:
         """The user if this login verified before (no check needed), else None."""
         return self.cache.get(self._users, login, passcode)
 
+    def check_peer(self, peer: str, who: object, login: str, passcode: str, then: Waiter, shed: Waiter) -> None:
+        """`check` for a connection from `peer` (HOST:PORT), queued fairly by its host;
+        `shed(SHED)` too when it was shed unchecked."""
+        source = peer.rpartition(":")[0] or peer
+
+        def answer(result: Answer) -> None:
+            if result is SHED:
+                shed(result)
+            then(result)
+
+        self.check(who, source, login, passcode, answer)
+
     def check(self, who: object, source: str, login: str, passcode: str, then: Waiter) -> None:
         """Check a login for `who` (one waiter at a time each); `then(answer)` once known,
         possibly at once."""

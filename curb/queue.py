@@ -135,6 +135,47 @@ class Subscription(Generic[C, M]):
         return len(self.unacked) < self.prefetch
 
 
+def settings(
+    ack_mode: str,
+    prefetch: int | None,
+    ack_timeout: float | None,
+    default_prefetch: int,
+    max_prefetch: int,
+    default_timeout_ms: int,
+) -> tuple[int, int]:
+    """A SUBSCRIBE's prefetch and ack deadline (ms, 0: none), checked: QueueError for an
+    unknown ack mode or a value out of bounds. An "auto" subscription has no deadline."""
+    if ack_mode not in ACK_MODES:
+        raise QueueError(
+            f"unknown ack mode {ack_mode!r}; use one of {', '.join(ACK_MODES)}",
+            f"Send SUBSCRIBE with an ack header of {', '.join(ACK_MODES)}, or none for auto.",
+        )
+    if prefetch is None:
+        prefetch = default_prefetch
+    elif not 1 <= prefetch <= max_prefetch:
+        raise QueueError(
+            f"prefetch must be from 1 to {max_prefetch}, got {prefetch}",
+            f"Ask for a prefetch-count from 1 to {max_prefetch}, or leave it out for the broker's -prefetch.",
+        )
+    if ack_timeout is not None and ack_timeout < 0:
+        raise QueueError(
+            f"ack timeout must be at least 0, got {ack_timeout}",
+            "Ask for an ack timeout of 0 (no deadline) or more, or leave it out for the broker's -ack-timeout.",
+        )
+    timeout_ms = default_timeout_ms if ack_timeout is None else _ms(ack_timeout)
+    return prefetch, 0 if ack_mode == "auto" else timeout_ms
+
+
+def not_awaiting(message_id: int) -> QueueError:
+    """The error for an ACK, NACK or touch of a message the connection does not hold."""
+    return QueueError(
+        f"message {message_id} is not awaiting ACK or NACK on this connection",
+        "ACK or NACK only the ack header of a MESSAGE this connection received and has not yet "
+        "acknowledged; one acknowledged already (also by ACK curb-upto or a cumulative client "
+        "ACK) or held by another connection is unknown here.",
+    )
+
+
 class Queue(Generic[C, M]):
     """Subscriptions, their wip and credit, and the redelivery list, over a source of new ones."""
 
@@ -213,26 +254,9 @@ class Queue(Generic[C, M]):
                 "A connection holds one queue subscription at a time: UNSUBSCRIBE it before "
                 "subscribing again, or open another connection for a second consumer.",
             )
-        if ack_mode not in ACK_MODES:
-            raise QueueError(
-                f"unknown ack mode {ack_mode!r}; use one of {', '.join(ACK_MODES)}",
-                f"Send SUBSCRIBE with an ack header of {', '.join(ACK_MODES)}, or none for auto.",
-            )
-        if prefetch is None:
-            prefetch = self._default_prefetch
-        elif not 1 <= prefetch <= self._max_prefetch:
-            raise QueueError(
-                f"prefetch must be from 1 to {self._max_prefetch}, got {prefetch}",
-                f"Ask for a prefetch-count from 1 to {self._max_prefetch}, or leave it out for the broker's -prefetch.",
-            )
-        if ack_timeout is not None and ack_timeout < 0:
-            raise QueueError(
-                f"ack timeout must be at least 0, got {ack_timeout}",
-                "Ask for an ack timeout of 0 (no deadline) or more, or leave it out for the broker's -ack-timeout.",
-            )
-        timeout_ms = self._default_ack_timeout_ms if ack_timeout is None else _ms(ack_timeout)
-        if ack_mode == "auto":
-            timeout_ms = 0
+        prefetch, timeout_ms = settings(
+            ack_mode, prefetch, ack_timeout, self._default_prefetch, self._max_prefetch, self._default_ack_timeout_ms
+        )
         sub: Subscription[C, M] = Subscription(conn, sub_id, ack_mode, prefetch, timeout_ms)
         self._active[conn] = sub
         self._refresh(sub)
@@ -474,12 +498,7 @@ class Queue(Generic[C, M]):
                 "Nothing to do: the message will be, or was, delivered again. ACK or NACK in time, or extend "
                 "the deadline with NACK curb-touch:<ms> while working on it.",
             )
-        return QueueError(
-            f"message {message_id} is not awaiting ACK or NACK on this connection",
-            "ACK or NACK only the ack header of a MESSAGE this connection received and has not yet "
-            "acknowledged; one acknowledged already (also by ACK curb-upto or a cumulative client "
-            "ACK) or held by another connection is unknown here.",
-        )
+        return not_awaiting(message_id)
 
     def _after_settle(self, sub: Subscription[C, M]) -> None:
         """A message left the subscription's wip: its credit is free (or a paused one with

@@ -29,6 +29,18 @@ from curb.frame import FRAME_END, escape
 Done = Callable[[str | None], None]
 
 
+class Refusal(str):
+    """An answer to a waiting frame that is an ERROR of its own (a router passing on an
+    instance's): `message` its header, str() its body."""
+
+    message: str
+
+    def __new__(cls, message: str, detail: str) -> Refusal:
+        refusal = super().__new__(cls, detail)
+        refusal.message = message
+        return refusal
+
+
 class Unconfirmed(str):
     """An answer to a waiting RECEIPT that says whether the frames before it took effect
     can no longer be known (a router's link to an instance was lost before the instance

@@ -171,13 +171,17 @@ class Handshake(asyncio.Protocol):
             reason, why = handshake_failure(failure, self.timeout)
             self.broker.refusals.tls_failed(peer, reason, why, self._loop.time())
             return
-        connection = Connection(self.broker, admitted=True)
+        connection = self.connection()
         tls.set_protocol(connection)
         connection.connection_made(tls)
         for data in self._early:
             connection.data_received(data)
         for exc in self._lost:
             connection.connection_lost(exc)
+
+    def connection(self) -> Connection:
+        """The connection the handshake hands over to (admitted already)."""
+        return Connection(self.broker, admitted=True)
 
     def data_received(self, data: bytes) -> None:
         self._early.append(data)

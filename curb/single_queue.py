@@ -16,6 +16,7 @@ from curb.backend import COUNT, DEAD, QUEUE, REDRIVE
 from curb.counts import COUNT_DESTINATION, CountWatch
 from curb.dead import DEAD_DESTINATION, REDRIVE_DESTINATION
 from curb.destinations import send_refusal, subscribe_refusal
+from curb.frame import Frame
 from curb.peer import Peer
 
 if TYPE_CHECKING:
@@ -48,6 +49,11 @@ class SingleQueue:
         if destination == DEAD_DESTINATION:
             return DEAD, ""
         return (COUNT if destination == COUNT_DESTINATION else QUEUE), ""
+
+    @staticmethod
+    def scope(session: Peer, frame: Frame) -> str | None:
+        """None: an instance's permissions are plain (a router's may name destinations)."""
+        return None
 
     @staticmethod
     def check_send(headers: Mapping[str, str], body: bytes) -> None:

@@ -18,7 +18,7 @@ Rules:
 
 from __future__ import annotations
 
-from curb import commands
+from curb import commands, receipts
 from curb.backend import REDRIVE
 from curb.conn import OPEN, Conn
 from curb.frame import Frame
@@ -113,7 +113,29 @@ def on_commit(session: Conn, frame: Frame) -> None:
         commands.RULES[(OPEN, held.command)](session, Frame(held.command, headers, held.body))
         if session.state is not OPEN:
             return
-    session.line.after_sync(frame.headers.get("receipt"), "COMMIT")
+    _answer_commit(session, frame.headers.get("receipt"))
+
+
+def _answer_commit(session: Conn, receipt: str | None) -> None:
+    """COMMIT's RECEIPT once all of its frames are durable, or an ERROR in its place when
+    whether they all took effect cannot be known: a transaction promises all or nothing."""
+    line = session.line
+    entry = line.owe()
+
+    def done(err: str | None) -> None:
+        if err is None:
+            line.settle(entry, b"" if receipt is None else receipts.receipt(receipt))
+        else:
+            session.error(
+                "COMMIT not confirmed",
+                f"{err}. Whether every frame of this transaction took effect is unknown: its SENDs may be "
+                "stored (send them again with ids of your own that consumers deduplicate by), its ACKed "
+                "messages may come again.",
+                receipt=receipt,
+                entry=entry,
+            )
+
+    line.when_durable(done)
 
 
 def on_abort(session: Conn, frame: Frame) -> None:

@@ -9,7 +9,7 @@ import errno
 import pytest
 from memworld import MemWorld
 
-from curb.broker import BAD_HEADERS, FULL, RETRY_FULL_SECONDS, TOO_LARGE, NotStored, Refused
+from curb.broker import BAD_HEADERS, FULL, RETRY_FULL_SECONDS, TOO_LARGE, NotStored, Refused, publish
 from curb.frame import MAX_HEADERS
 
 
@@ -62,7 +62,7 @@ def test_a_full_queue_is_refused_with_a_retry_hint():
 def test_publish_is_a_future_done_after_the_fsync_and_failing_when_the_log_cannot_store(monkeypatch):
     async def run() -> tuple[bool, bool, str]:
         world = MemWorld()
-        stored = world.broker.publish({"content-type": "text/plain"}, b"hi")
+        stored = publish(world.broker, {"content-type": "text/plain"}, b"hi")
         world.log.flush()
         world.run_scheduled()
         await asyncio.sleep(0)
@@ -74,7 +74,7 @@ def test_publish_is_a_future_done_after_the_fsync_and_failing_when_the_log_canno
             raise OSError(errno.EIO, "Input/output error")
 
         monkeypatch.setattr(world.disk, "sync", failing_sync)
-        lost = world.broker.publish({}, b"lost")
+        lost = publish(world.broker, {}, b"lost")
         world.settle()
         with pytest.raises(NotStored) as failed:
             await lost

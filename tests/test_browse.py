@@ -14,6 +14,10 @@ from curb.frame import Frame
 from curb.log import QueueFull, Record
 from curb.log.browse import Browse
 from curb.render import BROWSE_END
+from curb.single_queue import SingleQueue
+
+# An instance's backend judges the destinations.
+INSTANCE = SingleQueue()
 
 
 def browse(peer: MemPeer, **headers: str) -> list[Frame]:
@@ -385,7 +389,7 @@ def test_browse_exactly_once_under_churn(seed: int) -> None:
     ],
 )
 def test_browse_and_ack_upto_need_the_consume_permission(command: str, headers: dict[str, str]) -> None:
-    assert permission_needed(Frame(command, headers, b"")) == "consume"
+    assert permission_needed(INSTANCE, Frame(command, headers, b"")) == "consume"
 
 
 def test_a_delayed_message_is_browsed_with_its_due_time_and_a_ready_one_without(world: MemWorld) -> None:

@@ -12,6 +12,10 @@ from test_session_rules import World, commands
 from curb import logins, users
 from curb.access import permission_needed
 from curb.frame import Frame, encode
+from curb.single_queue import SingleQueue
+
+# An instance's backend judges the destinations.
+INSTANCE = SingleQueue()
 
 CHEAP = {"n": 16, "r": 1, "p": 1}  # a valid scrypt hash that is quick to check in tests
 USERS = {
@@ -139,7 +143,7 @@ NEEDS = {
 def test_each_frame_needs_its_permission(user, name):
     command, headers = FRAMES[name]
     frame = Frame(command, dict(headers), b"")
-    assert permission_needed(frame) == NEEDS[name]
+    assert permission_needed(INSTANCE, frame) == NEEDS[name]
     world = world_with_users()
     peer = connect(world, login=user, passcode=f"pw-{user[0]}")
     assert commands(peer.frames()) == ["CONNECTED"]

@@ -40,8 +40,9 @@ from curb.instance import (
     sockname,
 )
 from curb.router import routes as routing
+from curb.router.config import RouterConfig
 from curb.router.core import RouterCore
-from curb.router.glue import Router, client_factory
+from curb.router.glue import Router, loop_core
 from curb.router.spawner import Spawner
 
 DEFAULT_PORT = 61614
@@ -215,8 +216,7 @@ def router_command(
     except tls.TlsError as err:
         click.echo(f"curb: TLS: {err}; fix the -tls or -instance-tls flags", err=True)
         sys.exit(EXIT_USAGE)
-    core = RouterCore(
-        table,
+    config = RouterConfig(
         prefetch=prefetch,
         max_frame=max_frame,
         heartbeat_ms=round(heartbeat * 1000),
@@ -224,12 +224,11 @@ def router_command(
         link_wait=link_wait,
         login=login,
         passcode=passcode,
-        events=events,
     )
     try:
         spawning = None if spawn_dir is None else (Path(spawn_dir).resolve(), spawn_cap, spawn_max, tuple(spawn_args))
         listeners = Listeners(addr, tls_addr, server_tls, link_tls, users_path)
-        code = asyncio.run(serve(core, listeners, route_flags, routes_file, events, spawning))
+        code = asyncio.run(serve(table, config, listeners, route_flags, routes_file, events, spawning))
     except StartError as err:
         click.echo(f"curb: {err.line}", err=True)
         sys.exit(err.status)
@@ -263,7 +262,8 @@ def _credentials(path: str) -> tuple[str, str]:
 
 
 async def serve(
-    core: RouterCore,
+    table: routing.Routes,
+    config: RouterConfig,
     listeners: Listeners,
     route_flags: tuple[str, ...],
     routes_file: str | None,
@@ -271,10 +271,11 @@ async def serve(
     spawning: tuple[Path, str, int, tuple[str, ...]] | None = None,
 ) -> int:
     loop = asyncio.get_running_loop()
+    core = loop_core(table, config=config, events=events)
     router = Router(core, listeners.link_tls)
     users_path = listeners.users_path
     if users_path is not None:
-        router.use_users(load_users(users_path))
+        core.users = load_users(users_path)
     spawner = None if spawning is None else _spawner(core, router, spawning, events)
     servers = await _listen(loop, router, listeners)
     stop = loop.create_future()
@@ -333,18 +334,16 @@ async def _listen(loop: asyncio.AbstractEventLoop, router: Router, listeners: Li
     """The client listeners, -addr and then -tls-addr if given (serving at once)."""
     addr = listeners.addr
     servers = [
-        await listen(
-            "-addr", addr, lambda: loop.create_server(client_factory(router), addr[0], addr[1], reuse_address=True)
-        )
+        await listen("-addr", addr, lambda: loop.create_server(router.client, addr[0], addr[1], reuse_address=True))
     ]
-    tls_addr = listeners.tls_addr
-    if tls_addr is not None:
+    tls_addr, server_tls = listeners.tls_addr, listeners.server_tls
+    if tls_addr is not None and server_tls is not None:
         servers.append(
             await listen(
                 "-tls-addr",
                 tls_addr,
                 lambda: loop.create_server(
-                    client_factory(router), tls_addr[0], tls_addr[1], ssl=listeners.server_tls, reuse_address=True
+                    lambda: router.tls_client(server_tls), tls_addr[0], tls_addr[1], reuse_address=True
                 ),
             )
         )
@@ -359,7 +358,7 @@ def _reload(
     core = router.core
     if users_path is not None:
         try:
-            router.use_users(load_users(users_path))
+            core.users = load_users(users_path)
             events("reloaded", f"reloaded {len(core.users or {})} users from {users_path}")
         except StartError as err:
             events("reload_failed", f"{err.line}; kept the users read before")

@@ -94,15 +94,12 @@ def parse_file(text: str) -> list[str]:
     return [route for route in routes if route]
 
 
-COUNT_SUFFIX = "/count"
-
-
-def count_name(header: str | None) -> str | None:
-    """The destination whose counts a `destination` header asks for (`/queue/NAME/count`
-    or `./NAME/count`), or None."""
-    if header is None or not header.endswith(COUNT_SUFFIX):
+def own_name(header: str | None, suffix: str) -> str | None:
+    """The destination whose own name a `destination` header gives (`./NAME/count` or
+    `/queue/NAME/count` for suffix "/count"; "/dead", "/redrive" alike), or None."""
+    if header is None or not header.endswith(suffix):
         return None
-    return destination_name(header[: -len(COUNT_SUFFIX)])
+    return destination_name(header[: -len(suffix)])
 
 
 def destination_name(header: str | None) -> str | None:

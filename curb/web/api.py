@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from curb import payload
-from curb.broker import Broker, NotStored, Refused
+from curb.broker import Broker, NotStored, Refused, publish
 from curb.heartbeat import MAX_MS
 from curb.queue import Late
 from curb.users import User
@@ -159,7 +159,7 @@ class Api:
         body = await read_body(request, self.settings.max_message, "-narconi-max-message")
         headers = self.stored_headers(headers_in(request.headers, request.headers.get("Content-Type")))
         try:
-            stored = self.broker.publish(headers, body)
+            stored = publish(self.broker, headers, body)
         except Refused as err:
             raise refused(err) from None
         try:
@@ -210,7 +210,7 @@ class Api:
         refusal: Refusal | None = None
         for headers, body in messages:
             try:
-                futures.append(broker.publish(headers, body))
+                futures.append(publish(broker, headers, body))
             except Refused as err:
                 refusal = refused(err, {"stored": len(futures)})
                 break

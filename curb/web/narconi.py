@@ -44,7 +44,7 @@ from typing import Any, Protocol
 from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from curb import payload
-from curb.broker import Broker, NotStored, Refused
+from curb.broker import Broker, NotStored, Refused, publish
 from curb.log import Record
 from curb.queue import Late, QueueError, Subscription
 from curb.session import OUTPUT_LIMIT
@@ -234,7 +234,7 @@ class _Publisher:
             text = f"a message of {len(body)} bytes is over the limit of {settings.max_message} bytes"
             return 413, text + " (-narconi-max-message)"
         try:
-            return self.api.broker.publish(self.api.stored_headers(headers), body)
+            return publish(self.api.broker, self.api.stored_headers(headers), body)
         except Refusal as err:
             return err.status, err.error
         except Refused as err:

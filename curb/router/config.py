@@ -1,0 +1,25 @@
+"""The router's settings, fixed at start-up: what its clients' sessions read (the
+`curb.backend.SessionConfig` fields, as an instance's `BrokerConfig` has them) and what
+its links to instances use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from curb.broker_config import CONNECT_TIMEOUT_SECONDS, REFUSE_DELAY_SECONDS
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    """-prefetch, -max-frame, -heartbeat, -link-heartbeat, -link-wait and the instance
+    credentials; the CONNECT timeout and refusal delay as an instance's."""
+
+    prefetch: int = 100
+    max_frame: int = 16 << 20
+    heartbeat_ms: int = 10_000
+    connect_timeout: float = CONNECT_TIMEOUT_SECONDS
+    refuse_delay: float = REFUSE_DELAY_SECONDS
+    link_heartbeat_ms: int = 2_000
+    link_wait: float = 5.0  # how long a SEND waits for an instance of its destination
+    login: str | None = None  # the router's own login on instances with -users
+    passcode: str | None = None

@@ -1,0 +1,208 @@
+"""Clients' credit and the instances' subscriptions, sans I/O: how much each instance may
+send the router, and which client subscription takes each MESSAGE.
+
+Rules (invariants the tests check):
+- Per instance at most one upstream subscription, open while clients of its destination
+  have free credit for it. Its prefetch (`window`) never exceeds the clients' free
+  credit for that instance (`free`: the sum over client subscriptions of their share of
+  the instance less what they hold from it): `window - on_current <= free`. So every
+  MESSAGE of the current subscription finds a client with credit, and an ACK or NACK
+  frees one place on each side. When `free` falls below what the instance may still send
+  (a client leaves, unsubscribes, cannot take output, or its share moves) the router
+  UNSUBSCRIBEs (the held messages stay ACKable on the link) and SUBSCRIBEs again with
+  the new `free`, or not at all when it is 0.
+- Each MESSAGE goes to one client subscription with credit, taken in turn.
+- A client subscription's prefetch is split into shares, one per instance of its
+  destination that is up: at least 1 each, the rest to those that report queued
+  messages (their `./count`), NSQ's shape; a single instance gets all of it. A session
+  that cannot take output has no share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from curb.log.cursor import Record
+from curb.peer import Peer
+from curb.queue import Subscription
+from curb.router.links import UP, Link, Links
+
+# The most an instance lets one subscription hold (its queue's bound): a larger window
+# would be cut there, silently.
+MAX_WINDOW = 10_000
+
+
+@dataclass(eq=False)
+class ClientSub(Subscription[Peer, Record]):
+    """A client's SUBSCRIBE through the router: its destination and its credit per instance."""
+
+    dest: str = ""
+    shares: dict[Link, int] = field(default_factory=dict)
+    held: dict[Link, int] = field(default_factory=dict)
+
+    def free(self, link: Link) -> int:
+        return max(0, self.shares.get(link, 0) - self.held.get(link, 0)) if self.active else 0
+
+
+@dataclass(slots=True, eq=False)
+class Delivery:
+    """A message an instance delivered to the router and the router to one client."""
+
+    link: Link
+    upstream: str  # the instance's ack id
+    sub_id: str  # the upstream subscription it came on
+    sub: ClientSub
+    rec: Record  # as the client's session renders it: the router's stable id
+    epoch: int  # the link's connection it came on
+    due: float = 0.0  # its ack deadline (curb-ack-timeout), 0: none
+
+
+@dataclass(slots=True, eq=False)
+class Upstream:
+    """A consuming link's subscription and the instance's counts."""
+
+    sub_id: str | None = None
+    sub_seq: int = 0
+    window: int = 0
+    on_current: int = 0  # messages held from the current subscription
+    free: int = 0  # the clients' free credit for this instance
+    counts: dict[str, int] = field(default_factory=dict)  # the instance's ./count
+    deliveries: dict[str, Delivery] = field(default_factory=dict)  # by the instance's ack id
+
+
+class Credit:
+    """Every client subscription of the router, and each consuming link's upstream."""
+
+    def __init__(self, links: Links, dests: Callable[[str], list[Link]]):
+        self.links = links
+        self.dests = dests  # a destination's consuming links, in route order
+        self.subs: dict[str, list[ClientSub]] = {}
+        self.upstream: dict[Link, Upstream] = {}
+        self._turn: dict[str, int] = {}
+
+    def of(self, link: Link) -> Upstream:
+        upstream = self.upstream.get(link)
+        if upstream is None:
+            upstream = self.upstream[link] = Upstream()
+        return upstream
+
+    def add(self, sub: ClientSub) -> None:
+        self.subs.setdefault(sub.dest, []).append(sub)
+        self.share(sub)
+        self.rebalance_dest(sub.dest)
+
+    def drop(self, sub: ClientSub) -> None:
+        """A client subscription ends: its free credit leaves the instances' sums. What
+        it holds stays ACKable (UNSUBSCRIBE) or is NACKed (a session gone)."""
+        subs = self.subs.get(sub.dest, [])
+        if sub in subs:
+            subs.remove(sub)
+        for link in list(sub.shares):
+            self.of(link).free -= sub.free(link)
+            sub.shares[link] = 0
+        sub.active = False
+        if not subs:
+            self.subs.pop(sub.dest, None)
+        self.rebalance_dest(sub.dest)
+
+    def taker(self, link: Link) -> ClientSub | None:
+        """The next client subscription (in turn) with free credit for this instance."""
+        subs = self.subs.get(link.dest)
+        if not subs:
+            return None
+        count = len(subs)
+        start = self._turn.get(link.dest, 0)
+        for step in range(count):
+            sub = subs[(start + step) % count]
+            if sub.free(link) > 0:
+                self._turn[link.dest] = (start + step + 1) % count
+                return sub
+        return None
+
+    def hold(self, delivery: Delivery, held: int) -> None:
+        """A client took (1) or let go of (-1) a message from the instance."""
+        self._adjust(delivery.sub, delivery.link, held=held)
+        upstream = self.of(delivery.link)
+        if delivery.sub_id == upstream.sub_id:
+            upstream.on_current += held
+
+    def _adjust(self, sub: ClientSub, link: Link, held: int = 0, share: int | None = None) -> None:
+        """Change what a client subscription holds from, or may take from, an instance,
+        keeping the instance's `free` the sum of every subscription's free credit."""
+        before = sub.free(link)
+        if held:
+            sub.held[link] = sub.held.get(link, 0) + held
+        if share is not None:
+            sub.shares[link] = share
+        self.of(link).free += sub.free(link) - before
+
+    def share(self, sub: ClientSub) -> None:
+        """Split a subscription's prefetch over its destination's instances (see the rules)."""
+        if not sub.active:
+            return
+        links = self.dests(sub.dest)
+        up = [link for link in links if link.state is UP] if sub.conn.writable else []
+        busy = [link for link in up if self.of(link).counts.get("rdy", 0) > 0] or up
+        rest = max(0, sub.prefetch - len(up))
+        each, extra = divmod(rest, len(busy) or 1)
+        for link in links:
+            share = 0
+            if link in up:
+                share = sub.prefetch if len(links) == 1 else 1
+                if link in busy and len(links) > 1:
+                    index = busy.index(link)
+                    share += each + (1 if index < extra else 0)
+            self._adjust(sub, link, share=share)
+
+    def reshare(self, dest: str) -> None:
+        for sub in self.subs.get(dest, ()):
+            self.share(sub)
+        self.rebalance_dest(dest)
+
+    def rebalance_dest(self, dest: str) -> None:
+        for link in self.dests(dest):
+            self.rebalance(link)
+
+    def rebalance(self, link: Link) -> None:
+        """Keep what the instance may still send within the clients' free credit, and open
+        it up again when much more credit is free than the subscription allows."""
+        if link.state is not UP:
+            return
+        upstream = self.of(link)
+        may_send = upstream.window - upstream.on_current
+        slack = upstream.free - may_send
+        if slack == 0 or (slack > 0 and upstream.window >= MAX_WINDOW):
+            return
+        if slack > 0 and upstream.window and 2 * slack < upstream.window:
+            return
+        if upstream.sub_id is not None:
+            self.links.send(link, "UNSUBSCRIBE", {"id": upstream.sub_id})
+            upstream.sub_id, upstream.window, upstream.on_current = None, 0, 0
+        if upstream.free > 0:
+            upstream.sub_seq += 1
+            upstream.sub_id = f"s{upstream.sub_seq}"
+            upstream.window = min(upstream.free, MAX_WINDOW)
+            headers = {
+                "id": upstream.sub_id,
+                "destination": f"/queue/{link.dest}",
+                "ack": "client-individual",
+                "prefetch-count": str(upstream.window),
+            }
+            self.links.send(link, "SUBSCRIBE", headers)
+
+    def link_up(self, link: Link) -> None:
+        self.links.send(link, "SUBSCRIBE", {"id": "count", "destination": "./count"})
+        self.reshare(link.dest)
+
+    def link_down(self, link: Link) -> list[Delivery]:
+        """The link is gone: what it delivered is requeued by the instance; the caller
+        drops those deliveries (returned) from their clients."""
+        upstream = self.of(link)
+        deliveries = list(upstream.deliveries.values())
+        upstream.deliveries.clear()
+        for delivery in deliveries:
+            self.hold(delivery, -1)
+        upstream.sub_id, upstream.window, upstream.on_current, upstream.counts = None, 0, 0, {}
+        self.reshare(link.dest)
+        return deliveries

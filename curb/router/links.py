@@ -1,0 +1,263 @@
+"""The router's connections to its instances (links), sans I/O: their STOMP side, frames
+forwarded with the router's receipts, heart-beats and what a lost link leaves behind.
+
+Two links per instance: SENDS carries SENDs (and redrives), CONSUMES the subscription,
+its ACKs and NACKs and the instance's `./count`. Two, because an instance ends a
+connection after an ERROR (a SEND refused as queue full, say), and that must not return
+the messages consumers hold.
+
+The glue (curb.router.glue) tells `Links` that a link connected, sent bytes or was lost;
+`Links` writes into each link's `out` and marks it in `dirty`, and tells the core
+(`LinkEvents`) what the instance said.
+
+Rules:
+- A frame forwarded with our receipt (`r<N>`) waits in `Link.forwarded` until the
+  instance's RECEIPT or ERROR names it. An ERROR answers its frame; the frames after it
+  were dropped unread by the instance, and are the core's to place again (`lost`).
+- An epoch counts a link's connections: what was delivered on an earlier one was
+  requeued by the instance when it ended.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from curb import heartbeat
+from curb.deadlines import BEAT_EARLY
+from curb.frame import Frame, FrameParser, ProtocolError, encode
+from curb.peer import Peer
+from curb.receipts import Done
+from curb.router.routes import Address
+from curb.router.waits import Waits
+
+DOWN, CONNECTING, UP = "down", "connecting", "up"
+SENDS, CONSUMES = "sends", "consumes"
+LINK_MAX_FRAME = 64 * 1024 * 1024
+
+
+@dataclass(slots=True, eq=False)
+class Forwarded:
+    """A frame a client's session asked the router to forward, until an instance answers."""
+
+    session: Peer
+    waits: Waits
+    command: str
+    headers: dict[str, str]
+    body: bytes
+    dest: str
+    done: Done | None = None  # told the instance's answer: None, or why it failed
+    number: int = 0  # its place in its session's Waits
+    wire: bytes | None = None  # the frame as the instance gets it, but for our receipt
+    answer: Frame | None = None  # the instance's RECEIPT, once it came
+
+    def answered(self, frame: Frame) -> None:
+        self.answer = frame
+        if self.done is not None:
+            self.done(None)
+        self.waits.answered(self.number)
+
+    def failed(self, why: str) -> None:
+        if self.done is not None:
+            self.done(why)
+        self.waits.answered(self.number)
+
+
+class Link:
+    """One connection to one instance, and what it carries."""
+
+    def __init__(self, number: int, dest: str, address: Address, role: str):
+        self.number = number
+        self.dest = dest
+        self.address = address
+        self.role = role
+        self.state = DOWN
+        self.epoch = 0
+        self.out: list[bytes] = []
+        self.close_wanted = False
+        self.last_recv = self.last_send = 0.0
+        self.send_every = self.expect_every = 0.0
+        self.parser = FrameParser(max_frame_bytes=LINK_MAX_FRAME)
+        self.forwarded: collections.OrderedDict[str, Forwarded] = collections.OrderedDict()
+        self.next_receipt = 0
+        self.why_down = "not connected yet"
+        self.tried = False  # a connection was tried (the glue's start-up waits for it)
+
+    @property
+    def name(self) -> str:
+        return f"{self.address[0]}:{self.address[1]}"
+
+
+class LinkEvents(Protocol):
+    """What the core is told of its links."""
+
+    def link_up(self, link: Link) -> None: ...
+    def link_down(self, link: Link, why: str, pending: list[Forwarded]) -> None: ...
+    def instance_message(self, link: Link, frame: Frame) -> None: ...
+    def instance_refused(self, link: Link, item: Forwarded, frame: Frame, after: list[Forwarded]) -> None: ...
+
+
+class Links:
+    """Every link of one router, their output and their heart-beats."""
+
+    def __init__(
+        self,
+        core: LinkEvents,
+        heartbeat_ms: int,
+        login: str | None,
+        passcode: str | None,
+        events: Callable[..., None],
+    ):
+        self.core = core
+        self.heartbeat_ms = heartbeat_ms
+        self.login, self.passcode = login, passcode
+        self.events = events
+        self.by_number: dict[int, Link] = {}
+        self.dirty: dict[Link, None] = {}
+        self.now = 0.0
+
+    def write(self, link: Link, data: bytes) -> None:
+        if not link.close_wanted:
+            link.out.append(data)
+            self.dirty[link] = None
+
+    def send(self, link: Link, command: str, headers: dict[str, str]) -> None:
+        """A frame without our receipt (nothing waits for its answer)."""
+        if link.state is not DOWN:
+            self.write(link, encode(command, headers))
+
+    def forward(self, link: Link, item: Forwarded) -> None:
+        """A frame with our receipt: its answer settles `item`."""
+        link.next_receipt += 1
+        receipt = f"r{link.next_receipt}"
+        link.forwarded[receipt] = item
+        if item.wire is None:  # encoded once, without our receipt, which goes in per link
+            item.wire = encode(item.command, item.headers, item.body)
+        cut = len(item.command) + 1
+        self.write(link, b"%sreceipt:%s\n%s" % (item.wire[:cut], receipt.encode(), item.wire[cut:]))
+
+    def take_dirty(self, now: float) -> list[Link]:
+        """The links with output or a close to apply; their `out` is the glue's to write."""
+        dirty = list(self.dirty)
+        self.dirty.clear()
+        for link in dirty:
+            if link.out:
+                link.last_send = now
+        return dirty
+
+    # ---------------------------------------------------------------- the glue's calls
+
+    def connected(self, link: Link, now: float) -> None:
+        """A TCP (or TLS) connection to the instance is open: log in."""
+        link.state = CONNECTING
+        link.parser = FrameParser(max_frame_bytes=LINK_MAX_FRAME)
+        link.out.clear()
+        link.close_wanted = False
+        link.last_recv = link.last_send = now
+        beat = self.heartbeat_ms
+        headers = {"accept-version": "1.2", "host": link.address[0], "heart-beat": f"{beat},{beat}"}
+        if self.login is not None:
+            headers["login"] = self.login
+            headers["passcode"] = self.passcode or ""
+        self.write(link, encode("CONNECT", headers))
+
+    def data(self, link: Link, data: bytes, now: float) -> None:
+        link.last_recv = self.now = now
+        try:
+            frames = link.parser.feed(data)
+        except ProtocolError as err:
+            for frame in err.frames:
+                self._frame(link, frame)
+            self.drop(link, f"bad frame from the instance: {err}")
+            return
+        for frame in frames:
+            if link.state is DOWN:
+                return
+            self._frame(link, frame)
+
+    def lost(self, link: Link, why: str) -> None:
+        """The connection is gone (or never came): what it forwarded is the core's again."""
+        was_up = link.state is UP
+        link.state = DOWN
+        link.why_down = why
+        if was_up:
+            self.events(
+                "link_down",
+                f"instance {link.name} of {link.dest!r} is down ({link.role}): {why}",
+                instance=link.name,
+                dest=link.dest,
+                reason=why,
+            )
+        pending = list(link.forwarded.values())
+        link.forwarded.clear()
+        self.core.link_down(link, why, pending)
+
+    def drop(self, link: Link, why: str) -> None:
+        link.close_wanted = True
+        self.dirty[link] = None
+        self.lost(link, why)
+
+    # ---------------------------------------------------------------- frames from instances
+
+    def _frame(self, link: Link, frame: Frame) -> None:
+        command = frame.command
+        if command == "MESSAGE":
+            self.core.instance_message(link, frame)
+        elif command == "RECEIPT":
+            item = link.forwarded.pop(frame.headers.get("receipt-id", ""), None)
+            if item is not None:
+                item.answered(frame)
+        elif command == "CONNECTED":
+            self._up(link, frame)
+        elif command == "ERROR":
+            self._refused(link, frame)
+        else:
+            self.drop(link, f"unexpected {command[:40]} frame from the instance")
+
+    def _up(self, link: Link, frame: Frame) -> None:
+        try:
+            theirs = heartbeat.parse(frame.headers.get("heart-beat", "0,0"))
+        except ValueError:
+            self.drop(link, "bad heart-beat header from the instance")
+            return
+        beat = self.heartbeat_ms
+        link.send_every, link.expect_every = heartbeat.negotiate((beat, beat), theirs)
+        link.state = UP
+        link.epoch += 1
+        link.why_down = ""
+        self.events(
+            "link_up",
+            f"instance {link.name} of {link.dest!r} is up ({link.role})",
+            instance=link.name,
+            dest=link.dest,
+            role=link.role,
+        )
+        self.core.link_up(link)
+
+    def _refused(self, link: Link, frame: Frame) -> None:
+        """An instance's ERROR names the frame by our receipt; it ends the connection."""
+        receipt = frame.headers.get("receipt-id")
+        item = link.forwarded.pop(receipt, None) if receipt is not None else None
+        reason = frame.headers.get("message", "ERROR")
+        if item is None:
+            self.drop(link, f"the instance sent ERROR {reason[:80]!r}")
+            return
+        after = list(link.forwarded.values())
+        link.forwarded.clear()
+        self.drop(link, f"the instance refused a {item.command}: {reason[:80]}")
+        self.core.instance_refused(link, item, frame, after)
+
+    # ---------------------------------------------------------------- time
+
+    def tick(self, now: float) -> None:
+        """Drop the links to instances silent for too long; beat on those owed one."""
+        self.now = now
+        for link in list(self.by_number.values()):
+            if link.state is DOWN:
+                continue
+            if link.expect_every and now - link.last_recv > heartbeat.tolerance(link.expect_every):
+                self.drop(link, "the instance fell silent (no heart-beat)")
+            elif link.send_every and now - link.last_send >= link.send_every * BEAT_EARLY:
+                self.write(link, b"\n")
