@@ -543,7 +543,7 @@ def users_world(*route: str) -> World:
     def check(session: Peer, login: str, passcode: str, answer: Callable[[Answer], None]) -> None:
         w.pending.append((answer, table.get(login) if passcode == "pw" else None))
 
-    w.core.check_login = check  # type: ignore[method-assign]
+    w.core.check_login = check  # type: ignore[method-assign,assignment]
     return w
 
 
