@@ -14,8 +14,9 @@ from curb.logins import Answer
 from curb.peer import Peer
 from curb.router import routes
 from curb.router.config import RouterConfig
-from curb.router.core import INDEX_BITS, RouterCore
+from curb.router.core import RouterCore
 from curb.router.links import UP, Link
+from curb.router.placement import INDEX_BITS
 from curb.session import Session
 
 
@@ -44,11 +45,11 @@ class World:
 
     def link(self, dest: str, index: int = 0) -> Link:
         """The link that consumes from a destination's instance number `index`."""
-        return self.core.dests[dest][index]
+        return self.core.placement.dests[dest][index]
 
     def sender(self, dest: str, index: int = 0) -> Link:
         """The link that sends to it."""
-        return self.core.senders[dest][index]
+        return self.core.placement.senders[dest][index]
 
     def up(self, dest: str, index: int = 0) -> Link:
         """Connect both links to the instance and answer their CONNECTs; returns the
@@ -104,7 +105,7 @@ class World:
 
 def stable_id(w: World, link: Link, instance_id: int) -> str:
     """A message's id through the router: the instance's id and the instance's index."""
-    return str(instance_id << INDEX_BITS | w.core.indexes[(link.dest, link.address)])
+    return str(instance_id << INDEX_BITS | w.core.placement.indexes[(link.dest, link.address)])
 
 
 def message(sub: str, msg_id: int, body: bytes = b"x", **headers: str) -> tuple[str, dict[str, str], bytes]:
@@ -733,7 +734,7 @@ def spawning_world() -> tuple[World, list[str]]:
         asked.append(wanted)
         return True
 
-    w.core.spawn = spawn
+    w.core.placement.spawn = spawn
     return w, asked
 
 

@@ -291,7 +291,7 @@ async def serve(
     if spawner is not None:
         spawner.start()
         for name in spawner.children:  # the logs already in DIR: destinations at once
-            core.spawn_pending(name)
+            core.placement.spawn_pending(name)
     names = ", ".join(sockname(s) for s in servers[0].sockets)
     tls_names = "".join(f"; TLS on {sockname(s)}" for server in servers[1:] for s in server.sockets)
     _say_who_may_connect(core, users_path, events, servers)
@@ -300,7 +300,7 @@ async def serve(
         f"listening on {names} (router; routes: {_describe(core_routes(core))}){tls_names}",
         addr=names,
     )
-    systemd.notify("READY=1", f"STATUS=routing {len(core.dests)} destinations")
+    systemd.notify("READY=1", f"STATUS=routing {len(core.placement.dests)} destinations")
     await stop
     systemd.notify("STOPPING=1")
     events("stopping", "stopping: closing clients and links")
@@ -326,7 +326,7 @@ def _spawner(
         lambda name, port: router.add_links(core.spawned_instance(name, ("127.0.0.1", port))),
         events,
     )
-    core.spawn = spawner.want
+    core.placement.spawn = spawner.want
     return spawner
 
 
@@ -392,7 +392,7 @@ def _say_who_may_connect(
 
 
 def core_routes(core: RouterCore) -> routing.Routes:
-    return routing.Routes({name: tuple(link.address for link in links) for name, links in core.dests.items()})
+    return routing.Routes({name: tuple(link.address for link in links) for name, links in core.placement.dests.items()})
 
 
 def _describe(table: routing.Routes) -> str:

@@ -1,0 +1,158 @@
+"""What each client of the router holds, sans I/O: its subscriptions, the MESSAGEs it was
+handed and their ACKs and NACKs, forwarded to the instance that delivered them.
+
+Rules (invariants the tests check):
+- Each MESSAGE of an instance goes to one client subscription with credit (curb.router.
+  credit), rendered by the client's own session; its message-id and ack id are the
+  instance's id shifted left by INDEX_BITS plus the instance's index, the same on every
+  delivery of the message and across reconnects. One no client can take (it crossed a
+  smaller SUBSCRIBE) is handed back at once with `curb-undelivered:true`, which the
+  instance does not count as a delivery.
+- ACK, NACK and touch go to that instance without a receipt; the links they used are
+  remembered (`unsynced`) until a RECEIPT waits for them (curb.router.core.durability).
+  With ack:client an ACK settles every earlier delivery of its subscription too.
+- An auto subscription's message is ACKed upstream once its session handed it to the
+  transport (`handed_off`), as an instance does.
+- A link lost: what it delivered is dropped from its clients (the instance requeued it);
+  their ACK or NACK of it is late (`Late`: a RECEIPT with `curb-late:true`), changing
+  nothing. A session gone has everything it holds NACKed, so it is redelivered.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+
+from curb import payload
+from curb.frame import Frame, decimal
+from curb.log.cursor import Record
+from curb.peer import Peer
+from curb.queue import Late, QueueError, not_awaiting
+from curb.router.credit import ClientSub, Credit, Delivery
+from curb.router.links import Link, Links
+from curb.router.placement import INDEX_BITS
+
+LATE_KEPT = 4096  # ids a session held when their link was lost: their ACKs are late
+_MESSAGE_OWN = frozenset(
+    ("subscription", "destination", "message-id", "ack", "content-length", "redelivered", "curb-deliveries")
+)
+
+
+class Deliveries:
+    """Every client's subscriptions and held messages."""
+
+    def __init__(self, links: Links, credit: Credit):
+        self.links = links
+        self.credit = credit
+        self.subs: dict[Peer, dict[str, ClientSub]] = {}
+        self.holding: dict[Peer, dict[int, Delivery]] = {}
+        self.late: dict[Peer, collections.deque[int]] = {}
+        self.unsynced: dict[Peer, dict[Link, int]] = {}  # links its ACKs used since, and their epoch
+
+    def subscribe(self, sub: ClientSub) -> None:
+        subs = self.subs.setdefault(sub.conn, {})
+        if sub.id in subs:
+            raise QueueError(
+                f"subscription {sub.id!r} exists already on this connection",
+                "Give each SUBSCRIBE of a connection its own id, or UNSUBSCRIBE the old one first.",
+            )
+        subs[sub.id] = sub
+        self.credit.add(sub)
+
+    def unsubscribe(self, session: Peer, sub_id: str) -> ClientSub:
+        sub = self.subs.get(session, {}).pop(sub_id, None)
+        if sub is None:
+            raise QueueError(
+                f"no active subscription {sub_id!r} on this connection",
+                "UNSUBSCRIBE with the id of this connection's SUBSCRIBE, once; it needs no UNSUBSCRIBE after that.",
+            )
+        self.credit.drop(sub)
+        return sub
+
+    def message(self, link: Link, frame: Frame, index: int | None) -> None:
+        """An instance's MESSAGE: to a client with credit, or handed back at once."""
+        headers = frame.headers
+        upstream = headers.get("ack") or headers.get("message-id", "")
+        sub = self.credit.taker(link)
+        if sub is None or index is None or not upstream.isdigit():
+            self.links.send(link, "NACK", {"id": upstream, "curb-undelivered": "true"})
+            return
+        try:
+            deliveries = decimal(headers.get("curb-deliveries", "1"), "curb-deliveries", 1 << 31)
+        except ValueError:
+            deliveries = 1
+        msg_id = int(upstream) << INDEX_BITS | index
+        rec = Record(msg_id, 0, len(frame.body), deliveries, 0, None)
+        delivery = Delivery(link, upstream, headers.get("subscription", ""), sub, rec, link.epoch)
+        self.credit.hold(delivery, 1)
+        self.credit.of(link).deliveries[upstream] = delivery
+        self.holding.setdefault(sub.conn, {})[msg_id] = delivery
+        sub.unacked[msg_id] = rec
+        kept = {name: value for name, value in headers.items() if name not in _MESSAGE_OWN}
+        sub.conn.deliver(sub, rec, payload.encode(kept, frame.body))
+
+    def handed_off(self, session: Peer, records: Sequence[Record]) -> None:
+        """Auto-acked messages went to the transport: done, on their instances too."""
+        holding = self.holding.get(session, {})
+        for rec in records:
+            delivery = holding.get(rec.id)
+            if delivery is not None:
+                self.settle(delivery)
+                self.links.send(delivery.link, "ACK", {"id": delivery.upstream})
+
+    def settle(self, delivery: Delivery) -> None:
+        """The delivery is over for the router (ACKed, NACKed, or its client gone)."""
+        self.credit.of(delivery.link).deliveries.pop(delivery.upstream, None)
+        self.holding.get(delivery.sub.conn, {}).pop(delivery.rec.id, None)
+        delivery.sub.unacked.pop(delivery.rec.id, None)
+        self.credit.hold(delivery, -1)
+        self.credit.rebalance(delivery.link)
+
+    def ack(self, session: Peer, msg_id: int) -> None:
+        delivery = self.held(session, msg_id)
+        settled = [delivery]
+        sub = delivery.sub
+        if sub.ack_mode == "client":  # every delivery of the subscription up to it
+            ids = list(sub.unacked)
+            settled = [self.holding[session][each] for each in ids[: ids.index(msg_id) + 1]]
+        for each in settled:
+            self.answer(session, each, "ACK", {})
+
+    def answer(self, session: Peer, delivery: Delivery, command: str, extra: dict[str, str]) -> None:
+        """An ACK or NACK of the delivery, to its instance."""
+        self.settle(delivery)
+        self.forward(session, delivery, command, extra)
+
+    def forward(self, session: Peer, delivery: Delivery, command: str, extra: dict[str, str]) -> None:
+        self.links.send(delivery.link, command, {"id": delivery.upstream, **extra})
+        self.unsynced.setdefault(session, {})[delivery.link] = delivery.link.epoch
+
+    def held(self, session: Peer, msg_id: int) -> Delivery:
+        """The delivery the session holds as `msg_id`; Late when its link was lost (the
+        instance requeued it), QueueError when it holds none."""
+        delivery = self.holding.get(session, {}).get(msg_id)
+        if delivery is not None:
+            return delivery
+        if msg_id in self.late.get(session, ()):
+            raise Late(
+                f"message {msg_id}'s instance was lost while this connection held it",
+                "Nothing to do: the instance queued it again, and it will be delivered again.",
+            )
+        raise not_awaiting(msg_id)
+
+    def link_down(self, link: Link) -> None:
+        for delivery in self.credit.link_down(link):
+            session = delivery.sub.conn
+            self.holding.get(session, {}).pop(delivery.rec.id, None)
+            delivery.sub.unacked.pop(delivery.rec.id, None)
+            self.late.setdefault(session, collections.deque(maxlen=LATE_KEPT)).append(delivery.rec.id)
+
+    def gone(self, session: Peer) -> None:
+        """NACK what the session held, so the instances redeliver it; its credit leaves."""
+        for delivery in list(self.holding.pop(session, {}).values()):
+            self.settle(delivery)
+            self.links.send(delivery.link, "NACK", {"id": delivery.upstream})
+        for sub in self.subs.pop(session, {}).values():
+            self.credit.drop(sub)
+        self.unsynced.pop(session, None)
+        self.late.pop(session, None)
