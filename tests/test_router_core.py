@@ -3,6 +3,7 @@ in, frames out (curb.router.core). Each test names the rule it checks."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import pytest
@@ -458,7 +459,7 @@ def test_count_of_a_destination_sums_its_instances_and_follows_their_changes():
     w.send(c, "SUBSCRIBE", {"destination": "./p/count", "id": "n", "receipt": "r"})
     receipt, first = w.out(c)
     assert first.headers["destination"] == "./p/count" and receipt.headers["receipt-id"] == "r"
-    assert first.body == b'{"rdy": 0, "wip": 0, "instances": 2, "up": 2}'
+    assert json.loads(first.body) == {"rdy": 0, "wip": 0, "instances": ["127.0.0.1:1", "127.0.0.1:2"], "up": 2}
     w.answer(
         l1,
         "MESSAGE",
@@ -472,9 +473,21 @@ def test_count_of_a_destination_sums_its_instances_and_follows_their_changes():
     assert [(f.headers["rdy"], f.headers["wip"]) for f in w.out(c)] == [("3", "1"), ("7", "1")]
     w.core.link_lost(l2, "connection lost")
     [down] = w.out(c)
-    assert down.body == b'{"rdy": 3, "wip": 1, "instances": 2, "up": 1}'
+    assert json.loads(down.body) == {"rdy": 3, "wip": 1, "instances": ["127.0.0.1:1", "127.0.0.1:2"], "up": 1}
     w.send(c, "ACK", {"id": down.headers["message-id"], "receipt": "k"})
     assert [f.headers["receipt-id"] for f in w.out(c)] == ["k"]
+
+
+def test_count_lists_the_instances_in_route_order_even_when_down():
+    """The Spark source reads a destination's instances from here, so every routed one is
+    listed, up or not, as HOST:PORT (an IPv6 host in brackets, as `endpoints` reads it)."""
+    w = World("p=127.0.0.1:9,[::1]:8,127.0.0.1:7")
+    w.up("p", 1)
+    c = w.client()
+    w.send(c, "SUBSCRIBE", {"destination": "/queue/p/count", "id": "n"})
+    [first] = w.out(c)
+    assert json.loads(first.body)["instances"] == ["127.0.0.1:9", "[::1]:8", "127.0.0.1:7"]
+    assert json.loads(first.body)["up"] == 1
 
 
 def users_world(*route: str) -> World:

@@ -276,7 +276,7 @@ class RouterCore:
         self.subs_by_dest: dict[str, list[ClientSub]] = {}
         self._turn: dict[str, int] = {}  # round-robin positions, per destination
         # ./count subscribers per destination, and the counts each was sent last.
-        self.count_subs: dict[str, dict[tuple[ClientConn, str], dict[str, int] | None]] = {}
+        self.count_subs: dict[str, dict[tuple[ClientConn, str], dict[str, object] | None]] = {}
         self._count_version = 0
         # Spawning (-spawn): asked for a destination with no route; True if it will come.
         self.spawn: Callable[[str], bool] | None = None
@@ -1167,7 +1167,8 @@ class RouterCore:
 
     def _send_counts(self, dest: str) -> None:
         """A ./count MESSAGE to each subscriber of the destination's counts that changed:
-        its instances' rdy and wip summed, with how many instances there are and are up."""
+        its instances' rdy and wip summed, its instances' HOST:PORT in route order (so a
+        client such as the Spark source can reach them directly), and how many are up."""
         subscribers = self.count_subs.get(dest)
         if not subscribers:
             return
@@ -1176,7 +1177,7 @@ class RouterCore:
         counts = {
             "rdy": sum(link.rdy for link in up),
             "wip": sum(link.wip for link in up),
-            "instances": len(links),
+            "instances": [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in (link.address for link in links)],
             "up": len(up),
         }
         for key, last in list(subscribers.items()):
