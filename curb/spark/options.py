@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from curb.addr import parse_addr
-from curb.router.routes import destination_name
 from curb.users import DESTINATION_NAME
 
 DEFAULT_WINDOW = 1000
@@ -136,8 +135,8 @@ def parse_where(options: Mapping[str, str]) -> tuple[tuple[Endpoint, ...], Route
     if not lowered.get("router", "").strip():
         raise OptionError("curb option 'destination' needs 'router': the HOST:PORT of a curb router")
     text = lowered.get("destination", "").strip()
-    name = destination_name(text) if text.startswith(("/queue/", "./")) else text
-    if name is None or not DESTINATION_NAME.fullmatch(name):
+    name = text.removeprefix("/queue/") if text.startswith("/queue/") else text.removeprefix("./")
+    if not DESTINATION_NAME.fullmatch(name):
         raise OptionError(
             f"curb option 'destination' must name one of the router's destinations (NAME or /queue/NAME, "
             f"1 to 200 letters, digits, '-', '_' or '.'), got {text!r}"
