@@ -15,7 +15,7 @@ COUNT_COALESCE_SECONDS, and less often the more watchers there are
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from typing import Protocol
 
 from curb import payload
@@ -40,9 +40,10 @@ class CountMessages:
         self._tail = (b"", b"")
         self._version = 0
 
-    def tail(self, counts: dict[str, int]) -> tuple[bytes, bytes]:
+    def tail(self, counts: dict[str, int], extra: Mapping[str, object] | None = None) -> tuple[bytes, bytes]:
         """(message-id line, payload): the MESSAGE after its subscription's prefix, as
-        curb.render.write_message takes it."""
+        curb.render.write_message takes it; `extra`: more for its JSON body only (a
+        router's endpoints), fixed while `counts` are."""
         if counts != self._counts:
             self._version += 1
             stored = payload.encode(
@@ -53,7 +54,7 @@ class CountMessages:
                     "delayed": str(counts["delayed"]),
                     "dead": str(counts["dead"]),
                 },
-                json.dumps(counts).encode(),
+                json.dumps({**counts, **(extra or {})}).encode(),
             )
             self._counts, self._tail = dict(counts), (b"message-id:count-%d\n" % self._version, stored)
         return self._tail

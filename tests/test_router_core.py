@@ -513,7 +513,8 @@ def test_count_of_a_destination_sums_its_instances_and_follows_their_changes():
     first, receipt = w.out(c)
     assert first.headers["destination"] == "./p/count" and receipt.headers["receipt-id"] == "r"
     zero = {"rdy": 0, "wip": 0, "delayed": 0, "dead": 0, "subscriptions": 0}
-    assert json.loads(first.body) == {**zero, "instances": 2, "up": 2}
+    endpoints = {"endpoints": ["127.0.0.1:1", "127.0.0.1:2"]}
+    assert json.loads(first.body) == {**zero, "instances": 2, "up": 2, **endpoints}
     w.answer(
         l1,
         "MESSAGE",
@@ -527,9 +528,21 @@ def test_count_of_a_destination_sums_its_instances_and_follows_their_changes():
     assert [(f.headers["rdy"], f.headers["wip"]) for f in w.out(c)] == [("3", "1"), ("7", "1")]
     w.lose(l2, "connection lost")
     [down] = w.out(c)
-    assert json.loads(down.body) == {**zero, "rdy": 3, "wip": 1, "instances": 2, "up": 1}
+    assert json.loads(down.body) == {**zero, "rdy": 3, "wip": 1, "instances": 2, "up": 1, **endpoints}
     w.send(c, "ACK", {"id": down.headers["message-id"], "receipt": "k"})
     assert [f.headers["receipt-id"] for f in w.out(c)] == ["k"]
+
+
+def test_count_lists_the_instances_in_route_order_even_when_down():
+    """The Spark source reads a destination's instances from here, so every routed one is
+    listed, up or not, as HOST:PORT (an IPv6 host in brackets, as `endpoints` reads it)."""
+    w = World("p=127.0.0.1:9,[::1]:8,127.0.0.1:7")
+    w.up("p", 1)
+    c = w.client()
+    w.send(c, "SUBSCRIBE", {"destination": "/queue/p/count", "id": "n"})
+    [first] = w.out(c)
+    assert json.loads(first.body)["endpoints"] == ["127.0.0.1:9", "[::1]:8", "127.0.0.1:7"]
+    assert (json.loads(first.body)["instances"], json.loads(first.body)["up"]) == (3, 1)
 
 
 def users_world(*route: str) -> World:

@@ -178,7 +178,7 @@ class RouterCore:
         for kind, suffix in ((COUNT, "/count"), (DEAD, "/dead")):
             name = own_name(destination, suffix)
             if name is not None:
-                return kind, self.placement.route(f"./{name}", "SUBSCRIBE")
+                return kind, self.placement.route(f"./{name}", "SUBSCRIBE", destination)
         return QUEUE, self.placement.route(destination, "SUBSCRIBE")
 
     def scope(self, session: Peer, frame: Frame) -> str | None:

@@ -3,7 +3,9 @@ subscribe to `./NAME/count` (or `/queue/NAME/count`).
 
 Each instance sends its own `./count` on its consuming link whenever its counts change
 (coalesced there); the router sums the instances that are up, adds how many there are
-and are up, and sends each watcher of the destination the sum when it changed
+and are up, and sends each watcher of the destination the sum when it changed (its JSON
+body also lists the instances, `endpoints`, HOST:PORT in route order, so that a client
+such as the Spark connector can reach them)
 (curb.render.Messages drops an update equal to the last). The MESSAGE is laid out as an
 instance's (curb.counts.CountMessages), one version sequence per destination.
 """
@@ -19,6 +21,11 @@ from curb.router.credit import Credit
 from curb.router.links import UP, Link
 
 COUNTED = ("rdy", "wip", "delayed", "dead")
+
+
+def _endpoint(address: tuple[str, int]) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class DestinationCounts:
@@ -42,7 +49,8 @@ class DestinationCounts:
         messages = self._messages.get(dest)
         if messages is None:
             messages = self._messages[dest] = CountMessages()
-        return messages.tail(counts)
+        endpoints = [_endpoint(link.address) for link in self.dests(dest)]
+        return messages.tail(counts, {"endpoints": endpoints})
 
     def watch(self, session: Peer, dest: str, watching: bool) -> None:
         watchers = self.watchers.setdefault(dest, {})

@@ -105,9 +105,11 @@ class Placement:
             self.indexes[key] = next(free)
         return new
 
-    def route(self, header: str | None, command: str) -> str:
-        """The routed destination a `destination` header names, or QueueError."""
+    def route(self, header: str | None, command: str, shown: str | None = None) -> str:
+        """The routed destination a `destination` header names, or QueueError (naming
+        `shown`, the header as the client gave it, if not `header`)."""
         name = destination_name(header)
+        shown = header if shown is None else shown
         spawn = self.spawn
         new = spawn is not None and name is not None and name not in self.dests and SPAWN_NAME.fullmatch(name)
         if new and spawn is not None and name is not None and spawn(name):
@@ -121,7 +123,7 @@ class Placement:
                 else ""
             )
             raise QueueError(
-                f"unknown destination {(header or '')[:80]!r}" if header else f"{command} needs a destination",
+                f"unknown destination {(shown or '')[:80]!r}" if shown else f"{command} needs a destination",
                 f"Give destination:/queue/NAME (or ./NAME) with a routed NAME; this router routes: {known}.{how}",
             )
         return name

@@ -1,7 +1,9 @@
 """The `curb` format: one Python data source for streaming reads, batch and streaming writes,
 and batch reads of log files. Options are checked when Spark asks for a reader or writer,
 and a streaming read's already when `load()` asks for the schema, so a bad option fails
-before the query starts, in one line that names the option."""
+before the query starts, in one line that names the option. With `router` and
+`destination`, the router is asked for the destination's instances when the reader or
+writer is made (curb.spark.routed)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pyspark.sql.types import StructType
 
 from curb.spark.logfile import LogFileReader
 from curb.spark.options import OptionError, parse_paths, parse_sink, parse_source
+from curb.spark.routed import resolved
 from curb.spark.schema import LOG_SCHEMA, MESSAGE_SCHEMA
 from curb.spark.sink import CurbStreamWriter, CurbWriter, row_layout
 from curb.spark.stream import CurbStreamReader
@@ -37,17 +40,17 @@ class CurbDataSource(DataSource):
         return LogFileReader(self._parsed(parse_paths))
 
     def streamReader(self, schema: StructType) -> CurbStreamReader:
-        return CurbStreamReader(self._parsed(parse_source))
+        return CurbStreamReader(resolved(self._parsed(parse_source)))
 
     def writer(self, schema: StructType, overwrite: bool) -> CurbWriter:
         options = self._parsed(parse_sink)
         _refuse_overwrite(overwrite)
-        return CurbWriter(options, row_layout(schema, options.key))
+        return CurbWriter(resolved(options), row_layout(schema, options.key))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> CurbStreamWriter:
         options = self._parsed(parse_sink)
         _refuse_overwrite(overwrite)
-        return CurbStreamWriter(options, row_layout(schema, options.key))
+        return CurbStreamWriter(resolved(options), row_layout(schema, options.key))
 
     def _parsed(self, parse: Callable[[Mapping[str, str]], T]) -> T:
         """`parse(self.options)`; an OptionError loses the parser's frames, so the user sees its one

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from curb.addr import parse_addr
+from curb.users import DESTINATION_NAME
 
 DEFAULT_WINDOW = 1000
 DEFAULT_TIMEOUT_S = 30
@@ -23,7 +24,7 @@ DEFAULT_ROWS_PER_PARTITION = 25_000
 MAX_ROWS_NONE = 0  # maxRowsPerBatch 0: each micro-batch takes everything available
 
 # Names as docs/spark.md's option table spells them; Spark matches them case-insensitively.
-CONNECTION_OPTIONS = ("endpoints", "login", "passcode", "heartbeat", "timeout")
+CONNECTION_OPTIONS = ("endpoints", "router", "destination", "login", "passcode", "heartbeat", "timeout")
 SOURCE_OPTIONS = (*CONNECTION_OPTIONS, "reconnectTimeout", "maxRowsPerBatch", "rowsPerPartition")
 SINK_OPTIONS = (*CONNECTION_OPTIONS, "window", "key")
 # What Spark itself may add to a data source's options.
@@ -54,6 +55,14 @@ class Endpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class Routed:
+    """A destination of a `curb router`: its instances become the endpoints (curb.spark.routed)."""
+
+    router: Endpoint
+    destination: str  # the NAME of /queue/NAME
+
+
+@dataclass(frozen=True, slots=True)
 class Connection:
     """What every STOMP connection of the connector needs, besides the endpoint."""
 
@@ -65,7 +74,8 @@ class Connection:
 
 @dataclass(frozen=True, slots=True)
 class SourceOptions:
-    endpoints: tuple[Endpoint, ...]
+    endpoints: tuple[Endpoint, ...]  # empty until curb.spark.routed resolves `routed`
+    routed: Routed | None
     connection: Connection
     reconnect_timeout_s: float  # how long an endpoint may be unreachable before the query fails
     max_rows_per_batch: int  # per endpoint and micro-batch; MAX_ROWS_NONE for no limit
@@ -74,23 +84,24 @@ class SourceOptions:
 
 @dataclass(frozen=True, slots=True)
 class SinkOptions:
-    endpoints: tuple[Endpoint, ...]
+    endpoints: tuple[Endpoint, ...]  # empty until curb.spark.routed resolves `routed`
+    routed: Routed | None
     connection: Connection
     window: int
     key: str | None
 
 
-def parse_endpoint(text: str) -> Endpoint:
+def parse_endpoint(text: str, option: str = "endpoints") -> Endpoint:
     """`HOST:PORT` or `[IPV6]:PORT` (as the broker's -addr reads it, but with a host and a
-    port above 0) -> Endpoint; OptionError naming `endpoints` otherwise."""
+    port above 0) -> Endpoint; OptionError naming `option` otherwise."""
     item = text.strip()
     try:
         host, port = parse_addr(item)
     except ValueError as err:
-        raise OptionError(f"curb option 'endpoints': {item!r} is not HOST:PORT ({err})") from None
+        raise OptionError(f"curb option {option!r}: {item!r} is not HOST:PORT ({err})") from None
     if host is None or port == 0:
         raise OptionError(
-            f"curb option 'endpoints': {item!r} is not HOST:PORT (a client needs a host and a "
+            f"curb option {option!r}: {item!r} is not HOST:PORT (a client needs a host and a "
             "port from 1 to 65535, for example 127.0.0.1:61613)"
         )
     return Endpoint(host, port, item)
@@ -100,8 +111,8 @@ def parse_endpoints(options: Mapping[str, str]) -> tuple[Endpoint, ...]:
     text = _lowered(options).get("endpoints", "")
     if not text.strip():
         raise OptionError(
-            "curb option 'endpoints' is required: a comma-separated list of HOST:PORT, "
-            "for example .option('endpoints', 'host1:61613,host2:61613')"
+            "curb option 'endpoints' is required (or 'router' and 'destination'): a comma-separated list "
+            "of HOST:PORT, for example .option('endpoints', 'host1:61613,host2:61613')"
         )
     endpoints = tuple(parse_endpoint(item) for item in text.split(","))
     labels = [endpoint.label for endpoint in endpoints]
@@ -109,6 +120,28 @@ def parse_endpoints(options: Mapping[str, str]) -> tuple[Endpoint, ...]:
     if repeated:
         raise OptionError(f"curb option 'endpoints': {', '.join(repeated)} listed more than once")
     return endpoints
+
+
+def parse_where(options: Mapping[str, str]) -> tuple[tuple[Endpoint, ...], Routed | None]:
+    """The endpoints, or the router and destination whose instances will be the endpoints."""
+    lowered = _lowered(options)
+    if "router" not in lowered and "destination" not in lowered:
+        return parse_endpoints(options), None
+    if "endpoints" in lowered:
+        raise OptionError(
+            "curb options 'endpoints' and 'router' exclude each other: give the brokers' addresses, "
+            "or a router's address and a destination"
+        )
+    if not lowered.get("router", "").strip():
+        raise OptionError("curb option 'destination' needs 'router': the HOST:PORT of a curb router")
+    text = lowered.get("destination", "").strip()
+    name = text.removeprefix("/queue/") if text.startswith("/queue/") else text.removeprefix("./")
+    if not DESTINATION_NAME.fullmatch(name):
+        raise OptionError(
+            f"curb option 'destination' must name one of the router's destinations (NAME or /queue/NAME, "
+            f"1 to 200 letters, digits, '-', '_' or '.'), got {text!r}"
+        )
+    return (), Routed(parse_endpoint(lowered["router"], "router"), name)
 
 
 def parse_source(options: Mapping[str, str]) -> SourceOptions:
@@ -119,7 +152,7 @@ def parse_source(options: Mapping[str, str]) -> SourceOptions:
             f"curb option 'maxRowsPerBatch' must be 0 (no limit) or a positive number of rows, got {max_rows}"
         )
     return SourceOptions(
-        parse_endpoints(options),
+        *parse_where(options),
         _connection(lowered),
         float(_positive_int(lowered, "reconnectTimeout", DEFAULT_RECONNECT_TIMEOUT_S, "seconds")),
         max_rows,
@@ -131,7 +164,7 @@ def parse_sink(options: Mapping[str, str]) -> SinkOptions:
     lowered = _known(options, SINK_OPTIONS, "a write (df.write or df.writeStream)")
     key = lowered.get("key") or None
     return SinkOptions(
-        parse_endpoints(options),
+        *parse_where(options),
         _connection(lowered),
         _positive_int(lowered, "window", DEFAULT_WINDOW, "receipts"),
         key,

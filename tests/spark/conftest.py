@@ -19,6 +19,7 @@ if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
     pytest.skip("Java is not installed: PySpark needs a JVM (Java 17 or later)", allow_module_level=True)
 
 from curb.spark.local import LocalBroker, local_spark
+from curb.spawn import BrokerProcess
 
 
 class Broker(LocalBroker):
@@ -62,3 +63,15 @@ def brokers(tmp_path: Path) -> Iterator[list[Broker]]:
     finally:
         for broker in started:
             broker.stop()
+
+
+@pytest.fixture
+def router(brokers: list[Broker]) -> Iterator[int]:
+    """A `curb router` in front of both brokers, as the destination `orders` partitioned
+    over them; yields its port."""
+    child = BrokerProcess()
+    try:
+        route = "orders=" + ",".join(broker.endpoint for broker in brokers)
+        yield child.start(["router", "-addr", "127.0.0.1:0", "-route", route])
+    finally:
+        child.kill()

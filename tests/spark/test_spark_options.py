@@ -9,6 +9,7 @@ from curb.spark.options import (
     MAX_ROWS_NONE,
     Endpoint,
     OptionError,
+    Routed,
     parse_endpoints,
     parse_paths,
     parse_sink,
@@ -45,6 +46,31 @@ def test_endpoints_are_host_port_lists(text, expected):
 )
 def test_bad_endpoints_name_the_option(options, fragment):
     with pytest.raises(OptionError, match="'endpoints'") as raised:
+        parse_source(options)
+    assert fragment in str(raised.value)
+
+
+@pytest.mark.parametrize("parse", [parse_source, parse_sink])
+@pytest.mark.parametrize("destination", ["orders", "/queue/orders", "./orders"])
+def test_a_router_and_a_destination_take_the_place_of_endpoints(parse, destination):
+    options = parse({"Router": "r:61614", "destination": destination})
+    assert (options.endpoints, options.routed) == ((), Routed(Endpoint("r", 61614, "r:61614"), "orders"))
+    assert parse({"endpoints": "h:1"}).routed is None
+
+
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        ({"endpoints": "h:1", "router": "r:1", "destination": "q"}, "'endpoints' and 'router' exclude each other"),
+        ({"destination": "q"}, "option 'destination' needs 'router'"),
+        ({"router": "r:1"}, "option 'destination' must name one of the router's destinations"),
+        ({"router": "r:1", "destination": "a b"}, "got 'a b'"),
+        ({"router": "r:1", "destination": "/topic/a"}, "got '/topic/a'"),
+        ({"router": "r", "destination": "q"}, "option 'router': 'r' is not HOST:PORT"),
+    ],
+)
+def test_bad_router_options_name_the_option(options, fragment):
+    with pytest.raises(OptionError) as raised:
         parse_source(options)
     assert fragment in str(raised.value)
 
@@ -89,10 +115,14 @@ def test_bad_source_numbers_name_the_option(name, value, fragment):
         (
             parse_source,
             "batch_size",
-            "endpoints, login, passcode, heartbeat, timeout, reconnectTimeout, maxRowsPerBatch",
+            "endpoints, router, destination, login, passcode, heartbeat, timeout, reconnectTimeout, maxRowsPerBatch",
         ),
         (parse_source, "window", "maxRowsPerBatch"),
-        (parse_sink, "maxRowsPerBatch", "endpoints, login, passcode, heartbeat, timeout, window, key"),
+        (
+            parse_sink,
+            "maxRowsPerBatch",
+            "endpoints, router, destination, login, passcode, heartbeat, timeout, window, key",
+        ),
         (parse_paths, "batchSize", "none but the path"),
     ],
 )
