@@ -33,8 +33,7 @@ from curb.logins import Answer
 from curb.users import User
 
 if TYPE_CHECKING:
-    from curb.dead import DeadBrowse
-    from curb.log.browse import Browse
+    from curb.log.browse import Step
     from curb.log.cursor import Record
     from curb.peer import Peer
     from curb.queue import Subscription
@@ -44,6 +43,16 @@ Done = Callable[[str | None], None]
 
 # What a destination is to a backend (send_kind, subscribe_kind).
 QUEUE, REDRIVE, DEAD, COUNT = "queue", "redrive", "dead", "count"
+
+
+class Browsing(Protocol):
+    """A browse as the session steps it (curb.log.browse.Browse, curb.dead.DeadBrowse, a
+    router's curb.router.browses.RoutedBrowse): `to_id` is the range's end, which its end
+    marker names (`curb-last-id`) once `step` says it is done."""
+
+    @property
+    def to_id(self) -> int: ...
+    def step(self, budget: int) -> Step: ...
 
 
 class SessionConfig(Protocol):
@@ -163,9 +172,9 @@ class Backend(Protocol):
         """The destination a frame's permission is scoped to (`send@NAME`), or None."""
 
     def ack_upto(self, upto: int, done: Done | None = None, destination: str | None = None) -> None: ...
-    def browse(self, session: Peer, from_id: int, to_id: int | None, name: str = "") -> Browse: ...
-    def browse_dead(self, session: Peer, name: str = "") -> DeadBrowse: ...
-    def end_browse(self, browse: Browse | DeadBrowse) -> None: ...
+    def browse(self, session: Peer, from_id: int, to_id: int | None, name: str = "") -> Browsing: ...
+    def browse_dead(self, session: Peer, name: str = "") -> Browsing: ...
+    def end_browse(self, browse: Browsing) -> None: ...
 
     # ---------------------------------------------------------------- counts and flow
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from curb import message_limits, payload, send_rule
-from curb.backend import Backend
+from curb.backend import Backend, Browsing
 from curb.broker_config import BrokerConfig
 from curb.browse_steps import BrowseSteps
 from curb.counts import CountWatch
@@ -361,7 +361,7 @@ class Broker(SingleQueue):
         self.browses.add(session)
         return browse
 
-    def end_browse(self, browse: Browse | DeadBrowse) -> None:
+    def end_browse(self, browse: Browsing) -> None:
         if isinstance(browse, Browse):
             self.log.end_browse(browse)
 

@@ -23,9 +23,7 @@ from curb.peer import Peer
 from curb.receipts import Owed, ReceiptLine
 
 if TYPE_CHECKING:
-    from curb.backend import Backend
-    from curb.dead import DeadBrowse
-    from curb.log.browse import Browse
+    from curb.backend import Backend, Browsing
     from curb.log.cursor import Record
     from curb.queue import Subscription
     from curb.transactions import Transactions
@@ -59,7 +57,7 @@ class Subscriptions(Protocol):
     """A connection's subscriptions as the MESSAGEs they make (curb.render.Messages)."""
 
     prefixes: dict[Subscription[Peer, Record], bytes]
-    browses: dict[str, tuple[Browse | DeadBrowse, bytes]]
+    browses: dict[str, tuple[Browsing, bytes]]
     ended: collections.deque[str]
     count_sub: str | None
     dead_sub: str | None

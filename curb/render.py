@@ -24,13 +24,12 @@ from typing import TYPE_CHECKING
 
 from curb import payload
 from curb.conn import CLOSING, Conn
-from curb.dead import DeadBrowse, dead_headers
+from curb.dead import dead_headers
 from curb.frame import FRAME_END, encode
 from curb.output import Output, Piece
 
 if TYPE_CHECKING:
-    from curb.backend import Backend
-    from curb.log.browse import Browse
+    from curb.backend import Backend, Browsing
     from curb.log.cursor import Record
     from curb.peer import Peer
     from curb.queue import Subscription
@@ -68,7 +67,7 @@ class Messages:
     def __init__(self, broker: Backend, peer: Conn, write: Write, output: Output[Record]):
         self._broker, self._peer, self._write, self._output = broker, peer, write, output
         self.prefixes: dict[Subscription[Peer, Record], bytes] = {}
-        self.browses: dict[str, tuple[Browse | DeadBrowse, bytes]] = {}  # sub id -> browse, MESSAGE prefix
+        self.browses: dict[str, tuple[Browsing, bytes]] = {}  # sub id -> browse, MESSAGE prefix
         # The ids of the last browses that ended by their end marker: an UNSUBSCRIBE of one
         # crossed the marker on the wire (the client could not know), and is no error.
         self.ended: collections.deque[str] = collections.deque(maxlen=ENDED_KEPT)

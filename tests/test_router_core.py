@@ -632,16 +632,13 @@ def test_consuming_needs_consume_and_counting_needs_count_for_the_destination():
 @pytest.mark.parametrize(
     ("headers", "message"),
     [
-        ({"browser": "true"}, "browse subscriptions are not routed"),
-        ({"browser": "true", "curb-from-id": "1"}, "browse subscriptions are not routed"),
         ({"curb-ack-timeout": "5000"}, "curb-ack-timeout is not routed"),
         ({"curb-ack-timeout": "-1"}, "bad curb-ack-timeout header"),
     ],
 )
-def test_a_browse_or_an_own_ack_deadline_is_refused_and_subscribes_nothing_upstream(headers, message):
-    """A browse through the router became an auto-ack subscription and emptied the queue
-    it read; a curb-ack-timeout was dropped without a word. Both are ERRORs now, and the
-    instance sees no SUBSCRIBE."""
+def test_an_own_ack_deadline_is_refused_and_subscribes_nothing_upstream(headers, message):
+    """A curb-ack-timeout was dropped without a word: an ERROR now, and the instance sees
+    no SUBSCRIBE."""
     w = World("q=127.0.0.1:1")
     link = w.up("q")
     w.out(link)  # its ./count subscription

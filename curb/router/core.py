@@ -26,8 +26,9 @@ Rules kept here:
 - An instance's ERROR for a frame is that frame's client's ERROR, with the instance's
   message and body; the frames after it, which the instance dropped unread, are placed
   again (SENDs) or late (ACK, NACK).
-- Browses, `./NAME/dead`, ACK `curb-upto`, `./NAME/redrive` and `curb-ack-timeout` are
-  refused with an ERROR that says where they work.
+- Browses read the instances themselves (curb.router.browses); `./NAME/dead`
+  subscriptions, ACK `curb-upto`, `./NAME/redrive` and `curb-ack-timeout` are refused
+  with an ERROR that says where they work.
 """
 
 from __future__ import annotations
@@ -36,11 +37,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from curb import payload, send_rule
-from curb.backend import COUNT, DEAD, QUEUE, REDRIVE, Done
+from curb.backend import COUNT, DEAD, QUEUE, REDRIVE, Browsing, Done
 from curb.broker import Refused
-from curb.dead import DeadBrowse
+from curb.browse_steps import BrowseSteps
 from curb.frame import Frame
-from curb.log.browse import Browse
 from curb.log.cursor import Record
 from curb.logins import Answer, LoginChecks, Offload, run_now
 from curb.loop_pass import LoopPass, Schedule
@@ -49,11 +49,12 @@ from curb.peer import Peer
 from curb.queue import MAX_PREFETCH, QueueError, settings
 from curb.receipts import Refusal
 from curb.refusals import Refusals
+from curb.router.browses import Browses, RoutedBrowse
 from curb.router.config import RouterConfig
 from curb.router.counts import DestinationCounts
 from curb.router.credit import ClientSub, Credit
 from curb.router.deliveries import Deliveries
-from curb.router.links import CONSUMES, SENDS, UP, Forwarded, Link, Links
+from curb.router.links import BROWSES, CONSUMES, SENDS, UP, Forwarded, Link, Links
 from curb.router.placement import Placement
 from curb.router.routes import Address, Routes, own_name
 from curb.router.waits import Waits
@@ -95,6 +96,9 @@ class RouterCore:
         self.credit = Credit(self.links, self.placement.consumers)
         self.counts = DestinationCounts(self.credit, self.placement.consumers)
         self.deliveries = Deliveries(self.links, self.credit)
+        self.new_links: Callable[[list[Link]], None] = lambda links: None  # the glue's: connect them
+        self.browse_steps = BrowseSteps(schedule)
+        self.browses = Browses(self.links, lambda link: self.new_links([link]), self.browse_steps.want)
         self.set_routes(routes)
 
     def flush(self) -> None:
@@ -248,14 +252,21 @@ class RouterCore:
     def unsubscribe(self, session: Peer, sub_id: str, dead: bool = False) -> None:
         self.counts.changed(self.deliveries.unsubscribe(session, sub_id).dest)
 
-    def browse(self, session: Peer, from_id: int, to_id: int | None, name: str = "") -> Browse:
-        raise _not_routed("browse subscriptions", "SUBSCRIBE with browser:true")
+    def browse(self, session: Peer, from_id: int, to_id: int | None, name: str = "") -> Browsing:
+        return self._browse(session, name, f"/queue/{name}", from_id, to_id)
 
-    def browse_dead(self, session: Peer, name: str = "") -> DeadBrowse:
-        raise _not_routed("browse subscriptions", "SUBSCRIBE with browser:true")
+    def browse_dead(self, session: Peer, name: str = "") -> Browsing:
+        return self._browse(session, name, "./dead", 0, None)
 
-    def end_browse(self, browse: Browse | DeadBrowse) -> None:
-        """No browse runs through the router."""
+    def _browse(self, session: Peer, name: str, source: str, first: int, last: int | None) -> RoutedBrowse:
+        indexes = self.placement.indexes
+        instances = [(link.address, indexes[(name, link.address)]) for link in self.placement.consumers(name)]
+        self.browse_steps.add(session)
+        return self.browses.start(RoutedBrowse(session, name, source, first, last, instances))
+
+    def end_browse(self, browse: Browsing) -> None:
+        if isinstance(browse, RoutedBrowse):
+            self.browses.end(browse)
 
     def ack_upto(self, upto: int, done: Done | None = None, destination: str | None = None) -> None:
         raise _not_routed("ACK with curb-upto", "send ACK curb-upto")
@@ -286,6 +297,9 @@ class RouterCore:
     # ---------------------------------------------------------------- links (LinkEvents)
 
     def instance_message(self, link: Link, frame: Frame) -> None:
+        if link.role is BROWSES:
+            self.browses.message(link, frame)
+            return
         if frame.headers.get("subscription") == "count":
             if self.counts.instance_counts(link, frame) and len(self.placement.consumers(link.dest)) > 1:
                 self.credit.reshare(link.dest)
@@ -293,6 +307,9 @@ class RouterCore:
         self.deliveries.message(link, frame, self.placement.indexes.get((link.dest, link.address)))
 
     def link_up(self, link: Link) -> None:
+        if link.role is BROWSES:
+            self.browses.link_up(link)
+            return
         if link.role is SENDS:
             self.placement.unpark(link.dest)
             return

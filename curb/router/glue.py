@@ -68,6 +68,8 @@ class Router:
         self._closing = False
         self._flush_due = False
         core.flush_links = self.flush
+        core.new_links = self.add_links
+        self._held: set[Link] = set()  # links whose reading is paused for their browse
 
     async def start(self, within: float = FIRST_TRY_SECONDS) -> None:
         """Connect every link; return once each is up or failed once (at most `within`
@@ -129,6 +131,7 @@ class Router:
             if link.epoch:
                 pause = LINK_RETRY_FIRST
             await asyncio.sleep(pause)
+        self._link_tasks.pop(link, None)
 
     def flush_soon(self) -> None:
         """Flush once at the end of this loop pass: what every link read in the pass made
@@ -151,7 +154,23 @@ class Router:
                 transport.write(data)
             if link.close_wanted:
                 self.transports.pop(link, None)
+                self._held.discard(link)
                 transport.abort()
+            elif link.hold != (link in self._held):
+                self._hold(link, transport)
+        for link in [link for link in self._held if not link.hold]:
+            transport = self.transports.get(link)
+            if transport is not None:
+                self._hold(link, transport)
+
+    def _hold(self, link: Link, transport: asyncio.Transport) -> None:
+        """Apply a link's `hold`: a browse that holds enough reads no more for now."""
+        if link.hold:
+            self._held.add(link)
+            transport.pause_reading()
+        else:
+            self._held.discard(link)
+            transport.resume_reading()
 
     def _tick(self) -> None:
         self.core.tick(self.loop.time())

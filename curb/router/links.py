@@ -1,10 +1,11 @@
 """The router's connections to its instances (links), sans I/O: their STOMP side, frames
 forwarded with the router's receipts, heart-beats and what a lost link leaves behind.
 
-Two links per instance: SENDS carries SENDs (and redrives), CONSUMES the subscription,
-its ACKs and NACKs and the instance's `./count`. Two, because an instance ends a
-connection after an ERROR (a SEND refused as queue full, say), and that must not return
-the messages consumers hold.
+Two links per instance: SENDS carries SENDs (and redrives, ACKs up to an id), CONSUMES
+the subscription, its ACKs and NACKs and the instance's `./count`. Two, because an
+instance ends a connection after an ERROR (a SEND refused as queue full, say), and that
+must not return the messages consumers hold. A browse has a BROWSES link of its own while
+it runs (curb.router.browses).
 
 The glue (curb.router.glue) tells `Links` that a link connected, sent bytes or was lost;
 `Links` writes into each link's `out` and marks it in `dirty`, and tells the core
@@ -34,7 +35,7 @@ from curb.router.routes import Address
 from curb.router.waits import Waits
 
 DOWN, CONNECTING, UP = "down", "connecting", "up"
-SENDS, CONSUMES = "sends", "consumes"
+SENDS, CONSUMES, BROWSES = "sends", "consumes", "browses"
 LINK_MAX_FRAME = 64 * 1024 * 1024
 
 
@@ -84,6 +85,8 @@ class Link:
         self.next_receipt = 0
         self.why_down = "not connected yet"
         self.tried = False  # a connection was tried (the glue's start-up waits for it)
+        self.hold = False  # read nothing more from it for now (a browse holds enough)
+        self.position = 0  # a BROWSES link: its instance's place in the route
 
     @property
     def name(self) -> str:
@@ -117,6 +120,12 @@ class Links:
         self.by_number: dict[int, Link] = {}
         self.dirty: dict[Link, None] = {}
         self.now = 0.0
+        self._numbers = 0
+
+    def new_number(self) -> int:
+        """A number no link of this router had."""
+        self._numbers += 1
+        return self._numbers
 
     def write(self, link: Link, data: bytes) -> None:
         if not link.close_wanted:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from curb.log.waiters import MaybeStored
 from curb.peer import Peer
 from curb.queue import QueueError
-from curb.router.links import CONSUMES, SENDS, UP, Forwarded, Link, Links
+from curb.router.links import BROWSES, CONSUMES, SENDS, UP, Forwarded, Link, Links
 from curb.router.routes import SPAWN_NAME, Address, Routes, destination_name
 
 INDEX_BITS = 12  # message ids through the router: the instance's id << 12 | its index
@@ -46,7 +46,6 @@ class Placement:
         self.removed: list[Link] = []  # links whose route went, for the core to forget
         self.parked: dict[str, collections.deque[tuple[float, Forwarded]]] = {}
         self._turn: dict[str, int] = {}
-        self._numbers = 0
         # Spawning (-spawn): asked for a destination with no route; True if it will come.
         self.spawn: Callable[[str], bool] | None = None
         self.spawning: set[str] = set()
@@ -79,7 +78,11 @@ class Placement:
         return self.set_routes(self.routes)
 
     def _build(self, routed: dict[str, tuple[Address, ...]]) -> list[Link]:
-        old = {(link.dest, link.address, link.role): link for link in self.links.by_number.values()}
+        old = {
+            (link.dest, link.address, link.role): link
+            for link in self.links.by_number.values()
+            if link.role is not BROWSES
+        }
         tables: dict[str, dict[str, list[Link]]] = {CONSUMES: {}, SENDS: {}}
         new: list[Link] = []
         for name, addresses in routed.items():
@@ -88,8 +91,7 @@ class Placement:
                 for address in addresses:
                     link = old.pop((name, address, role), None)
                     if link is None:
-                        self._numbers += 1
-                        link = Link(self._numbers, name, address, role)
+                        link = Link(self.links.new_number(), name, address, role)
                         self.links.by_number[link.number] = link
                         new.append(link)
                     links.append(link)
