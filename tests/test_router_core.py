@@ -632,7 +632,6 @@ def test_consuming_needs_consume_and_counting_needs_count_for_the_destination():
 @pytest.mark.parametrize(
     ("headers", "message"),
     [
-        ({"curb-ack-timeout": "5000"}, "curb-ack-timeout is not routed"),
         ({"curb-ack-timeout": "-1"}, "bad curb-ack-timeout header"),
     ],
 )
@@ -766,3 +765,35 @@ def test_spawn_starts_an_instance_for_a_plain_name():
     c = w.client()
     w.send(c, "SEND", {"destination": "/queue/orders-2.eu", "receipt": "r"}, b"x")
     assert asked == ["orders-2.eu"]
+
+
+def test_an_own_ack_deadline_is_kept_by_the_router_as_an_instance_keeps_it():
+    """curb-ack-timeout was dropped without a word: the router keeps it now. Past it the
+    message goes back to its instance (a plain NACK: the client had it), and the client's
+    ACK is late; a NACK curb-touch moves it, on the instance too."""
+    w = World("q=127.0.0.1:1")
+    link = w.up("q")
+    w.out(link)
+    c = w.client()
+    w.send(
+        c, "SUBSCRIBE", {"destination": "/queue/q", "id": "s", "ack": "client-individual", "curb-ack-timeout": "5000"}
+    )
+    sub_id = w.out(link)[-1].headers["id"]
+    w.answer(link, *message(sub_id, 1))
+    w.answer(link, *message(sub_id, 2))
+    m1, m2 = w.out(c)
+    w.now = 4.0
+    w.send(c, "NACK", {"id": m2.headers["ack"], "curb-touch": "10000"})
+    assert [(f.command, f.headers) for f in w.out(link)] == [("NACK", {"id": "2", "curb-touch": "10000"})]
+    w.now = 5.5
+    w.tick()
+    assert [(f.command, f.headers) for f in w.out(link)] == [("NACK", {"id": "1"})]
+    w.send(c, "ACK", {"id": m1.headers["ack"], "receipt": "late"})
+    w.send(c, "ACK", {"id": m2.headers["ack"], "receipt": "in-time"})
+    acks = w.out(link)
+    assert [(f.command, f.headers["id"]) for f in acks] == [("ACK", "2"), ("ACK", "count-0")]
+    w.answer(link, "RECEIPT", {"receipt-id": acks[-1].headers["receipt"]})
+    assert [f.headers for f in w.out(c)] == [
+        {"receipt-id": "late", "curb-late": "true"},
+        {"receipt-id": "in-time"},
+    ]

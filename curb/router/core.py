@@ -95,7 +95,7 @@ class RouterCore:
         self.placement = Placement(self.links, clock, config.link_wait, self.sessions.__contains__)
         self.credit = Credit(self.links, self.placement.consumers)
         self.counts = DestinationCounts(self.credit, self.placement.consumers)
-        self.deliveries = Deliveries(self.links, self.credit)
+        self.deliveries = Deliveries(self.links, self.credit, clock)
         self.new_links: Callable[[list[Link]], None] = lambda links: None  # the glue's: connect them
         self.browse_steps = BrowseSteps(schedule)
         self.browses = Browses(self.links, lambda link: self.new_links([link]), self.browse_steps.want)
@@ -236,15 +236,11 @@ class RouterCore:
         dead: bool,
         name: str = "",
     ) -> ClientSub:
-        if dead or ack_timeout is not None:
-            what = f"./{name}/dead" if dead else "curb-ack-timeout"
-            raise QueueError(
-                f"{what} is not routed",
-                f"Through the router the instances' own dead letters and -ack-timeout apply: use {what} on an "
-                "instance itself (docs/router.md: What is not routed).",
-            )
-        prefetch, _ = settings(ack_mode, prefetch, None, self.config.prefetch, MAX_PREFETCH, 0)
-        sub = ClientSub(session, sub_id, ack_mode, prefetch, dest=name)
+        if dead:
+            raise _not_routed(f"./{name}/dead", "SUBSCRIBE to ./dead")
+        # No curb-ack-timeout: the instance's -ack-timeout applies, as the router's own subscription's.
+        prefetch, timeout_ms = settings(ack_mode, prefetch, ack_timeout, self.config.prefetch, MAX_PREFETCH, 0)
+        sub = ClientSub(session, sub_id, ack_mode, prefetch, timeout_ms, dest=name)
         self.deliveries.subscribe(sub)
         self.counts.changed(name)
         return sub
@@ -288,8 +284,7 @@ class RouterCore:
         self.deliveries.answer(session, self.deliveries.held(session, msg_id), "NACK", extra)
 
     def touch(self, session: Peer, msg_id: int, seconds: float) -> None:
-        extra = {"curb-touch": str(round(seconds * 1000))}
-        self.deliveries.forward(session, self.deliveries.held(session, msg_id), "NACK", extra)
+        self.deliveries.touch(session, msg_id, seconds)
 
     def handed_off(self, session: Peer, records: Sequence[Record]) -> None:
         self.deliveries.handed_off(session, records)
@@ -358,9 +353,13 @@ class RouterCore:
         self.counts.watch(session, name, watching)
 
     def tick(self, now: float) -> None:
-        """Link heart-beats; SENDs parked past link_wait are refused."""
+        """Link heart-beats; SENDs parked past link_wait are refused; ack deadlines."""
         self.links.tick(now)
         self.placement.refuse_parked(now)
+        passed = self.deliveries.expire(now)
+        if passed:
+            last = passed[-1]
+            self.refusals.timed_out(len(passed), last.sub.conn, last.rec.id, now, f"{last.sub.dest!r}'s instances")
 
 
 def _not_routed(what: str, how: str) -> QueueError:

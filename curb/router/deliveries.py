@@ -13,6 +13,9 @@ Rules (invariants the tests check):
   With ack:client an ACK settles every earlier delivery of its subscription too.
 - An auto subscription's message is ACKed upstream once its session handed it to the
   transport (`handed_off`), as an instance does.
+- An ack deadline (SUBSCRIBE's curb-ack-timeout, moved by a NACK curb-touch) is kept by
+  the router as an instance keeps it: once passed, the message goes back to its instance
+  and the client's ACK or NACK of it is late.
 - A link lost: what it delivered is dropped from its clients (the instance requeued it);
   their ACK or NACK of it is late (`Late`: a RECEIPT with `curb-late:true`), changing
   nothing. A session gone has everything it holds NACKed, so it is redelivered.
@@ -21,7 +24,7 @@ Rules (invariants the tests check):
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from curb import payload
 from curb.frame import Frame, decimal
@@ -41,9 +44,10 @@ _MESSAGE_OWN = frozenset(
 class Deliveries:
     """Every client's subscriptions and held messages."""
 
-    def __init__(self, links: Links, credit: Credit):
+    def __init__(self, links: Links, credit: Credit, clock: Callable[[], float]):
         self.links = links
         self.credit = credit
+        self.clock = clock
         self.subs: dict[Peer, dict[str, ClientSub]] = {}
         self.holding: dict[Peer, dict[int, Delivery]] = {}
         self.late: dict[Peer, collections.deque[int]] = {}
@@ -84,6 +88,8 @@ class Deliveries:
         msg_id = int(upstream) << INDEX_BITS | index
         rec = Record(msg_id, 0, len(frame.body), deliveries, 0, None)
         delivery = Delivery(link, upstream, headers.get("subscription", ""), sub, rec, link.epoch)
+        if sub.ack_timeout_ms:
+            delivery.due = self.clock() + sub.ack_timeout_ms / 1000
         self.credit.hold(delivery, 1)
         self.credit.of(link).deliveries[upstream] = delivery
         self.holding.setdefault(sub.conn, {})[msg_id] = delivery
@@ -121,9 +127,6 @@ class Deliveries:
     def answer(self, session: Peer, delivery: Delivery, command: str, extra: dict[str, str]) -> None:
         """An ACK or NACK of the delivery, to its instance."""
         self.settle(delivery)
-        self.forward(session, delivery, command, extra)
-
-    def forward(self, session: Peer, delivery: Delivery, command: str, extra: dict[str, str]) -> None:
         self.links.send(delivery.link, command, {"id": delivery.upstream, **extra})
         self.unsynced.setdefault(session, {})[delivery.link] = delivery.link.epoch
 
@@ -140,12 +143,38 @@ class Deliveries:
             )
         raise not_awaiting(msg_id)
 
+    def touch(self, session: Peer, msg_id: int, seconds: float) -> None:
+        """The delivery's deadline, here and on its instance, moves to `seconds` from now."""
+        delivery = self.held(session, msg_id)
+        delivery.due = self.clock() + seconds  # nothing to sync: the RECEIPT need not wait for it
+        self.links.send(delivery.link, "NACK", {"id": delivery.upstream, "curb-touch": str(round(seconds * 1000))})
+
+    def expire(self, now: float) -> list[Delivery]:
+        """The deliveries whose ack deadline (curb-ack-timeout, or a touch) passed: back to
+        their instances (a plain NACK: the client had it, so it counts), and a later ACK or
+        NACK of one is late. Returned, for the refusal line."""
+        passed = [
+            delivery
+            for holding in self.holding.values()
+            for delivery in holding.values()
+            if delivery.due and delivery.due <= now
+        ]
+        for delivery in passed:
+            self.settle(delivery)
+            self.links.send(delivery.link, "NACK", {"id": delivery.upstream})
+            self._late(delivery)
+        return passed
+
+    def _late(self, delivery: Delivery) -> None:
+        late = self.late.setdefault(delivery.sub.conn, collections.deque(maxlen=LATE_KEPT))
+        late.append(delivery.rec.id)
+
     def link_down(self, link: Link) -> None:
         for delivery in self.credit.link_down(link):
             session = delivery.sub.conn
             self.holding.get(session, {}).pop(delivery.rec.id, None)
             delivery.sub.unacked.pop(delivery.rec.id, None)
-            self.late.setdefault(session, collections.deque(maxlen=LATE_KEPT)).append(delivery.rec.id)
+            self._late(delivery)
 
     def gone(self, session: Peer) -> None:
         """NACK what the session held, so the instances redeliver it; its credit leaves."""
