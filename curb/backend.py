@@ -152,7 +152,10 @@ class Backend(Protocol):
         """Take a message (Broker.accept); `session`: the connection that sent it, whose
         later RECEIPTs wait for it too."""
 
-    def redrive(self, name: str, count: int | None, moved: Callable[[int], None]) -> None: ...
+    def redrive(self, name: str, count: int | None, moved: Callable[[int], None], failed: Done) -> None:
+        """Move up to `count` (None: all) dead letters back: `moved(n)` once done, or
+        `failed(why)` (a router's instance refused, or was lost before it answered)."""
+
     def subscribe(
         self,
         session: Peer,

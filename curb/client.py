@@ -152,9 +152,13 @@ class Client:
     def nack(self, ack_id: str, receipt: str | None = None) -> None:
         self._write(encode("NACK", _with_receipt({"id": ack_id}, receipt)))
 
-    def ack_upto(self, upto: int, receipt: str | None = None) -> None:
-        """ACK every message with an id up to `upto`, on every connection (curb-upto)."""
-        self._write(encode("ACK", _with_receipt({"curb-upto": str(upto)}, receipt)))
+    def ack_upto(self, upto: int, receipt: str | None = None, destination: str | None = None) -> None:
+        """ACK every message with an id up to `upto`, on every connection (curb-upto);
+        through `curb router`, of the routed `destination`."""
+        headers = (
+            {"curb-upto": str(upto)} if destination is None else {"curb-upto": str(upto), "destination": destination}
+        )
+        self._write(encode("ACK", _with_receipt(headers, receipt)))
 
     def browse(
         self,

@@ -137,7 +137,18 @@ def _redrive(session: Conn, frame: Frame, name: str) -> None:
         if entry is not None and receipt_id is not None:
             line.after_sync_at(entry, receipt_id, "SEND", extra=b"curb-moved:%d\n" % n)
 
-    session.broker.redrive(name, count, moved)
+    def failed(err: str | None) -> None:
+        if isinstance(err, receipts.Refusal):
+            session.error(err.message, str(err), receipt=receipt_id, entry=entry)
+        else:
+            session.error(
+                "redrive not confirmed",
+                f"{err}. Whether the dead letters moved is unknown: browse the dead letters to see.",
+                receipt=receipt_id,
+                entry=entry,
+            )
+
+    session.broker.redrive(name, count, moved, failed)
 
 
 def on_subscribe(session: Conn, frame: Frame) -> None:
@@ -239,8 +250,9 @@ def _ack_upto(session: Conn, frame: Frame, upto: int, destination: str | None) -
     line = session.line
     entry = line.owe() if receipt is not None else None
     # Even without a receipt the log is given a waiter: it then writes the new watermark
-    # soon, instead of with some later checkpoint.
-    done = _no_answer if entry is None or receipt is None else line.answer(entry, receipt, "ACK")
+    # soon, instead of with some later checkpoint. Refused (by a router's instance), its
+    # ERROR is sent all the same.
+    done = _refused_only(session) if entry is None or receipt is None else line.answer(entry, receipt, "ACK")
     try:
         session.broker.ack_upto(upto, done, destination)
     except QueueError:
@@ -249,9 +261,14 @@ def _ack_upto(session: Conn, frame: Frame, upto: int, destination: str | None) -
         raise
 
 
-def _no_answer(err: str | None) -> None:
-    """What waits for an ACK curb-upto without a receipt, or for a redrive (whose RECEIPT
-    waits on its own): nothing."""
+def _refused_only(session: Conn) -> receipts.Done:
+    """What waits for an ACK curb-upto without a receipt: only a refusal is sent."""
+
+    def done(err: str | None) -> None:
+        if isinstance(err, receipts.Refusal):
+            session.error(err.message, str(err))
+
+    return done
 
 
 def on_nack(session: Conn, frame: Frame) -> None:

@@ -106,6 +106,8 @@ class ReceiptLine:
             if err is None or isinstance(err, Unconfirmed):
                 late_one = late or err is not None
                 self.settle(entry, late_receipt(receipt_id) if late_one else receipt(receipt_id, extra), then)
+            elif isinstance(err, Refusal):
+                self._error(err.message, str(err), receipt=receipt_id, entry=entry)
             else:
                 self._error(
                     f"{command} not stored",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from curb.backend import COUNT, DEAD, QUEUE, REDRIVE
+from curb.backend import COUNT, DEAD, QUEUE, REDRIVE, Done
 from curb.counts import COUNT_DESTINATION, CountWatch
 from curb.dead import DEAD_DESTINATION, REDRIVE_DESTINATION
 from curb.destinations import send_refusal, subscribe_refusal
@@ -59,7 +59,9 @@ class SingleQueue:
     def check_send(headers: Mapping[str, str], body: bytes) -> None:
         """Nothing to check ahead: an instance holds no transaction (Broker.accept checks)."""
 
-    def redrive(self, name: str, count: int | None, moved: Callable[[int], None]) -> None:
+    def redrive(self, name: str, count: int | None, moved: Callable[[int], None], failed: Done) -> None:
+        """`failed` is never called: an instance's redrive fails only with its log, which
+        the RECEIPT's wait for durability reports."""
         self.returns.redrive(count, moved)
 
     def counts_of(self, name: str) -> dict[str, int]:

@@ -3,7 +3,10 @@ changes nothing (a browse through the router once took the messages it read)."""
 
 from __future__ import annotations
 
-from curb.client import Client
+import pytest
+
+from curb.client import Client, StompError
+from curb.frame import Frame
 from curb.router.placement import INDEX_BITS
 
 
@@ -57,3 +60,52 @@ def test_last_id_through_the_router_is_a_browse_that_takes_nothing(curb_broker, 
         client.wait_receipt("r4")
         assert client.last_id(destination="/queue/q") >= 5 << INDEX_BITS
     assert counts(instance.port)["rdy"] == "5"
+
+
+def test_dead_letters_through_the_router_browse_and_redrive(curb_broker, curb_router):
+    """./NAME/dead browses and ./NAME/redrive moves the instances' dead letters back, with
+    the direct broker's answers (curb-moved); refused through the router before."""
+    first = curb_broker(file="a.log", extra_args=["-max-deliveries", "1"])
+    second = curb_broker(file="b.log", extra_args=["-max-deliveries", "1"])
+    router = curb_router([f"p=127.0.0.1:{first.port},127.0.0.1:{second.port}"])
+    with Client("127.0.0.1", router.port) as client:
+        for n in range(4):
+            client.send(b"d%d" % n, destination="/queue/p", receipt=f"r{n}")
+        client.wait_receipt("r3")
+        client.subscribe("s", destination="/queue/p", ack="client-individual", prefetch=4)
+        for _ in range(4):
+            frame = client.receive(10)
+            assert frame is not None and frame.command == "MESSAGE"
+            client.nack(frame.headers["ack"])
+        client.unsubscribe("s")
+        dead: list[Frame] = []
+        for _ in range(50):  # the instances bury them as the NACKs come
+            dead = list(client.browse(destination="./p/dead", sub_id=f"d{len(dead)}"))
+            if len(dead) == 4:
+                break
+        assert sorted(frame.body for frame in dead) == [b"d0", b"d1", b"d2", b"d3"]
+        assert {frame.headers["curb-dead-reason"] for frame in dead} == {"max-deliveries"}
+        client.send(b"", destination="./p/redrive", receipt="moved", headers={"curb-count": "3"})
+        receipt = client.receive(10)
+        assert receipt is not None and receipt.command == "RECEIPT", receipt
+        assert (receipt.headers["receipt-id"], receipt.headers["curb-moved"]) == ("moved", "3")
+        assert len(list(client.browse(destination="./p/dead", sub_id="after"))) == 1
+        assert len(list(client.browse(destination="/queue/p", sub_id="queued"))) == 3
+
+
+def test_ack_upto_through_the_router_names_the_routers_ids(curb_broker, curb_router):
+    instance = curb_broker()
+    router = curb_router([f"q=127.0.0.1:{instance.port}"])
+    with Client("127.0.0.1", router.port) as client:
+        for n in range(5):
+            client.send(b"u%d" % n, destination="/queue/q", receipt=f"r{n}")
+        client.wait_receipt("r4")
+        ids = sorted(int(frame.headers["message-id"]) for frame in client.browse(destination="/queue/q"))
+        client.ack_upto(ids[2], receipt="upto", destination="/queue/q")
+        client.wait_receipt("upto")
+        assert [frame.body for frame in client.browse(destination="/queue/q", sub_id="left")] == [b"u3", b"u4"]
+    assert counts(instance.port)["rdy"] == "2"
+    with Client("127.0.0.1", router.port) as client:
+        client.ack_upto(1, receipt="no-destination")
+        with pytest.raises(StompError, match="needs a destination header"):
+            client.wait_receipt("no-destination")

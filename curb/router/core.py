@@ -50,6 +50,7 @@ from curb.queue import MAX_PREFETCH, QueueError, settings
 from curb.receipts import Refusal
 from curb.refusals import Refusals
 from curb.router.browses import Browses, RoutedBrowse
+from curb.router.bulk import Bulk
 from curb.router.config import RouterConfig
 from curb.router.counts import DestinationCounts
 from curb.router.credit import ClientSub, Credit
@@ -98,6 +99,7 @@ class RouterCore:
         self.deliveries = Deliveries(self.links, self.credit, clock)
         self.new_links: Callable[[list[Link]], None] = lambda links: None  # the glue's: connect them
         self.browse_steps = BrowseSteps(schedule)
+        self.bulk = Bulk(self.links, self.placement)
         self.browses = Browses(self.links, lambda link: self.new_links([link]), self.browse_steps.want)
         self.set_routes(routes)
 
@@ -265,10 +267,10 @@ class RouterCore:
             self.browses.end(browse)
 
     def ack_upto(self, upto: int, done: Done | None = None, destination: str | None = None) -> None:
-        raise _not_routed("ACK with curb-upto", "send ACK curb-upto")
+        self.bulk.ack_upto(upto, done or _nothing, destination)
 
-    def redrive(self, name: str, count: int | None, moved: Callable[[int], None]) -> None:
-        raise _not_routed(f"./{name}/redrive", "SEND to ./redrive")
+    def redrive(self, name: str, count: int | None, moved: Callable[[int], None], failed: Done) -> None:
+        self.bulk.redrive(name, count, moved, failed)
 
     # ---------------------------------------------------------------- ACK and NACK
 
@@ -319,12 +321,12 @@ class RouterCore:
             self._lost(item, f"instance {link.name} of {link.dest!r} was lost before it answered ({why})")
 
     def _lost(self, item: Forwarded, why: str) -> None:
-        if item.session not in self.sessions:
+        if item.session is not None and item.session not in self.sessions:
             return
-        if item.command == "SEND":
+        if item.command == "SEND" and item.session is not None:
             self.placement.place_send(item)  # at least once: the instance may have stored it
         else:
-            item.waits.answered(item.number, why)
+            item.lost(why)
 
     def instance_refused(self, link: Link, item: Forwarded, frame: Frame, after: list[Forwarded]) -> None:
         reason = frame.headers.get("message", "ERROR")
@@ -360,6 +362,10 @@ class RouterCore:
         if passed:
             last = passed[-1]
             self.refusals.timed_out(len(passed), last.sub.conn, last.rec.id, now, f"{last.sub.dest!r}'s instances")
+
+
+def _nothing(err: str | None) -> None:
+    """What waits for an ACK curb-upto that nothing waits for."""
 
 
 def _not_routed(what: str, how: str) -> QueueError:

@@ -30,7 +30,7 @@ from curb import heartbeat
 from curb.deadlines import BEAT_EARLY
 from curb.frame import Frame, FrameParser, ProtocolError, encode
 from curb.peer import Peer
-from curb.receipts import Done
+from curb.receipts import Done, Unconfirmed
 from curb.router.routes import Address
 from curb.router.waits import Waits
 
@@ -43,7 +43,7 @@ LINK_MAX_FRAME = 64 * 1024 * 1024
 class Forwarded:
     """A frame a client's session asked the router to forward, until an instance answers."""
 
-    session: Peer
+    session: Peer | None  # None: a frame no session's later RECEIPTs wait for
     waits: Waits
     command: str
     headers: dict[str, str]
@@ -64,6 +64,12 @@ class Forwarded:
         if self.done is not None:
             self.done(why)
         self.waits.answered(self.number)
+
+    def lost(self, why: str) -> None:
+        """Lost with its link before its answer: whether it took effect is unknown."""
+        if self.done is not None:
+            self.done(Unconfirmed(why))
+        self.waits.answered(self.number, why)
 
 
 class Link:

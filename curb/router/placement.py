@@ -171,7 +171,7 @@ class Placement:
     def unpark(self, dest: str) -> None:
         """An instance of `dest` is up: its parked SENDs go, in order."""
         for _, item in self.parked.pop(dest, ()):
-            if self.alive(item.session):
+            if item.session is not None and self.alive(item.session):
                 self.place_send(item)
 
     def refuse_parked(self, now: float) -> None:
@@ -179,7 +179,7 @@ class Placement:
         for dest, parked in list(self.parked.items()):
             while parked and parked[0][0] <= now:
                 _, item = parked.popleft()
-                if self.alive(item.session):
+                if item.session is not None and self.alive(item.session):
                     self.not_stored(item, "came up")
             if not parked:
                 del self.parked[dest]
