@@ -63,8 +63,9 @@ def test_last_id_through_the_router_is_a_browse_that_takes_nothing(curb_broker, 
 
 
 def test_dead_letters_through_the_router_browse_and_redrive(curb_broker, curb_router):
-    """./NAME/dead browses and ./NAME/redrive moves the instances' dead letters back, with
-    the direct broker's answers (curb-moved); refused through the router before."""
+    """./NAME/dead browses and consumes and ./NAME/redrive moves the instances' dead
+    letters back, with the direct broker's answers (curb-moved); refused through the
+    router before."""
     first = curb_broker(file="a.log", extra_args=["-max-deliveries", "1"])
     second = curb_broker(file="b.log", extra_args=["-max-deliveries", "1"])
     router = curb_router([f"p=127.0.0.1:{first.port},127.0.0.1:{second.port}"])
@@ -91,6 +92,14 @@ def test_dead_letters_through_the_router_browse_and_redrive(curb_broker, curb_ro
         assert (receipt.headers["receipt-id"], receipt.headers["curb-moved"]) == ("moved", "3")
         assert len(list(client.browse(destination="./p/dead", sub_id="after"))) == 1
         assert len(list(client.browse(destination="/queue/p", sub_id="queued"))) == 3
+        # The last one is read from ./p/dead as a dead letter, with its reason, and ACKed for good.
+        client.subscribe("dead", destination="./p/dead", ack="client-individual")
+        letter = client.receive(10)
+        assert letter is not None and letter.headers["subscription"] == "dead"
+        assert (letter.headers["curb-dead-reason"], letter.headers["curb-deliveries"]) == ("max-deliveries", "1")
+        client.ack(letter.headers["ack"], receipt="gone")
+        client.wait_receipt("gone")
+        assert list(client.browse(destination="./p/dead", sub_id="none")) == []
 
 
 def test_ack_upto_through_the_router_names_the_routers_ids(curb_broker, curb_router):

@@ -26,9 +26,9 @@ Rules kept here:
 - An instance's ERROR for a frame is that frame's client's ERROR, with the instance's
   message and body; the frames after it, which the instance dropped unread, are placed
   again (SENDs) or late (ACK, NACK).
-- Browses read the instances themselves (curb.router.browses); `./NAME/dead`
-  subscriptions, ACK `curb-upto`, `./NAME/redrive` and `curb-ack-timeout` are refused
-  with an ERROR that says where they work.
+- Browses read the instances themselves (curb.router.browses); ACK `curb-upto` and
+  `./NAME/redrive` act on them (curb.router.bulk); `./NAME/dead` subscriptions take their
+  dead letters as the queue's subscriptions take messages (curb.router.credit).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ class RouterCore:
 
     def _routed(self, new: list[Link]) -> list[Link]:
         for link in self.placement.removed:
-            self.credit.upstream.pop(link, None)
+            self.credit.forget(link)
         self.placement.removed.clear()
         for name in self.placement.dests:
             self.credit.reshare(name)
@@ -238,11 +238,9 @@ class RouterCore:
         dead: bool,
         name: str = "",
     ) -> ClientSub:
-        if dead:
-            raise _not_routed(f"./{name}/dead", "SUBSCRIBE to ./dead")
         # No curb-ack-timeout: the instance's -ack-timeout applies, as the router's own subscription's.
         prefetch, timeout_ms = settings(ack_mode, prefetch, ack_timeout, self.config.prefetch, MAX_PREFETCH, 0)
-        sub = ClientSub(session, sub_id, ack_mode, prefetch, timeout_ms, dest=name)
+        sub = ClientSub(session, sub_id, ack_mode, prefetch, timeout_ms, dest=name, dead=dead)
         self.deliveries.subscribe(sub)
         self.counts.changed(name)
         return sub

@@ -35,11 +35,18 @@ MAX_WINDOW = 10_000
 
 @dataclass(eq=False)
 class ClientSub(Subscription[Peer, Record]):
-    """A client's SUBSCRIBE through the router: its destination and its credit per instance."""
+    """A client's SUBSCRIBE through the router: its destination (its dead letters with
+    `dead`) and its credit per instance."""
 
     dest: str = ""
+    dead: bool = False
     shares: dict[Link, int] = field(default_factory=dict)
     held: dict[Link, int] = field(default_factory=dict)
+
+    @property
+    def line(self) -> str:
+        """What it takes from: a destination's queue, or its dead letters."""
+        return f"{self.dest}/dead" if self.dead else self.dest
 
     def free(self, link: Link) -> int:
         return max(0, self.shares.get(link, 0) - self.held.get(link, 0)) if self.active else 0
@@ -60,7 +67,8 @@ class Delivery:
 
 @dataclass(slots=True, eq=False)
 class Upstream:
-    """A consuming link's subscription and the instance's counts."""
+    """A consuming link's subscription to its instance's queue (or dead letters), and the
+    instance's counts."""
 
     sub_id: str | None = None
     sub_seq: int = 0
@@ -77,53 +85,60 @@ class Credit:
     def __init__(self, links: Links, dests: Callable[[str], list[Link]]):
         self.links = links
         self.dests = dests  # a destination's consuming links, in route order
-        self.subs: dict[str, list[ClientSub]] = {}
+        self.subs: dict[str, list[ClientSub]] = {}  # by line (ClientSub.line)
         self.upstream: dict[Link, Upstream] = {}
+        self.dead_upstream: dict[Link, Upstream] = {}
         self._turn: dict[str, int] = {}
 
-    def of(self, link: Link) -> Upstream:
-        upstream = self.upstream.get(link)
+    def of(self, link: Link, dead: bool = False) -> Upstream:
+        table = self.dead_upstream if dead else self.upstream
+        upstream = table.get(link)
         if upstream is None:
-            upstream = self.upstream[link] = Upstream()
+            upstream = table[link] = Upstream()
         return upstream
 
+    def forget(self, link: Link) -> None:
+        self.upstream.pop(link, None)
+        self.dead_upstream.pop(link, None)
+
     def add(self, sub: ClientSub) -> None:
-        self.subs.setdefault(sub.dest, []).append(sub)
+        self.subs.setdefault(sub.line, []).append(sub)
         self.share(sub)
-        self.rebalance_dest(sub.dest)
+        self._rebalance_line(sub.dest, sub.dead)
 
     def drop(self, sub: ClientSub) -> None:
         """A client subscription ends: its free credit leaves the instances' sums. What
         it holds stays ACKable (UNSUBSCRIBE) or is NACKed (a session gone)."""
-        subs = self.subs.get(sub.dest, [])
+        subs = self.subs.get(sub.line, [])
         if sub in subs:
             subs.remove(sub)
         for link in list(sub.shares):
-            self.of(link).free -= sub.free(link)
+            self.of(link, sub.dead).free -= sub.free(link)
             sub.shares[link] = 0
         sub.active = False
         if not subs:
-            self.subs.pop(sub.dest, None)
-        self.rebalance_dest(sub.dest)
+            self.subs.pop(sub.line, None)
+        self._rebalance_line(sub.dest, sub.dead)
 
-    def taker(self, link: Link) -> ClientSub | None:
+    def taker(self, link: Link, dead: bool = False) -> ClientSub | None:
         """The next client subscription (in turn) with free credit for this instance."""
-        subs = self.subs.get(link.dest)
+        line = f"{link.dest}/dead" if dead else link.dest
+        subs = self.subs.get(line)
         if not subs:
             return None
         count = len(subs)
-        start = self._turn.get(link.dest, 0)
+        start = self._turn.get(line, 0)
         for step in range(count):
             sub = subs[(start + step) % count]
             if sub.free(link) > 0:
-                self._turn[link.dest] = (start + step + 1) % count
+                self._turn[line] = (start + step + 1) % count
                 return sub
         return None
 
     def hold(self, delivery: Delivery, held: int) -> None:
         """A client took (1) or let go of (-1) a message from the instance."""
         self._adjust(delivery.sub, delivery.link, held=held)
-        upstream = self.of(delivery.link)
+        upstream = self.of(delivery.link, delivery.sub.dead)
         if delivery.sub_id == upstream.sub_id:
             upstream.on_current += held
 
@@ -135,7 +150,7 @@ class Credit:
             sub.held[link] = sub.held.get(link, 0) + held
         if share is not None:
             sub.shares[link] = share
-        self.of(link).free += sub.free(link) - before
+        self.of(link, sub.dead).free += sub.free(link) - before
 
     def share(self, sub: ClientSub) -> None:
         """Split a subscription's prefetch over its destination's instances (see the rules)."""
@@ -143,7 +158,8 @@ class Credit:
             return
         links = self.dests(sub.dest)
         up = [link for link in links if link.state is UP] if sub.conn.writable else []
-        busy = [link for link in up if self.of(link).counts.get("rdy", 0) > 0] or up
+        queued = "dead" if sub.dead else "rdy"
+        busy = [link for link in up if self.of(link).counts.get(queued, 0) > 0] or up
         rest = max(0, sub.prefetch - len(up))
         each, extra = divmod(rest, len(busy) or 1)
         for link in links:
@@ -156,20 +172,25 @@ class Credit:
             self._adjust(sub, link, share=share)
 
     def reshare(self, dest: str) -> None:
-        for sub in self.subs.get(dest, ()):
-            self.share(sub)
+        for line in (dest, f"{dest}/dead"):
+            for sub in self.subs.get(line, ()):
+                self.share(sub)
         self.rebalance_dest(dest)
 
     def rebalance_dest(self, dest: str) -> None:
-        for link in self.dests(dest):
-            self.rebalance(link)
+        self._rebalance_line(dest, False)
+        self._rebalance_line(dest, True)
 
-    def rebalance(self, link: Link) -> None:
+    def _rebalance_line(self, dest: str, dead: bool) -> None:
+        for link in self.dests(dest):
+            self.rebalance(link, dead)
+
+    def rebalance(self, link: Link, dead: bool = False) -> None:
         """Keep what the instance may still send within the clients' free credit, and open
         it up again when much more credit is free than the subscription allows."""
         if link.state is not UP:
             return
-        upstream = self.of(link)
+        upstream = self.of(link, dead)
         may_send = upstream.window - upstream.on_current
         slack = upstream.free - may_send
         if slack == 0 or (slack > 0 and upstream.window >= MAX_WINDOW):
@@ -181,11 +202,11 @@ class Credit:
             upstream.sub_id, upstream.window, upstream.on_current = None, 0, 0
         if upstream.free > 0:
             upstream.sub_seq += 1
-            upstream.sub_id = f"s{upstream.sub_seq}"
+            upstream.sub_id = f"{'d' if dead else 's'}{upstream.sub_seq}"
             upstream.window = min(upstream.free, MAX_WINDOW)
             headers = {
                 "id": upstream.sub_id,
-                "destination": f"/queue/{link.dest}",
+                "destination": "./dead" if dead else f"/queue/{link.dest}",
                 "ack": "client-individual",
                 "prefetch-count": str(upstream.window),
             }
@@ -198,11 +219,12 @@ class Credit:
     def link_down(self, link: Link) -> list[Delivery]:
         """The link is gone: what it delivered is requeued by the instance; the caller
         drops those deliveries (returned) from their clients."""
-        upstream = self.of(link)
-        deliveries = list(upstream.deliveries.values())
-        upstream.deliveries.clear()
+        deliveries: list[Delivery] = []
+        for upstream in (self.of(link), self.of(link, True)):
+            deliveries += upstream.deliveries.values()
+            upstream.deliveries.clear()
+            upstream.sub_id, upstream.window, upstream.on_current, upstream.counts = None, 0, 0, {}
         for delivery in deliveries:
             self.hold(delivery, -1)
-        upstream.sub_id, upstream.window, upstream.on_current, upstream.counts = None, 0, 0, {}
         self.reshare(link.dest)
         return deliveries

@@ -36,8 +36,18 @@ from curb.router.links import Link, Links
 from curb.router.placement import INDEX_BITS
 
 LATE_KEPT = 4096  # ids a session held when their link was lost: their ACKs are late
+# What the client's session writes itself (curb.render), not kept from the instance's MESSAGE.
 _MESSAGE_OWN = frozenset(
-    ("subscription", "destination", "message-id", "ack", "content-length", "redelivered", "curb-deliveries")
+    (
+        "subscription",
+        "destination",
+        "message-id",
+        "ack",
+        "content-length",
+        "redelivered",
+        "curb-deliveries",
+        "curb-dead-reason",
+    )
 )
 
 
@@ -77,7 +87,8 @@ class Deliveries:
         """An instance's MESSAGE: to a client with credit, or handed back at once."""
         headers = frame.headers
         upstream = headers.get("ack") or headers.get("message-id", "")
-        sub = self.credit.taker(link)
+        dead = headers.get("subscription", "").startswith("d")  # curb.router.credit names them so
+        sub = self.credit.taker(link, dead)
         if sub is None or index is None or not upstream.isdigit():
             self.links.send(link, "NACK", {"id": upstream, "curb-undelivered": "true"})
             return
@@ -87,11 +98,13 @@ class Deliveries:
             deliveries = 1
         msg_id = int(upstream) << INDEX_BITS | index
         rec = Record(msg_id, 0, len(frame.body), deliveries, 0, None)
+        if dead:
+            rec.dead = headers.get("curb-dead-reason", "dead")
         delivery = Delivery(link, upstream, headers.get("subscription", ""), sub, rec, link.epoch)
         if sub.ack_timeout_ms:
             delivery.due = self.clock() + sub.ack_timeout_ms / 1000
         self.credit.hold(delivery, 1)
-        self.credit.of(link).deliveries[upstream] = delivery
+        self.credit.of(link, dead).deliveries[upstream] = delivery
         self.holding.setdefault(sub.conn, {})[msg_id] = delivery
         sub.unacked[msg_id] = rec
         kept = {name: value for name, value in headers.items() if name not in _MESSAGE_OWN}
@@ -108,11 +121,11 @@ class Deliveries:
 
     def settle(self, delivery: Delivery) -> None:
         """The delivery is over for the router (ACKed, NACKed, or its client gone)."""
-        self.credit.of(delivery.link).deliveries.pop(delivery.upstream, None)
+        self.credit.of(delivery.link, delivery.sub.dead).deliveries.pop(delivery.upstream, None)
         self.holding.get(delivery.sub.conn, {}).pop(delivery.rec.id, None)
         delivery.sub.unacked.pop(delivery.rec.id, None)
         self.credit.hold(delivery, -1)
-        self.credit.rebalance(delivery.link)
+        self.credit.rebalance(delivery.link, delivery.sub.dead)
 
     def ack(self, session: Peer, msg_id: int) -> None:
         delivery = self.held(session, msg_id)
