@@ -36,7 +36,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from curb import payload, send_rule
+from curb import message_limits, payload, send_rule
 from curb.backend import COUNT, DEAD, QUEUE, REDRIVE, Browsing, Done
 from curb.broker import Refused
 from curb.browse_steps import BrowseSteps
@@ -61,8 +61,6 @@ from curb.router.routes import Address, Routes, own_name
 from curb.router.waits import Waits
 from curb.transactions import Budget
 from curb.users import User
-
-_HOP_HEADERS = frozenset(("destination", "receipt", "transaction", "content-length"))
 
 
 class RouterCore:
@@ -204,11 +202,18 @@ class RouterCore:
         """What an instance would refuse is refused here, before it is forwarded or held
         in a transaction: a COMMIT forwards only SENDs that pass."""
         self.placement.route(headers.get("destination"), "SEND")
+        self._checked_lines(headers, body)
+
+    def _checked_lines(self, headers: Mapping[str, str], body: bytes) -> bytes:
+        """The SEND's kept header lines (curb.payload), once it passes an instance's checks."""
         lines = payload.header_lines(headers)
-        try:
-            send_rule.check(headers, lines, len(lines) + 1 + len(body), self.config.max_frame, self.wall_ms)
-        except send_rule.BadSend as err:
-            raise Refused(str(err), err.advice) from None
+        size = len(lines) + 1 + len(body)
+        if lines or size - 1 + message_limits.RESERVE > self.config.max_frame:  # else nothing to check
+            try:
+                send_rule.check(headers, lines, size, self.config.max_frame, self.wall_ms)
+            except send_rule.BadSend as err:
+                raise Refused(str(err), err.advice) from None
+        return lines
 
     def accept(
         self,
@@ -218,13 +223,20 @@ class RouterCore:
         urgent: bool = True,
         session: Peer | None = None,
     ) -> None:
+        """Forward a SEND: its kept headers (the one-hop ones, curb.payload.NOT_STORED,
+        dropped, as an instance drops them) behind its routed destination."""
         assert session is not None  # every SEND through the router comes from a session
-        self.check_send(headers, body)
         dest = self.placement.route(headers.get("destination"), "SEND")
-        forwarded = {"destination": f"/queue/{dest}"}
-        forwarded.update((k, v) for k, v in headers.items() if k not in _HOP_HEADERS)
-        waits = self.waits.setdefault(session, Waits())
-        self.placement.place_send(Forwarded(session, waits, "SEND", forwarded, body, dest, done, waits.forwarded()))
+        lines = self._checked_lines(headers, body)
+        waits = self.waits.get(session) or self.waits.setdefault(session, Waits())
+        item = Forwarded(session, waits, "SEND", headers, body, dest, done, waits.forwarded())
+        item.wire = b"SEND\ndestination:/queue/%s\n%scontent-length:%d\n\n%s\x00" % (
+            dest.encode(),
+            lines,
+            len(body),
+            body,
+        )
+        self.placement.place_send(item)
 
     # ---------------------------------------------------------------- subscriptions
 

@@ -117,7 +117,7 @@ class Deliveries:
             delivery = holding.get(rec.id)
             if delivery is not None:
                 self.settle(delivery)
-                self.links.send(delivery.link, "ACK", {"id": delivery.upstream})
+                self.links.answer(delivery.link, b"ACK", delivery.upstream)
 
     def settle(self, delivery: Delivery) -> None:
         """The delivery is over for the router (ACKed, NACKed, or its client gone)."""
@@ -140,8 +140,15 @@ class Deliveries:
     def answer(self, session: Peer, delivery: Delivery, command: str, extra: dict[str, str]) -> None:
         """An ACK or NACK of the delivery, to its instance."""
         self.settle(delivery)
-        self.links.send(delivery.link, command, {"id": delivery.upstream, **extra})
-        self.unsynced.setdefault(session, {})[delivery.link] = delivery.link.epoch
+        link = delivery.link
+        if extra:
+            self.links.send(link, command, {"id": delivery.upstream, **extra})
+        else:
+            self.links.answer(link, command.encode(), delivery.upstream)
+        unsynced = self.unsynced.get(session)
+        if unsynced is None:
+            unsynced = self.unsynced[session] = {}
+        unsynced[link] = link.epoch
 
     def held(self, session: Peer, msg_id: int) -> Delivery:
         """The delivery the session holds as `msg_id`; Late when its link was lost (the
@@ -174,7 +181,7 @@ class Deliveries:
         ]
         for delivery in passed:
             self.settle(delivery)
-            self.links.send(delivery.link, "NACK", {"id": delivery.upstream})
+            self.links.answer(delivery.link, b"NACK", delivery.upstream)
             self._late(delivery)
         return passed
 
@@ -193,7 +200,7 @@ class Deliveries:
         """NACK what the session held, so the instances redeliver it; its credit leaves."""
         for delivery in list(self.holding.pop(session, {}).values()):
             self.settle(delivery)
-            self.links.send(delivery.link, "NACK", {"id": delivery.upstream})
+            self.links.answer(delivery.link, b"NACK", delivery.upstream)
         for sub in self.subs.pop(session, {}).values():
             self.credit.drop(sub)
         self.unsynced.pop(session, None)

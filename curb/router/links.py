@@ -22,13 +22,13 @@ Rules:
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from curb import heartbeat
 from curb.deadlines import BEAT_EARLY
-from curb.frame import Frame, FrameParser, ProtocolError, encode
+from curb.frame import Frame, FrameParser, ProtocolError, encode, escape
 from curb.peer import Peer
 from curb.receipts import Done, Unconfirmed
 from curb.router.routes import Address
@@ -46,13 +46,14 @@ class Forwarded:
     session: Peer | None  # None: a frame no session's later RECEIPTs wait for
     waits: Waits
     command: str
-    headers: dict[str, str]
+    headers: Mapping[str, str]  # as the client gave them (a SEND's `wire` is made from them)
     body: bytes
     dest: str
     done: Done | None = None  # told the instance's answer: None, or why it failed
     number: int = 0  # its place in its session's Waits
     wire: bytes | None = None  # the frame as the instance gets it, but for our receipt
     answer: Frame | None = None  # the instance's RECEIPT, once it came
+    sent: bool = False  # it was forwarded at least once (an instance may have taken it)
 
     def answered(self, frame: Frame) -> None:
         self.answer = frame
@@ -143,13 +144,21 @@ class Links:
         if link.state is not DOWN:
             self.write(link, encode(command, headers))
 
+    def answer(self, link: Link, command: bytes, upstream: str) -> None:
+        """An ACK or NACK of the instance's ack id `upstream`, and nothing else (the
+        commonest frame to an instance, made without the general encoder)."""
+        if link.state is not DOWN and not link.close_wanted:
+            link.out.append(b"%s\nid:%s\n\n\x00" % (command, escape(upstream).encode()))
+            self.dirty[link] = None
+
     def forward(self, link: Link, item: Forwarded) -> None:
         """A frame with our receipt: its answer settles `item`."""
         link.next_receipt += 1
         receipt = f"r{link.next_receipt}"
         link.forwarded[receipt] = item
+        item.sent = True
         if item.wire is None:  # encoded once, without our receipt, which goes in per link
-            item.wire = encode(item.command, item.headers, item.body)
+            item.wire = encode(item.command, dict(item.headers), item.body)
         cut = len(item.command) + 1
         self.write(link, b"%sreceipt:%s\n%s" % (item.wire[:cut], receipt.encode(), item.wire[cut:]))
 

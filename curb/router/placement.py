@@ -29,6 +29,7 @@ from curb.router.routes import SPAWN_NAME, Address, Routes, destination_name
 
 INDEX_BITS = 12  # message ids through the router: the instance's id << 12 | its index
 PARTITION_KEY = "curb-partition-key"
+NAMED_KEPT = 1024  # destination headers whose routed names are remembered
 
 
 class Placement:
@@ -45,6 +46,7 @@ class Placement:
         self.indexes: dict[tuple[str, Address], int] = {}
         self.removed: list[Link] = []  # links whose route went, for the core to forget
         self.parked: dict[str, collections.deque[tuple[float, Forwarded]]] = {}
+        self._named: dict[str, str] = {}  # destination headers routed before, and their names
         self._turn: dict[str, int] = {}
         # Spawning (-spawn): asked for a destination with no route; True if it will come.
         self.spawn: Callable[[str], bool] | None = None
@@ -59,6 +61,7 @@ class Placement:
         connect), removed ones lost. Kept instances keep their links; instances the router
         spawned stay, unless a route now names their destination."""
         self.routes = routes
+        self._named.clear()
         table = dict(routes.table)
         for name, address in self.spawned.items():
             table.setdefault(name, (address,))
@@ -110,6 +113,14 @@ class Placement:
     def route(self, header: str | None, command: str, shown: str | None = None) -> str:
         """The routed destination a `destination` header names, or QueueError (naming
         `shown`, the header as the client gave it, if not `header`)."""
+        if header is not None and (known := self._named.get(header)) is not None:
+            return known
+        name = self._look_up(header, command, shown)
+        if header is not None and len(self._named) < NAMED_KEPT:
+            self._named[header] = name
+        return name
+
+    def _look_up(self, header: str | None, command: str, shown: str | None) -> str:
         name = destination_name(header)
         shown = header if shown is None else shown
         spawn = self.spawn
@@ -144,7 +155,7 @@ class Placement:
 
     def not_stored(self, item: Forwarded, what: str) -> None:
         why = f"no instance of destination {item.dest!r} {what} ({self.why_down(item.dest)})"
-        item.failed(MaybeStored(why) if item.wire is not None else why)
+        item.failed(MaybeStored(why) if item.sent else why)
 
     def why_down(self, dest: str) -> str:
         links = self.senders.get(dest)

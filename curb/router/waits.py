@@ -27,22 +27,23 @@ class _Waiter:
 class Waits:
     """Open forwarded frames by number, and the waiters behind them."""
 
-    __slots__ = ("_open", "_waiters", "seq")
+    __slots__ = ("_low", "_open", "_waiters", "seq")
 
     def __init__(self) -> None:
         self.seq = 0  # frames forwarded so far
-        self._open: dict[int, None] = {}  # their numbers, oldest first
+        self._open: set[int] = set()  # their numbers that wait for an answer
+        self._low = 1  # no number below it is open
         self._waiters: collections.deque[_Waiter] = collections.deque()
 
     def forwarded(self) -> int:
         """A frame is forwarded with a receipt: its number."""
         self.seq += 1
-        self._open[self.seq] = None
+        self._open.add(self.seq)
         return self.seq
 
     def answered(self, number: int, lost: str | None = None) -> None:
         """Its instance answered it, or (`lost`, why) can no longer answer."""
-        self._open.pop(number, None)
+        self._open.discard(number)
         if lost is not None:
             for waiter in self._waiters:
                 if number <= waiter.upto and waiter.lost is None:
@@ -58,8 +59,13 @@ class Waits:
         self._fire()
 
     def _fire(self) -> None:
-        first = next(iter(self._open), self.seq + 1)
         waiters = self._waiters
+        if not waiters:
+            return
+        first, open_ = self._low, self._open
+        while first <= self.seq and first not in open_:
+            first += 1
+        self._low = first
         while waiters and waiters[0].upto < first:
             waiter = waiters.popleft()
             waiter.done(None if waiter.lost is None else Unconfirmed(waiter.lost))
