@@ -31,6 +31,7 @@ from curb.frame import Frame, FrameParser, ProtocolError, encode
 from curb.peer import Peer
 from curb.receipts import Done
 from curb.router.routes import Address
+from curb.router.tally import Tally
 from curb.router.waits import Waits
 
 DOWN, CONNECTING, UP = "down", "connecting", "up"
@@ -84,6 +85,7 @@ class Link:
         self.next_receipt = 0
         self.why_down = "not connected yet"
         self.tried = False  # a connection was tried (the glue's start-up waits for it)
+        self.tally = Tally()
 
     @property
     def name(self) -> str:
@@ -127,12 +129,21 @@ class Links:
         """A frame without our receipt (nothing waits for its answer)."""
         if link.state is not DOWN:
             self.write(link, encode(command, headers))
+            if command == "ACK":
+                link.tally.acked += 1
+            elif command == "NACK" and "curb-touch" not in headers:
+                if "curb-undelivered" in headers:
+                    link.tally.bounced += 1
+                else:
+                    link.tally.nacked += 1
 
     def forward(self, link: Link, item: Forwarded) -> None:
         """A frame with our receipt: its answer settles `item`."""
         link.next_receipt += 1
         receipt = f"r{link.next_receipt}"
         link.forwarded[receipt] = item
+        if item.command == "SEND":
+            link.tally.forwarded += 1
         if item.wire is None:  # encoded once, without our receipt, which goes in per link
             item.wire = encode(item.command, item.headers, item.body)
         cut = len(item.command) + 1
@@ -244,6 +255,7 @@ class Links:
         if item is None:
             self.drop(link, f"the instance sent ERROR {reason[:80]!r}")
             return
+        link.tally.refused += 1
         after = list(link.forwarded.values())
         link.forwarded.clear()
         self.drop(link, f"the instance refused a {item.command}: {reason[:80]}")
