@@ -117,9 +117,12 @@ TOO_LARGE, BAD_HEADERS, FULL = "too_large", "bad_headers", "full"
 RETRY_FULL_SECONDS = 1.0
 
 
-def publish(broker: Backend, headers: Mapping[str, str], body: bytes) -> asyncio.Future[None]:
-    """`accept` for a front that awaits (HTTP publish): raises Refused at once, else a
-    future that is done once the message is fsynced, or fails with NotStored."""
+def publish(
+    broker: Backend, headers: Mapping[str, str], body: bytes, session: Peer | None = None
+) -> asyncio.Future[None]:
+    """`accept` for a front that awaits (HTTP publish) on behalf of `session`: raises
+    Refused at once, else a future that is done once the message is fsynced, or fails
+    with NotStored."""
     stored: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def done(err: str | None) -> None:
@@ -129,7 +132,7 @@ def publish(broker: Backend, headers: Mapping[str, str], body: bytes) -> asyncio
             else:
                 stored.set_exception(NotStored(err))
 
-    broker.accept(headers, body, done)
+    broker.accept(headers, body, done, session=session)
     return stored
 
 

@@ -37,9 +37,11 @@ from curb import __version__, systemd, tls
 from curb.broker_config import ACK_TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS
 from curb.durations import Duration, format_seconds
 from curb.flags import (
-    addr_flag,
     addr_option,
     heartbeat_option,
+    http_open_option,
+    http_option,
+    http_origin_option,
     log_format_option,
     max_frame_option,
     prefetch_option,
@@ -184,13 +186,9 @@ class _Commands(click.Group):
     show_default=True,
     help="What becomes of an expired message (expires, curb-ttl): a dead letter, or dropped.",
 )
-@click.option(
-    "-http",
-    "--http",
-    default=None,
-    callback=addr_flag,
-    help="Serve the web front on [HOST]:PORT: /metrics (Prometheus), /stats (JSON), the console at /, "
-    "STOMP over WebSocket at /ws and the HTTP API under /v2. Off by default.",
+@http_option(
+    "Serve the web front on [HOST]:PORT: /metrics (Prometheus), /stats (JSON), the console at /, "
+    "STOMP over WebSocket at /ws and the HTTP API under /v2. Off by default."
 )
 @click.option(
     "-http-tls",
@@ -199,13 +197,9 @@ class _Commands(click.Group):
     default=False,
     help="Serve -http as https (and wss) with -tls-cert and -tls-key (and -tls-ca: client certificates required).",
 )
-@click.option(
-    "-http-open",
-    "--http-open",
-    is_flag=True,
-    default=False,
-    help="Serve -http on an address the network reaches although there is no -users (anyone may publish, "
-    "consume and purge); without it, such a broker refuses to start.",
+@http_open_option(
+    "Serve -http on an address the network reaches although there is no -users (anyone may publish, "
+    "consume and purge); without it, such a broker refuses to start."
 )
 @click.option(
     "-narconi-max-message",
@@ -233,14 +227,7 @@ class _Commands(click.Group):
     help="Unacknowledged messages a WebSocket consumer of the HTTP API gets at once when it names no ?limit "
     "(Narconi's NARCONI_DEFAULT_LIMIT).",
 )
-@click.option(
-    "-http-origin",
-    "--http-origin",
-    "http_origins",
-    multiple=True,
-    help="A web page origin (https://host[:port]) allowed to use -http besides the broker's own pages; "
-    "repeat for more; * allows every origin.",
-)
+@http_origin_option
 @log_format_option
 @click.version_option(__version__, "-version", "--version", prog_name="curb")
 @click.pass_context

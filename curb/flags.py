@@ -58,6 +58,28 @@ def addr_option(default: str, help: str, *, may_be_off: bool) -> Callable[[FC], 
     return click.option("-addr", "--addr", default=default, show_default=True, callback=callback, help=help)
 
 
+def http_option(help: str) -> Callable[[FC], FC]:
+    """-http: where the web front listens."""
+    return click.option("-http", "--http", default=None, callback=addr_flag, help=help)
+
+
+def http_open_option(help: str) -> Callable[[FC], FC]:
+    """-http-open: serve -http to the network without -users."""
+    return click.option("-http-open", "--http-open", is_flag=True, default=False, help=help)
+
+
+def http_origin_option(command: FC) -> FC:
+    """-http-origin: web page origins allowed besides the front's own."""
+    return click.option(
+        "-http-origin",
+        "--http-origin",
+        "http_origins",
+        multiple=True,
+        help="A web page origin (https://host[:port]) allowed to use -http besides the front's own pages; "
+        "repeat for more; * allows every origin.",
+    )(command)
+
+
 def tls_options(command: FC) -> FC:
     """-tls-addr, -tls-cert and -tls-key: STOMP over TLS."""
     for option in (

@@ -329,9 +329,9 @@ class Instance:
         http = self.config.http
         if http is None:
             return
-        from curb.web.front import WebFront  # aiohttp loads only when -http asks for it
+        from curb.web.front import broker_front  # aiohttp loads only when -http asks for it
 
-        web = self.web = WebFront(
+        web = self.web = broker_front(
             self.broker, self.metrics, self.events, self.config.http_origins, http[0], self.config.narconi
         )
         context = self._tls.context if self.config.http_tls and self._tls is not None else None

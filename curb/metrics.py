@@ -38,6 +38,16 @@ COUNTER_NAMES = (
     "dead_acked",
     "redriven",
 )
+# The counters of STOMP sessions (logins, refusals), which a router keeps too.
+SESSION_COUNTERS = (
+    "connections_total",
+    "protocol_errors",
+    "access_refused",
+    "connections_refused",
+    "logins_shed",
+    "connect_timeouts",
+    "permissions_refused",
+)
 # Why a message became a dead letter: the label values of curb_dead_lettered_total.
 DEAD_REASONS = ("max-deliveries", "expired")
 # Why a TLS handshake failed, as counted: the label values of curb_tls_handshake_failures_total
@@ -119,6 +129,13 @@ class Metrics:
             cumulative += count
             buckets.append((str(bound), cumulative))
         return buckets
+
+    def session_stats(self) -> dict[str, int]:
+        """The counters of SESSION_COUNTERS and the TLS failures, as `stats` names them."""
+        return {
+            **{name: getattr(self, name) for name in SESSION_COUNTERS},
+            **{f"tls_failures_{reason}": count for reason, count in self.tls_failures.items()},
+        }
 
     def stats(self, gauges: dict[str, int]) -> dict[str, object]:
         """One flat JSON-able object: version, gauges, counters, fsync count and total seconds."""

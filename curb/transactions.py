@@ -7,8 +7,8 @@ bounded: at most MAX_FRAMES frames and MAX_BYTES bytes a connection, and SHARED_
 bytes for all connections together; a frame past a bound is refused with an ERROR (the
 connection closes, its transactions are dropped, nothing of them was forwarded).
 
-Invariant: `Budget.held` is the sum of the bytes every connection's `Transactions`
-holds; whatever ends a transaction (COMMIT, ABORT, a DISCONNECT, an ERROR, a connection
+Invariant: `Budget.held` and `Budget.frames` are the sums of the bytes and frames every
+connection's `Transactions` holds; whatever ends a transaction (COMMIT, ABORT, a DISCONNECT, an ERROR, a connection
 gone) gives its bytes back.
 """
 
@@ -28,11 +28,12 @@ def frame_bytes(frame: Frame) -> int:
 
 
 class Budget:
-    """The bytes held in transactions by all of a backend's connections."""
+    """The bytes and frames held in transactions by all of a backend's connections."""
 
     def __init__(self, limit: int = SHARED_BYTES):
         self.limit = limit
         self.held = 0
+        self.frames = 0  # read by the router's figures (/metrics)
 
 
 class Transactions:
@@ -72,6 +73,7 @@ class Transactions:
         self.frames += 1
         self.bytes += size
         budget.held += size
+        budget.frames += 1
 
     def take(self, tx: str) -> list[Frame] | None:
         """The frames of transaction `tx`, which ends (None: there is no such transaction)."""
@@ -91,3 +93,4 @@ class Transactions:
         self.frames -= len(frames)
         self.bytes -= size
         self.budget.held -= size
+        self.budget.frames -= len(frames)

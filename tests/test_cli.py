@@ -269,7 +269,7 @@ def test_the_ack_timeout_reaches_the_broker_in_seconds(monkeypatch, value, secon
         (["-data", "q.log"], "-data", "`curb --help`"),
         (["passwd", "-permm", "send", "users", "ann"], "-permm", "did you mean -perm?"),
         # The broker's own flags given to the router: named as typed, not as "-t" or "-m".
-        (["router", "-http", ":8080"], "-http", "`curb router --help`"),
+        (["router", "-cap", "1GiB"], "-cap", "`curb router --help`"),
         (["router", "-max-deliveries", "3"], "-max-deliveries", "`curb router --help`"),
         (["router", "-prefech", "3"], "-prefech", "did you mean -prefetch?"),
     ],

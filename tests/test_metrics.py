@@ -19,6 +19,7 @@ from curb.client import Client
 from curb.metrics import TLS_FAILURES, Metrics
 from curb.web import exposition
 from curb.web.front import WebFront
+from curb.web.stats import BrokerFigures
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -200,7 +201,8 @@ def endpoint():
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     metrics, gauges = Metrics(), dict(GAUGES)
-    front = WebFront(FakeBroker(gauges), metrics)  # type: ignore[arg-type]  # a stand-in for the routes it reads
+    broker = FakeBroker(gauges)
+    front = WebFront(broker, BrokerFigures(broker, metrics))  # type: ignore[arg-type]  # a stand-in for the routes it reads
     asyncio.run_coroutine_threadsafe(front.start("127.0.0.1", 0), loop).result(timeout=10)
     yield front.sockets[0].getsockname()[1], metrics, gauges
     asyncio.run_coroutine_threadsafe(front.stop(), loop).result(timeout=10)

@@ -7,6 +7,7 @@ test is skipped and says why."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -71,3 +72,20 @@ def test_stompjs_logs_in_with_the_users_file_and_a_stomp_py_consumer_sees_its_me
             client.send(b"from tcp", receipt="r")
             client.wait_receipt("r", timeout=10)
         assert web.gauges()["rdy"] == 1
+
+
+def test_stompjs_round_trips_through_the_routers_ws(node_packages, curb_broker, curb_router):
+    """`curb router -http`: /ws is a session of the router's core, so stompjs reaches the
+    instance of the routed destination `curb` through it, receipts and ACKs included."""
+    instance = curb_broker()
+    router = curb_router([f"curb=127.0.0.1:{instance.port}"], extra_args=("-http", "127.0.0.1:0"))
+    found = re.search(r"web front on http://127\.0\.0\.1:(\d+)", router.stderr_text())
+    assert found, router.stderr_text()
+    result = stompjs(node_packages, f"ws://127.0.0.1:{found.group(1)}/ws")
+    assert "error" not in result, result
+    assert result["version"] == "1.2" and sorted(result["receipts"]) == ["r1", "r2"]
+    text, binary = result["got"]
+    assert text["text"] == "hello from stompjs" and text["headers"]["x-from"] == "js"
+    assert binary["bytes"] == [0, 255, 1, 128]
+    with Client("127.0.0.1", instance.port) as direct:  # both ACKed on the instance
+        assert list(direct.browse()) == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import ssl
 import sys
 from dataclasses import dataclass
@@ -20,6 +21,9 @@ from curb.durations import Duration
 from curb.flags import (
     addr_option,
     heartbeat_option,
+    http_open_option,
+    http_option,
+    http_origin_option,
     log_format_option,
     max_frame_option,
     prefetch_option,
@@ -40,7 +44,7 @@ from curb.instance import (
     sockname,
 )
 from curb.router import routes as routing
-from curb.router.config import RouterConfig
+from curb.router.config import RouterConfig, WebConfig
 from curb.router.core import RouterCore
 from curb.router.glue import Router, loop_core
 from curb.router.spawner import Spawner
@@ -161,6 +165,16 @@ def load_routes(route_flags: tuple[str, ...], routes_file: str | None) -> routin
     metavar="ARG",
     help="An extra flag for every spawned instance, e.g. -spawn-arg=-users=FILE (repeatable).",
 )
+@http_option(
+    "Serve the router's web front on [HOST]:PORT: /metrics (Prometheus) and /stats (JSON) per destination "
+    "and instance, STOMP over WebSocket at /ws and the HTTP API under /v2 with {queue} the routed "
+    "destination. Off by default."
+)
+@http_open_option(
+    "Serve -http on an address the network reaches although there is no -users (anyone may publish and "
+    "consume); without it, such a router refuses to start."
+)
+@http_origin_option
 @log_format_option
 def router_command(
     addr: Addr,
@@ -183,6 +197,9 @@ def router_command(
     instance_tls_ca: str | None,
     instance_tls_cert: str | None,
     instance_tls_key: str | None,
+    http: Addr | None,
+    http_open: bool,
+    http_origins: tuple[str, ...],
     log_format: str,
 ) -> None:
     """A STOMP router in front of Curb instances: destinations, partitions and transactions.
@@ -227,7 +244,8 @@ def router_command(
     )
     try:
         spawning = None if spawn_dir is None else (Path(spawn_dir).resolve(), spawn_cap, spawn_max, tuple(spawn_args))
-        listeners = Listeners(addr, tls_addr, server_tls, link_tls, users_path)
+        web = WebConfig(http, http_open, tuple(http_origins)) if http is not None else None
+        listeners = Listeners(addr, tls_addr, server_tls, link_tls, users_path, web)
         code = asyncio.run(serve(table, config, listeners, route_flags, routes_file, events, spawning))
     except StartError as err:
         click.echo(f"curb: {err.line}", err=True)
@@ -244,6 +262,7 @@ class Listeners:
     server_tls: ssl.SSLContext | None
     link_tls: ssl.SSLContext | None
     users_path: str | None = None
+    web: WebConfig | None = None
 
 
 def _credentials(path: str) -> tuple[str, str]:
@@ -278,6 +297,11 @@ async def serve(
         core.users = load_users(users_path)
     spawner = None if spawning is None else _spawner(core, router, spawning, events)
     servers = await _listen(loop, router, listeners)
+    front = None
+    if listeners.web is not None:  # before the links: a StartError leaves only listeners, which exit closes
+        from curb.router.web import start_web  # aiohttp loads only when -http asks for it
+
+        front = await start_web(core, listeners.web, users_path, events)
     stop = loop.create_future()
 
     def on_signal() -> None:
@@ -294,7 +318,7 @@ async def serve(
             core.placement.spawn_pending(name)
     names = ", ".join(sockname(s) for s in servers[0].sockets)
     tls_names = "".join(f"; TLS on {sockname(s)}" for server in servers[1:] for s in server.sockets)
-    _say_who_may_connect(core, users_path, events, servers)
+    _say_who_may_connect(core, users_path, events, servers, front.sockets if front is not None else [])
     events(
         "listening",
         f"listening on {names} (router; routes: {_describe(core_routes(core))}){tls_names}",
@@ -306,6 +330,8 @@ async def serve(
     events("stopping", "stopping: closing clients and links")
     for server in servers:
         server.close()
+    if front is not None:
+        await front.stop()
     await router.close()
     if spawner is not None:
         spawner.stop()
@@ -372,14 +398,19 @@ def _reload(
 
 
 def _say_who_may_connect(
-    core: RouterCore, users_path: str | None, events: Events, servers: list[asyncio.Server]
+    core: RouterCore,
+    users_path: str | None,
+    events: Events,
+    servers: list[asyncio.Server],
+    web_sockets: list[socket.socket],
 ) -> None:
     """One line on access: the users file, or who may do what without one, naming every
-    listener that the network reaches."""
+    listener that the network reaches (STOMP's and the web front's)."""
     if users_path is not None:
         events("access", f"{len(core.users or {})} users from {users_path}", users=len(core.users or {}))
         return
     exposed = [sockname(sock) for server in servers for sock in server.sockets if not is_loopback(sock)]
+    exposed += [f"{sockname(sock)} (HTTP, -http-open)" for sock in web_sockets if not is_loopback(sock)]
     if exposed:
         events(
             "access",

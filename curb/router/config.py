@@ -23,3 +23,12 @@ class RouterConfig:
     link_wait: float = 5.0  # how long a SEND waits for an instance of its destination
     login: str | None = None  # the router's own login on instances with -users
     passcode: str | None = None
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """-http, -http-open and -http-origin (curb.router.web)."""
+
+    addr: tuple[str | None, int]
+    open: bool = False  # serve the network without -users
+    origins: tuple[str, ...] = ()

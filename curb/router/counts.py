@@ -23,7 +23,7 @@ from curb.router.links import UP, Link
 COUNTED = ("rdy", "wip", "delayed", "dead")
 
 
-def _endpoint(address: tuple[str, int]) -> str:
+def endpoint(address: tuple[str, int]) -> str:
     host, port = address
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -49,7 +49,7 @@ class DestinationCounts:
         messages = self._messages.get(dest)
         if messages is None:
             messages = self._messages[dest] = CountMessages()
-        endpoints = [_endpoint(link.address) for link in self.dests(dest)]
+        endpoints = [endpoint(link.address) for link in self.dests(dest)]
         return messages.tail(counts, {"endpoints": endpoints})
 
     def watch(self, session: Peer, dest: str, watching: bool) -> None:

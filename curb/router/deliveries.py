@@ -109,6 +109,7 @@ class Deliveries:
         sub.unacked[msg_id] = rec
         kept = {name: value for name, value in headers.items() if name not in _MESSAGE_OWN}
         sub.conn.deliver(sub, rec, payload.encode(kept, frame.body))
+        link.tally.delivered += 1
 
     def handed_off(self, session: Peer, records: Sequence[Record]) -> None:
         """Auto-acked messages went to the transport: done, on their instances too."""

@@ -32,6 +32,7 @@ from curb.frame import Frame, FrameParser, ProtocolError, encode, escape
 from curb.peer import Peer
 from curb.receipts import Done, Unconfirmed
 from curb.router.routes import Address
+from curb.router.tally import Tally
 from curb.router.waits import Waits
 
 DOWN, CONNECTING, UP = "down", "connecting", "up"
@@ -94,6 +95,7 @@ class Link:
         self.tried = False  # a connection was tried (the glue's start-up waits for it)
         self.hold = False  # read nothing more from it for now (a browse holds enough)
         self.position = 0  # a BROWSES link: its instance's place in the route
+        self.tally = Tally()
 
     @property
     def name(self) -> str:
@@ -143,6 +145,13 @@ class Links:
         """A frame without our receipt (nothing waits for its answer)."""
         if link.state is not DOWN:
             self.write(link, encode(command, headers))
+            if command == "ACK":
+                link.tally.acked += 1
+            elif command == "NACK" and "curb-touch" not in headers:
+                if "curb-undelivered" in headers:
+                    link.tally.bounced += 1
+                else:
+                    link.tally.nacked += 1
 
     def answer(self, link: Link, command: bytes, upstream: str) -> None:
         """An ACK or NACK of the instance's ack id `upstream`, and nothing else (the
@@ -150,6 +159,10 @@ class Links:
         if link.state is not DOWN and not link.close_wanted:
             link.out.append(b"%s\nid:%s\n\n\x00" % (command, escape(upstream).encode()))
             self.dirty[link] = None
+            if command == b"ACK":
+                link.tally.acked += 1
+            else:
+                link.tally.nacked += 1
 
     def forward(self, link: Link, item: Forwarded) -> None:
         """A frame with our receipt: its answer settles `item`."""
@@ -157,6 +170,8 @@ class Links:
         receipt = f"r{link.next_receipt}"
         link.forwarded[receipt] = item
         item.sent = True
+        if item.command == "SEND":
+            link.tally.forwarded += 1
         if item.wire is None:  # encoded once, without our receipt, which goes in per link
             item.wire = encode(item.command, dict(item.headers), item.body)
         cut = len(item.command) + 1
@@ -268,6 +283,7 @@ class Links:
         if item is None:
             self.drop(link, f"the instance sent ERROR {reason[:80]!r}")
             return
+        link.tally.refused += 1
         after = list(link.forwarded.values())
         link.forwarded.clear()
         self.drop(link, f"the instance refused a {item.command}: {reason[:80]}")

@@ -26,6 +26,7 @@ from curb.peer import Peer
 from curb.queue import QueueError
 from curb.router.links import BROWSES, CONSUMES, SENDS, UP, Forwarded, Link, Links
 from curb.router.routes import SPAWN_NAME, Address, Routes, destination_name
+from curb.router.tally import DestTally
 
 INDEX_BITS = 12  # message ids through the router: the instance's id << 12 | its index
 PARTITION_KEY = "curb-partition-key"
@@ -47,6 +48,7 @@ class Placement:
         self.removed: list[Link] = []  # links whose route went, for the core to forget
         self.parked: dict[str, collections.deque[tuple[float, Forwarded]]] = {}
         self._named: dict[str, str] = {}  # destination headers routed before, and their names
+        self.tallies: collections.defaultdict[str, DestTally] = collections.defaultdict(DestTally)
         self._turn: dict[str, int] = {}
         # Spawning (-spawn): asked for a destination with no route; True if it will come.
         self.spawn: Callable[[str], bool] | None = None
@@ -149,11 +151,13 @@ class Placement:
             self.links.forward(link, item)
         elif self.link_wait > 0:
             deadline = self.clock() + self.link_wait
+            self.tallies[item.dest].parked += 1
             self.parked.setdefault(item.dest, collections.deque()).append((deadline, item))
         else:
             self.not_stored(item, "is up")
 
     def not_stored(self, item: Forwarded, what: str) -> None:
+        self.tallies[item.dest].not_stored += 1
         why = f"no instance of destination {item.dest!r} {what} ({self.why_down(item.dest)})"
         item.failed(MaybeStored(why) if item.sent else why)
 

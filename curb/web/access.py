@@ -30,10 +30,10 @@ from collections.abc import Iterable
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from curb.broker import Broker
+from curb.backend import Backend
 from curb.logins import SHED, Answer
 from curb.tls import peer_name
-from curb.users import User
+from curb.users import User, allows
 from curb.web.peers import HttpPeer
 from curb.web.replies import Handler, Refusal
 
@@ -50,8 +50,9 @@ def peer_of(request: web.Request) -> str:
     return f"{name[0]}:{name[1]}" if isinstance(name, tuple) else str(request.remote or "local")
 
 
-async def log_in(request: web.Request, broker: Broker, permission: str | None) -> User | None:
-    """The user the request logs in as (None without -users); Refusal unless it may `permission`."""
+async def log_in(request: web.Request, broker: Backend, permission: str | None, destination: str = "") -> User | None:
+    """The user the request logs in as (None without -users); Refusal unless it may
+    `permission` (on `destination`, a router's: `send@orders` grants it there only)."""
     table = broker.users
     if table is None:
         return None
@@ -70,18 +71,18 @@ async def log_in(request: web.Request, broker: Broker, permission: str | None) -
             )
     else:
         user = await authenticate(broker, caller, *_basic(header))
-    return permitted(broker, user, permission)
+    return permitted(broker, user, permission, destination)
 
 
-async def authenticate(broker: Broker, caller: HttpPeer, login: str, passcode: str) -> User:
+async def authenticate(broker: Backend, caller: HttpPeer, login: str, passcode: str) -> User:
     """The user of these credentials, checked as a STOMP CONNECT's; Refusal (401, 503) otherwise."""
     user = broker.logins.remembered(login, passcode)
     return user if user is not None else await _check(broker, caller, login, passcode)
 
 
-def permitted(broker: Broker, user: User, permission: str | None) -> User:
-    """`user`, if it has `permission`; else 403 naming it."""
-    if permission is not None and permission not in user.permissions:
+def permitted(broker: Backend, user: User, permission: str | None, destination: str = "") -> User:
+    """`user`, if it has `permission` (on `destination`); else 403 naming it."""
+    if permission is not None and not allows(user.permissions, permission, destination):
         broker.refusals.permission_refused()
         raise Refusal(
             403,
@@ -91,7 +92,7 @@ def permitted(broker: Broker, user: User, permission: str | None) -> User:
     return user
 
 
-async def _check(broker: Broker, caller: HttpPeer, login: str, passcode: str) -> User:
+async def _check(broker: Backend, caller: HttpPeer, login: str, passcode: str) -> User:
     answered: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
 
     def then(answer: Answer) -> None:

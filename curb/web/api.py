@@ -2,7 +2,8 @@
 (docs/http-websocket.md: The HTTP API), with Curb's additions, which a Narconi client never needs to know.
 
 One Curb instance serves one queue, so the project and queue names are accepted and
-ignored, as a STOMP destination is. Paths (Q stands for /v2/{project}/queues/{queue}):
+ignored, as a STOMP destination is; through `curb router` the queue name is the routed
+destination (curb.web.queues: what differs between the two backends). Paths (Q stands for /v2/{project}/queues/{queue}):
 
 - Narconi's: `PUT Q`: an empty 201 (the queue exists). `DELETE Q`: purge, every message
   ACKed (needs the `purge` permission); an empty 204 once that is on disk.
@@ -37,7 +38,8 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from curb import payload
-from curb.broker import Broker, NotStored, Refused, publish
+from curb.backend import Backend
+from curb.broker import NotStored, Refused, publish
 from curb.heartbeat import MAX_MS
 from curb.queue import Late
 from curb.users import User
@@ -45,6 +47,7 @@ from curb.web import narconi
 from curb.web.access import log_in, peer_of
 from curb.web.messages import BadMessage, check_encoding, decode_body, headers_in, headers_out, json_headers
 from curb.web.peers import HttpPeer
+from curb.web.queues import Queues
 from curb.web.replies import Handler, Refusal, json_reply, not_stored, refused
 from curb.web.settings import SEED, NarconiSettings
 from curb.web.takers import Taken, Takers, answer
@@ -115,12 +118,13 @@ def message_response(taken: Taken, status: int = 200, location: str | None = Non
 
 
 class Api:
-    """The routes of the HTTP API over one broker."""
+    """The routes of the HTTP API over one backend and the queues it serves."""
 
-    def __init__(self, broker: Broker, settings: NarconiSettings = SEED):
-        self.broker = broker
+    def __init__(self, backend: Backend, queues: Queues, settings: NarconiSettings = SEED):
+        self.broker = backend
+        self.queues = queues
         self.settings = settings
-        self.takers = Takers(broker)
+        self.takers = Takers(backend, queues)
 
     def add_routes(self, app: web.Application) -> None:
         router = app.router
@@ -137,9 +141,12 @@ class Api:
         router.add_patch(QUEUE + "/claims/{id}", self.touch)
         app.middlewares.append(self.discovery)
 
-    async def _peer(self, request: web.Request, permission: str | None) -> HttpPeer:
-        user: User | None = await log_in(request, self.broker, permission)
-        return HttpPeer(peer_of(request), None if user is None else user.name)
+    async def _peer(self, request: web.Request, permission: str | None) -> tuple[HttpPeer, str]:
+        """The request's client, once logged in with `permission` on the destination its
+        path names, and that destination."""
+        name = self.queues.name(request.match_info["queue"])
+        user: User | None = await log_in(request, self.broker, permission, name)
+        return HttpPeer(peer_of(request), None if user is None else user.name), name
 
     async def create(self, request: web.Request) -> web.Response:
         await self._peer(request, None)
@@ -148,25 +155,49 @@ class Api:
     async def purge(self, request: web.Request) -> web.Response:
         await self._peer(request, "purge")
         purged, done = answer()
-        self.broker.ack_upto(self.broker.log.last_id, done)
+        self.queues.purge(done)
         err = await purged
         if err is not None:
             raise Refusal(503, f"the purge is not on disk: {err}; purge again")
         return web.Response(status=204)
 
     async def publish(self, request: web.Request) -> web.Response:
-        await self._peer(request, "send")
+        peer, name = await self._peer(request, "send")
         body = await read_body(request, self.settings.max_message, "-narconi-max-message")
         headers = self.stored_headers(headers_in(request.headers, request.headers.get("Content-Type")))
-        try:
-            stored = publish(self.broker, headers, body)
-        except Refused as err:
-            raise refused(err) from None
-        try:
-            await stored
-        except NotStored as err:
-            raise not_stored(err) from None
+        await self._stored(peer, name, [(headers, body)], batch=False)
         return web.Response(status=201)
+
+    def publishing(self, peer: HttpPeer, name: str, headers: dict[str, str], body: bytes) -> asyncio.Future[None]:
+        """Publish one message of `peer` (entered) to destination `name`: a future done
+        once it is on disk; Refused at once."""
+        if name:
+            headers["destination"] = f"/queue/{name}"
+        return publish(self.broker, headers, body, peer)
+
+    async def _stored(
+        self, peer: HttpPeer, name: str, messages: list[tuple[dict[str, str], bytes]], batch: bool = True
+    ) -> None:
+        """Publish `messages` in order and wait until all are on disk; a batch's refusal
+        part-way says how many of the first lines were stored."""
+        futures: list[asyncio.Future[None]] = []
+        refusal: Refusal | None = None
+        self.queues.enter(peer)
+        try:
+            for headers, body in messages:
+                try:
+                    futures.append(self.publishing(peer, name, headers, body))
+                except Refused as err:
+                    refusal = refused(err, {"stored": len(futures)} if batch else None)
+                    break
+            try:
+                await asyncio.gather(*futures)
+            except NotStored as err:
+                raise not_stored(err) from None
+        finally:
+            self.broker.gone(peer)
+        if refusal is not None:
+            raise refusal
 
     def stored_headers(self, headers: dict[str, str]) -> dict[str, str]:
         """A message's headers as published over /v2, with its TTL (-narconi-ttl) as its
@@ -182,7 +213,7 @@ class Api:
     async def publish_batch(self, request: web.Request) -> web.Response:
         """JSON lines, each {"message": BODY, "headers": {...}}: all stored, then one 201.
         A refusal part-way says how many of the first lines were stored (and are on disk)."""
-        await self._peer(request, "send")
+        peer, name = await self._peer(request, "send")
         encoding = _encoding(request)
         messages = []
         for number, line in enumerate((await read_body(request, self.broker.config.max_frame)).splitlines(), 1):
@@ -206,26 +237,13 @@ class Api:
                 raise Refusal(400, f"line {number}: JSON nested too deep; nothing was stored") from None
         if not messages:
             raise Refusal(400, 'no messages: send JSON lines, each {"message": "..."}')
-        broker, futures = self.broker, []
-        refusal: Refusal | None = None
-        for headers, body in messages:
-            try:
-                futures.append(publish(broker, headers, body))
-            except Refused as err:
-                refusal = refused(err, {"stored": len(futures)})
-                break
-        try:
-            await asyncio.gather(*futures)
-        except NotStored as err:
-            raise not_stored(err) from None
-        if refusal is not None:
-            raise refusal
-        return json_reply({"messages": len(futures)}, 201)
+        await self._stored(peer, name, messages)
+        return json_reply({"messages": len(messages)}, 201)
 
     async def consume(self, request: web.Request) -> web.Response:
-        peer = await self._peer(request, "consume")
+        peer, name = await self._peer(request, "consume")
         wait = seconds(request, "wait", 0, MAX_WAIT_SECONDS, 0.0) or 0.0
-        taken = await self.takers.take(peer, wait, ack_timeout=0)
+        taken = await self.takers.take(peer, wait, ack_timeout=0, name=name)
         if taken is None:
             return web.Response(status=204)
         response = message_response(taken)  # built (and so checked) before the ACK
@@ -239,10 +257,10 @@ class Api:
         return response
 
     async def claim(self, request: web.Request) -> web.Response:
-        peer = await self._peer(request, "consume")
+        peer, name = await self._peer(request, "consume")
         wait = seconds(request, "wait", 0, MAX_WAIT_SECONDS, 0.0) or 0.0
         ttl = seconds(request, "ttl", 0.001, MAX_TTL_SECONDS, None)
-        taken = await self.takers.take(peer, wait, ack_timeout=ttl)
+        taken = await self.takers.take(peer, wait, ack_timeout=ttl, name=name)
         if taken is None:
             return web.Response(status=204)
         response = message_response(taken, 201, location=f"{request.rel_url.raw_path}/{taken.id}")

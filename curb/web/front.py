@@ -10,6 +10,8 @@ closed at once, as a STOMP connection is (counted, and logged at most once a
 LIMIT_LOG_SECONDS), but for MONITOR_HEADROOM more that may ask only for MONITORING
 paths: a broker at its limit is the one its monitoring most needs to see.
 The routes come from the modules that serve them (`stats`, ...), each given what it uses.
+It serves any `curb.backend.Backend`: `broker_front` is the broker's (its figures, the
+HTTP API over its one queue, the console); a router builds its own (curb.router.web).
 """
 
 from __future__ import annotations
@@ -23,14 +25,17 @@ from typing import cast
 
 from aiohttp import web
 
+from curb.backend import Backend
 from curb.broker import Broker
 from curb.metrics import Metrics
 from curb.web import stats, stomp_ws
 from curb.web.access import origin_check, own_names, peer_of
 from curb.web.api import Api
 from curb.web.console import Console
+from curb.web.queues import OneQueue
 from curb.web.replies import Handler, Refusal, json_errors
 from curb.web.settings import SEED, NarconiSettings
+from curb.web.stats import BrokerFigures, Figures
 
 # The most bytes of one header line (a request line, a header) aiohttp reads.
 MAX_LINE_BYTES = 8190
@@ -58,31 +63,55 @@ class _Refuse(asyncio.Protocol):
         cast(asyncio.Transport, transport).abort()
 
 
+def broker_front(
+    broker: Broker,
+    metrics: Metrics,
+    events: Callable[..., None] = lambda *a, **k: None,
+    origins: Iterable[str] = (),
+    listen_host: str | None = None,
+    narconi: NarconiSettings = SEED,
+) -> WebFront:
+    """The broker's web front: its figures, the HTTP API over its one queue, the console."""
+    front = WebFront(
+        broker,
+        BrokerFigures(broker, metrics),
+        Api(broker, OneQueue(broker), narconi),
+        events,
+        origins,
+        listen_host,
+        broker.config.max_connections,
+    )
+    Console(broker, metrics).add_routes(front.app)
+    return front
+
+
 class WebFront:
-    """What every route of the web front uses."""
+    """What every route of the web front uses: the backend /ws sessions and the API
+    reach, and the figures of /metrics and /stats."""
 
     def __init__(
         self,
-        broker: Broker,
-        metrics: Metrics,
+        backend: Backend,
+        figures: Figures,
+        api: Api | None = None,
         events: Callable[..., None] = lambda *a, **k: None,
         origins: Iterable[str] = (),
         listen_host: str | None = None,
-        narconi: NarconiSettings = SEED,
+        max_connections: int | None = None,
     ):
-        self.broker = broker
-        self.metrics = metrics
+        self.backend = backend
         self.events = events
+        self.max_connections = max_connections
         self.app = web.Application(
-            client_max_size=broker.config.max_frame,
+            client_max_size=backend.config.max_frame,
             middlewares=[json_errors, self._headroom, origin_check(origins, own_names(listen_host))],
         )
         self._open: Callable[[], int] = lambda: 0  # web connections open now (set by `start`)
-        stats.add_routes(self.app, broker, metrics)
-        self.api = Api(broker, narconi)
-        self.api.add_routes(self.app)
+        stats.add_routes(self.app, figures)
+        self.api = api
+        if api is not None:
+            api.add_routes(self.app)
         self.app.router.add_get("/ws", self._stomp)
-        Console(broker, metrics).add_routes(self.app)
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
         self.sockets: list[socket.socket] = []
@@ -104,12 +133,12 @@ class WebFront:
         await runner.setup()
         handlers = runner.server
         assert handlers is not None
-        limit, broker = self.broker.config.max_connections, self.broker
+        limit, backend = self.max_connections, self.backend
         self._open = lambda: len(handlers.connections)
 
         def protocol() -> asyncio.BaseProtocol:
             if limit is not None and len(handlers.connections) >= limit + MONITOR_HEADROOM:
-                broker.refusals.web_connection_refused(limit)
+                backend.refusals.web_connection_refused(limit)
                 return _Refuse()
             return handlers()
 
@@ -126,9 +155,9 @@ class WebFront:
     @web.middleware
     async def _headroom(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """A connection let in past -max-connections may ask for MONITORING paths only."""
-        limit = self.broker.config.max_connections
+        limit = self.max_connections
         if limit is not None and self._open() > limit and request.path not in MONITORING:
-            self.broker.refusals.web_connection_refused(limit)
+            self.backend.refusals.web_connection_refused(limit)
             raise Refusal(
                 503,
                 f"{limit} web connections are open (-max-connections): only {', '.join(sorted(MONITORING))} "
@@ -138,10 +167,11 @@ class WebFront:
         return await handler(request)
 
     async def _stomp(self, request: web.Request) -> web.StreamResponse:
-        return await stomp_ws.serve(request, self.broker, peer_of(request))
+        return await stomp_ws.serve(request, self.backend, peer_of(request))
 
     async def stop(self) -> None:
-        self.api.takers.close()
+        if self.api is not None:
+            self.api.takers.close()
         if self._listener is not None:
             self._listener.close()
             self._listener = None

@@ -44,13 +44,15 @@ from typing import Any, Protocol
 from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from curb import payload
-from curb.broker import Broker, NotStored, Refused, publish
+from curb.backend import Backend
+from curb.broker import NotStored, Refused
 from curb.log import Record
 from curb.queue import Late, QueueError, Subscription
 from curb.session import OUTPUT_LIMIT
 from curb.web.access import log_in, peer_of
 from curb.web.messages import DEFAULT_TYPE, PREFIX, BadMessage, check_encoding, decode_body, encode_body, headers_in
 from curb.web.peers import HttpPeer, refuse
+from curb.web.queues import Queues
 from curb.web.replies import Refusal, refused
 from curb.web.settings import MAX_LIMIT, NarconiSettings
 
@@ -66,10 +68,12 @@ class Api(Protocol):
     """What the WebSocket protocols need of the HTTP API (curb.web.api.Api), which
     serves them at its queue paths."""
 
-    broker: Broker
+    broker: Backend
+    queues: Queues
     settings: NarconiSettings
 
     def stored_headers(self, headers: dict[str, str]) -> dict[str, str]: ...
+    def publishing(self, peer: HttpPeer, name: str, headers: dict[str, str], body: bytes) -> asyncio.Future[None]: ...
 
 
 class _Closed(Exception):
@@ -85,8 +89,8 @@ async def serve(request: web.Request, api: Api) -> web.StreamResponse:
             "GET on a queue is Narconi's WebSocket: upgrade with Sec-WebSocket-Protocol: publish or consume "
             "(to consume one message over plain HTTP, DELETE .../messages)",
         )
-    broker = api.broker
-    user = await log_in(request, broker, "send" if protocol == "publish" else "consume")
+    broker, name = api.broker, api.queues.name(request.match_info["queue"])
+    user = await log_in(request, broker, "send" if protocol == "publish" else "consume", name)
     query = request.query
     try:
         encoding = check_encoding(query["encoding"]) if "encoding" in query else None
@@ -100,11 +104,12 @@ async def serve(request: web.Request, api: Api) -> web.StreamResponse:
     ws = web.WebSocketResponse(protocols=PROTOCOLS, max_msg_size=broker.config.max_frame)
     await ws.prepare(request)
     peer = HttpPeer(peer_of(request), None if user is None else user.name)
+    api.queues.enter(peer)
     try:
         if protocol == "publish":
-            await _publish(ws, api, encoding)
+            await _Publisher(ws, api, peer, name, encoding).run()
         else:
-            await _consume(ws, api, peer, encoding, "ack" in query, limit)
+            await _Consumer(ws, api, peer, encoding, "ack" in query).run(limit, name)
     except _Closed as err:
         code, text = err.args
         if not ws.closed:
@@ -167,18 +172,16 @@ def _body(message: Any, encoding: str | None) -> bytes:
     return decode_body(data, encoding or "utf-8")
 
 
-async def _publish(ws: web.WebSocketResponse, api: Api, encoding: str | None) -> None:
-    await _Publisher(ws, api, encoding).run()
-
-
 class _Publisher:
     """A publishing socket: its messages are stored in the order they come, and each is
     confirmed (an empty message, or its error) in that order by a task of its own; the
     socket is read no further while MAX_UNCONFIRMED wait."""
 
-    def __init__(self, ws: web.WebSocketResponse, api: Api, encoding: str | None) -> None:
+    def __init__(self, ws: web.WebSocketResponse, api: Api, peer: HttpPeer, name: str, encoding: str | None) -> None:
         self.ws = ws
         self.api = api
+        self.peer = peer
+        self.name = name
         self.encoding = encoding
         self.pending: collections.deque[asyncio.Future[None] | tuple[int, str]] = collections.deque()
         self.wake = asyncio.Event()
@@ -208,6 +211,7 @@ class _Publisher:
             self.finished = True
             self.wake.set()
             await confirmer
+            self.api.broker.gone(self.peer)
 
     def _metadata(self, message: Any) -> tuple[dict[str, str], bytes | None]:
         """A metadata message's headers, and the payload in it (None: the next message is)."""
@@ -234,7 +238,7 @@ class _Publisher:
             text = f"a message of {len(body)} bytes is over the limit of {settings.max_message} bytes"
             return 413, text + " (-narconi-max-message)"
         try:
-            return publish(self.api.broker, self.api.stored_headers(headers), body)
+            return self.api.publishing(self.peer, self.name, self.api.stored_headers(headers), body)
         except Refusal as err:
             return err.status, err.error
         except Refused as err:
@@ -281,23 +285,16 @@ def consumed_metadata(rec: Record, stored: dict[str, str], acks: bool) -> dict[s
     return item
 
 
-async def _consume(
-    ws: web.WebSocketResponse, api: Api, peer: HttpPeer, encoding: str | None, acks: bool, limit: int
-) -> None:
-    await _Consumer(ws, api.broker, peer, encoding, acks).run(limit)
-
-
 class _Consumer:
     """A consuming socket: each message delivered to its peer is sent as a metadata message
     (with the payload in it, or in a message of its own after it) by a task of its own, in
     order; the client's messages acknowledge them (with ?ack; else each is acknowledged once
     sent). Past OUTPUT_LIMIT bytes not sent yet the peer stops taking deliveries."""
 
-    def __init__(
-        self, ws: web.WebSocketResponse, broker: Broker, peer: HttpPeer, encoding: str | None, acks: bool
-    ) -> None:
+    def __init__(self, ws: web.WebSocketResponse, api: Api, peer: HttpPeer, encoding: str | None, acks: bool) -> None:
         self.ws = ws
-        self.broker = broker
+        self.broker = api.broker
+        self.own_deadlines = api.queues.own_deadlines
         self.peer = peer
         self.encoding = encoding
         self.acks = acks
@@ -306,10 +303,11 @@ class _Consumer:
         self.blocked = False
         self.wake = asyncio.Event()
 
-    async def run(self, limit: int) -> None:
+    async def run(self, limit: int, name: str) -> None:
         broker, peer, acks = self.broker, self.peer, self.acks
         peer.on_deliver = self._delivered
-        sub = broker.subscribe(peer, SUB_ID, "client-individual", limit if acks else AUTO_WINDOW, None if acks else 0)
+        deadline = None if acks or not self.own_deadlines else 0
+        sub = broker.subscribe(peer, SUB_ID, "client-individual", limit if acks else AUTO_WINDOW, deadline, False, name)
         sender = asyncio.get_running_loop().create_task(self._send())
         try:
             broker.pump()

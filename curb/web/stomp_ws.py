@@ -36,7 +36,7 @@ import struct
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from curb.broker import Broker
+from curb.backend import Backend
 from curb.driver import Driver
 from curb.output import Piece
 
@@ -139,14 +139,14 @@ class WebSocketLink:
         return self._closing or self.ws.closed
 
 
-async def serve(request: web.Request, broker: Broker, peer: str) -> web.WebSocketResponse:
+async def serve(request: web.Request, backend: Backend, peer: str) -> web.WebSocketResponse:
     """One STOMP session over the WebSocket of this request, until either side closes."""
-    ws = web.WebSocketResponse(protocols=SUBPROTOCOLS, max_msg_size=broker.config.max_frame, compress=False)
+    ws = web.WebSocketResponse(protocols=SUBPROTOCOLS, max_msg_size=backend.config.max_frame, compress=False)
     await ws.prepare(request)
     transport = request.transport
     assert transport is not None
     link = WebSocketLink(ws, transport)
-    link.driver = driver = Driver(broker, link, peer, framed=True)
+    link.driver = driver = Driver(backend, link, peer, framed=True)
     try:
         while not link.is_closing():
             await link.reading.wait()

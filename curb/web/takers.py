@@ -13,9 +13,14 @@ message the subscription is paused (UNSUBSCRIBE), and the message stays wip on t
   comes after is Late (410), as over STOMP, until the claim is swept, at most
   2 x SWEEP_SECONDS later (then 404, like any id not claimed over HTTP).
 
-Invariants: a peer without wip is handed to `broker.gone`, so no subscription outlives
+Invariants: a peer without wip is handed to `gone`, so no subscription outlives
 its request or claim; a request cancelled while it holds a message (the client left, or
-shutdown) gives it back through `broker.gone`, which puts it back in the queue.
+shutdown) gives it back through `gone`, which puts it back in the queue. An ACK's answer
+waits for the peer's `durability` before the peer is gone, so that a router, which knows
+what each client's ACKs reached, can vouch for it.
+
+Everything goes through the `curb.backend.Backend` protocol, with what differs between
+a broker and a router in a `curb.web.queues.Queues`.
 """
 
 from __future__ import annotations
@@ -25,10 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from curb.broker import Broker, NotStored
+from curb.backend import Backend
+from curb.broker import NotStored
 from curb.log import Record
 from curb.queue import Subscription
 from curb.web.peers import HttpPeer
+from curb.web.queues import Queues
 
 SUB_ID = "http"
 SWEEP_SECONDS = 60.0
@@ -56,22 +63,25 @@ class _Claim:
 class Takers:
     """The messages HTTP requests take and the claims they hold."""
 
-    def __init__(self, broker: Broker):
-        self.broker = broker
+    def __init__(self, backend: Backend, queues: Queues):
+        self.backend = backend
+        self.queues = queues
         self.claims: dict[int, _Claim] = {}
         self._sweeper: asyncio.TimerHandle | None = None
 
-    async def take(self, peer: HttpPeer, wait: float, ack_timeout: float | None = None) -> Taken | None:
-        """The next message, waiting up to `wait` seconds; None if none came. It is wip on
-        `peer` (deadline: `ack_timeout`, None for the broker's -ack-timeout, 0 for none)."""
-        broker = self.broker
+    async def take(self, peer: HttpPeer, wait: float, ack_timeout: float | None = None, name: str = "") -> Taken | None:
+        """The next message of destination `name`, waiting up to `wait` seconds; None if
+        none came. It is wip on `peer` (deadline: `ack_timeout`, None for the backend's
+        -ack-timeout, 0 for none)."""
+        broker, own = self.backend, self.queues.own_deadlines
         got: asyncio.Future[Taken] = asyncio.get_running_loop().create_future()
 
         def delivered(sub: Subscription[Any, Record], rec: Record, data: bytes | memoryview) -> None:
             got.set_result(Taken(rec.id, bytes(data), rec.deliveries, rec.timestamp_ms, sub))
 
         peer.on_deliver = delivered
-        broker.subscribe(peer, SUB_ID, "client-individual", 1, ack_timeout)
+        self.queues.enter(peer)
+        broker.subscribe(peer, SUB_ID, "client-individual", 1, ack_timeout if own else None, False, name)
         try:
             broker.pump()
             if not got.done() and wait > 0:
@@ -85,20 +95,21 @@ class Takers:
             broker.gone(peer)
             return None
         broker.unsubscribe(peer, SUB_ID)
-        return got.result()
+        taken = got.result()
+        if ack_timeout and not own:  # the claim's ttl, where SUBSCRIBE cannot set it
+            broker.touch(peer, taken.id, ack_timeout)
+        return taken
 
     async def ack_now(self, peer: HttpPeer, taken: Taken) -> None:
         """Consume-one: ACK the message taken, and return once that is on disk."""
-        broker = self.broker
-        broker.ack(peer, taken.id)
-        broker.gone(peer)
-        await _durable(broker)
+        self.backend.ack(peer, taken.id)
+        await self._settled(peer)
 
     def claim(self, peer: HttpPeer, taken: Taken) -> None:
         """Keep the message wip on `peer` until it is ACKed, NACKed or its deadline passes."""
         old = self.claims.get(taken.id)
         if old is not None:  # its deadline passed and the message came round again
-            self.broker.gone(old.peer)
+            self.backend.gone(old.peer)
         self.claims[taken.id] = _Claim(peer, taken.sub)
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().call_later(SWEEP_SECONDS, self._sweep)
@@ -107,27 +118,34 @@ class Takers:
         """The claimed message is done; returns once that is on disk. KeyError: not claimed
         here; curb.queue.Late: its deadline passed."""
         peer = self._holder(msg_id)
-        self.broker.ack(peer, msg_id)
-        self._done(msg_id)
-        await _durable(self.broker)
+        self.backend.ack(peer, msg_id)
+        del self.claims[msg_id]
+        await self._settled(peer)
 
     async def release(self, msg_id: int) -> None:
         """NACK: the claimed message goes back to the queue (as a STOMP NACK's, at the front)."""
         peer = self._holder(msg_id)
-        self.broker.nack(peer, msg_id)
-        self._done(msg_id)
-        await _durable(self.broker)
+        self.backend.nack(peer, msg_id)
+        del self.claims[msg_id]
+        await self._settled(peer)
 
     def touch(self, msg_id: int, seconds: float) -> None:
         """The claimed message's deadline is `seconds` from now."""
-        self.broker.touch(self._holder(msg_id), msg_id, seconds)
+        self.backend.touch(self._holder(msg_id), msg_id, seconds)
 
     def _holder(self, msg_id: int) -> HttpPeer:
         return self.claims[msg_id].peer
 
+    async def _settled(self, peer: HttpPeer) -> None:
+        """Once what `peer` did is on disk, it is gone; NotStored if that failed."""
+        try:
+            await durable(self.backend, peer)
+        finally:
+            self.backend.gone(peer)
+
     def _done(self, msg_id: int) -> None:
         claim = self.claims.pop(msg_id)
-        self.broker.gone(claim.peer)
+        self.backend.gone(claim.peer)
 
     def _sweep(self) -> None:
         """Forget the claims whose message was not wip at this sweep and the one before."""
@@ -149,7 +167,7 @@ class Takers:
             self._sweeper.cancel()
             self._sweeper = None
         for msg_id in list(self.claims):
-            self.broker.returns.closed(self.claims[msg_id].peer, limit=False)
+            self.queues.give_back(self.claims[msg_id].peer)
             self._done(msg_id)
 
 
@@ -164,10 +182,10 @@ def answer() -> tuple[asyncio.Future[str | None], Callable[[str | None], None]]:
     return future, done
 
 
-async def _durable(broker: Broker) -> None:
-    """Until every step asked of the log so far is on disk; NotStored if the log failed."""
+async def durable(backend: Backend, peer: HttpPeer) -> None:
+    """Until every step `peer` asked for so far is on disk; NotStored if that failed."""
     future, done = answer()
-    broker.when_durable(done)
+    backend.durability(peer)(done)
     err = await future
     if err is not None:
         raise NotStored(err)
