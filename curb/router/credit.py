@@ -136,9 +136,15 @@ class Credit:
         return None
 
     def hold(self, delivery: Delivery, held: int) -> None:
-        """A client took (1) or let go of (-1) a message from the instance."""
-        self._adjust(delivery.sub, delivery.link, held=held)
-        upstream = self.of(delivery.link, delivery.sub.dead)
+        """A client took (1) or let go of (-1) a message from the instance: `_adjust`,
+        inline, as this runs twice for every message."""
+        sub, link = delivery.sub, delivery.link
+        upstream = (self.dead_upstream if sub.dead else self.upstream).get(link) or self.of(link, sub.dead)
+        had = sub.held.get(link, 0)
+        sub.held[link] = had + held
+        if sub.active:
+            share = sub.shares.get(link, 0)
+            upstream.free += max(0, share - had - held) - max(0, share - had)
         if delivery.sub_id == upstream.sub_id:
             upstream.on_current += held
 

@@ -51,6 +51,16 @@ _MESSAGE_OWN = frozenset(
 )
 
 
+class Routed(Record):
+    """A message as a client's session renders it (curb.render): the router's id, the
+    instance's delivery count, a dead letter's reason; nothing of the log's."""
+
+    __slots__ = ()
+
+    def __init__(self, msg_id: int, deliveries: int):  # the log's own fields stay unset
+        self.id, self.deliveries, self.dead = msg_id, deliveries, ""
+
+
 class Deliveries:
     """Every client's subscriptions and held messages."""
 
@@ -97,7 +107,7 @@ class Deliveries:
         except ValueError:
             deliveries = 1
         msg_id = int(upstream) << INDEX_BITS | index
-        rec = Record(msg_id, 0, len(frame.body), deliveries, 0, None)
+        rec = Routed(msg_id, deliveries)
         if dead:
             rec.dead = headers.get("curb-dead-reason", "dead")
         delivery = Delivery(link, upstream, headers.get("subscription", ""), sub, rec, link.epoch)
