@@ -376,10 +376,3 @@ class RouterCore:
 
 def _nothing(err: str | None) -> None:
     """What waits for an ACK curb-upto that nothing waits for."""
-
-
-def _not_routed(what: str, how: str) -> QueueError:
-    return QueueError(
-        f"{what} are not routed" if what.endswith("s") else f"{what} is not routed",
-        f"{how} on the destination's instance itself, at its own address (docs/router.md: What is not routed).",
-    )

@@ -87,3 +87,55 @@ class CurbBroker:
 
     def log_tail(self) -> str:
         return "\n".join(self._child.output().splitlines()[-LOG_TAIL_LINES:]) or "(no output)"
+
+
+class RoutedCurb:
+    """A Curb instance behind `curb router` (route `bench`, the benchmark's destination),
+    each a child process; the one `measured` ("router" or "instance") runs under
+    `interpreter`, the other under this Python. `pid` is the measured one's."""
+
+    def __init__(
+        self,
+        path: str,
+        cap: str,
+        timeout: float,
+        extra_args: tuple[str, ...],
+        interpreter: tuple[str, ...],
+        measured: str,
+    ):
+        plain = (sys.executable,)
+        self.measured = measured
+        self.timeout = timeout
+        self.instance = CurbBroker(path, cap, timeout, extra_args, interpreter if measured == "instance" else plain)
+        self.target = Target("127.0.0.1", free_port())
+        self._router = BrokerProcess(timeout=timeout, interpreter=interpreter if measured == "router" else plain)
+
+    @property
+    def pid(self) -> int:
+        return self._router.pid if self.measured == "router" else self.instance.pid
+
+    def start(self) -> None:
+        self.instance.start()
+        route = f"bench=127.0.0.1:{self.instance.target.port}"
+        try:
+            self._router.start(["router", "-addr", f"127.0.0.1:{self.target.port}", "-route", route])
+        except StartError as err:
+            self.instance.kill()
+            raise BrokerError(str(err)) from None
+        close(self.target.connect(self.timeout)[0])
+
+    def stop(self) -> None:
+        """SIGTERM to the router, then to the instance; each must exit cleanly."""
+        try:
+            status = self._router.stop(signal.SIGTERM, self.timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise BrokerError(f"curb router did not exit within {self.timeout:g} s of SIGTERM") from None
+        if status != 0:
+            self.instance.kill()
+            raise BrokerError(f"curb router exited with status {status} after SIGTERM")
+        self.instance.stop()
+
+    def kill(self) -> None:
+        self._router.kill()
+        self.instance.kill()

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import curb
 from benchmark import load
-from benchmark.broker import CurbBroker
+from benchmark.broker import CurbBroker, RoutedCurb
 from benchmark.target import BrokerError, Target
 from benchmark.workloads import PIPELINE_WINDOW, Bench, Side
 
@@ -130,7 +130,16 @@ WORKLOADS = {
     "produce-w1": Workload("SEND, receipt each, 1 producer, window 1", _produce(1, 1)),
     "consume-p256": Workload("consume + ACK, prefetch 256 (MESSAGE and its ACK)", _consume),
     "pingpong": Workload("ping-pong: SEND, its MESSAGE, its ACK", _pingpong),
+    # Through `curb router`: the router's own instructions, and the instance's behind it.
+    "router-produce-4x256": Workload("curb router: SEND forwarded, as produce-4x256", _produce(PIPELINE_WINDOW, 4)),
+    "router-consume-p256": Workload("curb router: MESSAGE and ACK forwarded, as consume-p256", _consume),
+    "behind-router-produce-4x256": Workload(
+        "the instance behind curb router, produce-4x256", _produce(PIPELINE_WINDOW, 4)
+    ),
+    "behind-router-consume-p256": Workload("the instance behind curb router, consume-p256", _consume),
 }
+# Which process of a routed workload is measured (the others measure the broker alone).
+MEASURED = {"router-": "router", "behind-router-": "instance"}
 
 
 @dataclass
@@ -170,12 +179,13 @@ def _drive(
     """Run one load against a fresh broker started with `interpreter`, with `switch(pid,
     on)` turning its counting on just before the load and off just after; then check
     every message (not counted) and stop the broker cleanly."""
-    broker = CurbBroker(
-        os.path.join(bench.workdir, f"{key}-{bench.new_run_id()}.log"),
-        bench.settings.cap,
-        max(bench.settings.timeout, START_SECONDS),
-        bench.settings.broker_args,
-        interpreter,
+    path = os.path.join(bench.workdir, f"{key}-{bench.new_run_id()}.log")
+    timeout = max(bench.settings.timeout, START_SECONDS)
+    measured = next((who for prefix, who in MEASURED.items() if key.startswith(prefix)), None)
+    broker: CurbBroker | RoutedCurb = (
+        CurbBroker(path, bench.settings.cap, timeout, bench.settings.broker_args, interpreter)
+        if measured is None
+        else RoutedCurb(path, bench.settings.cap, timeout, bench.settings.broker_args, interpreter, measured)
     )
     broker.start()
     try:
