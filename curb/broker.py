@@ -37,7 +37,7 @@ from curb.log.browse import Browse
 from curb.log.cursor import Record
 from curb.log.events import NoEvents
 from curb.log.waiters import MaybeStored
-from curb.logins import Answer, LoginChecks, Offload, run_now
+from curb.logins import Answer, LoginChecks, Offload, UsersFile, run_now
 from curb.loop_pass import LoopPass
 from curb.metrics import Metrics
 from curb.peer import Peer
@@ -167,7 +167,7 @@ class BrokerEvents(NoEvents):
         self.broker.refusals.disk_full(refused, why)
 
 
-class Broker(SingleQueue):
+class Broker(SingleQueue, UsersFile):
     """The one queue, its log and its metrics, and the sessions that use them."""
 
     def __init__(
@@ -422,15 +422,6 @@ class Broker(SingleQueue):
         """Back-pressure: a session whose transport is full gets no more messages."""
         self.queue.set_writable(session, writable)
 
-    @property
-    def users(self) -> Mapping[str, User] | None:
-        return self._users
-
-    @users.setter
-    def users(self, table: Mapping[str, User] | None) -> None:
-        """A new users table (a reload): logins cached under a changed line are forgotten."""
-        self._users = table
-        self.logins.users = table or {}
 
     def check_login(self, session: Peer, login: str, passcode: str, then: Callable[[Answer], None]) -> None:
         """Check a password against the users file off the loop, queued fairly by the

@@ -186,3 +186,21 @@ class LoginChecks:
         finally:
             if answers:
                 self.later(self._give_answers)
+
+
+class UsersFile:
+    """A backend's users file (None: there is none, and every client may do everything),
+    kept beside the login checks that read it: a new table (a reload) forgets the logins
+    cached under a changed line (curb.users.LoginCache)."""
+
+    logins: LoginChecks
+    _users: Mapping[str, User] | None = None
+
+    @property
+    def users(self) -> Mapping[str, User] | None:
+        return self._users
+
+    @users.setter
+    def users(self, table: Mapping[str, User] | None) -> None:
+        self._users = table
+        self.logins.users = table or {}

@@ -42,7 +42,7 @@ from curb.broker import Refused
 from curb.browse_steps import BrowseSteps
 from curb.frame import Frame
 from curb.log.cursor import Record
-from curb.logins import Answer, LoginChecks, Offload, run_now
+from curb.logins import Answer, LoginChecks, Offload, UsersFile, run_now
 from curb.loop_pass import LoopPass, Schedule
 from curb.metrics import Metrics
 from curb.peer import Peer
@@ -60,10 +60,9 @@ from curb.router.placement import Placement
 from curb.router.routes import Address, Routes, own_name
 from curb.router.waits import Waits
 from curb.transactions import Budget
-from curb.users import User
 
 
-class RouterCore:
+class RouterCore(UsersFile):
     """Every client session and link of one router; see the module docstring."""
 
     def __init__(
@@ -83,7 +82,6 @@ class RouterCore:
         self.transactions = Budget()
         self.refusals = Refusals(Metrics(), events, clock)
         self.logins = LoginChecks(offload or run_now, lambda callback: schedule(0, callback))
-        self._users: Mapping[str, User] | None = None
         self.handshaking = 0
         self.hold_flush = False
         self.flush_links: Callable[[], None] = lambda: None  # the glue's: write the links' output
@@ -105,14 +103,6 @@ class RouterCore:
         """The loop pass's log write (curb.loop_pass): the links' output goes out."""
         self.flush_links()
 
-    @property
-    def users(self) -> Mapping[str, User] | None:
-        return self._users
-
-    @users.setter
-    def users(self, table: Mapping[str, User] | None) -> None:
-        self._users = table
-        self.logins.users = table or {}
 
     # ---------------------------------------------------------------- routes
 
