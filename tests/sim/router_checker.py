@@ -33,14 +33,15 @@ Invariants (each raises `SimFailure` the moment it breaks):
 - **A bounce is no delivery**: the router hands back what it has no client for with NACK
   `curb-undelivered:true`, which the instance does not count. So the `curb-deliveries` of
   a copy's k-th MESSAGE to a client is at most k plus the number of crashes of its
-  instance that struck amid a step since its SEND. The bound, worked out: an instance
-  counts each MESSAGE it writes to the router; one reaches a client (counted in k), or is
-  handed back undelivered (uncounted), or is lost in a pipe with the link it was on.
-  Between steps the simulator has moved every byte (it settles until nothing moves), so
-  a link lost, an instance killed or the router crashed between steps loses no MESSAGE
-  in flight and adds nothing (what clients held was counted when they got it); only a
-  crash amid a step can cut a pipe with a MESSAGE or a hand-back in it, once per crash
-  for each copy at most. A crash may lose counts too, which only lowers them.
+  instance, and cuts of its links, that struck amid a step since its SEND. The bound,
+  worked out: an instance counts each MESSAGE it writes to the router; one reaches a
+  client (counted in k), or is handed back undelivered (uncounted), or is lost in a pipe
+  with the link it was on. Between steps the simulator has moved every byte (it settles
+  until nothing moves), so a link lost, an instance killed or the router crashed between
+  steps loses no MESSAGE in flight and adds nothing (what clients held was counted when
+  they got it); only a crash amid a step (or a link cut amid one, `--no-bounce-loops`)
+  can cut a pipe with a MESSAGE or a hand-back in it, once per crash or cut for each copy
+  at most. A crash may lose counts too, which only lowers them.
 - Every MESSAGE is a SEND's body byte for byte, carries its `sim-tag`, comes on a
   subscription the client has not UNSUBSCRIBEd, for the destination that SEND named,
   from one of that destination's instances; a copy keeps its tag (an instance never
@@ -363,6 +364,10 @@ class RouterChecker:
     def instance_crashed(self, instance: int, amid: bool) -> None:
         self.link_lost(instance)
         self.amid[instance] += amid
+
+    def cut_amid(self, instance: int) -> None:
+        """A link of the instance is about to be cut amid a step, a MESSAGE maybe in flight."""
+        self.amid[instance] += 1
 
     def restarted(self, instance: int, found: list[tuple[int, int | None]]) -> None:
         """A restart of the instance found these (message id, tag): no copy a receipted

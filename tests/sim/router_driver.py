@@ -66,6 +66,7 @@ STEPS = 250
 START_MS = 1_000_000_000
 TRACE_KEEP = 80
 SETTLE_PASSES = 1000
+LOOP_PASSES = 200  # passes after which a link that handed back in a quarter of them is in a loop
 TIMERS_PER_PASS = 10
 SETTLE_ROUNDS = 20
 ROUND_MS = 60
@@ -96,6 +97,7 @@ class Stats(runner.Stats):
     duplicates: int = 0
     count_checks: int = 0
     browses: int = 0
+    bounce_loops: int = 0
 
     def line(self) -> str:
         return (
@@ -105,6 +107,7 @@ class Stats(runner.Stats):
             f"links dropped {self.link_drops}, instance crashes {self.kills + self.powers} (kill {self.kills}, "
             f"power {self.powers}; {self.mid_op} amid a step or a recovery), router crashes {self.router_crashes}, "
             f"copies stored twice {self.duplicates}, count checks {self.count_checks}, browses {self.browses}, "
+            f"bounce loops cut {self.bounce_loops}, "
             f"failures {self.failures}"
         )
 
@@ -169,6 +172,7 @@ class Pipe:
         self.session: Session | None = None
         self.retry_at = now_ms
         self.pause_ms = round(LINK_RETRY_FIRST * 1000)
+        self.handed_back = 0  # the router's NACKs curb-undelivered on it in this settle
 
 
 class Pipes:
@@ -227,6 +231,7 @@ class Pipes:
             if pipe.link.close_wanted:  # the router dropped the link: what it wrote last is lost
                 self.cut(pipe, now_ms, "", by_router=True)
             elif data:
+                pipe.handed_back += data.count(b"\ncurb-undelivered:true\n")
                 self.guard(pipe.instance, partial(session.receive_data, data, now))
         for pipe in self.pipes:
             session = pipe.session
@@ -303,6 +308,7 @@ class Client:
         self.subs = itertools.count(1)
         self.counting = False
         self.browse_ids: set[str] = set()
+        self.sent_to = ""  # the destination of its first SEND
 
     @property
     def open(self) -> bool:
@@ -330,15 +336,15 @@ class RouterSim:
         steps: int = STEPS,
         verbose: bool = False,
         out: Callable[[str], None] = print,
-        ack_timeouts: bool = True,
-        browses: bool = False,
+        switches: Switches | None = None,
     ):
+        self.switches = switches = switches or Switches()
         self.seed = seed
         self.steps = steps
         self.verbose = verbose
         self.out = out
         self.rng = random.Random(seed)
-        self.cfg = RouterConfig.draw(self.rng, ack_timeouts)
+        self.cfg = RouterConfig.draw(self.rng, switches.ack_timeouts, switches.refusals)
         self.stats = Stats(seeds=1)
         self.ms = START_MS
         homes = [SOLO] + [PARTS] * self.cfg.parts
@@ -348,8 +354,8 @@ class RouterSim:
         self.by_address = {inst.address: inst for inst in self.instances}
         self.routes = Routes({dest: tuple(i.address for i in self.instances if i.dest == dest) for dest in DESTS})
         self.checker = RouterChecker(homes, self.cfg.ack_timeout_ms, self.ms)
-        browse_rng = random.Random(f"browses of seed {seed}") if browses else None
-        self.workload = RouterWorkload(self.rng, self.cfg, len(self.instances), browse_rng)
+        browse_rng = random.Random(f"browses of seed {seed}") if switches.browses else None
+        self.workload = RouterWorkload(self.rng, self.cfg, len(self.instances), browse_rng, switches.mixed)
         self.clients: list[Client | None] = [None] * self.cfg.slots
         self.tags = itertools.count(1)
         self.serials = itertools.count(1)
@@ -403,13 +409,30 @@ class RouterSim:
     def settle(self) -> None:
         """Run what the instances scheduled, move every pipe's bytes and every client's
         output, and apply the closes asked for, until nothing moves."""
-        for _ in range(SETTLE_PASSES):
+        for pipe in self.pipes.pipes:
+            pipe.handed_back = 0
+        for passes in range(SETTLE_PASSES):
+            if passes and passes % LOOP_PASSES == 0 and not self.switches.bounce_loops:
+                self._cut_bounce_loops()
             moved = self._run_instances()
             moved = self.pipes.pump(self.ms) or moved
             moved = self._clients() or moved
             if not moved:
                 return
         raise runner.SimFailure("livelock", f"still busy after {SETTLE_PASSES} passes")
+
+    def _cut_bounce_loops(self) -> None:
+        """Without bounce loops (`--no-bounce-loops`): a link on which the router handed back
+        (NACK curb-undelivered) in a quarter of the last LOOP_PASSES passes is in a loop, the
+        instance delivering at once what the router hands back: it is dropped, which the
+        model knows how to follow, and counted."""
+        for pipe in self.pipes.pipes:
+            looping, pipe.handed_back = pipe.handed_back > LOOP_PASSES // 4, 0
+            if looping and pipe.session is not None:
+                self.trace(f"bounce loop on link {pipe.link.number}: {pipe.handed_back} hand-backs; the link is cut")
+                self.stats.bounce_loops += 1
+                self.checker.cut_amid(pipe.instance.index)
+                self.pipes.cut(pipe, self.ms, "connection lost (cut: a loop of hand-backs)")
 
     def _clients(self) -> bool:
         """Hand each client what the router wrote to it, and lose those it closed (the
@@ -590,6 +613,7 @@ class RouterSim:
 
     def do_send(self, a: RouterAction) -> None:
         client = self._client(a)
+        client.sent_to = client.sent_to or a.dest
         tag = next(self.tags)
         body = body_for(tag, a.size)
         seq = client.next_seq()
@@ -858,23 +882,55 @@ class RouterSim:
 # ---------------------------------------------------------------- running seeds
 
 
+# Each switch's flag and help: `--no-...` to turn off what is on by default.
+SWITCH_FLAGS = {
+    "ack_timeouts": ("--no-ack-timeouts", "give the instances no ack deadline (-ack-timeout 0)"),
+    "mixed": (
+        "--no-mixed-clients",
+        "a client only produces (to one destination) or only consumes, and UNSUBSCRIBEs before it DISCONNECTs",
+    ),
+    "refusals": ("--no-send-refusals", "the router's -link-wait is an hour: no parked SEND is refused"),
+    "bounce_loops": (
+        "--no-bounce-loops",
+        "a loop of the router handing back what an instance delivers again at once is cut by dropping "
+        "that link (and counted) instead of failing the seed as a livelock",
+    ),
+    "browses": ("--browses", "add browse steps (SUBSCRIBE browser:true through the router): they change nothing"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Switches:
+    """What a seed plays with. Each `--no-<feature>` takes out a feature whose known
+    router bug (docs/testing.md: the router simulator) would stop most seeds, so the run
+    can look for others; `browses` adds browse steps, for once browses are routed."""
+
+    ack_timeouts: bool = True  # the instances have an ack deadline (drawn per seed)
+    mixed: bool = True  # a client may both produce and consume, and DISCONNECT subscribed
+    refusals: bool = True  # the router's link_wait is drawn (else an hour: no SEND is refused)
+    bounce_loops: bool = True  # a loop of hand-backs is a finding (else its link is cut)
+    browses: bool = False
+
+    def flags(self) -> str:
+        """The command line's flags for these switches."""
+        return "".join(
+            f" {flag}" for name, (flag, _) in SWITCH_FLAGS.items() if getattr(self, name) != (name != "browses")
+        )
+
+
 def run_seed(
     seed: int,
     steps: int = STEPS,
     verbose: bool = False,
     out: Callable[[str], None] = print,
     ignore: frozenset[str] = frozenset(),
-    ack_timeouts: bool = True,
-    browses: bool = False,
+    **switches: bool,
 ) -> runner.Outcome[Stats]:
-    """Play one seed; a broken invariant or an exception from the code under test is its
-    failure. ack_timeouts=False gives the instances no ack deadline; browses=True adds
-    browse steps."""
-    replay = (
-        "bin/crashsim --router" + ("" if ack_timeouts else " --no-ack-timeouts") + (" --browses" if browses else "")
-    )
-    sim = RouterSim(seed, steps, verbose, out, ack_timeouts, browses)
-    outcome = runner.play(sim, seed, replay, ignore)
+    """Play one seed with these `Switches`; a broken invariant or an exception from the
+    code under test is its failure."""
+    chosen = Switches(**switches)
+    sim = RouterSim(seed, steps, verbose, out, chosen)
+    outcome = runner.play(sim, seed, "bin/crashsim --router" + chosen.flags(), ignore)
     outcome.stats.promised = sum(s.promised for s in sim.checker.sent.values())
     return outcome
 
@@ -885,30 +941,19 @@ def run_many(
     steps: int = STEPS,
     jobs: int = 1,
     ignore: frozenset[str] = frozenset(),
-    ack_timeouts: bool = True,
-    browses: bool = False,
+    **switches: bool,
 ) -> runner.Totals[Stats]:
     """Play `count` seeds over `jobs` processes."""
-    options = (("ack_timeouts", ack_timeouts), ("browses", browses))
-    return runner.run_many(TARGET, start, count, steps, jobs, ignore, options)
+    return runner.run_many(TARGET, start, count, steps, jobs, ignore, tuple(switches.items()))
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--no-ack-timeouts",
-        dest="ack_timeouts",
-        action="store_false",
-        help="give the instances no ack deadline (-ack-timeout 0)",
-    )
-    parser.add_argument(
-        "--browses",
-        action="store_true",
-        help="add browse steps (SUBSCRIBE browser:true through the router), which must change nothing",
-    )
+    for name, (flag, text) in SWITCH_FLAGS.items():
+        parser.add_argument(flag, dest=name, action="store_true" if name == "browses" else "store_false", help=text)
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"ack_timeouts": args.ack_timeouts, "browses": args.browses}
+    return {name: getattr(args, name) for name in SWITCH_FLAGS}
 
 
 TARGET = runner.Target(

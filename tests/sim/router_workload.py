@@ -17,7 +17,9 @@ receipt) or is lost; the clock jumps (past ack deadlines, heart-beat tolerances 
 sync); a link drops; an instance crashes (kill -9 or power loss, between steps or armed
 to strike within its next few disk calls, and stays down for a while); the router
 crashes; a quiet spell lets every count settle. A browse of a destination is drawn from
-a stream of its own, and only when browses are switched on.
+a stream of its own, and only when browses are switched on. Without mixed clients
+(`--no-mixed-clients`) a client only produces, to one destination, or only consumes, and
+UNSUBSCRIBEs before it DISCONNECTs.
 
 The workload knows only what a client could know (what it holds, what it subscribed), so
 a client that ACKs a message whose link was lost meanwhile happens as it would for real.
@@ -82,7 +84,9 @@ class RouterConfig:
     weights: dict[str, float] = field(repr=False)
 
     @classmethod
-    def draw(cls, rng: random.Random, ack_timeouts: bool) -> RouterConfig:
+    def draw(cls, rng: random.Random, ack_timeouts: bool, refusals: bool) -> RouterConfig:
+        """Without `ack_timeouts` the instances have none; without `refusals` the router's
+        link_wait is an hour (the draws are made all the same, so the rest replays)."""
         ack_timeout = rng.choice((0, 0, 500, 2000, 30 * 60_000))
         beat = rng.choice((0, 1000, 5000))
         delay = rng.choice((0, 0, 20, 700))
@@ -108,7 +112,7 @@ class RouterConfig:
             slots=rng.randint(2, 6),
             heartbeat_ms=rng.choice((0, 2000, 10_000)),
             link_heartbeat_ms=rng.choice((0, 2000)),
-            link_wait_ms=rng.choice((0, 500, 5000)),
+            link_wait_ms=rng.choice((0, 500, 5000)) if refusals else 3_600_000,
             ack_timeout_ms=broker.ack_timeout_ms,
             instance_heartbeat_ms=beat,
             redelivery_delay_ms=delay,
@@ -179,16 +183,31 @@ class RouterClientView(Protocol):
     def counting(self) -> bool:
         """Subscribed to a ./NAME/count."""
 
+    @property
+    def sent_to(self) -> str:
+        """The destination of its first SEND, or "" (none yet)."""
+
 
 class RouterWorkload:
     """The next action, from the seed's random stream and what the clients know; browses
-    (`browse`) from a stream of their own, so switching them on changes no other choice."""
+    (`browse`) from a stream of their own, so switching them on changes no other choice.
+    Without `mixed` clients, a client only produces (to one destination) or only consumes,
+    and a consumer UNSUBSCRIBEs before it DISCONNECTs: no client ever closes with a
+    subscription while earlier receipts wait, nor has SENDs of two destinations parked."""
 
-    def __init__(self, rng: random.Random, cfg: RouterConfig, instances: int, browse_rng: random.Random | None):
+    def __init__(
+        self,
+        rng: random.Random,
+        cfg: RouterConfig,
+        instances: int,
+        browse_rng: random.Random | None,
+        mixed: bool = True,
+    ):
         self.rng = rng
         self.cfg = cfg
         self.instances = instances
         self.browse_rng = browse_rng
+        self.mixed = mixed
         self._kinds = list(cfg.weights)
         self._cum = list(itertools.accumulate(cfg.weights.values()))
 
@@ -205,12 +224,17 @@ class RouterWorkload:
         if kind in ("subscribe", "watch_counts", "unsubscribe"):
             return self._subscription(kind, clients, opened)
         if kind in ("send_receipt", "send_plain"):
+            if not self.mixed:
+                opened = [i for i in opened if not clients[i].subscribed]  # type: ignore[union-attr]
             if not opened:
                 return RouterAction("loop")
+            slot = rng.choice(opened)
             dest = rng.choice(DESTS)
+            if not self.mixed:
+                dest = clients[slot].sent_to or dest  # type: ignore[union-attr]
             key = rng.choice(KEYS) if rng.random() < 0.3 else ""
             return RouterAction(
-                "send", rng.choice(opened), dest=dest, receipt=kind == "send_receipt", key=key, size=rng.choice(SIZES)
+                "send", slot, dest=dest, receipt=kind == "send_receipt", key=key, size=rng.choice(SIZES)
             )
         if kind in ("ack", "nack"):
             holding = [i for i in opened if clients[i].held]  # type: ignore[union-attr]
@@ -224,7 +248,10 @@ class RouterWorkload:
         if kind == "disconnect":
             if not opened:
                 return RouterAction("loop")
-            return RouterAction("disconnect", rng.choice(opened), mode=rng.choice(("receipt", "plain", "lost", "lost")))
+            slot, mode = rng.choice(opened), rng.choice(("receipt", "plain", "lost", "lost"))
+            if not self.mixed and mode != "lost" and clients[slot].subscribed:  # type: ignore[union-attr]
+                return RouterAction("unsubscribe", slot)
+            return RouterAction("disconnect", slot, mode=mode)
         if kind == "beat":
             beating = [i for i in opened if clients[i].beats]  # type: ignore[union-attr]
             return RouterAction("beat", rng.choice(beating)) if beating else RouterAction("loop")
@@ -257,6 +284,8 @@ class RouterWorkload:
         rng = self.rng
         if kind == "subscribe":
             free = [i for i in opened if not clients[i].subscribed]  # type: ignore[union-attr]
+            if not self.mixed:
+                free = [i for i in free if not clients[i].sent_to]  # type: ignore[union-attr]
             if not free:
                 return RouterAction("loop")
             return RouterAction(
