@@ -427,9 +427,9 @@ class RouterSim:
         instance delivering at once what the router hands back: it is dropped, which the
         model knows how to follow, and counted."""
         for pipe in self.pipes.pipes:
-            looping, pipe.handed_back = pipe.handed_back > LOOP_PASSES // 4, 0
-            if looping and pipe.session is not None:
-                self.trace(f"bounce loop on link {pipe.link.number}: {pipe.handed_back} hand-backs; the link is cut")
+            handed_back, pipe.handed_back = pipe.handed_back, 0
+            if handed_back > LOOP_PASSES // 4 and pipe.session is not None:
+                self.trace(f"bounce loop on link {pipe.link.number}: {handed_back} hand-backs; the link is cut")
                 self.stats.bounce_loops += 1
                 self.checker.cut_amid(pipe.instance.index)
                 self.pipes.cut(pipe, self.ms, "connection lost (cut: a loop of hand-backs)")
@@ -818,6 +818,7 @@ class RouterSim:
             inst.disk.arm_crash(None)
             if inst.world is None:
                 self._start(inst)
+        self._links_up()
         self.rounds(SETTLE_ROUNDS)
         owed = self.checker.unanswered()
         if owed:
@@ -846,10 +847,21 @@ class RouterSim:
                     "ACKed messages back", f"instance {inst.index} holds {len(left)} after a power loss"
                 )
 
+    def _links_up(self) -> None:
+        """Rounds until every link is up again (the glue's pause grows to LINK_RETRY_MOST
+        while an instance is down)."""
+        for _ in range(DRAIN_ROUNDS):
+            if all(link.state is UP for link in self.core.links.values()):
+                return
+            self.rounds(1)
+        down = [link.name for link in self.core.links.values() if link.state is not UP]
+        raise runner.SimFailure("links stay down", f"{down} after {DRAIN_ROUNDS} rounds with every instance up")
+
     def _empty(self, dest: str) -> None:
         """One consumer with credit for everything: it gets every promised SEND of the
         destination (the checker sees each MESSAGE as ever) and ACKs all of it with
         receipts, none late."""
+        self._links_up()
         self.do_connect(RouterAction("connect", 0))
         self.do_subscribe(RouterAction("subscribe", 0, dest=dest, mode="client-individual", prefetch=DRAIN_PREFETCH))
         drain = self.clients[0]
