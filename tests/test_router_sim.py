@@ -13,20 +13,21 @@ from __future__ import annotations
 import os
 
 import pytest
-from sim.router_driver import STEPS, run_many, run_seed
+from sim.router_driver import STEPS, Switches, play_seed, run_many
 
+from curb import receipts
 from curb.router import core
 
 SEEDS = int(os.environ.get("CURB_ROUTER_SIM_SEEDS", "30"))
 # The switches the range plays with: each takes out a feature whose router bug is known
 # (below, and docs/testing.md), so that the range can find others.
-CLEAR = {"ack_timeouts": False, "refusals": False, "bounce_loops": False}
+CLEAR = Switches(ack_timeouts=False, refusals=False, bounce_loops=False)
 
 # Seeds that broke an invariant through a fault of the simulator, fixed there: they must pass.
 FIXED = {
     # The drain began while the links of an instance restarted at the end were still in
     # their growing pause (up to 2 s): it got nothing, and promised SENDs looked lost.
-    "the_drain_waits_for_every_link": (123, {"ack_timeouts": False, "bounce_loops": False}),
+    "the_drain_waits_for_every_link": (123, Switches(ack_timeouts=False, bounce_loops=False)),
     # A loop of hand-backs that moves to another link of the destination every few
     # passes was not cut; the check now runs every LOOP_PASSES passes.
     "a_bounce_loop_that_moves_between_links_is_cut": (715, CLEAR),
@@ -43,27 +44,27 @@ ROUTER_BUGS = {
     # or going away settles the new holder's delivery.
     "an_instance_deadline_acked_late_gets_a_plain_receipt": (
         47,
-        {"refusals": False, "bounce_loops": False},
+        Switches(refusals=False, bounce_loops=False),
         "late RECEIPT wrong",
     ),
     "an_instance_deadline_the_old_holder_settles_the_new_delivery": (
         41,
-        {"refusals": False, "bounce_loops": False},
+        Switches(refusals=False, bounce_loops=False),
         "wip count",
     ),
     "an_instance_deadline_the_same_ack_id_twice_on_one_client": (
         77,
-        {"refusals": False, "bounce_loops": False},
+        Switches(refusals=False, bounce_loops=False),
         "unexpected ERROR",
     ),
     "an_instance_deadline_a_stale_nack_makes_a_hand_back_count": (
         71,
-        {"refusals": False, "bounce_loops": False},
+        Switches(refusals=False, bounce_loops=False),
         "delivery count past its bound",
     ),
     "an_instance_deadline_the_same_copy_held_twice": (
         148,
-        {"refusals": False, "bounce_loops": False},
+        Switches(refusals=False, bounce_loops=False),
         "held by two consumers",
     ),
     # A client that sent DISCONNECT (or got its ERROR decided) while earlier receipts wait
@@ -73,12 +74,12 @@ ROUTER_BUGS = {
     # receipts come.
     "a_closing_client_keeps_its_credit_a_loop_of_hand_backs": (
         4,
-        {"ack_timeouts": False, "refusals": False},
+        Switches(ack_timeouts=False, refusals=False),
         "livelock",
     ),
     "a_closing_client_keeps_its_credit_a_loop_of_hand_backs_2": (
         5,
-        {"ack_timeouts": False, "refusals": False},
+        Switches(ack_timeouts=False, refusals=False),
         "livelock",
     ),
     # A MESSAGE of an old upstream subscription (it crossed the router's UNSUBSCRIBE) that
@@ -88,7 +89,7 @@ ROUTER_BUGS = {
     # rebalances after a hand-back).
     "a_crossing_message_leaves_the_window_too_wide_a_loop_of_hand_backs": (
         1,
-        {"ack_timeouts": False, "refusals": False, "mixed": False},
+        Switches(ack_timeouts=False, refusals=False, mixed=False),
         "livelock",
     ),
     # Two SENDs of a connection refused at one tick for want of an instance (link_wait),
@@ -98,19 +99,19 @@ ROUTER_BUGS = {
     # place, which blocks the line: the ERROR never leaves, the connection never closes.
     "two_sends_refused_out_of_order_wedge_the_connection": (
         108,
-        {"ack_timeouts": False, "bounce_loops": False},
+        Switches(ack_timeouts=False, bounce_loops=False),
         "wedge",
     ),
     "two_sends_refused_out_of_order_wedge_the_connection_2": (
         75,
-        {"ack_timeouts": False, "bounce_loops": False},
+        Switches(ack_timeouts=False, bounce_loops=False),
         "wedge",
     ),
 }
 
 
 def test_seeds_in_the_default_range_keep_every_invariant():
-    totals = run_many(0, SEEDS, STEPS, 1, **CLEAR)
+    totals = run_many(0, SEEDS, CLEAR)
     examples = [o.report(STEPS) for o in sorted(totals.failed, key=lambda o: o.seed)[:3]]
     assert not totals.failed, "\n\n".join(examples)
     stats = totals.stats
@@ -121,8 +122,8 @@ def test_seeds_in_the_default_range_keep_every_invariant():
 
 
 @pytest.mark.parametrize("seed,switches", FIXED.values(), ids=FIXED.keys())
-def test_a_seed_the_simulator_once_failed_keeps_the_invariants(seed: int, switches: dict[str, bool]):
-    outcome = run_seed(seed, STEPS, **switches)
+def test_a_seed_the_simulator_once_failed_keeps_the_invariants(seed: int, switches: Switches):
+    outcome = play_seed(seed, switches)
     assert outcome.kind is None, outcome.report(STEPS)
 
 
@@ -133,28 +134,28 @@ def test_a_seed_the_simulator_once_failed_keeps_the_invariants(seed: int, switch
         for name, (seed, switches, kind) in ROUTER_BUGS.items()
     ],
 )
-def test_a_seed_that_shows_a_router_bug_keeps_the_invariants(seed: int, switches: dict[str, bool], kind: str):
+def test_a_seed_that_shows_a_router_bug_keeps_the_invariants(seed: int, switches: Switches, kind: str):
     """Fails with its kind while the bug is there; any other outcome (the bug fixed, or
     another finding first) passes, which the strict mark turns red: look again."""
-    outcome = run_seed(seed, STEPS, **switches)
+    outcome = play_seed(seed, switches)
     assert outcome.kind != kind, outcome.report(STEPS)
 
 
 def test_a_seed_replays_exactly():
     lines: list[list[str]] = [[], []]
     for run in lines:
-        run_seed(1234, STEPS, verbose=True, out=run.append, **CLEAR)
+        play_seed(1234, CLEAR, verbose=True, out=run.append)
     assert lines[0] == lines[1] and len(lines[0]) > STEPS
 
 
 def caught(kinds: set[str], seeds: int) -> bool:
     """Whether some seed of the first `seeds` fails with one of these kinds."""
-    return any(run_seed(seed, STEPS, **CLEAR).kind in kinds for seed in range(seeds))
+    return any(play_seed(seed, CLEAR).kind in kinds for seed in range(seeds))
 
 
 def test_a_router_that_never_says_late_is_caught(monkeypatch):
     """An ACK of a delivery whose link was lost answered with a plain RECEIPT."""
-    monkeypatch.setattr(core.receipts, "late_receipt", core.receipts.receipt)
+    monkeypatch.setattr(receipts, "late_receipt", receipts.receipt)
     assert caught({"late RECEIPT wrong"}, 20)
 
 

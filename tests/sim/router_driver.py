@@ -31,7 +31,9 @@ empty log. The invariants are the checker's (`sim.router_checker`).
 
 Every choice comes from the seed's random stream (browses from one of their own), so
 the same seed with the same --steps and switches replays the same run; a failure prints
-the command that does so.
+the command that does so. The switches (`Switches`: `--no-ack-timeouts`,
+`--no-mixed-clients`, `--no-send-refusals`, `--no-bounce-loops`, `--browses`) each take
+out a feature whose router bug is known, or add browses; docs/testing.md says which bug.
 """
 
 from __future__ import annotations
@@ -938,25 +940,30 @@ def run_seed(
     ignore: frozenset[str] = frozenset(),
     **switches: bool,
 ) -> runner.Outcome[Stats]:
-    """Play one seed with these `Switches`; a broken invariant or an exception from the
-    code under test is its failure."""
-    chosen = Switches(**switches)
-    sim = RouterSim(seed, steps, verbose, out, chosen)
-    outcome = runner.play(sim, seed, "bin/crashsim --router" + chosen.flags(), ignore)
+    """The runner's way to play one seed: `switches` as its options (`Switches`' fields)."""
+    return play_seed(seed, Switches(**switches), steps, verbose, out, ignore)
+
+
+def play_seed(
+    seed: int,
+    switches: Switches,
+    steps: int = STEPS,
+    verbose: bool = False,
+    out: Callable[[str], None] = print,
+    ignore: frozenset[str] = frozenset(),
+) -> runner.Outcome[Stats]:
+    """Play one seed with these switches; a broken invariant or an exception from the code
+    under test is its failure."""
+    sim = RouterSim(seed, steps, verbose, out, switches)
+    outcome = runner.play(sim, seed, "bin/crashsim --router" + switches.flags(), ignore)
     outcome.stats.promised = sum(s.promised for s in sim.checker.sent.values())
     return outcome
 
 
-def run_many(
-    start: int,
-    count: int,
-    steps: int = STEPS,
-    jobs: int = 1,
-    ignore: frozenset[str] = frozenset(),
-    **switches: bool,
-) -> runner.Totals[Stats]:
+def run_many(start: int, count: int, switches: Switches, steps: int = STEPS, jobs: int = 1) -> runner.Totals[Stats]:
     """Play `count` seeds over `jobs` processes."""
-    return runner.run_many(TARGET, start, count, steps, jobs, ignore, tuple(switches.items()))
+    options = tuple((name, getattr(switches, name)) for name in SWITCH_FLAGS)
+    return runner.run_many(TARGET, start, count, steps, jobs, frozenset(), options)
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
