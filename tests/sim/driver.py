@@ -153,6 +153,54 @@ class World:
         events.broker = self.broker
 
 
+def read_log(log: LogCore) -> list[Found]:
+    """Every message in the log, in id order: the queued ones (delayed too) by a browse,
+    then the dead letters by the log's list of them (as a restart finds them)."""
+    found: list[Found] = []
+    browse = log.browse(1, log.last_id)
+    for _ in range(log.capacity):
+        step = browse.step(1 << 40)
+        found += [Found(msg_id, bytes(payload.split(memoryview(data))[1])) for msg_id, data in step.messages]
+        if step.done:
+            break
+    else:
+        raise SimFailure("log read after restart", "the browse never ended")
+    log.end_browse(browse)
+    for rec in dead_records(log):
+        found.append(Found(rec.id, bytes(payload.split(memoryview(log.payload(rec)))[1]), rec.dead, rec.deliveries))
+    return found
+
+
+def recover(
+    disk: SimDisk,
+    cfg: Config,
+    clock: SimClock,
+    slice_work: int,
+    rng: random.Random,
+    odds: float | None,
+    prepare: Callable[[SimDisk], None] = lambda disk: None,
+    crashed: Callable[[str], None] = lambda mode: None,
+) -> tuple[World, SimDisk]:
+    """A broker recovered from `disk`, and the disk it runs on. Each try first calls
+    `prepare` with the disk; with `odds` (None: no draw) a crash strikes within its first
+    few disk calls, `crashed` hears of its mode, and recovery starts over on what that
+    crash left (the dead try's timers never fire)."""
+    while True:
+        prepare(disk)
+        if odds is not None and rng.random() < odds:
+            disk.arm_crash(rng.randint(0, 4))
+        try:
+            world = World(disk, cfg, clock, slice_work)
+            break
+        except Crashed:
+            mode = rng.choice(("kill", "power"))
+            clock.cancel_all()
+            crashed(mode)
+            disk = disk.crash(mode)
+    disk.arm_crash(None)
+    return world, disk
+
+
 class Client:
     """One connection as its client knows it: the session it talks to, what it holds
     (ack id -> tag, in delivery order) and the frames it numbered."""
@@ -635,23 +683,20 @@ class Sim:
         """A new world on the disk, with maybe a crash amid its recovery, after which
         recovery starts over on what that crash left; then a full read, checked."""
         self.run += 1
-        while True:
+
+        def prepare(disk: SimDisk) -> None:
+            self.disk = disk
             self._set_faults(False)
             if self.extra is not None and self.extra.free_bytes is not None:
-                self.disk.free_bytes = self.extra.free_bytes  # a full disk stays full at start-up
-            if self.step < self.steps and self.rng.random() < self.cfg.recovery_crash:
-                self.disk.arm_crash(self.rng.randint(0, 4))
-            try:
-                world = World(self.disk, self.cfg, self.clock, self.slice_work)
-                break
-            except Crashed:
-                mode = self.rng.choice(("kill", "power"))
-                self.clock.cancel_all()
-                self.trace(f"CRASH {mode} amid recovery")
-                self._count(mode)
-                self.stats.mid_op += 1
-                self.disk = self.disk.crash(mode)
-        self.disk.arm_crash(None)
+                disk.free_bytes = self.extra.free_bytes  # a full disk stays full at start-up
+
+        def crashed(mode: str) -> None:
+            self.trace(f"CRASH {mode} amid recovery")
+            self._count(mode)
+            self.stats.mid_op += 1
+
+        odds = self.cfg.recovery_crash if self.step < self.steps else None
+        world, self.disk = recover(self.disk, self.cfg, self.clock, self.slice_work, self.rng, odds, prepare, crashed)
         found = self._read_all(world.log)
         self.trace(f"open: {len(found)} messages")
         self.checker.restarted(found, world.log.acked_upto)
@@ -668,28 +713,13 @@ class Sim:
         self.faults_seen = disk.faults
 
     def _read_all(self, log: LogCore) -> dict[int, Found]:
-        """Every message in the log, by tag: the queued ones (delayed too) by a browse,
-        the dead letters by the log's list of them."""
+        """Every message in the log, by tag (`read_log`); a tag twice, or none, is damage."""
         found: dict[int, Found] = {}
-
-        def add(got: Found) -> None:
+        for got in read_log(log):
             tag = tag_of(got.body)
             if tag is None or tag in found:
                 raise SimFailure("log read after restart", f"message {got.id} {got.body[:32]!r} damaged or twice")
             found[tag] = got
-
-        browse = log.browse(1, log.last_id)
-        for _ in range(log.capacity):
-            step = browse.step(1 << 40)
-            for msg_id, data in step.messages:
-                add(Found(msg_id, bytes(payload.split(memoryview(data))[1])))
-            if step.done:
-                break
-        else:
-            raise SimFailure("log read after restart", "the browse never ended")
-        log.end_browse(browse)
-        for rec in dead_records(log):
-            add(Found(rec.id, bytes(payload.split(memoryview(log.payload(rec)))[1]), rec.dead, rec.deliveries))
         return found
 
     def crash(self, mode: str) -> None:

@@ -1,7 +1,8 @@
 """The simulator's runner, one for every workload: seeds, processes, statistics, the
 failure report and the command line of `bin/crashsim`.
 
-A workload (the log's, `sim.log_driver`; the whole broker's, `sim.driver`) is a
+A workload (the log's, `sim.log_driver`; the whole broker's, `sim.driver`; a router's in
+front of several instances, `sim.router_driver`) is a
 `Target`: a name, how to play one seed (`play`, returning an `Outcome`) and its options.
 The runner plays ranges of seeds over processes, sums each seed's `Stats`, groups the
 failed seeds by the kind of their findings with example seeds, and prints the totals
@@ -10,7 +11,8 @@ the seed, so a failure prints the command that replays it exactly.
 
     bin/crashsim --seeds 2000 --start 0 --jobs 2          # the log's workload
     bin/crashsim --broker --seeds 2000 --jobs 2           # the whole broker's
-    bin/crashsim [--broker] --seed S -v                   # replay one seed
+    bin/crashsim --router --seeds 2000 --jobs 2           # a router's, in front of instances
+    bin/crashsim [--broker | --router] --seed S -v        # replay one seed
 """
 
 from __future__ import annotations
@@ -163,9 +165,9 @@ class Totals(Generic[S]):
 
 
 def _targets() -> dict[str, Target[Any]]:
-    from sim import driver, log_driver
+    from sim import driver, log_driver, router_driver
 
-    return {"log": log_driver.TARGET, "broker": driver.TARGET}
+    return {"log": log_driver.TARGET, "broker": driver.TARGET, "router": router_driver.TARGET}
 
 
 def run_range(
@@ -228,14 +230,15 @@ def _map(blocks: Sequence[Block], jobs: int) -> Iterator[Totals[Any]]:
 
 
 def main(argv: Iterable[str] | None = None) -> int:
-    """`bin/crashsim [--broker] ...`: the log's workload, or with --broker the whole
-    broker's."""
+    """`bin/crashsim [--broker | --router] ...`: the log's workload, with --broker the whole
+    broker's, with --router a router's in front of several instances."""
     args_in = list(sys.argv[1:] if argv is None else argv)
-    broker = "--broker" in args_in
-    target = _targets()["broker" if broker else "log"]
-    prog = "bin/crashsim --broker" if broker else "bin/crashsim"
+    name = "router" if "--router" in args_in else "broker" if "--broker" in args_in else "log"
+    target = _targets()[name]
+    prog = "bin/crashsim" + ("" if name == "log" else f" --{name}")
     parser = argparse.ArgumentParser(prog=prog, description=target.description)
     parser.add_argument("--broker", action="store_true", help="the whole broker's workload (else the log's)")
+    parser.add_argument("--router", action="store_true", help="a router's workload, in front of several instances")
     parser.add_argument("--seeds", type=int, default=1000, help="how many seeds to play (default 1000)")
     parser.add_argument("--start", type=int, default=0, help="first seed (default 0)")
     parser.add_argument("--seed", type=int, help="play just this seed (replay a failure)")
