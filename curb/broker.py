@@ -422,7 +422,6 @@ class Broker(SingleQueue, UsersFile):
         """Back-pressure: a session whose transport is full gets no more messages."""
         self.queue.set_writable(session, writable)
 
-
     def check_login(self, session: Peer, login: str, passcode: str, then: Callable[[Answer], None]) -> None:
         """Check a password against the users file off the loop, queued fairly by the
         session's source address; `then(user, None, or SHED)`, possibly at once."""

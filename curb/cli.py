@@ -34,9 +34,10 @@ import sys
 import click
 
 from curb import __version__, systemd, tls
-from curb.broker_config import ACK_TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS
+from curb.broker_config import CONNECT_TIMEOUT_SECONDS
 from curb.durations import Duration, format_seconds
 from curb.flags import (
+    ack_timeout_option,
     addr_option,
     heartbeat_option,
     http_open_option,
@@ -133,15 +134,10 @@ class _Commands(click.Group):
     "Heart-beat interval offered (a plain number is seconds, or 500ms, 10s, 1m; 0: none; at most 24h); "
     "silent peers are dropped."
 )
-@click.option(
-    "-ack-timeout",
-    "--ack-timeout",
-    default=format_seconds(ACK_TIMEOUT_SECONDS),
-    show_default=True,
-    type=Duration(MAX_HEARTBEAT_MS / 1000, zero="no deadline"),
-    help="How long a delivered message waits for its ACK or NACK before it goes back to the queue "
+@ack_timeout_option(
+    "How long a delivered message waits for its ACK or NACK before it goes back to the queue "
     "(a plain number is seconds, or 500ms, 30m, 2h; 0: no deadline; at most 24h). SUBSCRIBE may set its own "
-    "(curb-ack-timeout).",
+    "(curb-ack-timeout)."
 )
 @click.option(
     "-redelivery-delay",

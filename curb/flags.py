@@ -10,7 +10,8 @@ import click
 from click.decorators import FC
 
 from curb.addr import parse_addr
-from curb.durations import Duration
+from curb.broker_config import ACK_TIMEOUT_SECONDS
+from curb.durations import Duration, format_seconds
 from curb.heartbeat import MAX_MS as MAX_HEARTBEAT_MS
 from curb.log import parse_size
 from curb.message_limits import MIN_FRAME, RESERVE
@@ -120,6 +121,18 @@ def heartbeat_option(help: str) -> Callable[[FC], FC]:
         default="10s",
         show_default=True,
         type=Duration(MAX_HEARTBEAT_MS / 1000, zero="no heart-beats"),
+        help=help,
+    )
+
+
+def ack_timeout_option(help: str) -> Callable[[FC], FC]:
+    """-ack-timeout: how long a delivered message waits for its ACK or NACK."""
+    return click.option(
+        "-ack-timeout",
+        "--ack-timeout",
+        default=format_seconds(ACK_TIMEOUT_SECONDS),
+        show_default=True,
+        type=Duration(MAX_HEARTBEAT_MS / 1000, zero="no deadline"),
         help=help,
     )
 

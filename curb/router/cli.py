@@ -19,6 +19,7 @@ import click
 from curb import systemd, tls
 from curb.durations import Duration
 from curb.flags import (
+    ack_timeout_option,
     addr_option,
     heartbeat_option,
     http_open_option,
@@ -89,6 +90,11 @@ def load_routes(route_flags: tuple[str, ...], routes_file: str | None) -> routin
 @max_frame_option("Largest frame a client may send; the instances' -max-frame must be at least this.")
 @heartbeat_option(
     "Heart-beat interval offered to clients (a plain number is seconds, or 500ms, 10s, 1m; 0: none; at most 24h)."
+)
+@ack_timeout_option(
+    "How long a message delivered through the router waits for its ACK or NACK before it goes back to its "
+    "instance (a plain number is seconds, or 500ms, 30m, 2h; 0: no deadline; at most 24h). SUBSCRIBE may set "
+    "its own (curb-ack-timeout). The router keeps the deadline: the instances' -ack-timeout does not apply."
 )
 @click.option(
     "-link-heartbeat",
@@ -183,6 +189,7 @@ def router_command(
     prefetch: int,
     max_frame: int,
     heartbeat: float,
+    ack_timeout: float,
     link_heartbeat: float,
     link_wait: float,
     spawn_dir: str | None,
@@ -237,6 +244,7 @@ def router_command(
         prefetch=prefetch,
         max_frame=max_frame,
         heartbeat_ms=round(heartbeat * 1000),
+        ack_timeout=ack_timeout,
         link_heartbeat_ms=round(link_heartbeat * 1000),
         link_wait=link_wait,
         login=login,

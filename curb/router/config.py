@@ -6,17 +6,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from curb.broker_config import CONNECT_TIMEOUT_SECONDS, REFUSE_DELAY_SECONDS
+from curb.broker_config import ACK_TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS, REFUSE_DELAY_SECONDS
 
 
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
-    """-prefetch, -max-frame, -heartbeat, -link-heartbeat, -link-wait and the instance
-    credentials; the CONNECT timeout and refusal delay as an instance's."""
+    """-prefetch, -max-frame, -heartbeat, -ack-timeout, -link-heartbeat, -link-wait and the
+    instance credentials; the CONNECT timeout and refusal delay as an instance's."""
 
     prefetch: int = 100
     max_frame: int = 16 << 20
     heartbeat_ms: int = 10_000
+    ack_timeout: float = ACK_TIMEOUT_SECONDS  # a delivery's deadline unless SUBSCRIBE sets one; 0: none
     connect_timeout: float = CONNECT_TIMEOUT_SECONDS
     refuse_delay: float = REFUSE_DELAY_SECONDS
     link_heartbeat_ms: int = 2_000

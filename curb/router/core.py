@@ -103,7 +103,6 @@ class RouterCore(UsersFile):
         """The loop pass's log write (curb.loop_pass): the links' output goes out."""
         self.flush_links()
 
-
     # ---------------------------------------------------------------- routes
 
     def set_routes(self, routes: Routes) -> list[Link]:
@@ -240,8 +239,8 @@ class RouterCore(UsersFile):
         dead: bool,
         name: str = "",
     ) -> ClientSub:
-        # No curb-ack-timeout: the instance's -ack-timeout applies, as the router's own subscription's.
-        prefetch, timeout_ms = settings(ack_mode, prefetch, ack_timeout, self.config.prefetch, MAX_PREFETCH, 0)
+        default_ms = round(self.config.ack_timeout * 1000)
+        prefetch, timeout_ms = settings(ack_mode, prefetch, ack_timeout, self.config.prefetch, MAX_PREFETCH, default_ms)
         sub = ClientSub(session, sub_id, ack_mode, prefetch, timeout_ms, dest=name, dead=dead)
         self.deliveries.subscribe(sub)
         self.counts.changed(name)

@@ -11,7 +11,13 @@ Rules (invariants the tests check):
   (a client leaves, unsubscribes, cannot take output, or its share moves) the router
   UNSUBSCRIBEs (the held messages stay ACKable on the link) and SUBSCRIBEs again with
   the new `free`, or not at all when it is 0.
-- Each MESSAGE goes to one client subscription with credit, taken in turn.
+- Each MESSAGE goes to one client subscription with credit, taken in turn. One that
+  came on an earlier upstream subscription (it crossed the UNSUBSCRIBE) takes credit
+  the current window counted as free, so the window is checked again after it, and
+  after a hand-back.
+- An upstream subscription has no ack deadline of the instance's (`curb-ack-timeout:0`):
+  the router keeps its clients' deadlines, so an instance never takes back a message
+  the router still holds for a client.
 - A client subscription's prefetch is split into shares, one per instance of its
   destination that is up: at least 1 each, the rest to those that report queued
   messages (their `./count`), NSQ's shape; a single instance gets all of it. A session
@@ -215,6 +221,7 @@ class Credit:
                 "destination": "./dead" if dead else f"/queue/{link.dest}",
                 "ack": "client-individual",
                 "prefetch-count": str(upstream.window),
+                "curb-ack-timeout": "0",  # the router keeps its clients' deadlines (curb.router.deliveries)
             }
             self.links.send(link, "SUBSCRIBE", headers)
 

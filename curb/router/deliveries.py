@@ -101,6 +101,7 @@ class Deliveries:
         sub = self.credit.taker(link, dead)
         if sub is None or index is None or not upstream.isdigit():
             self.links.send(link, "NACK", {"id": upstream, "curb-undelivered": "true"})
+            self.credit.rebalance(link, dead)
             return
         try:
             deliveries = decimal(headers.get("curb-deliveries", "1"), "curb-deliveries", 1 << 31)
@@ -114,7 +115,10 @@ class Deliveries:
         if sub.ack_timeout_ms:
             delivery.due = self.clock() + sub.ack_timeout_ms / 1000
         self.credit.hold(delivery, 1)
-        self.credit.of(link, dead).deliveries[upstream] = delivery
+        taken = self.credit.of(link, dead)
+        if delivery.sub_id != taken.sub_id:  # it crossed an UNSUBSCRIBE: its credit was counted free
+            self.credit.rebalance(link, dead)
+        taken.deliveries[upstream] = delivery
         self.holding.setdefault(sub.conn, {})[msg_id] = delivery
         sub.unacked[msg_id] = rec
         kept = {name: value for name, value in headers.items() if name not in _MESSAGE_OWN}

@@ -57,15 +57,17 @@ class Forwarded:
     sent: bool = False  # it was forwarded at least once (an instance may have taken it)
 
     def answered(self, frame: Frame) -> None:
+        """The instance's RECEIPT: `done` once every earlier frame of the session is
+        answered too (a RECEIPT for a SEND promises the SENDs before it)."""
         self.answer = frame
-        if self.done is not None:
-            self.done(None)
         self.waits.answered(self.number)
+        if self.done is not None:
+            self.waits.wait_upto(self.number, self.done, minds_lost=self.command != "SEND")
 
     def failed(self, why: str) -> None:
         if self.done is not None:
             self.done(why)
-        self.waits.answered(self.number)
+        self.waits.answered(self.number, failed=why)
 
     def lost(self, why: str) -> None:
         """Lost with its link before its answer: whether it took effect is unknown."""

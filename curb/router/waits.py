@@ -5,16 +5,24 @@ Invariant: a waiter registered after the frames numbered up to N were forwarded 
 answered only once each of them is answered by its instance, in the order the waiters
 came; with `Unconfirmed` (a RECEIPT with `curb-late:true`, which promises nothing) when
 one of them was lost with its link before its answer, so whether it took effect cannot
-be known. A SEND lost so is no such frame: it is forwarded again (curb.router.core) and
-stays open until an instance answers it or it is refused.
+be known; with a `Refusal` (an ERROR in the waiter's place, no RECEIPT) when one of them
+failed, a SEND refused or never stored: a RECEIPT promises every earlier SEND of its
+connection, so none may leave after one failed. A SEND lost with its link is neither: it
+is forwarded again (curb.router.core) and stays open until an instance answers it or it
+is refused.
 """
 
 from __future__ import annotations
 
-import collections
+import bisect
 from dataclasses import dataclass
 
-from curb.receipts import Done, Unconfirmed
+from curb.receipts import Done, Refusal, Unconfirmed
+
+_EARLIER = (
+    "A frame this connection sent before this one failed ({why}), so this RECEIPT, which would promise "
+    "it, is not given: reconnect, and send again what was not confirmed."
+)
 
 
 @dataclass(slots=True)
@@ -22,18 +30,21 @@ class _Waiter:
     upto: int  # it waits for the frames numbered up to this
     done: Done
     lost: str | None = None  # why one of them was lost, if one was
+    failed: str | None = None  # why one of them failed, if one did
+    minds_lost: bool = True  # False: a SEND's RECEIPT, which promises only the SENDs before it
 
 
 class Waits:
     """Open forwarded frames by number, and the waiters behind them."""
 
-    __slots__ = ("_low", "_open", "_waiters", "seq")
+    __slots__ = ("_failed", "_low", "_open", "_waiters", "seq")
 
     def __init__(self) -> None:
         self.seq = 0  # frames forwarded so far
         self._open: set[int] = set()  # their numbers that wait for an answer
         self._low = 1  # no number below it is open
-        self._waiters: collections.deque[_Waiter] = collections.deque()
+        self._waiters: list[_Waiter] = []  # by `upto`
+        self._failed: tuple[int, str] | None = None  # the first frame that failed, and why
 
     def forwarded(self) -> int:
         """A frame is forwarded with a receipt: its number."""
@@ -41,21 +52,35 @@ class Waits:
         self._open.add(self.seq)
         return self.seq
 
-    def answered(self, number: int, lost: str | None = None) -> None:
-        """Its instance answered it, or (`lost`, why) can no longer answer."""
+    def answered(self, number: int, lost: str | None = None, failed: str | None = None) -> None:
+        """Its instance answered it, or (`lost`, why) can no longer answer, or it failed
+        (`failed`, why)."""
         self._open.discard(number)
-        if lost is not None:
+        if failed is not None and (self._failed is None or number < self._failed[0]):
+            self._failed = (number, failed)
+        if lost is not None or failed is not None:
             for waiter in self._waiters:
-                if number <= waiter.upto and waiter.lost is None:
-                    waiter.lost = lost
+                if number <= waiter.upto:
+                    waiter.lost = waiter.lost or lost
+                    waiter.failed = waiter.failed or failed
         self._fire()
 
     def wait(self, done: Done) -> None:
         """done(None) once every frame forwarded so far is answered (see the docstring)."""
-        if not self._open and not self._waiters:
+        self.wait_upto(self.seq, done)
+
+    def wait_upto(self, number: int, done: Done, minds_lost: bool = True) -> None:
+        """done(None) once every frame numbered up to `number` is answered: a SEND's
+        RECEIPT promises the SENDs of its connection before it too. A SEND lost with its
+        link is placed again, never lost here, so a SEND's RECEIPT (`minds_lost` False)
+        does not mind an ACK or NACK lost before it."""
+        waiter = _Waiter(number, done, minds_lost=minds_lost)
+        if self._failed is not None and self._failed[0] <= number:
+            waiter.failed = self._failed[1]  # it can only fail: the session is ending
+        elif not self._open and not self._waiters:
             done(None)
             return
-        self._waiters.append(_Waiter(self.seq, done))
+        bisect.insort(self._waiters, waiter, key=lambda each: each.upto)
         self._fire()
 
     def _fire(self) -> None:
@@ -67,5 +92,9 @@ class Waits:
             first += 1
         self._low = first
         while waiters and waiters[0].upto < first:
-            waiter = waiters.popleft()
-            waiter.done(None if waiter.lost is None else Unconfirmed(waiter.lost))
+            waiter = waiters.pop(0)
+            if waiter.failed is not None:
+                waiter.done(Refusal("an earlier frame failed", _EARLIER.format(why=waiter.failed)))
+            else:
+                lost = waiter.lost if waiter.minds_lost else None
+                waiter.done(None if lost is None else Unconfirmed(lost))

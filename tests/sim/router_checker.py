@@ -6,7 +6,7 @@ client gone, every link lost, every instance crash and restart, every router cra
 every move of the clock. The router stores at least once (a SEND whose link was lost
 before its RECEIPT is placed again, so it may be stored twice), so the checker keeps a
 SEND (by its tag) apart from its stored copies, each named by its instance and that
-instance's message id (the instance's part of the router's `LINK.EPOCH.ID`), and a
+instance's message id (the router's id is that id << INDEX_BITS | the instance's index), and a
 copy's deliveries apart from both: a delivery is live while the router still knows it
 (no ACK or NACK of it yet, its link not lost, its client not gone, no router crash), and
 the instance holds it until its ack deadline passes as well.
@@ -14,8 +14,10 @@ the instance holds it until its ack deadline passes as well.
 Invariants (each raises `SimFailure` the moment it breaks):
 
 - **No receipted SEND lost**: a SEND is promised once its RECEIPT, or a RECEIPT of a later
-  frame of its connection, came ("its frame and every earlier SEND of the connection are
-  on disk, on whichever instance"); at the end of a seed every promised SEND of which no
+  SEND, ACK, NACK or DISCONNECT of its connection, came ("its frame and every earlier
+  SEND of the connection are on disk, on whichever instance"; a SUBSCRIBE's or an
+  UNSUBSCRIBE's RECEIPT leaves at once, as an instance's does, and promises nothing of
+  the SENDs before it); at the end of a seed every promised SEND of which no
   copy was ever ACKed or delivered to an `ack:auto` subscriber comes out of the drain of
   its destination (`missing`).
 - **No receipted ACK undone**: once an ACK's RECEIPT came without `curb-late:true`, the
@@ -23,7 +25,8 @@ Invariants (each raises `SimFailure` the moment it breaks):
 - **Late means late**: the RECEIPT of an ACK or NACK of a delivery the router no longer
   had (its link lost, so its epoch is over), or whose instance's ack deadline had passed
   (the instance let the message go and answered `curb-late:true`), says
-  `curb-late:true`; every other RECEIPT (SEND, SUBSCRIBE, UNSUBSCRIBE, DISCONNECT) does
+  `curb-late:true`; a DISCONNECT's may (it waits for the ACKs and NACKs before it, which
+  a lost link leaves unknown); every other RECEIPT (SEND, SUBSCRIBE, UNSUBSCRIBE) does
   not. RECEIPTs come in frame order, only for frames that asked.
 - **One holder**: a copy is held by at most one client at a time (a delivery holds it
   from its MESSAGE until the router lets it go or the instance's ack deadline passes);
@@ -46,7 +49,8 @@ Invariants (each raises `SimFailure` the moment it breaks):
   subscription the client has not UNSUBSCRIBEd, for the destination that SEND named,
   from one of that destination's instances; a copy keeps its tag (an instance never
   reuses an id).
-- The only ERRORs are a SEND's that could not be placed in time (`SEND not confirmed`:
+- The only ERRORs are a SEND's that could not be placed in time (`message not stored`,
+  or `message may not be stored` when an instance lost before its answer may have it:
   no instance of its destination came up within `link_wait`) and an instance's refusal
   of a SEND (`queue full`).
 - **Counts**: once every instance is quiet (no `./count` update pending), each
@@ -69,7 +73,11 @@ from dataclasses import dataclass, field
 
 from sim.runner import SimFailure
 
-LATE_ERRORS = ("SEND not confirmed", "queue full")
+# The frames whose RECEIPT waits until what the connection sent before is durable.
+DURABLE = ("SEND", "ACK", "NACK", "DISCONNECT")
+# A SEND that could not be placed in time (never forwarded, or forwarded to an instance lost
+# before it answered), and an instance's refusal, passed on as its own.
+LATE_ERRORS = ("message not stored", "message may not be stored", "queue full", "an earlier frame failed")
 
 
 def fail(kind: str, detail: str) -> SimFailure:
@@ -231,7 +239,9 @@ class RouterChecker:
         conn = self.conns[serial]
         conn.closing = True
         if receipt is not None:
-            conn.expect[receipt] = Expect(seq, "DISCONNECT", False)
+            # Its RECEIPT waits for the ACKs and NACKs before it: curb-late:true (promising
+            # nothing of them) if a link was lost before its instance answered one.
+            conn.expect[receipt] = Expect(seq, "DISCONNECT", None)
 
     # ---------------------------------------------------------------- frames received
 
@@ -284,6 +294,7 @@ class RouterChecker:
         deadline = self.now + self.ack_timeout_ms if self.ack_timeout_ms else None
         held = Held(serial, sub_id, key, copy, deadline)
         copy.current = held
+        conn.holding.pop(key, None)  # a message delivered again keeps its id: it is the newest now
         conn.holding[key] = held
         conn.order.append(held)
 
@@ -320,10 +331,11 @@ class RouterChecker:
                 f"connection {serial}: the RECEIPT of its {expect.kind} ({receipt}, {tags or ''}) says "
                 f"curb-late:{str(late).lower()}, expected {str(expect.late).lower()}",
             )
-        for seq, tag in conn.sends:
-            if seq <= expect.seq:
-                self.sent[tag].promised = True
-        conn.sends = [(seq, tag) for seq, tag in conn.sends if seq > expect.seq]
+        if expect.kind in DURABLE:
+            for seq, tag in conn.sends:
+                if seq <= expect.seq:
+                    self.sent[tag].promised = True
+            conn.sends = [(seq, tag) for seq, tag in conn.sends if seq > expect.seq]
         if expect.kind == "ACK" and not late:
             for copy in expect.acked:
                 copy.ack_promised = True
@@ -408,7 +420,7 @@ class RouterChecker:
             if conn.closing or conn.counts is None:
                 continue
             want = expected[conn.count_dest]
-            if conn.counts != want:
+            if {key: conn.counts.get(key) for key in want} != want:
                 raise fail(
                     "./count stale",
                     f"connection {conn.serial} last got {conn.counts} for {conn.count_dest!r}, "

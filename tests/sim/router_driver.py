@@ -11,7 +11,8 @@ simulator's own `recover` (crashes amid recovery included) and read after each r
 by its `read_log`. Each of the router's links is an in-memory pipe to a `Session` of its
 instance (`Pipes`, the one place that moves a link's bytes); clients talk STOMP bytes to
 the router's client side through `ClientSide`, the one place that knows what that side
-is (today the core's `ClientConn`s). The driver is the event loop: after every step it
+is (the broker's own `Session`, with the router's core as its backend). The driver is
+the event loop, and runs what the core schedules: after every step it
 runs what the instances scheduled, moves every pipe's bytes and every client's output,
 and applies the closes asked for, until nothing moves. The instances write and sync
 only in the steps that say so, so receipts wait as they would for a slow disk.
@@ -51,11 +52,15 @@ from typing import Any, TypeVar
 from simclock import WALL_START_MS, SimClock
 from simdisk import Crashed, SimDisk
 
+from curb.conn import CLOSING
 from curb.counts import COUNT_COALESCE_SECONDS
 from curb.frame import Frame, FrameParser, encode
 from curb.log.cursor import SLICE_WORK
-from curb.router.core import CLOSING, CONSUMES, UP, ClientConn, Link, RouterCore
+from curb.router.config import RouterConfig as CoreConfig
+from curb.router.core import RouterCore
 from curb.router.glue import LINK_RETRY_FIRST, LINK_RETRY_MOST
+from curb.router.links import BROWSES, CONSUMES, DOWN, UP, Link
+from curb.router.placement import INDEX_BITS
 from curb.router.routes import Address, Routes
 from curb.session import Session
 from sim import runner
@@ -132,37 +137,58 @@ class Instance:
 class ClientSide:
     """The router's client side as a simulated client reaches it: open a connection, feed
     it bytes, take the bytes written to it, whether it still reads its frames, whether it
-    asked to close, lose it, and run its timers. Today that side is the core's own
-    (`ClientConn`); this class is the only part of the simulator that knows."""
+    asked to close, lose it, and run its timers. Each connection is the broker's own
+    `Session` with the router's core as its backend, as `curb router` serves it (the glue
+    is `curb.server` and `curb.driver`, whose part this class plays); what the core
+    schedules (a loop pass's output, browse steps) runs when `run` is called."""
 
-    def __init__(self, core: RouterCore):
+    def __init__(self, core: RouterCore, later: list[Callable[[], None]]):
         self.core = core
+        self.later = later
+        self.now = 0.0
 
-    def open(self, peer: str, now: float) -> ClientConn:
-        return self.core.client_opened(peer, now)
+    def run(self) -> bool:
+        """Run what the core scheduled; whether anything ran."""
+        ran = bool(self.later)
+        while self.later:
+            self.later.pop(0)()
+        return ran
 
-    def feed(self, conn: ClientConn, data: bytes, now: float) -> None:
-        self.core.client_data(conn, data, now)
+    def open(self, peer: str, now: float) -> Session:
+        self.now = now
+        return Session(self.core, now, peer)
 
-    def take(self, conn: ClientConn) -> bytes:
-        data = b"".join(conn.out)
-        conn.out.clear()
-        return data
+    def feed(self, conn: Session, data: bytes, now: float) -> None:
+        self.now = now
+        conn.receive_data(data, now)
+        self.run()
 
-    def reading(self, conn: ClientConn) -> bool:
+    def take(self, conn: Session) -> bytes:
+        self.run()
+        return conn.data_to_send(self.now)
+
+    def reading(self, conn: Session) -> bool:
         """Whether it still reads the connection's frames (not once it decided to close it)."""
         return not conn.gone and conn.state is not CLOSING
 
-    def closing(self, conn: ClientConn) -> bool:
-        return conn.close_wanted
+    def closing(self, conn: Session) -> bool:
+        return conn.close_wanted is not None
 
-    def lose(self, conn: ClientConn) -> None:
-        self.core.client_lost(conn)
+    def lose(self, conn: Session) -> None:
+        conn.connection_lost()
+        self.run()
 
     def tick(self, now: float) -> None:
-        """Time passed: the core's tick (clients' heart-beats; it also times the links'
-        heart-beats and the SENDs parked for `link_wait`)."""
+        """Time passed: the core's tick (the links' heart-beats, the SENDs parked for
+        `link_wait`, ack deadlines) and each session's due timers (heart-beats), as the
+        driver arms them."""
+        self.now = now
         self.core.tick(now)
+        for session in list(self.core.sessions):
+            due = session.next_deadline  # type: ignore[attr-defined]
+            if due is not None and due <= now:
+                session.tick(now)  # type: ignore[attr-defined]
+        self.run()
 
 
 class Pipe:
@@ -196,34 +222,52 @@ class Pipes:
         self.core = core
         self.guard = guard
         self.lost = lost
-        self.pipes = [Pipe(link, instances[link.address], now_ms) for link in core.links.values()]
-        self.by_link = {pipe.link: pipe for pipe in self.pipes}
+        self.instances = instances
+        self.pipes: list[Pipe] = []
+        self.by_link: dict[Link, Pipe] = {}
+        self.add(list(core.links.by_number.values()), now_ms)
+        core.new_links = lambda links: self.add(links, now_ms)
+
+    def add(self, links: list[Link], now_ms: int) -> None:
+        """Links the core made (its routes, a browse's own): pipes for them."""
+        for link in links:
+            pipe = Pipe(link, self.instances[link.address], now_ms)
+            self.pipes.append(pipe)
+            self.by_link[link] = pipe
+
+    def _forget_gone(self) -> None:
+        """Pipes of links the core let go (a browse's, once over) go too."""
+        kept = self.core.links.by_number
+        for pipe in [p for p in self.pipes if kept.get(p.link.number) is not p.link and p.session is None]:
+            self.pipes.remove(pipe)
+            del self.by_link[pipe.link]
 
     def connect_due(self, now_ms: int) -> None:
         """Connect each link down whose retry time came; a link whose instance is down
         fails to connect and waits twice as long."""
         now = now_ms / 1000
-        for pipe in self.pipes:
+        self._forget_gone()
+        for pipe in list(self.pipes):
             if pipe.session is not None or pipe.retry_at > now_ms:
                 continue
             world = pipe.instance.world
             if world is None:
-                self.core.link_lost(pipe.link, "cannot connect: Connection refused (simulated)")
+                self.core.links.lost(pipe.link, "cannot connect: Connection refused (simulated)")
                 pipe.pause_ms = min(round(LINK_RETRY_MOST * 1000), pipe.pause_ms * 2)
                 pipe.retry_at = now_ms + pipe.pause_ms
                 continue
             pipe.session = Session(world.broker, now, f"router-link-{pipe.link.number}")
             pipe.pause_ms = round(LINK_RETRY_FIRST * 1000)
-            self.core.link_connected(pipe.link, now)
+            self.core.links.connected(pipe.link, now)
 
     def pump(self, now_ms: int) -> bool:
         """Move what waits in either direction and apply the closes; whether anything moved."""
         now = now_ms / 1000
         moved = False
-        for endpoint in self.core.take_dirty(now):
-            pipe = self.by_link.get(endpoint)  # type: ignore[call-overload]
+        for endpoint in self.core.links.take_dirty(now):
+            pipe = self.by_link.get(endpoint)
             if pipe is None:
-                continue  # a client's: ClientSide takes it
+                continue
             data = b"".join(pipe.link.out)
             pipe.link.out.clear()
             session = pipe.session
@@ -235,7 +279,7 @@ class Pipes:
             elif data:
                 pipe.handed_back += data.count(b"\ncurb-undelivered:true\n")
                 self.guard(pipe.instance, partial(session.receive_data, data, now))
-        for pipe in self.pipes:
+        for pipe in list(self.pipes):
             session = pipe.session
             if session is None:
                 continue
@@ -245,7 +289,7 @@ class Pipes:
                 continue  # its instance crashed taking it
             if data:
                 moved = True
-                self.core.link_data(pipe.link, data, now)
+                self.core.links.data(pipe.link, data, now)
             if session.close_wanted is not None and pipe.session is session:
                 moved = True
                 self.cut(pipe, now_ms, "the instance closed the connection")
@@ -274,8 +318,8 @@ class Pipes:
                 self.guard(pipe.instance, session.connection_lost)
 
     def _ended(self, pipe: Pipe, now_ms: int, why: str, by_router: bool) -> None:
-        if not by_router:
-            self.core.link_lost(pipe.link, why)
+        if not by_router and pipe.link.state is not DOWN:
+            self.core.links.lost(pipe.link, why)
         pipe.retry_at = now_ms + pipe.pause_ms
         self.lost(pipe.link)
 
@@ -296,7 +340,7 @@ class Client:
     """One connection as its client knows it: the handle of the router's client side, the
     ack ids it holds (in delivery order), its subscription and the frames it numbered."""
 
-    def __init__(self, serial: int, conn: ClientConn, side: ClientSide, beats: bool):
+    def __init__(self, serial: int, conn: Session, side: ClientSide, beats: bool):
         self.serial = serial
         self.conn = conn
         self.side = side
@@ -417,6 +461,7 @@ class RouterSim:
             if passes and passes % LOOP_PASSES == 0 and not self.switches.bounce_loops:
                 self._cut_bounce_loops()
             moved = self._run_instances()
+            moved = self.side.run() or moved
             moved = self.pipes.pump(self.ms) or moved
             moved = self._clients() or moved
             if not moved:
@@ -552,8 +597,10 @@ class RouterSim:
                 self.checker.browsed(client.serial, sub, tag_of(frame.body), headers, frame.body)
         elif frame.command == "MESSAGE":
             key = headers.get("message-id", "")
-            number, _, msg_id = key.split(".")
-            inst = self.by_address[self.core.links[int(number)].address]
+            stable = int(key)  # the instance's id << INDEX_BITS | the instance's index
+            msg_id, index = stable >> INDEX_BITS, stable & ((1 << INDEX_BITS) - 1)
+            address = next(a for (_, a), i in self.core.placement.indexes.items() if i == index)
+            inst = self.by_address[address]
             tag = tag_of(frame.body)
             count = headers.get("curb-deliveries", "1")
             self.trace(f"  #{tag} ({key}, instance {inst.index}) to connection {client.serial}, count {count}")
@@ -561,6 +608,7 @@ class RouterSim:
             self.stats.deliveries += 1
             self.stats.again += count != "1"
             if "ack" in headers:
+                client.holding.pop(headers["ack"], None)  # delivered again: the newest now
                 client.holding[headers["ack"]] = None
         elif frame.command == "RECEIPT":
             late = headers.get("curb-late") == "true"
@@ -714,7 +762,7 @@ class RouterSim:
             return
         expected = {}
         for dest in DESTS:
-            links = self.core.dests[dest]
+            links = self.core.placement.dests[dest]
             up = [link for link in links if link.state is UP]
             counts = [self.by_address[link.address].world for link in up]
             expected[dest] = {
@@ -760,14 +808,25 @@ class RouterSim:
 
     def _router(self) -> tuple[RouterCore, ClientSide, Pipes]:
         cfg = self.cfg
-        core = RouterCore(
-            self.routes,
+        later: list[Callable[[], None]] = []
+        config = CoreConfig(
             heartbeat_ms=cfg.heartbeat_ms,
+            ack_timeout=cfg.ack_timeout_ms / 1000,
             link_heartbeat_ms=cfg.link_heartbeat_ms,
             link_wait=cfg.link_wait_ms / 1000,
-            wall_ms=lambda: WALL_START_MS + self.ms,
         )
-        return core, ClientSide(core), Pipes(core, self.by_address, self.ms, self.guard, self._link_lost)
+        core = RouterCore(
+            self.routes,
+            config,
+            schedule=lambda delay, callback: later.append(callback),
+            wall_ms=lambda: WALL_START_MS + self.ms,
+            clock=lambda: self.now,
+        )
+        return core, ClientSide(core, later), Pipes(core, self.by_address, self.ms, self.guard, self._link_lost)
+
+    def _routed(self) -> list[Link]:
+        """The links of the routes (a browse's own come and go)."""
+        return [link for link in self.core.links.by_number.values() if link.role is not BROWSES]
 
     def _link_lost(self, link: Link) -> None:
         inst = self.by_address[link.address]
@@ -853,10 +912,10 @@ class RouterSim:
         """Rounds until every link is up again (the glue's pause grows to LINK_RETRY_MOST
         while an instance is down)."""
         for _ in range(DRAIN_ROUNDS):
-            if all(link.state is UP for link in self.core.links.values()):
+            if all(link.state is UP for link in self._routed()):
                 return
             self.rounds(1)
-        down = [link.name for link in self.core.links.values() if link.state is not UP]
+        down = [link.name for link in self._routed() if link.state is not UP]
         raise runner.SimFailure("links stay down", f"{down} after {DRAIN_ROUNDS} rounds with every instance up")
 
     def _empty(self, dest: str) -> None:
