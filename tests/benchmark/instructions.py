@@ -322,19 +322,19 @@ def check(results: list[Measured], baseline: Mapping[str, object]) -> tuple[str,
     figures = baseline.get("instructions_per_message")
     if not isinstance(figures, dict):
         raise ValueError(f"{BASELINE.name} has no instructions_per_message")
-    lines = [f"{'workload':<16} {'baseline':>10} {'now':>10} {'change':>8}"]
+    lines = [f"{'workload':<28} {'baseline':>10} {'now':>10} {'change':>8}"]
     ok = True
     for m in results:
         base = figures.get(m.key)
         if not isinstance(base, int | float) or base <= 0:
-            lines.append(f"{m.key:<16} {'-':>10} {m.per_message:>10,.0f}  not in the baseline: FAIL")
+            lines.append(f"{m.key:<28} {'-':>10} {m.per_message:>10,.0f}  not in the baseline: FAIL")
             ok = False
             continue
         change = m.per_message / base - 1
         over = change > CHECK_MARGIN
         ok = ok and not over
         verdict = f"  more than {CHECK_MARGIN:.0%} over: FAIL" if over else ""
-        lines.append(f"{m.key:<16} {base:>10,.0f} {m.per_message:>10,.0f} {change:>+8.1%}{verdict}")
+        lines.append(f"{m.key:<28} {base:>10,.0f} {m.per_message:>10,.0f} {change:>+8.1%}{verdict}")
     if baseline.get("python") != platform.python_version():
         lines.append(
             f"note: the baseline was counted with Python {baseline.get('python')}, this is "
