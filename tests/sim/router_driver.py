@@ -33,8 +33,8 @@ empty log. The invariants are the checker's (`sim.router_checker`).
 Every choice comes from the seed's random stream (browses from one of their own), so
 the same seed with the same --steps and switches replays the same run; a failure prints
 the command that does so. The switches (`Switches`: `--no-ack-timeouts`,
-`--no-mixed-clients`, `--no-send-refusals`, `--no-bounce-loops`, `--browses`) each take
-out a feature whose router bug is known, or add browses; docs/testing.md says which bug.
+`--no-mixed-clients`, `--no-send-refusals`, `--no-bounce-loops`, `--no-browses`) each
+take a feature out, to look past a finding in it; docs/testing.md lists what they found.
 """
 
 from __future__ import annotations
@@ -957,7 +957,7 @@ class RouterSim:
 
 # Each switch's flag and help: `--no-...` to turn off what is on by default.
 SWITCH_FLAGS = {
-    "ack_timeouts": ("--no-ack-timeouts", "give the instances no ack deadline (-ack-timeout 0)"),
+    "ack_timeouts": ("--no-ack-timeouts", "give the router no ack deadline (-ack-timeout 0)"),
     "mixed": (
         "--no-mixed-clients",
         "a client only produces (to one destination) or only consumes, and UNSUBSCRIBEs before it DISCONNECTs",
@@ -968,27 +968,25 @@ SWITCH_FLAGS = {
         "a loop of the router handing back what an instance delivers again at once is cut by dropping "
         "that link (and counted) instead of failing the seed as a livelock",
     ),
-    "browses": ("--browses", "add browse steps (SUBSCRIBE browser:true through the router): they change nothing"),
+    "browses": ("--no-browses", "no browse steps (SUBSCRIBE browser:true through the router, which change nothing)"),
 }
 
 
 @dataclass(frozen=True, slots=True)
 class Switches:
-    """What a seed plays with. Each `--no-<feature>` takes out a feature whose known
-    router bug (docs/testing.md: the router simulator) would stop most seeds, so the run
-    can look for others; `browses` adds browse steps, for once browses are routed."""
+    """What a seed plays with: every feature by default. Each `--no-<feature>` takes one
+    out, so that a run can look past a finding in it for others (the simulator found the
+    router bugs that docs/testing.md lists this way)."""
 
-    ack_timeouts: bool = True  # the instances have an ack deadline (drawn per seed)
+    ack_timeouts: bool = True  # the router has an ack deadline (drawn per seed)
     mixed: bool = True  # a client may both produce and consume, and DISCONNECT subscribed
     refusals: bool = True  # the router's link_wait is drawn (else an hour: no SEND is refused)
     bounce_loops: bool = True  # a loop of hand-backs is a finding (else its link is cut)
-    browses: bool = False
+    browses: bool = True  # browse steps: they must change nothing
 
     def flags(self) -> str:
         """The command line's flags for these switches."""
-        return "".join(
-            f" {flag}" for name, (flag, _) in SWITCH_FLAGS.items() if getattr(self, name) != (name != "browses")
-        )
+        return "".join(f" {flag}" for name, (flag, _) in SWITCH_FLAGS.items() if not getattr(self, name))
 
 
 def run_seed(
@@ -1027,7 +1025,7 @@ def run_many(start: int, count: int, switches: Switches, steps: int = STEPS, job
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
     for name, (flag, text) in SWITCH_FLAGS.items():
-        parser.add_argument(flag, dest=name, action="store_true" if name == "browses" else "store_false", help=text)
+        parser.add_argument(flag, dest=name, action="store_false", help=text)
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:

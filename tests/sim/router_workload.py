@@ -78,14 +78,14 @@ class RouterConfig:
     heartbeat_ms: int  # the router's heart-beat offer to clients; 0: none
     link_heartbeat_ms: int  # what the router asks of the instances; 0: none
     link_wait_ms: int  # how long a SEND waits for an instance of its destination
-    ack_timeout_ms: int  # the instances' -ack-timeout (shown here; it is the broker Config's)
+    ack_timeout_ms: int  # the router's -ack-timeout (the instances' too, which the router asks to ignore)
     instance_heartbeat_ms: int  # the instances' -heartbeat (idem)
     redelivery_delay_ms: int  # the instances' -redelivery-delay (idem)
     weights: dict[str, float] = field(repr=False)
 
     @classmethod
     def draw(cls, rng: random.Random, ack_timeouts: bool, refusals: bool) -> RouterConfig:
-        """Without `ack_timeouts` the instances have none; without `refusals` the router's
+        """Without `ack_timeouts` there is no deadline; without `refusals` the router's
         link_wait is an hour (the draws are made all the same, so the rest replays)."""
         ack_timeout = rng.choice((0, 0, 500, 2000, 30 * 60_000))
         beat = rng.choice((0, 1000, 5000))
