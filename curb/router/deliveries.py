@@ -52,13 +52,14 @@ _MESSAGE_OWN = frozenset(
 
 
 class Routed(Record):
-    """A message as a client's session renders it (curb.render): the router's id, the
-    instance's delivery count, a dead letter's reason; nothing of the log's."""
+    """A message as a client's front renders it (curb.render, curb.web): the router's id,
+    the instance's delivery count, a dead letter's reason, no timestamp (the router does
+    not know when it was stored); the log's own fields stay unset."""
 
     __slots__ = ()
 
-    def __init__(self, msg_id: int, deliveries: int):  # the log's own fields stay unset
-        self.id, self.deliveries, self.dead = msg_id, deliveries, ""
+    def __init__(self, msg_id: int, deliveries: int):
+        self.id, self.deliveries, self.dead, self.timestamp_ms = msg_id, deliveries, "", 0
 
 
 class Deliveries:
