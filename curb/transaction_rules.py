@@ -56,12 +56,20 @@ def _check_send(session: Conn, frame: Frame) -> None:
     session.broker.check_send(frame.headers, frame.body)
 
 
-def _held(session: Conn, frame: Frame) -> None:
-    """A SEND, ACK or NACK: held for its transaction, or handled at once without one."""
-    tx = frame.headers.get("transaction")
-    if tx is None:
-        commands.RULES[(OPEN, frame.command)](session, frame)
-        return
+def _held_or(handler: commands.Handler) -> commands.Handler:
+    """A SEND's, ACK's or NACK's rule: held for its transaction, or `handler` at once
+    without one."""
+
+    def rule(session: Conn, frame: Frame) -> None:
+        if "transaction" in frame.headers:
+            _hold(session, frame, frame.headers["transaction"])
+        else:
+            handler(session, frame)
+
+    return rule
+
+
+def _hold(session: Conn, frame: Frame, tx: str) -> None:
     txs = _transactions(session)
     if tx not in txs:
         raise QueueError(
@@ -145,9 +153,9 @@ def on_abort(session: Conn, frame: Frame) -> None:
 
 TRANSACTION_RULES: dict[tuple[str, str], commands.Handler] = {
     **commands.RULES,
-    (OPEN, "SEND"): _held,
-    (OPEN, "ACK"): _held,
-    (OPEN, "NACK"): _held,
+    (OPEN, "SEND"): _held_or(commands.on_send),
+    (OPEN, "ACK"): _held_or(commands.on_ack),
+    (OPEN, "NACK"): _held_or(commands.on_nack),
     (OPEN, "BEGIN"): on_begin,
     (OPEN, "COMMIT"): on_commit,
     (OPEN, "ABORT"): on_abort,

@@ -27,7 +27,7 @@ import collections
 from collections.abc import Callable, Sequence
 
 from curb import payload
-from curb.frame import Frame, decimal
+from curb.frame import Frame
 from curb.log.cursor import Record
 from curb.peer import Peer
 from curb.queue import Late, QueueError, not_awaiting
@@ -98,32 +98,36 @@ class Deliveries:
         """An instance's MESSAGE: to a client with credit, or handed back at once."""
         headers = frame.headers
         upstream = headers.get("ack") or headers.get("message-id", "")
-        dead = headers.get("subscription", "").startswith("d")  # curb.router.credit names them so
+        sub_id = headers.get("subscription", "")
+        dead = sub_id.startswith("d")  # curb.router.credit names them so
         sub = self.credit.taker(link, dead)
         if sub is None or index is None or not upstream.isdigit():
             self.links.send(link, "NACK", {"id": upstream, "curb-undelivered": "true"})
             self.credit.rebalance(link, dead)
             return
-        try:
-            deliveries = decimal(headers.get("curb-deliveries", "1"), "curb-deliveries", 1 << 31)
-        except ValueError:
-            deliveries = 1
+        count = headers.get("curb-deliveries", "1")
         msg_id = int(upstream) << INDEX_BITS | index
-        rec = Routed(msg_id, deliveries)
+        rec = Routed(msg_id, int(count) if count.isdigit() and len(count) < 10 else 1)
         if dead:
             rec.dead = headers.get("curb-dead-reason", "dead")
-        delivery = Delivery(link, upstream, headers.get("subscription", ""), sub, rec, link.epoch)
+        delivery = Delivery(link, upstream, sub_id, sub, rec, link.epoch)
         if sub.ack_timeout_ms:
             delivery.due = self.clock() + sub.ack_timeout_ms / 1000
         self.credit.hold(delivery, 1)
         taken = self.credit.of(link, dead)
-        if delivery.sub_id != taken.sub_id:  # it crossed an UNSUBSCRIBE: its credit was counted free
+        if sub_id != taken.sub_id:  # it crossed an UNSUBSCRIBE: its credit was counted free
             self.credit.rebalance(link, dead)
         taken.deliveries[upstream] = delivery
-        self.holding.setdefault(sub.conn, {})[msg_id] = delivery
+        holding = self.holding.get(sub.conn)
+        if holding is None:
+            holding = self.holding[sub.conn] = {}
+        holding[msg_id] = delivery
         sub.unacked[msg_id] = rec
-        kept = {name: value for name, value in headers.items() if name not in _MESSAGE_OWN}
-        sub.conn.deliver(sub, rec, payload.encode(kept, frame.body))
+        if headers.keys() <= _MESSAGE_OWN:  # the common case: nothing of the SEND's to keep
+            data = b"\n" + frame.body
+        else:
+            data = payload.encode({k: v for k, v in headers.items() if k not in _MESSAGE_OWN}, frame.body)
+        sub.conn.deliver(sub, rec, data)
         link.tally.delivered += 1
 
     def handed_off(self, session: Peer, records: Sequence[Record]) -> None:

@@ -28,7 +28,7 @@ from typing import Protocol
 
 from curb import heartbeat
 from curb.deadlines import BEAT_EARLY
-from curb.frame import Frame, FrameParser, ProtocolError, encode, escape
+from curb.frame import Frame, FrameParser, ProtocolError, encode
 from curb.peer import Peer
 from curb.receipts import Done, Unconfirmed
 from curb.router.routes import Address
@@ -156,10 +156,11 @@ class Links:
                     link.tally.nacked += 1
 
     def answer(self, link: Link, command: bytes, upstream: str) -> None:
-        """An ACK or NACK of the instance's ack id `upstream`, and nothing else (the
-        commonest frame to an instance, made without the general encoder)."""
+        """An ACK or NACK of the instance's ack id `upstream` (digits: curb.router.
+        deliveries takes no other), and nothing else: the commonest frame to an
+        instance, made without the general encoder."""
         if link.state is not DOWN and not link.close_wanted:
-            link.out.append(b"%s\nid:%s\n\n\x00" % (command, escape(upstream).encode()))
+            link.out.append(b"%s\nid:%s\n\n\x00" % (command, upstream.encode()))
             self.dirty[link] = None
             if command == b"ACK":
                 link.tally.acked += 1
