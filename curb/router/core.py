@@ -93,6 +93,7 @@ class RouterCore(UsersFile):
         self.credit = Credit(self.links, self.placement.consumers)
         self.counts = DestinationCounts(self.credit, self.placement.consumers)
         self.deliveries = Deliveries(self.links, self.credit, clock)
+        self.ack = self.deliveries.ack  # the commonest call of a session: no hop
         self.new_links: Callable[[list[Link]], None] = lambda links: None  # the glue's: connect them
         self.browse_steps = BrowseSteps(schedule)
         self.bulk = Bulk(self.links, self.placement)
@@ -272,9 +273,6 @@ class RouterCore(UsersFile):
         self.bulk.redrive(name, count, moved, failed)
 
     # ---------------------------------------------------------------- ACK and NACK
-
-    def ack(self, session: Peer, msg_id: int) -> None:
-        self.deliveries.ack(session, msg_id)
 
     def nack(self, session: Peer, msg_id: int, delay_ms: int | None = None) -> None:
         extra = {} if delay_ms is None else {"curb-delay": str(delay_ms)}

@@ -148,13 +148,16 @@ class Deliveries:
         self.credit.rebalance(delivery.link, delivery.sub.dead)
 
     def ack(self, session: Peer, msg_id: int) -> None:
-        delivery = self.held(session, msg_id)
-        settled = [delivery]
+        holding = self.holding.get(session)
+        delivery = holding.get(msg_id) if holding is not None else None
+        if delivery is None:
+            delivery = self.held(session, msg_id)  # raises: late, or unknown
         sub = delivery.sub
-        if sub.ack_mode == "client":  # every delivery of the subscription up to it
-            ids = list(sub.unacked)
-            settled = [self.holding[session][each] for each in ids[: ids.index(msg_id) + 1]]
-        for each in settled:
+        if sub.ack_mode != "client":
+            self.answer(session, delivery, "ACK", {})
+            return
+        ids = list(sub.unacked)  # every delivery of the subscription up to it
+        for each in [self.holding[session][each] for each in ids[: ids.index(msg_id) + 1]]:
             self.answer(session, each, "ACK", {})
 
     def answer(self, session: Peer, delivery: Delivery, command: str, extra: dict[str, str]) -> None:
