@@ -4,9 +4,10 @@ the next `RouterAction`.
 
 The world: a destination on one instance (`solo`) and one partitioned over two or three
 (`parts`), each instance a broker of its own on a simulated disk, and one router in
-front of them. The instances' flags (cap, ack timeout, heart-beat, redelivery delay) and
-the router's (client and link heart-beats, `link_wait`) are drawn per seed; no instance
-has a delivery limit, since dead letters are not routed.
+front of them. The instances' flags (cap, heart-beat, redelivery delay) and the
+router's (ack timeout, client and link heart-beats, `link_wait`) are drawn per seed; no
+instance has a delivery limit: the workload plays no dead letters (the whole-broker
+simulator does).
 
 Steps: a client connects (heart-beating or not), SUBSCRIBEs to a destination (ack
 client-individual, client or auto, prefetch 1 to 16) or to its `./NAME/count`, SENDs to
