@@ -48,6 +48,12 @@ def test_the_router_console_shows_destinations_instances_and_publishes(chromium,
     want = "order 0,order 1,order 2,from the console"
     assert wait_until(lambda: page.evaluate(messages) == want), page.evaluate(messages)  # browsed through the router
 
+    with Client("127.0.0.1", router.port) as consumer:  # listed with its destination, prefetch and what it holds
+        consumer.subscribe("s", destination="/queue/orders", prefetch=2, headers={"receipt": "s"})
+        consumer.wait_receipt("s")
+        clients = ROWS.format("clients")
+        assert wait_until(lambda: "|orders: 2|2" in (page.evaluate(clients) or "")), page.evaluate(clients)
+
     instance.kill()
     instances = ROWS.format("instances")
     down = f"orders|127.0.0.1:{instance.port}|down|down|0|0|0|0"
