@@ -5,6 +5,8 @@
 - `stomp_conn`: a connected stomp.py `Connection12` plus an `Inbox` of what it received.
 - `raw`: a plain socket for bytes no well-behaved client would send, read back through
   curb's own frame parser.
+- `chromium`: a headless Chromium's DevTools connection, for the console tests (their
+  tab is tests/browser.py's `Page`); skipped without one.
 - `free_port`, `wait_until`, `run_curb`: the plain helpers below, as fixtures, since test
   modules cannot import this file by name (tests/spark has a conftest.py of its own).
 
@@ -15,6 +17,7 @@ every process and connection a test opens is closed when the test ends.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import stomp
+from websockets.sync.client import ClientConnection, connect
 
 from curb.frame import Frame, FrameParser, ProtocolError, encode
 from curb.spawn import BrokerProcess, StartError
@@ -444,3 +448,40 @@ def raw() -> Iterator[Callable[..., RawClient]]:
     yield open_raw
     for client in clients:
         client.close()
+
+
+# The headless browsers the console tests drive (tests/browser.py), the first found.
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+
+
+@pytest.fixture
+def chromium(tmp_path) -> Iterator[ClientConnection]:
+    """A headless Chromium's DevTools connection; skipped, with the reason, without one."""
+    path = next((found for name in BROWSERS if (found := shutil.which(name))), None)
+    if path is None:
+        pytest.skip("no Chromium: install Debian's chromium (apt-get install chromium) to run the console tests")
+    profile = tmp_path / "profile"
+    process = subprocess.Popen(
+        [
+            path,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--remote-debugging-port=0",
+            f"--user-data-dir={profile}",
+            "--window-size=1100,900",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        active = profile / "DevToolsActivePort"
+        assert wait_until(active.exists, timeout=30), "Chromium did not open its DevTools port"
+        time.sleep(0.1)
+        port, browser_path = active.read_text().split()[:2]
+        with connect(f"ws://127.0.0.1:{port}{browser_path}", max_size=None) as browser:
+            yield browser
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

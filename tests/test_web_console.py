@@ -6,96 +6,19 @@ say why (bin/test installs it where it may)."""
 
 from __future__ import annotations
 
-import base64
 import datetime
-import itertools
-import json
-import shutil
-import subprocess
 import time
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+from browser import Page
 from conftest import wait_until
 from webrig import running, users_file
-from websockets.sync.client import ClientConnection, connect
 
 from curb.redelivery import Redelivery
 
 pytestmark = pytest.mark.slow
-BROWSERS = ("chromium", "chromium-browser", "google-chrome")
-
-
-class Page:
-    """One tab of a headless Chromium, through the DevTools protocol."""
-
-    def __init__(self, browser: ClientConnection, url: str):
-        self.browser = browser
-        self._ids = itertools.count(1)
-        target = self.command("Target.createTarget", url=url)["targetId"]
-        self.session = self.command("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
-
-    def command(self, method: str, session: str | None = None, **params: Any) -> dict:
-        number = next(self._ids)
-        message: dict[str, Any] = {"id": number, "method": method, "params": params}
-        if session is not None:
-            message["sessionId"] = session
-        self.browser.send(json.dumps(message))
-        while True:
-            answer = json.loads(self.browser.recv(timeout=30))
-            if answer.get("id") == number:
-                assert "error" not in answer, answer
-                return answer["result"]
-
-    def evaluate(self, expression: str) -> Any:
-        result = self.command(
-            "Runtime.evaluate", self.session, expression=expression, returnByValue=True, awaitPromise=True
-        )
-        return result["result"].get("value")
-
-    def text(self, element_id: str) -> str | None:
-        return self.evaluate(f"document.getElementById({element_id!r})?.textContent")
-
-    def screenshot(self, path: Path, clip: dict[str, float] | None = None) -> None:
-        extra = {} if clip is None else {"clip": {**clip, "scale": 1}, "captureBeyondViewport": True}
-        data = self.command("Page.captureScreenshot", self.session, format="png", **extra)["data"]
-        path.write_bytes(base64.b64decode(data))
-
-
-@pytest.fixture
-def chromium(tmp_path) -> Iterator[ClientConnection]:
-    """A headless Chromium's DevTools connection; skipped, with the reason, without one."""
-    path = next((found for name in BROWSERS if (found := shutil.which(name))), None)
-    if path is None:
-        pytest.skip("no Chromium: install Debian's chromium (apt-get install chromium) to run the console tests")
-    profile = tmp_path / "profile"
-    process = subprocess.Popen(
-        [
-            path,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--remote-debugging-port=0",
-            f"--user-data-dir={profile}",
-            "--window-size=1100,900",
-            "about:blank",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        active = profile / "DevToolsActivePort"
-        assert wait_until(active.exists, timeout=30), "Chromium did not open its DevTools port"
-        time.sleep(0.1)
-        port, browser_path = active.read_text().split()[:2]
-        with connect(f"ws://127.0.0.1:{port}{browser_path}", max_size=None) as browser:
-            yield browser
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def test_the_console_shows_pushed_counts_and_publishes_to_a_stomp_consumer(chromium, stomp_conn, tmp_path):
@@ -214,7 +137,8 @@ def test_the_console_shows_every_state_charts_rates_lists_dead_letters_and_redri
         assert abs(due_at.timestamp() - (time.time() + 3600)) < 120, due
         # each panel renders: a screenshot of every section holds more than a blank area
         boxes = page.evaluate(
-            "[...document.querySelectorAll('main section')].map(s => { const r = s.getBoundingClientRect();"
+            "[...document.querySelectorAll('main section:not([hidden])')]"
+            ".map(s => { const r = s.getBoundingClientRect();"
             " return {x: r.x, y: r.y + window.scrollY, width: r.width, height: r.height}; })"
         )
         assert len(boxes) == 7

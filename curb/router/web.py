@@ -9,7 +9,9 @@ without it never loads aiohttp or prometheus_client.
 - The HTTP API (curb.web.api) with `{queue}` the routed destination (`RoutedQueues`):
   publish, consume, claims and Narconi's WebSocket protocols go through the core as a
   client's frames do. A purge is refused (405): it needs the instance's own queue.
-- No console page: it shows one queue's log and connections, which a router has not.
+- The console page at / (curb.web.console, the broker's page and live feed) over the
+  router's feed (curb.router.console): its destinations with their instances, its
+  clients, and a destination picker for the page's browses and publish box.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from curb.instance import EXIT_USAGE, Events, StartError, is_loopback, listen, s
 from curb.queue import QueueError
 from curb.router import figures
 from curb.router.config import WebConfig
+from curb.router.console import RouterFeed
 from curb.router.core import RouterCore
 from curb.router.counts import COUNTED
 from curb.router.links import CONSUMES, SENDS, UP
 from curb.web import exposition
 from curb.web.api import Api
+from curb.web.console import Console
 from curb.web.front import WebFront
 from curb.web.peers import HttpPeer
 from curb.web.replies import Refusal
@@ -154,8 +158,11 @@ class RoutedQueues:
 def router_front(
     core: RouterCore, events: Any, origins: Iterable[str] = (), listen_host: str | None = None
 ) -> WebFront:
-    """The router's web front: /ws, /metrics, /stats and the HTTP API over its destinations."""
-    return WebFront(core, RouterFigures(core), Api(core, RoutedQueues(core)), events, origins, listen_host)
+    """The router's web front: /ws, /metrics, /stats, the HTTP API over its destinations
+    and the console."""
+    front = WebFront(core, RouterFigures(core), Api(core, RoutedQueues(core)), events, origins, listen_host)
+    Console(core, RouterFeed(core)).add_routes(front.app)
+    return front
 
 
 async def start_web(core: RouterCore, web: WebConfig, users_path: str | None, events: Events) -> WebFront:
@@ -176,8 +183,8 @@ async def start_web(core: RouterCore, web: WebConfig, users_path: str | None, ev
     where = sockname(front.sockets[0])
     events(
         "http",
-        f"web front on http://{where}: STOMP over WebSocket at /ws, the HTTP API under /v2 (a routed destination "
-        f"as its queue), metrics on http://{where}/metrics (Prometheus) and /stats (JSON)",
+        f"web front on http://{where}: the console at /, STOMP over WebSocket at /ws, the HTTP API under /v2 "
+        f"(a routed destination as its queue), metrics on http://{where}/metrics (Prometheus) and /stats (JSON)",
         addr=where,
     )
     return front

@@ -31,7 +31,7 @@ from curb.metrics import Metrics
 from curb.web import stats, stomp_ws
 from curb.web.access import origin_check, own_names, peer_of
 from curb.web.api import Api
-from curb.web.console import Console
+from curb.web.console import BrokerFeed, Console
 from curb.web.queues import OneQueue
 from curb.web.replies import Handler, Refusal, json_errors
 from curb.web.settings import SEED, NarconiSettings
@@ -81,7 +81,7 @@ def broker_front(
         listen_host,
         broker.config.max_connections,
     )
-    Console(broker, metrics).add_routes(front.app)
+    Console(broker, BrokerFeed(broker, metrics)).add_routes(front.app)
     return front
 
 

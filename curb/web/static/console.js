@@ -1,6 +1,8 @@
 // Curb's console page: the live feed (/console/live) for counts, rates and connections,
 // and a small STOMP client over /ws for the browse and the publish box. No library, no
 // build step; Curb sends one STOMP frame per WebSocket message, which keeps the parser short.
+// A router's feed has `destinations`: the page then shows them and their instances, and
+// its browses and publish box act on the destination picked.
 "use strict";
 
 const wsBase = (location.protocol === "https:" ? "wss://" : "ws://") + location.host;
@@ -109,9 +111,18 @@ function mib(bytes) {
   return (bytes / (1 << 20)).toFixed(1);
 }
 
+// The STOMP destinations the browses, the publish box and the redrive name: the broker's
+// one queue, or on a router the routed destination picked.
+function target() {
+  const name = $("destination").value;
+  if (!name) return { queue: "/queue/curb", dead: "./dead", redrive: "./redrive" };
+  return { queue: `/queue/${name}`, dead: `./${name}/dead`, redrive: `./${name}/redrive` };
+}
+
 function show(snapshot) {
   for (const key of ["rdy", "wip", "delayed", "dead", "subscriptions", "connections"]) $(key).textContent = snapshot[key];
-  $("log-use").textContent = `${mib(snapshot.log_bytes)} / ${mib(snapshot.cap)} MiB`;
+  $("log-box").hidden = snapshot.cap === undefined; // a router has no log of its own
+  if (snapshot.cap !== undefined) $("log-use").textContent = `${mib(snapshot.log_bytes)} / ${mib(snapshot.cap)} MiB`;
   for (const [name, rate] of Object.entries(snapshot.rates)) $(`rate-${name}`).textContent = rate;
   chart(snapshot);
   const body = $("clients").tBodies[0];
@@ -120,8 +131,45 @@ function show(snapshot) {
     const row = body.insertRow();
     cell(row, client.peer);
     cell(row, client.user ?? "");
-    cell(row, client.prefetch ?? "not subscribed");
+    const prefetch = client.prefetch ?? "not subscribed";
+    cell(row, client.destination === undefined ? prefetch : `${client.destination}: ${prefetch}`);
     cell(row, client.inflight);
+  }
+  if (snapshot.destinations !== undefined) showRouted(snapshot.destinations);
+}
+
+// A router's destinations (counts of the instances up, rates) and each instance's links
+// and counts; the picker offers the destinations.
+function showRouted(destinations) {
+  $("routed").hidden = false;
+  $("picker").hidden = false;
+  const picker = $("destination");
+  const names = Object.keys(destinations);
+  if ([...picker.options].map((o) => o.value).join("\n") !== names.join("\n")) {
+    const picked = picker.value;
+    picker.replaceChildren(...names.map((name) => new Option(name, name)));
+    if (names.includes(picked)) picker.value = picked;
+  }
+  const dests = $("destinations").tBodies[0];
+  const instances = $("instances").tBodies[0];
+  dests.replaceChildren();
+  instances.replaceChildren();
+  for (const [name, dest] of Object.entries(destinations)) {
+    const row = dests.insertRow();
+    cell(row, name);
+    for (const key of ["rdy", "wip", "delayed", "dead", "subscriptions"]) cell(row, dest[key]);
+    cell(row, `${dest.up} of ${Object.keys(dest.instances).length}`);
+    for (const rate of ["sent", "delivered", "acked", "nacked"]) cell(row, dest.rates[rate]);
+    for (const [where, instance] of Object.entries(dest.instances)) {
+      const line = instances.insertRow();
+      cell(line, name);
+      cell(line, where);
+      for (const link of ["sends_link", "consumes_link"]) {
+        cell(line, instance[link]);
+        if (instance[link] !== "up") line.cells[line.cells.length - 1].className = "down";
+      }
+      for (const key of ["rdy", "wip", "delayed", "dead"]) cell(line, instance[key]);
+    }
   }
 }
 
@@ -165,16 +213,16 @@ function connectStomp() {
 
 const BROWSE_SHOWN = 20;
 let browses = 0;
-const browsing = new Map(); // destination -> the id of its browse under way
+const browsing = new Map(); // tables -> the id of the browse under way that fills them
 
 // The first BROWSE_SHOWN messages of a browse of `destination`, each shown by
 // `fill(headers, body, position)` in one of `tables` (emptied first); a browse asked for
-// again replaces it.
+// again (of the same destination or, once another is picked, of that one) replaces it.
 function browseInto(destination, tables, fill) {
-  const old = browsing.get(destination);
+  const old = browsing.get(tables.join());
   if (old !== undefined && stomp.subscriptions.delete(old)) stomp.frame("UNSUBSCRIBE", { id: old });
   const id = `browse-${++browses}`;
-  browsing.set(destination, id);
+  browsing.set(tables.join(), id);
   for (const table of tables) $(table).tBodies[0].replaceChildren();
   let shown = 0;
   stomp.subscriptions.set(id, (headers, text) => {
@@ -193,7 +241,7 @@ function browseInto(destination, tables, fill) {
 // and those delayed (a browse MESSAGE with curb-due, ms since the epoch) by due time,
 // with it, since they are not delivered before it.
 function browse() {
-  browseInto("/queue/curb", ["messages", "delayed-messages"], (headers, text) => {
+  browseInto(target().queue, ["messages", "delayed-messages"], (headers, text) => {
     const own = ["subscription", "destination", "message-id", "content-length", "curb-due"];
     const kept = Object.entries(headers).filter(([k]) => !own.includes(k));
     const due = headers["curb-due"];
@@ -215,7 +263,7 @@ function browse() {
 // The dead letters, oldest first (a browse of ./dead: nothing changes), with their reason
 // and count, and a button that deletes each.
 function browseDead() {
-  browseInto("./dead", ["dead-letters"], (headers, text, position) => {
+  browseInto(target().dead, ["dead-letters"], (headers, text, position) => {
     const row = $("dead-letters").tBodies[0].insertRow();
     cell(row, headers["message-id"]);
     cell(row, headers["curb-dead-reason"] ?? "");
@@ -276,7 +324,7 @@ function deleteDead(messageId, position) {
   });
   stomp.frame("SUBSCRIBE", {
     id,
-    destination: "./dead",
+    destination: target().dead,
     ack: "client-individual",
     "prefetch-count": String(position),
   });
@@ -293,7 +341,7 @@ function redrive() {
     browseDead();
     browse();
   });
-  stomp.frame("SEND", { destination: "./redrive", receipt });
+  stomp.frame("SEND", { destination: target().redrive, receipt });
 }
 
 let sends = 0;
@@ -309,7 +357,7 @@ function publish(event) {
     $("published").textContent = `stored (${receipt})`;
     browse();
   });
-  stomp.frame("SEND", { destination: "/queue/curb", "content-type": form.type.value, receipt }, form.body.value);
+  stomp.frame("SEND", { destination: target().queue, "content-type": form.type.value, receipt }, form.body.value);
 }
 
 function start() {
@@ -317,6 +365,10 @@ function start() {
   $("browse").addEventListener("click", () => browse());
   $("browse-dead").addEventListener("click", () => browseDead());
   $("redrive").addEventListener("click", () => redrive());
+  $("destination").addEventListener("change", () => {
+    browse();
+    browseDead();
+  });
   $("login").addEventListener("submit", (event) => {
     event.preventDefault();
     credentials = { login: $("login").login.value, passcode: $("login").passcode.value };
