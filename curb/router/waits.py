@@ -74,23 +74,30 @@ class Waits:
         RECEIPT promises the SENDs of its connection before it too. A SEND lost with its
         link is placed again, never lost here, so a SEND's RECEIPT (`minds_lost` False)
         does not mind an ACK or NACK lost before it."""
+        failed = self._failed
+        if failed is None or failed[0] > number:
+            if self._advance() > number:  # the common case: all of them answered, in order
+                done(None)
+                return
         waiter = _Waiter(number, done, minds_lost=minds_lost)
-        if self._failed is not None and self._failed[0] <= number:
-            waiter.failed = self._failed[1]  # it can only fail: the session is ending
-        elif not self._open and not self._waiters:
-            done(None)
-            return
+        if failed is not None and failed[0] <= number:
+            waiter.failed = failed[1]  # it can only fail: the session is ending
         bisect.insort(self._waiters, waiter, key=lambda each: each.upto)
         self._fire()
+
+    def _advance(self) -> int:
+        """The lowest number still open (seq + 1 when none is), found from the last one."""
+        low, open_, seq = self._low, self._open, self.seq
+        while low <= seq and low not in open_:
+            low += 1
+        self._low = low
+        return low
 
     def _fire(self) -> None:
         waiters = self._waiters
         if not waiters:
             return
-        first, open_ = self._low, self._open
-        while first <= self.seq and first not in open_:
-            first += 1
-        self._low = first
+        first = self._advance()
         while waiters and waiters[0].upto < first:
             waiter = waiters.pop(0)
             if waiter.failed is not None:
