@@ -172,6 +172,29 @@ def test_a_seed_that_once_failed_with_the_replay_steps_keeps_the_invariant(seed:
     assert kind not in {f.kind for f in outcome.findings}, outcome.report(STEPS)
 
 
+# A seed a fresh run of 20,000 found that fails on this code and on the code before the
+# change that found it alike (the log is unchanged since): kept, expected to fail until
+# the log is fixed (strict: a pass means the mark should go).
+OPEN_FINDINGS = {
+    # An append refused as QueueFull while the ring holds far less than the checker's
+    # bound allows, in the tenth run of the seed; its cause is not found yet.
+    "a_queue_full_far_from_full": (61019183, "QueueFull far from full"),
+}
+
+
+@pytest.mark.parametrize(
+    "seed,kind",
+    [
+        pytest.param(seed, kind, id=name, marks=pytest.mark.xfail(strict=True, reason=f"open finding: {kind}"))
+        for name, (seed, kind) in OPEN_FINDINGS.items()
+    ],
+)
+def test_an_open_finding_keeps_the_invariant(seed: int, kind: str):
+    """Fails with its kind while the bug is there; the strict mark turns a pass red."""
+    outcome = run_seed(seed, STEPS)
+    assert kind not in {f.kind for f in outcome.findings}, outcome.report(STEPS)
+
+
 def test_a_seed_replays_exactly():
     lines: list[list[str]] = [[], []]
     for run in lines:
