@@ -75,10 +75,10 @@ class Waits:
         link is placed again, never lost here, so a SEND's RECEIPT (`minds_lost` False)
         does not mind an ACK or NACK lost before it."""
         failed = self._failed
-        if failed is None or failed[0] > number:
-            if self._advance() > number:  # the common case: all of them answered, in order
-                done(None)
-                return
+        # The common case: all of them answered, in order, and none failed.
+        if (failed is None or failed[0] > number) and self._advance() > number:
+            done(None)
+            return
         waiter = _Waiter(number, done, minds_lost=minds_lost)
         if failed is not None and failed[0] <= number:
             waiter.failed = failed[1]  # it can only fail: the session is ending
