@@ -390,7 +390,7 @@ class RouterSim:
         self.verbose = verbose
         self.out = out
         self.rng = random.Random(seed)
-        self.cfg = RouterConfig.draw(self.rng, switches.ack_timeouts, switches.refusals)
+        self.cfg = RouterConfig.draw(self.rng, switches.ack_timeouts, switches.refusals, switches.dead_letters)
         self.stats = Stats(seeds=1)
         self.ms = START_MS
         homes = [SOLO] + [PARTS] * self.cfg.parts
@@ -401,6 +401,8 @@ class RouterSim:
         self.routes = Routes({dest: tuple(i.address for i in self.instances if i.dest == dest) for dest in DESTS})
         self.checker = RouterChecker(homes, self.cfg.ack_timeout_ms, self.ms)
         browse_rng = random.Random(f"browses of seed {seed}") if switches.browses else None
+        # Delays have a stream of their own, so that without them the rest replays as before.
+        self.delay_rng = random.Random(f"delays of seed {seed}") if switches.delays else None
         self.workload = RouterWorkload(self.rng, self.cfg, len(self.instances), browse_rng, switches.mixed)
         self.clients: list[Client | None] = [None] * self.cfg.slots
         self.tags = itertools.count(1)
@@ -530,7 +532,13 @@ class RouterSim:
             if inst.world is None and inst.down_until <= self.ms:
                 self._start(inst)
         self.pipes.connect_due(self.ms)
+        # A link the router drops for silence at this tick may have had a MESSAGE in its
+        # pipe (one that came due in the jump): a cut amid a step, for the count's bound.
+        up = [link for link in self._routed() if link.role is CONSUMES and link.state is UP]
         self.side.tick(self.now)
+        for link in up:
+            if link.state is not UP:
+                self.checker.cut_amid(self.by_address[link.address].index)
         self._clients()
         self.pipes.tick(self.ms)
 
@@ -627,7 +635,7 @@ class RouterSim:
         self.checker.connected(serial)
         self._feed(client, "CONNECT", {"accept-version": "1.2", "heart-beat": f"{a.heartbeat_ms},{a.heartbeat_ms}"})
 
-    def do_subscribe(self, a: RouterAction) -> None:
+    def do_subscribe(self, a: RouterAction, dead: bool = False) -> None:
         client = self._client(a)
         client.sub, client.dest = f"s{next(client.subs)}", a.dest
         seq = client.next_seq()
@@ -636,7 +644,7 @@ class RouterSim:
             self.checker.subscribed(client.serial, seq, client.sub, a.dest, a.mode, receipt)
         headers = {
             "id": client.sub,
-            "destination": f"/queue/{a.dest}",
+            "destination": f"./{a.dest}/dead" if dead else f"/queue/{a.dest}",
             "ack": a.mode,
             "prefetch-count": str(a.prefetch),
         }
@@ -671,6 +679,8 @@ class RouterSim:
         headers = {"destination": f"/queue/{a.dest}", "sim-tag": str(tag)}
         if a.key:
             headers["curb-partition-key"] = a.key
+        if self.delay_rng is not None and self.delay_rng.random() < DELAY_SHARE:
+            headers["curb-delay"] = str(self.delay_rng.choice(DELAYS_MS))
         if receipt is not None:
             headers["receipt"] = receipt
         if self._heard(client):
@@ -695,6 +705,8 @@ class RouterSim:
             for key in self.checker.settle(client.serial, seq, kind, a.ack_id, receipt):
                 del client.holding[key]
         headers = {"id": a.ack_id} | ({"receipt": receipt} if receipt is not None else {})
+        if kind == "NACK" and self.delay_rng is not None and self.delay_rng.random() < DELAY_SHARE:
+            headers["curb-delay"] = str(self.delay_rng.choice(DELAYS_MS))
         self._feed(client, kind, headers)
 
     def do_disconnect(self, a: RouterAction) -> None:
@@ -919,21 +931,29 @@ class RouterSim:
         raise runner.SimFailure("links stay down", f"{down} after {DRAIN_ROUNDS} rounds with every instance up")
 
     def _empty(self, dest: str) -> None:
-        """One consumer with credit for everything: it gets every promised SEND of the
-        destination (the checker sees each MESSAGE as ever) and ACKs all of it with
-        receipts, none late."""
+        """One consumer with credit for everything (and, with dead letters, one of the
+        destination's `./NAME/dead`): they get every promised SEND of the destination (the
+        checker sees each MESSAGE as ever) and ACK all of it with receipts, none late."""
         self._links_up()
-        self.do_connect(RouterAction("connect", 0))
-        self.do_subscribe(RouterAction("subscribe", 0, dest=dest, mode="client-individual", prefetch=DRAIN_PREFETCH))
-        drain = self.clients[0]
-        assert drain is not None
+        slots = (0, 1) if self.switches.dead_letters else (0,)
+        for slot in slots:
+            self.do_connect(RouterAction("connect", slot))
+            action = RouterAction("subscribe", slot, dest=dest, mode="client-individual", prefetch=DRAIN_PREFETCH)
+            self.do_subscribe(action, dead=slot == 1)
+        drains = [self.clients[slot] for slot in slots]
         last = -1
         for _ in range(DRAIN_ROUNDS):
             self.rounds(1)
-            if len(drain.holding) == last and not any(i.world and i.world.log.walking for i in self.instances):
+            held = sum(len(drain.holding) for drain in drains if drain is not None)
+            if held == last and not any(i.world and i.world.log.walking for i in self.instances):
                 break
-            last = len(drain.holding)
-        got = [self.checker.conns[drain.serial].holding[key].copy for key in drain.holding]
+            last = held
+        got = [
+            self.checker.conns[drain.serial].holding[key].copy
+            for drain in drains
+            if drain is not None
+            for key in drain.holding
+        ]
         tags = {copy.tag for copy in got}
         self.stats.duplicates += len(got) - len(tags)
         missing = self.checker.missing(dest, tags)
@@ -941,14 +961,17 @@ class RouterSim:
             raise runner.SimFailure(
                 "receipted SEND lost", f"{dest}: {len(missing)} promised and never consumed, e.g. {sorted(missing)[:5]}"
             )
-        for key in drain.held:
-            self.do_ack(RouterAction("ack", 0, ack_id=key, receipt=True))
-            self.settle()
+        for slot, drain in zip(slots, drains, strict=True):
+            assert drain is not None
+            for key in drain.held:
+                self.do_ack(RouterAction("ack", slot, ack_id=key, receipt=True))
+                self.settle()
         self.rounds(SETTLE_ROUNDS // 2)
         owed = self.checker.unanswered()
         if owed:
             raise runner.SimFailure("wedge", f"{len(owed)} ACK receipts unanswered at the end, e.g. {owed[:3]}")
-        self._gone(0)
+        for slot in slots:
+            self._gone(slot)
         self.settle()
 
 
@@ -969,7 +992,16 @@ SWITCH_FLAGS = {
         "that link (and counted) instead of failing the seed as a livelock",
     ),
     "browses": ("--no-browses", "no browse steps (SUBSCRIBE browser:true through the router, which change nothing)"),
+    "delays": ("--delays", "SENDs and NACKs with curb-delay (a share of them: 0 to 3000 ms)"),
+    "dead_letters": (
+        "--dead-letters",
+        "give the instances a delivery limit (2 or 3), and drain each destination's ./NAME/dead at the end too",
+    ),
 }
+# The switches that are off unless their flag turns them on.
+OFF_BY_DEFAULT = frozenset({"dead_letters", "delays"})
+DELAY_SHARE = 0.25  # with --delays: the share of SENDs and NACKs that carry curb-delay
+DELAYS_MS = (0, 20, 500, 3000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -983,6 +1015,8 @@ class Switches:
     refusals: bool = True  # the router's link_wait is drawn (else an hour: no SEND is refused)
     bounce_loops: bool = True  # a loop of hand-backs is a finding (else its link is cut)
     browses: bool = True  # browse steps: they must change nothing
+    dead_letters: bool = False  # the instances have a delivery limit: dead letters
+    delays: bool = False  # SENDs and NACKs with curb-delay
 
     def flags(self) -> str:
         """The command line's flags for these switches."""
@@ -1025,7 +1059,9 @@ def run_many(start: int, count: int, switches: Switches, steps: int = STEPS, job
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
     for name, (flag, text) in SWITCH_FLAGS.items():
-        parser.add_argument(flag, dest=name, action="store_false", help=text)
+        parser.add_argument(
+            flag, dest=name, action="store_true" if name in OFF_BY_DEFAULT else "store_false", help=text
+        )
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:

@@ -28,6 +28,7 @@ a client that ACKs a message whose link was lost meanwhile happens as it would f
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from collections.abc import Sequence
@@ -85,9 +86,11 @@ class RouterConfig:
     weights: dict[str, float] = field(repr=False)
 
     @classmethod
-    def draw(cls, rng: random.Random, ack_timeouts: bool, refusals: bool) -> RouterConfig:
+    def draw(cls, rng: random.Random, ack_timeouts: bool, refusals: bool, dead_letters: bool = False) -> RouterConfig:
         """Without `ack_timeouts` there is no deadline; without `refusals` the router's
-        link_wait is an hour (the draws are made all the same, so the rest replays)."""
+        link_wait is an hour (the draws are made all the same, so the rest replays); with
+        `dead_letters` the instances have a delivery limit (drawn last, so that the rest
+        replays as without)."""
         ack_timeout = rng.choice((0, 0, 500, 2000, 30 * 60_000))
         beat = rng.choice((0, 1000, 5000))
         delay = rng.choice((0, 0, 20, 700))
@@ -107,7 +110,7 @@ class RouterConfig:
             nack_delay_share=0.0,
             weights={},
         )
-        return cls(
+        config = cls(
             parts=rng.choice((2, 3)),
             broker=broker,
             slots=rng.randint(2, 6),
@@ -119,6 +122,9 @@ class RouterConfig:
             redelivery_delay_ms=delay,
             weights={name: base * rng.uniform(0.3, 2.0) for name, base in BASE_WEIGHTS.items()},
         )
+        if dead_letters:
+            config.broker = dataclasses.replace(broker, max_deliveries=rng.choice((2, 3)))
+        return config
 
 
 @dataclass(slots=True)
