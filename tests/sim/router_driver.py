@@ -681,6 +681,8 @@ class RouterSim:
             headers["curb-partition-key"] = a.key
         if self.delay_rng is not None and self.delay_rng.random() < DELAY_SHARE:
             headers["curb-delay"] = str(self.delay_rng.choice(DELAYS_MS))
+        if self.delay_rng is not None and self.switches.dead_letters and self.delay_rng.random() < TTL_SHARE:
+            headers["curb-ttl"] = str(self.delay_rng.choice(TTLS_MS))
         if receipt is not None:
             headers["receipt"] = receipt
         if self._heard(client):
@@ -992,7 +994,11 @@ SWITCH_FLAGS = {
         "that link (and counted) instead of failing the seed as a livelock",
     ),
     "browses": ("--no-browses", "no browse steps (SUBSCRIBE browser:true through the router, which change nothing)"),
-    "delays": ("--delays", "SENDs and NACKs with curb-delay (a share of them: 0 to 3000 ms)"),
+    "delays": (
+        "--delays",
+        "SENDs and NACKs with curb-delay (a share of them: 0 to 3000 ms); with --dead-letters, some SENDs "
+        "with curb-ttl too",
+    ),
     "dead_letters": (
         "--dead-letters",
         "give the instances a delivery limit (2 or 3), and drain each destination's ./NAME/dead at the end too",
@@ -1002,6 +1008,8 @@ SWITCH_FLAGS = {
 OFF_BY_DEFAULT = frozenset({"dead_letters", "delays"})
 DELAY_SHARE = 0.25  # with --delays: the share of SENDs and NACKs that carry curb-delay
 DELAYS_MS = (0, 20, 500, 3000)
+TTL_SHARE = 0.1  # with --delays and --dead-letters: the share of SENDs with curb-ttl (expired: dead)
+TTLS_MS = (1, 200, 2000, 60_000)
 
 
 @dataclass(frozen=True, slots=True)
