@@ -113,17 +113,17 @@ def drained(port: int, destination: str = "./count") -> bool:
 @pytest.mark.parametrize("key", sorted(LIBRARIES))
 def test_a_client_library_direct(key, curb_broker, wait_until):
     broker = curb_broker(extra_args=["-redelivery-delay", "0"])
-    assert_every_message_once(run_client(key, broker.port, "/queue/work"), key)
+    assert_every_message_once(run_client(key, broker.port, "/queue/jobs"), key)
     assert wait_until(lambda: drained(broker.port)), queued(broker.port)
 
 
 @pytest.mark.parametrize("key", sorted(LIBRARIES))
 def test_a_client_library_through_the_router(key, curb_broker, curb_router, wait_until):
     instance = curb_broker(extra_args=["-redelivery-delay", "0"])
-    router = curb_router([f"work=127.0.0.1:{instance.port}"])
-    assert_every_message_once(run_client(key, router.port, "/queue/work"), key)
+    router = curb_router([f"jobs=127.0.0.1:{instance.port}"])
+    assert_every_message_once(run_client(key, router.port, "/queue/jobs"), key)
     assert wait_until(lambda: drained(instance.port)), queued(instance.port)
-    assert wait_until(lambda: drained(router.port, "./work/count")), queued(router.port, "./work/count")
+    assert wait_until(lambda: drained(router.port, "./jobs/count")), queued(router.port, "./jobs/count")
 
 
 def test_ruby_through_the_router_over_a_partitioned_destination(curb_broker, curb_router, wait_until):
