@@ -3,10 +3,13 @@ changes nothing (a browse through the router once took the messages it read)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from curb.client import Client, StompError
 from curb.frame import Frame
+from curb.router.browses import HOLD_BYTES
 from curb.router.placement import INDEX_BITS
 
 
@@ -118,3 +121,45 @@ def test_ack_upto_through_the_router_names_the_routers_ids(curb_broker, curb_rou
         client.ack_upto(1, receipt="no-destination")
         with pytest.raises(StompError, match="needs a destination header"):
             client.wait_receipt("no-destination")
+
+
+@pytest.mark.parametrize("receipt", ["upto", None])
+def test_an_instances_refusal_of_ack_upto_is_the_clients_error_with_or_without_a_receipt(
+    curb_broker, curb_router, receipt
+):
+    """An id above the instance's highest is the instance's own ERROR, passed on as the
+    client's (a RECEIPT's place holds it; without a receipt it is sent all the same)."""
+    instance = curb_broker()
+    router = curb_router([f"q=127.0.0.1:{instance.port}"])
+    with Client("127.0.0.1", router.port) as client:
+        client.send(b"x", destination="/queue/q", receipt="r")
+        client.wait_receipt("r")
+        client.ack_upto(1 << 40, receipt=receipt, destination="/queue/q")
+        with pytest.raises(StompError, match="above the highest message id"):
+            client.wait_receipt("never")
+    assert counts(instance.port)["rdy"] == "1"
+
+
+def test_a_browse_larger_than_what_the_router_holds_comes_whole(curb_broker, curb_router):
+    """A browse holds at most HOLD_BYTES not yet taken by its client; past that its link
+    reads nothing until the client takes some: a larger browse, its client slow to
+    read at first, still comes whole."""
+    instance = curb_broker(cap="64MiB")
+    router = curb_router([f"q=127.0.0.1:{instance.port}"])
+    body = b"b" * (256 * 1024)
+    count = HOLD_BYTES // len(body) * 4
+    with Client("127.0.0.1", router.port, timeout=30) as client:
+        for n in range(count):
+            client.send(body, destination="/queue/q", receipt=f"r{n}")
+        client.wait_receipt(f"r{count - 1}")
+        client.subscribe("b", destination="/queue/q", headers={"browser": "true"})
+        client.flush()
+        time.sleep(1.0)  # the router reads the instance meanwhile, up to what it may hold
+        got: list[bytes] = []
+        while True:
+            frame = client.receive(30)
+            assert frame is not None, f"the browse stopped after {len(got)} of {count}"
+            if frame.headers.get("browser") == "end":
+                break
+            got.append(frame.body)
+    assert len(got) == count and all(each == body for each in got)

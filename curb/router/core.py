@@ -340,7 +340,10 @@ class RouterCore(UsersFile):
             self.credit.rebalance_dest(sub.dest)
 
     def pump(self) -> None:
-        """Instances push their MESSAGEs: nothing to pull."""
+        """A session can take output again (or a loop pass ended): instances push their
+        MESSAGEs, so only the browses need a step, which waited for it."""
+        if self.browse_steps.sessions:
+            self.browse_steps.want()
 
     def counts_of(self, name: str) -> dict[str, int]:
         return self.counts.of(name)
