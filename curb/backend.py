@@ -18,7 +18,8 @@ Invariants every backend keeps:
 - `durability(session)` answers only once what the session sent before is durable
   (an instance: on its disk; a router: answered by every instance it was forwarded to),
   or with `Unconfirmed` when that can no longer be known (a link lost), which the
-  receipt line turns into a RECEIPT with `curb-late:true` that promises nothing.
+  receipt line turns into a RECEIPT with `curb-unconfirmed:true` that promises nothing
+  (never `curb-late:true`, which says the frame changed nothing).
 - A message it delivers through `Session.deliver` it holds for that session until
   ACK, NACK, `handed_off` (auto) or `gone`.
 """

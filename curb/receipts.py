@@ -44,7 +44,9 @@ class Refusal(str):
 class Unconfirmed(str):
     """An answer to a waiting RECEIPT that says whether the frames before it took effect
     can no longer be known (a router's link to an instance was lost before the instance
-    answered): the RECEIPT carries `curb-late:true`, which promises nothing."""
+    answered): the RECEIPT carries `curb-unconfirmed:true`, which promises nothing. It is
+    not `curb-late:true`, which says that the frame changed nothing: an ACK lost with its
+    link may well have removed its message."""
 
 
 @dataclass(slots=True, eq=False)
@@ -103,9 +105,12 @@ class ReceiptLine:
         an ERROR in its place when the log could not make the frames before durable."""
 
         def done(err: str | None) -> None:
-            if err is None or isinstance(err, Unconfirmed):
-                late_one = late or err is not None
-                self.settle(entry, late_receipt(receipt_id) if late_one else receipt(receipt_id, extra), then)
+            if err is None and not late:
+                self.settle(entry, receipt(receipt_id, extra), then)
+            elif err is None or isinstance(err, Unconfirmed):
+                self.settle(
+                    entry, late_receipt(receipt_id) if err is None else unconfirmed_receipt(receipt_id, late), then
+                )
             elif isinstance(err, Refusal):
                 self._error(err.message, str(err), receipt=receipt_id, entry=entry)
             else:
@@ -165,3 +170,9 @@ def receipt(receipt_id: str, extra: bytes = b"") -> bytes:
 def late_receipt(receipt_id: str) -> bytes:
     """The RECEIPT of an ACK, NACK or touch that came after its message's ack deadline."""
     return receipt(receipt_id, b"curb-late:true\n")
+
+
+def unconfirmed_receipt(receipt_id: str, late: bool) -> bytes:
+    """The RECEIPT of a frame after which what the connection sent cannot be confirmed
+    (`Unconfirmed`); `late` as well when the frame itself was late, and changed nothing."""
+    return receipt(receipt_id, (b"curb-late:true\n" if late else b"") + b"curb-unconfirmed:true\n")

@@ -4,7 +4,7 @@ order the log answers in, and a lost frame's ERROR takes its place."""
 from __future__ import annotations
 
 from curb.frame import FrameParser
-from curb.receipts import ReceiptLine
+from curb.receipts import ReceiptLine, Unconfirmed
 
 
 class Line:
@@ -42,6 +42,23 @@ def test_a_late_receipt_says_so_and_a_lost_frame_gets_its_error_in_its_place():
     first(None)
     assert t.out[0].startswith(b"RECEIPT\nreceipt-id:nack-1\ncurb-late:true\n")
     assert t.out[1] == b"ERROR:ACK not stored"
+
+
+def test_an_unconfirmed_answer_is_never_read_as_late():
+    """curb-late:true says the frame changed nothing; what a lost link leaves unknown
+    says curb-unconfirmed:true instead, beside curb-late:true only for a late frame."""
+    t = Line()
+    t.line.after_sync("ack-1", "ACK")
+    t.line.after_sync("ack-2", "ACK", late=True)
+    t.line.after_sync("ack-3", "ACK")
+    for answer in t.waiting:
+        answer(Unconfirmed("instance lost"))
+    answers = [(f.headers, f.body) for f in FrameParser().feed(b"".join(t.out))]
+    assert answers == [
+        ({"receipt-id": "ack-1", "curb-unconfirmed": "true"}, b""),
+        ({"receipt-id": "ack-2", "curb-late": "true", "curb-unconfirmed": "true"}, b""),
+        ({"receipt-id": "ack-3", "curb-unconfirmed": "true"}, b""),
+    ]
 
 
 def test_what_ends_the_line_is_written_last_and_runs_its_then():

@@ -321,7 +321,9 @@ def test_a_lost_link_makes_held_messages_late_and_sends_its_unanswered_sends_aga
     assert [f.headers["receipt-id"] for f in w.out(producer)] == ["p"]
 
 
-def test_an_ack_lost_with_its_link_gets_a_late_receipt_that_promises_nothing():
+def test_an_ack_lost_with_its_link_gets_an_unconfirmed_receipt_that_promises_nothing():
+    """Not curb-late:true, which says the ACK changed nothing: this one may have removed
+    its message."""
     w = World("q=127.0.0.1:1")
     link = w.up("q")
     w.out(link)
@@ -333,7 +335,7 @@ def test_an_ack_lost_with_its_link_gets_a_late_receipt_that_promises_nothing():
     w.send(c, "ACK", {"id": m.headers["ack"], "receipt": "k"})
     w.lose(link, "connection lost")
     [late] = w.out(c)
-    assert late.headers == {"receipt-id": "k", "curb-late": "true"}
+    assert late.headers == {"receipt-id": "k", "curb-unconfirmed": "true"}
     assert not c.close_wanted
 
 

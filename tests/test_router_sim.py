@@ -88,7 +88,9 @@ def test_seeds_in_the_default_range_keep_every_invariant():
     # The range plays every path the invariants are about.
     assert stats.kills and stats.powers and stats.mid_op and stats.router_crashes, stats.line()
     assert stats.promised and stats.deliveries and stats.again and stats.acks and stats.nacks, stats.line()
-    assert stats.late and stats.link_drops and stats.lost_clients and stats.count_checks, stats.line()
+    assert stats.late and stats.unconfirmed and stats.link_drops and stats.lost_clients and stats.count_checks, (
+        stats.line()
+    )
 
 
 @pytest.mark.parametrize("seed,switches", FIXED.values(), ids=FIXED.keys())

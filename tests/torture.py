@@ -19,7 +19,9 @@ is stopped with SIGTERM. The checks:
   or on `./dead`;
 - resurrections: a message delivered again after its ACK got a RECEIPT (one with
   `curb-late:true` changed nothing and is no ACK; it answers that ACK only, not a later
-  ACK of the same message delivered again, which the late one's RECEIPT may follow);
+  ACK of the same message delivered again, which the late one's RECEIPT may follow; one
+  with `curb-unconfirmed:true` alone, from a router that lost the instance first, is as
+  an ACK without a RECEIPT: it may or may not have removed the message);
 - early: a message delivered before its SEND's `curb-delay` had passed, or before its
   NACK's `curb-delay` had (after a restart only when that NACK's RECEIPT came);
 - past the limit: a MESSAGE whose `curb-deliveries` is above `-max-deliveries`;
@@ -209,7 +211,17 @@ class Ledger:
         self.dead: dict[str, str] = {}  # message id -> reason, for the dead letters ACKed on ./dead
         self.max_lag_ms = 0  # the longest a delayed SEND waited past its due time to arrive
         self.counts = dict.fromkeys(
-            ("delivered", "redelivered", "acked", "nacked", "nacked_delayed", "late_acks", "after_expiry"), 0
+            (
+                "delivered",
+                "redelivered",
+                "acked",
+                "nacked",
+                "nacked_delayed",
+                "late_acks",
+                "unconfirmed_acks",
+                "after_expiry",
+            ),
+            0,
         )
         self.problems: dict[str, list[str]] = {
             name: []
@@ -334,10 +346,15 @@ class Ledger:
             self.counts["acked"] += 1
             self.acks_sent[msg_id] += 1
 
-    def ack_receipted(self, msg_id: str, conn: str, late: bool = False) -> None:
+    def ack_receipted(self, msg_id: str, conn: str, late: bool = False, unconfirmed: bool = False) -> None:
         """An ACK's RECEIPT; with curb-late:true the ACK changed nothing (the message's
-        ack deadline had passed and it went back to the queue)."""
+        ack deadline had passed and it went back to the queue); with
+        curb-unconfirmed:true alone (a router lost the instance before it answered)
+        whether it took effect is unknown, as for an ACK without a RECEIPT."""
         with self.lock:
+            if unconfirmed and not late:
+                self.counts["unconfirmed_acks"] += 1
+                return
             if late:
                 self.counts["late_acks"] += 1
                 self.acks_sent[msg_id] -= 1
@@ -529,7 +546,8 @@ class Consumer(Worker):
             elif frame.command == "RECEIPT":
                 kind, msg_id = self.pending.pop(frame.headers.get("receipt-id", ""), ("?", ""))
                 if kind == "ACK":
-                    self.ledger.ack_receipted(msg_id, conn, frame.headers.get("curb-late") == "true")
+                    late = frame.headers.get("curb-late") == "true"
+                    self.ledger.ack_receipted(msg_id, conn, late, frame.headers.get("curb-unconfirmed") == "true")
                 elif kind == "NACK":
                     self.ledger.nack_receipted(msg_id)
 
@@ -865,6 +883,7 @@ def summarize(
         "nacked": ledger.counts["nacked"],
         "nacked_delayed": ledger.counts["nacked_delayed"],
         "late_acks": ledger.counts["late_acks"],
+        "unconfirmed_acks": ledger.counts["unconfirmed_acks"],
         "delayed_sent": len(ledger.send_due),
         "expiring_sent": len(ledger.expires),
         "poison_sent": sum(msg_id.endswith(POISON) for msg_id in ledger.sent),
@@ -900,8 +919,8 @@ def text_report(s: dict) -> str:
         f"  SENDs: {s['sent']} sent, {s['receipted']} receipted, {s['refused_full']} refused as queue full, "
         f"{s['resets']} producer connections reset by the running broker",
         f"  MESSAGEs: {s['delivered']} delivered ({s['redelivered']} redelivered), {s['acked']} ACKs sent, "
-        f"{s['ack_receipted']} ACK receipts, {s['nacked']} NACKs, {s['acked_unconfirmed']} ACKed without "
-        "a receipt (killed first)",
+        f"{s['ack_receipted']} ACK receipts ({s['unconfirmed_acks']} unconfirmed), {s['nacked']} NACKs, "
+        f"{s['acked_unconfirmed']} ACKed without a plain receipt (killed first, or unconfirmed)",
         f"  work queue: {s['delayed_sent']} SENDs delayed (arrived at most {s['max_delay_lag_ms']} ms late), "
         f"{s['expiring_sent']} expiring ({s['delivered_over_1s_after_expiry']} arrived over 1 s after expiry), "
         f"{s['poison_sent']} poison ({s['poison_dead']} read from ./dead), {s['nacked_delayed']} NACKs with a "

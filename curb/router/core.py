@@ -22,10 +22,10 @@ Rules kept here:
   instance answers once what came before on that connection is durable) on each link
   its ACKs and NACKs used since. So a client's RECEIPT means its frame and every
   earlier one are durable, on whichever instance; where that cannot be known (a link
-  lost first) it carries `curb-late:true` (curb.router.waits).
+  lost first) it carries `curb-unconfirmed:true` (curb.router.waits).
 - An instance's ERROR for a frame is that frame's client's ERROR, with the instance's
   message and body; the frames after it, which the instance dropped unread, are placed
-  again (SENDs) or late (ACK, NACK).
+  again (SENDs) or unconfirmed (the markers that wait for ACKs and NACKs).
 - Browses read the instances themselves (curb.router.browses); ACK `curb-upto` and
   `./NAME/redrive` act on them (curb.router.bulk); `./NAME/dead` subscriptions take their
   dead letters as the queue's subscriptions take messages (curb.router.credit).

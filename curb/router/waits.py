@@ -3,11 +3,11 @@ for them: a router session's `durability` (curb.backend).
 
 Invariant: a waiter registered after the frames numbered up to N were forwarded is
 answered only once each of them is answered by its instance, in the order the waiters
-came; with `Unconfirmed` (a RECEIPT with `curb-late:true`, which promises nothing) when
-one of them was lost with its link before its answer, so whether it took effect cannot
-be known; with a `Refusal` (an ERROR in the waiter's place, no RECEIPT) when one of them
-failed, a SEND refused or never stored: a RECEIPT promises every earlier SEND of its
-connection, so none may leave after one failed. A SEND lost with its link is neither: it
+came; with `Unconfirmed` (a RECEIPT with `curb-unconfirmed:true`, which promises
+nothing) when one of them was lost with its link before its answer, so whether it took
+effect cannot be known; with a `Refusal` (an ERROR in the waiter's place, no RECEIPT)
+when one of them failed, a SEND refused or never stored: a RECEIPT promises every
+earlier SEND of its connection, so none may leave after one failed. A SEND lost with its link is neither: it
 is forwarded again (curb.router.core) and stays open until an instance answers it or it
 is refused.
 """

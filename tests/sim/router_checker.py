@@ -20,14 +20,16 @@ Invariants (each raises `SimFailure` the moment it breaks):
   the SENDs before it); at the end of a seed every promised SEND of which no
   copy was ever ACKed or delivered to an `ack:auto` subscriber comes out of the drain of
   its destination (`missing`).
-- **No receipted ACK undone**: once an ACK's RECEIPT came without `curb-late:true`, the
-  copies it settled are never delivered again nor found by an instance's restart.
+- **No receipted ACK undone**: once an ACK's RECEIPT came without `curb-late:true` or
+  `curb-unconfirmed:true`, the copies it settled are never delivered again nor found by
+  an instance's restart.
 - **Late means late**: the RECEIPT of an ACK or NACK of a delivery the router no longer
-  had (its link lost, so its epoch is over), or whose instance's ack deadline had passed
-  (the instance let the message go and answered `curb-late:true`), says
-  `curb-late:true`; a DISCONNECT's may (it waits for the ACKs and NACKs before it, which
-  a lost link leaves unknown); every other RECEIPT (SEND, SUBSCRIBE, UNSUBSCRIBE) does
-  not. RECEIPTs come in frame order, only for frames that asked.
+  had (its link lost, so its epoch is over), or whose ack deadline had passed (the
+  message went back to its instance), says `curb-late:true`, and no other RECEIPT does:
+  `curb-late:true` says that the frame changed nothing. What a lost link leaves unknown
+  is `curb-unconfirmed:true`, which an ACK's, a NACK's or a DISCONNECT's RECEIPT may
+  carry (each waits for the ACKs and NACKs before it); a SEND's, SUBSCRIBE's or
+  UNSUBSCRIBE's never does. RECEIPTs come in frame order, only for frames that asked.
 - **One holder**: a copy is held by at most one client at a time (a delivery holds it
   from its MESSAGE until the router lets it go or the instance's ack deadline passes);
   after every step each instance's wip count is the number of copies it delivered that a
@@ -124,14 +126,16 @@ class Held:
 
 @dataclass(slots=True)
 class Expect:
-    """A RECEIPT a connection waits for. `late`: True if it must say curb-late:true, False
-    if it must not, None if either is right (an ACK or NACK whose link may be lost
-    before its instance answers). `acked`: the copies an ACK's RECEIPT promises."""
+    """A RECEIPT a connection waits for. `late`: whether it must say curb-late:true (or
+    must not); `unknowable`: whether it may say curb-unconfirmed:true (what it waits for
+    may be lost with a link before its instance answers). `acked`: the copies an ACK's
+    RECEIPT promises."""
 
     seq: int
     kind: str
-    late: bool | None
+    late: bool
     acked: tuple[Copy, ...] = ()
+    unknowable: bool = False
 
 
 @dataclass(slots=True)
@@ -220,7 +224,7 @@ class RouterChecker:
             settled = same_live[: same_live.index(named) + 1] if named in same_live else []
         for k in keys:
             del conn.holding[k]
-        late = True if not named.live or named.expired else None
+        late = not named.live or named.expired
         acked: list[Copy] = []
         if named.live:
             for held in settled:
@@ -232,16 +236,16 @@ class RouterChecker:
                     self.sent[held.copy.tag].consumed = True
                     acked.append(held.copy)
         if receipt is not None:
-            conn.expect[receipt] = Expect(seq, kind, late, tuple(acked))
+            conn.expect[receipt] = Expect(seq, kind, late, tuple(acked), unknowable=True)
         return keys
 
     def disconnecting(self, serial: int, seq: int, receipt: str | None) -> None:
         conn = self.conns[serial]
         conn.closing = True
         if receipt is not None:
-            # Its RECEIPT waits for the ACKs and NACKs before it: curb-late:true (promising
-            # nothing of them) if a link was lost before its instance answered one.
-            conn.expect[receipt] = Expect(seq, "DISCONNECT", None)
+            # Its RECEIPT waits for the ACKs and NACKs before it: curb-unconfirmed:true
+            # (promising nothing of them) if a link was lost before its instance answered one.
+            conn.expect[receipt] = Expect(seq, "DISCONNECT", False, unknowable=True)
 
     # ---------------------------------------------------------------- frames received
 
@@ -316,7 +320,7 @@ class RouterChecker:
         if "ack" in headers:
             raise fail("browse changed something", f"{where} came as a delivery: {sorted(headers)}")
 
-    def receipt(self, serial: int, receipt: str, late: bool) -> None:
+    def receipt(self, serial: int, receipt: str, late: bool, unconfirmed: bool) -> None:
         conn = self.conns[serial]
         expect = conn.expect.pop(receipt, None)
         if expect is None:
@@ -324,19 +328,20 @@ class RouterChecker:
         if expect.seq <= conn.last_receipt:
             raise fail("RECEIPTs out of order", f"connection {serial}: {receipt!r} after a later frame's")
         conn.last_receipt = expect.seq
-        if expect.late is not None and late != expect.late:
+        if late != expect.late or (unconfirmed and not expect.unknowable):
             tags = [c.tag for c in expect.acked]
             raise fail(
                 "late RECEIPT wrong",
                 f"connection {serial}: the RECEIPT of its {expect.kind} ({receipt}, {tags or ''}) says "
-                f"curb-late:{str(late).lower()}, expected {str(expect.late).lower()}",
+                f"curb-late:{str(late).lower()} curb-unconfirmed:{str(unconfirmed).lower()}, expected "
+                f"curb-late:{str(expect.late).lower()}" + ("" if expect.unknowable else " and no curb-unconfirmed"),
             )
         if expect.kind in DURABLE:
             for seq, tag in conn.sends:
                 if seq <= expect.seq:
                     self.sent[tag].promised = True
             conn.sends = [(seq, tag) for seq, tag in conn.sends if seq > expect.seq]
-        if expect.kind == "ACK" and not late:
+        if expect.kind == "ACK" and not late and not unconfirmed:
             for copy in expect.acked:
                 copy.ack_promised = True
 

@@ -95,6 +95,7 @@ class Stats(runner.Stats):
     acks: int = 0
     nacks: int = 0
     late: int = 0
+    unconfirmed: int = 0
     lost_clients: int = 0
     link_drops: int = 0
     kills: int = 0
@@ -110,7 +111,8 @@ class Stats(runner.Stats):
         return (
             f"seeds {self.seeds}, steps {self.steps}, sends {self.sends} ({self.promised} promised, "
             f"{self.refused} refused), deliveries {self.deliveries} ({self.again} counted again), "
-            f"acks {self.acks}, nacks {self.nacks}, late receipts {self.late}, clients lost {self.lost_clients}, "
+            f"acks {self.acks}, nacks {self.nacks}, late receipts {self.late}, unconfirmed {self.unconfirmed}, "
+            f"clients lost {self.lost_clients}, "
             f"links dropped {self.link_drops}, instance crashes {self.kills + self.powers} (kill {self.kills}, "
             f"power {self.powers}; {self.mid_op} amid a step or a recovery), router crashes {self.router_crashes}, "
             f"copies stored twice {self.duplicates}, count checks {self.count_checks}, browses {self.browses}, "
@@ -620,8 +622,10 @@ class RouterSim:
                 client.holding[headers["ack"]] = None
         elif frame.command == "RECEIPT":
             late = headers.get("curb-late") == "true"
-            self.checker.receipt(client.serial, headers["receipt-id"], late)
+            unconfirmed = headers.get("curb-unconfirmed") == "true"
+            self.checker.receipt(client.serial, headers["receipt-id"], late, unconfirmed)
             self.stats.late += late
+            self.stats.unconfirmed += unconfirmed
         elif frame.command == "ERROR":
             self.trace(f"connection {client.serial}: ERROR {headers.get('message')}")
             client.ending = True
