@@ -59,19 +59,6 @@ class ClientSub(Subscription[Peer, Record]):
 
 
 @dataclass(slots=True, eq=False)
-class Delivery:
-    """A message an instance delivered to the router and the router to one client."""
-
-    link: Link
-    upstream: str  # the instance's ack id
-    sub_id: str  # the upstream subscription it came on
-    sub: ClientSub
-    rec: Record  # as the client's session renders it: the router's stable id
-    epoch: int  # the link's connection it came on
-    due: float = 0.0  # its ack deadline (curb-ack-timeout), 0: none
-
-
-@dataclass(slots=True, eq=False)
 class Upstream:
     """A consuming link's subscription to its instance's queue (or dead letters), and the
     instance's counts."""
@@ -83,6 +70,20 @@ class Upstream:
     free: int = 0  # the clients' free credit for this instance
     counts: dict[str, int] = field(default_factory=dict)  # the instance's ./count
     deliveries: dict[str, Delivery] = field(default_factory=dict)  # by the instance's ack id
+
+
+@dataclass(slots=True, eq=False)
+class Delivery:
+    """A message an instance delivered to the router and the router to one client."""
+
+    link: Link
+    upstream: str  # the instance's ack id
+    sub_id: str  # the upstream subscription it came on
+    sub: ClientSub
+    rec: Record  # as the client's session renders it: the router's stable id
+    epoch: int  # the link's connection it came on
+    source: Upstream  # the link's upstream (queue or dead letters) it came from
+    due: float = 0.0  # its ack deadline (curb-ack-timeout), 0: none
 
 
 class Credit:
@@ -136,7 +137,7 @@ class Credit:
         start = self._turn.get(line, 0)
         for step in range(count):
             sub = subs[(start + step) % count]
-            if sub.free(link) > 0:
+            if sub.active and sub.shares.get(link, 0) > sub.held.get(link, 0):  # free(link) > 0, inline
                 self._turn[line] = (start + step + 1) % count
                 return sub
         return None
@@ -144,13 +145,13 @@ class Credit:
     def hold(self, delivery: Delivery, held: int) -> None:
         """A client took (1) or let go of (-1) a message from the instance: `_adjust`,
         inline, as this runs twice for every message."""
-        sub, link = delivery.sub, delivery.link
-        upstream = (self.dead_upstream if sub.dead else self.upstream).get(link) or self.of(link, sub.dead)
+        sub, link, upstream = delivery.sub, delivery.link, delivery.source
         had = sub.held.get(link, 0)
         sub.held[link] = had + held
         if sub.active:
-            share = sub.shares.get(link, 0)
-            upstream.free += max(0, share - had - held) - max(0, share - had)
+            before = sub.shares.get(link, 0) - had  # its free credit was max(0, before)
+            after = before - held
+            upstream.free += (after if after > 0 else 0) - (before if before > 0 else 0)
         if delivery.sub_id == upstream.sub_id:
             upstream.on_current += held
 
@@ -197,12 +198,14 @@ class Credit:
         for link in self.dests(dest):
             self.rebalance(link, dead)
 
-    def rebalance(self, link: Link, dead: bool = False) -> None:
+    def rebalance(self, link: Link, dead: bool = False, upstream: Upstream | None = None) -> None:
         """Keep what the instance may still send within the clients' free credit, and open
-        it up again when much more credit is free than the subscription allows."""
+        it up again when much more credit is free than the subscription allows. `upstream`:
+        the link's (queue or dead letters, as `dead` says), when the caller has it."""
         if link.state is not UP:
             return
-        upstream = self.of(link, dead)
+        if upstream is None:
+            upstream = self.of(link, dead)
         may_send = upstream.window - upstream.on_current
         slack = upstream.free - may_send
         if slack == 0 or (slack > 0 and upstream.window >= MAX_WINDOW):

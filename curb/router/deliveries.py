@@ -15,7 +15,8 @@ Rules (invariants the tests check):
   transport (`handed_off`), as an instance does.
 - An ack deadline (SUBSCRIBE's curb-ack-timeout, moved by a NACK curb-touch) is kept by
   the router as an instance keeps it: once passed, the message goes back to its instance
-  and the client's ACK or NACK of it is late.
+  and the client's ACK or NACK of it is late. `soonest` is never later than the earliest
+  deadline held, so a tick before it has nothing to look at.
 - A link lost: what it delivered is dropped from its clients (the instance requeued it);
   their ACK or NACK of it is late (`Late`: a RECEIPT with `curb-late:true`), changing
   nothing. A session gone has everything it holds NACKed, so it is redelivered.
@@ -24,6 +25,7 @@ Rules (invariants the tests check):
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Callable, Sequence
 
 from curb import payload
@@ -73,6 +75,7 @@ class Deliveries:
         self.holding: dict[Peer, dict[int, Delivery]] = {}
         self.late: dict[Peer, collections.deque[int]] = {}
         self.unsynced: dict[Peer, dict[Link, int]] = {}  # links its ACKs used since, and their epoch
+        self.soonest = math.inf  # at most the earliest ack deadline of a held delivery
 
     def subscribe(self, sub: ClientSub) -> None:
         subs = self.subs.setdefault(sub.conn, {})
@@ -99,25 +102,28 @@ class Deliveries:
         headers = frame.headers
         upstream = headers.get("ack") or headers.get("message-id", "")
         sub_id = headers.get("subscription", "")
-        dead = sub_id.startswith("d")  # curb.router.credit names them so
-        sub = self.credit.taker(link, dead)
+        dead = sub_id[:1] == "d"  # curb.router.credit names them so
+        credit = self.credit
+        sub = credit.taker(link, dead)
         if sub is None or index is None or not upstream.isdigit():
             self.links.send(link, "NACK", {"id": upstream, "curb-undelivered": "true"})
-            self.credit.rebalance(link, dead)
+            credit.rebalance(link, dead)
             return
         count = headers.get("curb-deliveries", "1")
         msg_id = int(upstream) << INDEX_BITS | index
         rec = Routed(msg_id, int(count) if count.isdigit() and len(count) < 10 else 1)
         if dead:
             rec.dead = headers.get("curb-dead-reason", "dead")
-        delivery = Delivery(link, upstream, sub_id, sub, rec, link.epoch)
+        source = credit.of(link, dead)
+        delivery = Delivery(link, upstream, sub_id, sub, rec, link.epoch, source)
         if sub.ack_timeout_ms:
-            delivery.due = self.clock() + sub.ack_timeout_ms / 1000
-        self.credit.hold(delivery, 1)
-        taken = self.credit.of(link, dead)
-        if sub_id != taken.sub_id:  # it crossed an UNSUBSCRIBE: its credit was counted free
-            self.credit.rebalance(link, dead)
-        taken.deliveries[upstream] = delivery
+            due = delivery.due = self.clock() + sub.ack_timeout_ms / 1000
+            if due < self.soonest:
+                self.soonest = due
+        credit.hold(delivery, 1)
+        if sub_id != source.sub_id:  # it crossed an UNSUBSCRIBE: its credit was counted free
+            credit.rebalance(link, dead, source)
+        source.deliveries[upstream] = delivery
         holding = self.holding.get(sub.conn)
         if holding is None:
             holding = self.holding[sub.conn] = {}
@@ -141,11 +147,14 @@ class Deliveries:
 
     def settle(self, delivery: Delivery) -> None:
         """The delivery is over for the router (ACKed, NACKed, or its client gone)."""
-        self.credit.of(delivery.link, delivery.sub.dead).deliveries.pop(delivery.upstream, None)
-        self.holding.get(delivery.sub.conn, {}).pop(delivery.rec.id, None)
-        delivery.sub.unacked.pop(delivery.rec.id, None)
+        sub, source, msg_id = delivery.sub, delivery.source, delivery.rec.id
+        source.deliveries.pop(delivery.upstream, None)
+        holding = self.holding.get(sub.conn)
+        if holding is not None:
+            holding.pop(msg_id, None)
+        sub.unacked.pop(msg_id, None)
         self.credit.hold(delivery, -1)
-        self.credit.rebalance(delivery.link, delivery.sub.dead)
+        self.credit.rebalance(delivery.link, sub.dead, source)
 
     def ack(self, session: Peer, msg_id: int) -> None:
         holding = self.holding.get(session)
@@ -189,19 +198,19 @@ class Deliveries:
     def touch(self, session: Peer, msg_id: int, seconds: float) -> None:
         """The delivery's deadline, here and on its instance, moves to `seconds` from now."""
         delivery = self.held(session, msg_id)
-        delivery.due = self.clock() + seconds  # nothing to sync: the RECEIPT need not wait for it
+        due = delivery.due = self.clock() + seconds  # nothing to sync: the RECEIPT need not wait for it
+        self.soonest = min(self.soonest, due)
         self.links.send(delivery.link, "NACK", {"id": delivery.upstream, "curb-touch": str(round(seconds * 1000))})
 
     def expire(self, now: float) -> list[Delivery]:
         """The deliveries whose ack deadline (curb-ack-timeout, or a touch) passed: back to
         their instances (a plain NACK: the client had it, so it counts), and a later ACK or
         NACK of one is late. Returned, for the refusal line."""
-        passed = [
-            delivery
-            for holding in self.holding.values()
-            for delivery in holding.values()
-            if delivery.due and delivery.due <= now
-        ]
+        if now < self.soonest:
+            return []
+        held = [delivery for holding in self.holding.values() for delivery in holding.values() if delivery.due]
+        passed = [delivery for delivery in held if delivery.due <= now]
+        self.soonest = min((delivery.due for delivery in held if delivery.due > now), default=math.inf)
         for delivery in passed:
             self.settle(delivery)
             self.links.answer(delivery.link, b"NACK", delivery.upstream)
