@@ -256,6 +256,7 @@ class LinkProtocol(asyncio.Protocol):
         self.router = router
         self.link = link
         self.lost = lost
+        self._more_due = False  # a call of _handle_more is scheduled
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         tcp = cast(asyncio.Transport, transport)
@@ -269,7 +270,20 @@ class LinkProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.link.tried = True
-        self.router.core.links.data(self.link, data, self.router.loop.time())
+        if self.router.core.links.data(self.link, data, self.router.loop.time()):
+            self._more_later()
+        self.router.flush_soon()
+
+    def _more_later(self) -> None:
+        if not self._more_due:
+            self._more_due = True
+            self.router.loop.call_soon(self._handle_more)
+
+    def _handle_more(self) -> None:
+        """More of what the link read, in a loop pass of its own (curb.router.links)."""
+        self._more_due = False
+        if self.router.core.links.handle(self.link):
+            self._more_later()
         self.router.flush_soon()
 
     def pause_writing(self) -> None:

@@ -17,6 +17,11 @@ Rules:
   were dropped unread by the instance, and are the core's to place again (`lost`).
 - An epoch counts a link's connections: what was delivered on an earlier one was
   requeued by the instance when it ended.
+- Frames are handled in the order read. A CONSUMES link's, at most `handle_each`
+  (HANDLE_EACH) in one call (`data`, then `handle` until none are left), so the glue can read other
+  connections between: a window of MESSAGEs read at once flows on in parts, the
+  clients' ACKs read in between, instead of each process holding the whole window in
+  turn. What a connection read before it was lost is handled before the loss.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from curb.router.waits import Waits
 DOWN, CONNECTING, UP = "down", "connecting", "up"
 SENDS, CONSUMES, BROWSES = "sends", "consumes", "browses"
 LINK_MAX_FRAME = 64 * 1024 * 1024
+HANDLE_EACH = 32  # frames of a CONSUMES link's read handled in one call
 
 
 @dataclass(slots=True, eq=False)
@@ -97,6 +103,7 @@ class Link:
         self.tried = False  # a connection was tried (the glue's start-up waits for it)
         self.hold = False  # read nothing more from it for now (a browse holds enough)
         self.position = 0  # a BROWSES link: its instance's place in the route
+        self.unhandled: collections.deque[Frame] = collections.deque()  # read, not yet handled
         self.tally = Tally()
 
     @property
@@ -128,6 +135,7 @@ class Links:
         self.heartbeat_ms = heartbeat_ms
         self.login, self.passcode = login, passcode
         self.events = events
+        self.handle_each = HANDLE_EACH
         self.by_number: dict[int, Link] = {}
         self.dirty: dict[Link, None] = {}
         self.now = 0.0
@@ -195,6 +203,7 @@ class Links:
         """A TCP (or TLS) connection to the instance is open: log in."""
         link.state = CONNECTING
         link.parser = FrameParser(max_frame_bytes=LINK_MAX_FRAME)
+        link.unhandled.clear()
         link.out.clear()
         link.close_wanted = False
         link.last_recv = link.last_send = now
@@ -205,22 +214,42 @@ class Links:
             headers["passcode"] = self.passcode or ""
         self.write(link, encode("CONNECT", headers))
 
-    def data(self, link: Link, data: bytes, now: float) -> None:
+    def data(self, link: Link, data: bytes, now: float) -> bool:
+        """Bytes read from the link: its first frames handled; True when some wait for
+        `handle`."""
         link.last_recv = self.now = now
         try:
-            frames = link.parser.feed(data)
+            link.unhandled.extend(link.parser.feed(data))
         except ProtocolError as err:
-            for frame in err.frames:
-                self._frame(link, frame)
-            self.drop(link, f"bad frame from the instance: {err}")
-            return
-        for frame in frames:
+            link.unhandled.extend(err.frames)
+            self.handle(link, len(link.unhandled))
+            if link.state is not DOWN:
+                self.drop(link, f"bad frame from the instance: {err}")
+            return False
+        return self.handle(link, None if link.role is CONSUMES else len(link.unhandled))
+
+    def handle(self, link: Link, most: int | None = None) -> bool:
+        """Handle up to `most` (`handle_each`) of the frames read; True when some are left."""
+        unhandled = link.unhandled
+        if most is None:
+            most = self.handle_each
+        for _ in range(min(most, len(unhandled))):
             if link.state is DOWN:
-                return
-            self._frame(link, frame)
+                break
+            self._frame(link, unhandled.popleft())
+        if link.state is DOWN:
+            unhandled.clear()
+        return bool(unhandled)
 
     def lost(self, link: Link, why: str) -> None:
-        """The connection is gone (or never came): what it forwarded is the core's again."""
+        """The connection is gone (or never came): what it read is handled first; what it
+        forwarded is the core's again."""
+        unhandled = link.unhandled
+        while unhandled and link.state is not DOWN:
+            self._frame(link, unhandled.popleft())
+            if link.state is DOWN:
+                return  # that frame dropped the link: lost ran then
+        unhandled.clear()
         was_up = link.state is UP
         link.state = DOWN
         link.why_down = why
@@ -237,6 +266,7 @@ class Links:
         self.core.link_down(link, why, pending)
 
     def drop(self, link: Link, why: str) -> None:
+        link.unhandled.clear()
         link.close_wanted = True
         self.dirty[link] = None
         self.lost(link, why)

@@ -292,6 +292,9 @@ class Pipes:
             if data:
                 moved = True
                 self.core.links.data(pipe.link, data, now)
+            elif pipe.link.unhandled:  # the rest of an earlier read, after the other pipes' output
+                moved = True
+                self.core.links.handle(pipe.link)
             if session.close_wanted is not None and pipe.session is session:
                 moved = True
                 self.cut(pipe, now_ms, "the instance closed the connection")
@@ -411,6 +414,9 @@ class RouterSim:
         self.serials = itertools.count(1)
         self.step = -1
         self.trace_lines: deque[str] = deque(maxlen=TRACE_KEEP)
+        # How many MESSAGEs of a read the router hands on before it reads elsewhere: a
+        # stream of its own, so that the rest replays as it did before it was drawn.
+        self.handle_each = random.Random(f"reads of seed {seed}").choice((1, 2, 5, 32))
         self.core, self.side, self.pipes = self._router()
 
     @property
@@ -840,6 +846,7 @@ class RouterSim:
             wall_ms=lambda: WALL_START_MS + self.ms,
             clock=lambda: self.now,
         )
+        core.links.handle_each = self.handle_each
         return core, ClientSide(core, later), Pipes(core, self.by_address, self.ms, self.guard, self._link_lost)
 
     def _routed(self) -> list[Link]:
