@@ -34,6 +34,7 @@ therefore copies at most the unsent rest of one piece, and never moves a backlog
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import socket
 import ssl
 from typing import cast
@@ -47,6 +48,12 @@ from curb.tls import handshake_failure, peer_name
 __all__ = ["Connection", "Handshake"]
 
 LINGER_SECONDS = 1.0
+# The read buffer asyncio gives each TLS connection for its whole life (256 KiB by
+# default): 2,000 TLS clients held 512 MiB, and above the broker's fixed mmap threshold
+# (curb.instance) each one was a fresh mapping, faulted in page by page while the loop
+# waited, 0.7 ms a connection in a storm of them. Two TLS records' worth is enough.
+TLS_READ_BUFFER = 32 * 1024
+asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BUFFER
 
 
 class Connection(asyncio.Protocol):

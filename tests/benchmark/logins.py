@@ -9,7 +9,8 @@ is printed with each case.
 
 - storm, plain and TLS: a fresh broker, so no login is cached; `--clients` clients of
   `--users` users, all with correct passcodes, connect at once from `--procs` processes.
-  Prints the seconds until every one of them was CONNECTED, and what the others got.
+  Prints the seconds until every one of them was CONNECTED, what the others got, and the
+  broker's RSS while they are all connected.
 - flood: four clients from 127.0.0.2 send CONNECTs with wrong, ever-different passcodes
   (each costs an scrypt check), dropping each connection 10 ms later; meanwhile ten users
   from 127.0.0.1 log in for the first time, one after another. Prints the flood's rate and
@@ -41,6 +42,7 @@ import trustme
 
 from curb import users
 from curb.frame import FrameParser, encode
+from benchmark.broker import rss_bytes
 from curb.spawn import BrokerProcess
 
 BYSTANDER = "bystander"
@@ -194,7 +196,9 @@ def storm_process(endpoint: Endpoint, names: list[str], out: Connection) -> None
     asyncio.run(storm_share(endpoint, names, start_at, out))
 
 
-def storm(endpoint: Endpoint, clients: int, user_count: int, procs: int, watcher: Bystander) -> list[str]:
+def storm(
+    endpoint: Endpoint, clients: int, user_count: int, procs: int, watcher: Bystander, broker_pid: int
+) -> list[str]:
     context = multiprocessing.get_context("spawn")
     names = [f"user{n % user_count}" for n in range(clients)]
     pipes, processes = [], []
@@ -219,6 +223,7 @@ def storm(endpoint: Endpoint, clients: int, user_count: int, procs: int, watcher
     answers = ", ".join(f"{n} {answer}" for answer, n in got.most_common())
     every = "all" if got["CONNECTED"] == clients else "NOT all"
     lines.append(f"{clients} clients of {user_count} users at once: {answers}; {every} CONNECTED within {last:.2f} s")
+    lines.append(f"broker's RSS with them connected: {rss_bytes(broker_pid) / (1 << 20):.0f} MiB")
     lines.append(f"bystander's round trips during the storm: {watcher.mark()}")
     closing = time.monotonic()
     for pipe in pipes:
@@ -358,7 +363,7 @@ def main() -> None:
                     if case == "flood":
                         lines += flood(endpoint, args.flood_seconds)
                     else:
-                        lines += storm(endpoint, args.clients, args.users, args.procs, watcher)
+                        lines += storm(endpoint, args.clients, args.users, args.procs, watcher, broker.pid)
                     if case == "flood":
                         lines.append(f"bystander's round trips meanwhile: {watcher.mark()}")
                 for line in lines:
