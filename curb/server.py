@@ -25,6 +25,11 @@ Connection limit: past `broker.config.max_connections` open sessions (and TLS ha
 way) a new connection is closed at once (Broker.admit says so, rate-limited), before it
 costs a session or a handshake.
 
+Arrivals (curb.arrivals): at most MOST_ARRIVING TLS handshakes run at once; the
+connections behind them wait, reading nothing, with no timer running, until one of
+those ends (done, failed or gone). One `Gate` a loop holds them, for every TLS listener
+of the process.
+
 Flow control: the transport's high-water mark is 0, so asyncio calls `pause_writing` as
 soon as a write leaves bytes the socket did not take, and `resume_writing` once they are
 all sent: the driver's "cannot take all of it" and "sent everything". The transport
@@ -37,8 +42,10 @@ import asyncio
 import asyncio.sslproto
 import socket
 import ssl
+import weakref
 from typing import cast
 
+from curb.arrivals import Arrival, Arrivals, Start
 from curb.backend import Backend
 from curb.driver import Driver
 from curb.output import Piece
@@ -54,6 +61,50 @@ LINGER_SECONDS = 1.0
 # waited, 0.7 ms a connection in a storm of them. Two TLS records' worth is enough.
 TLS_READ_BUFFER = 32 * 1024
 asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BUFFER
+
+
+class Gate:
+    """One loop's `Arrivals`, and the timer of its trickle."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.arrivals = Arrivals()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def arrive(self, start: Start) -> Arrival:
+        arrival, starts = self.arrivals.arrive(start, self.loop.time())
+        self._run(starts)
+        return arrival
+
+    def settled(self, arrival: Arrival) -> None:
+        if arrival.state != "settled":
+            self._run(self.arrivals.settled(arrival))
+
+    def _run(self, starts: list[Start]) -> None:
+        for start in starts:
+            start()
+        due = self.arrivals.next_tick
+        if due is None and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        elif due is not None and self._timer is None:
+            self._timer = self.loop.call_at(due, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        self._run(self.arrivals.tick(self.loop.time()))
+
+
+_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Gate] = weakref.WeakKeyDictionary()
+
+
+def gate() -> Gate:
+    """The running loop's gate."""
+    loop = asyncio.get_running_loop()
+    found = _gates.get(loop)
+    if found is None:
+        found = _gates[loop] = Gate(loop)
+    return found
 
 
 class Connection(asyncio.Protocol):
@@ -153,6 +204,7 @@ class Handshake(asyncio.Protocol):
         self._early: list[bytes] = []  # application bytes that came with the handshake's end
         self._lost: list[Exception | None] = []  # the connection ended before the hand-over
         self._task: asyncio.Task[None] | None = None  # held: the loop keeps only a weak reference
+        self._arrival: Arrival | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         tcp = cast(asyncio.Transport, transport)
@@ -162,6 +214,15 @@ class Handshake(asyncio.Protocol):
             tcp.abort()
             return
         self.broker.handshaking += 1
+        self._arrival = gate().arrive(lambda: self._start(tcp, peer))
+
+    def _start(self, tcp: asyncio.Transport, peer: str) -> None:
+        """Its turn among the arrivals: the handshake, with its timeout, starts now."""
+        if tcp.is_closing():  # aborted while it waited (the broker stopping, say)
+            self.broker.handshaking -= 1
+            if self._arrival is not None:
+                gate().settled(self._arrival)
+            return
         self._task = self._loop.create_task(self._handshake(tcp, peer))
 
     async def _handshake(self, tcp: asyncio.Transport, peer: str) -> None:
@@ -174,6 +235,8 @@ class Handshake(asyncio.Protocol):
             tls, failure = None, err
         finally:
             self.broker.handshaking -= 1
+            if self._arrival is not None:
+                gate().settled(self._arrival)
         if tls is None:
             reason, why = handshake_failure(failure, self.timeout)
             self.broker.refusals.tls_failed(peer, reason, why, self._loop.time())
@@ -194,6 +257,10 @@ class Handshake(asyncio.Protocol):
         self._early.append(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._task is None and self._arrival is not None:  # gone while it waited its turn
+            self.broker.handshaking -= 1
+            gate().settled(self._arrival)
+            return
         self._lost.append(exc)
 
 
