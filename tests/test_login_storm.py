@@ -1,6 +1,7 @@
 """Logins at once against a real broker: a reconnect storm of valid users is served, a
-login the broker sheds hears "server busy", and a flood of bad logins from one address
-keeps neither connected clients nor another address's users waiting long."""
+login the broker sheds hears "server busy", a flood of bad logins from one address
+keeps neither connected clients nor another address's users waiting long, and TLS
+clients that send nothing cannot keep a real one from its handshake."""
 
 from __future__ import annotations
 
@@ -150,3 +151,25 @@ def test_a_flood_of_bad_logins_from_one_address_keeps_no_other_address_out(curb_
     # for log lines read late.
     assert max(flood_checks) <= 8, flood_checks
     assert max(trips) < 1.0, trips
+
+
+def test_tls_clients_that_send_nothing_cannot_keep_a_real_one_waiting(curb_broker, tmp_path):
+    """More silent TLS connections than handshakes run at once (curb.arrivals), then a real
+    client: it is served within a second, not after the silent ones' handshake timeout."""
+    ca = trustme.CA()
+    issued = ca.issue_cert("127.0.0.1")
+    issued.private_key_pem.write_to_path(str(tmp_path / "tls.key"))
+    issued.cert_chain_pems[0].write_to_path(str(tmp_path / "tls.pem"))
+    tls = ssl.create_default_context()
+    ca.configure_trust(tls)
+    flags = ("-tls-addr", "127.0.0.1:0", "-tls-cert", "tls.pem", "-tls-key", "tls.key")
+    broker = curb_broker(addr="off", extra_args=flags)
+    silent = [socket.create_connection(("127.0.0.1", broker.port)) for _ in range(40)]
+    try:
+        time.sleep(0.2)  # all 40 accepted: 32 hold the places, 8 wait
+        started = time.monotonic()
+        assert log_in_at_once(broker.port, [("", "")], tls=tls) == ["CONNECTED"]
+        assert time.monotonic() - started < 2.0
+    finally:
+        for sock in silent:
+            sock.close()
