@@ -33,7 +33,7 @@ import sys
 
 import click
 
-from curb import __version__, systemd, tls
+from curb import __version__, event_loop, systemd, tls
 from curb.broker_config import CONNECT_TIMEOUT_SECONDS
 from curb.durations import Duration, format_seconds
 from curb.flags import (
@@ -288,7 +288,7 @@ def command(
         narconi=NarconiSettings(narconi_max_message, narconi_ttl, narconi_limit),
     )
     try:
-        code = asyncio.run(serve(config, Events(log_format)))
+        code = event_loop.run(serve(config, Events(log_format)))
     except StartError as err:
         click.echo(f"curb: {err.line}", err=True)
         sys.exit(err.status)

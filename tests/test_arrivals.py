@@ -41,7 +41,7 @@ def test_one_that_leaves_while_waiting_never_starts_and_settling_twice_is_harmle
     first, starts = a.arrive(r.start("a"), now=0.0)
     run(starts)
     second, starts = a.arrive(r.start("b"), now=0.0)
-    third, more = a.arrive(r.start("c"), now=0.0)
+    _, more = a.arrive(r.start("c"), now=0.0)
     assert starts == [] and more == []
     run(a.settled(second))  # gone while it waited
     run(a.settled(second))

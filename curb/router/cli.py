@@ -7,13 +7,12 @@ route, an address that cannot be bound), 0 after SIGINT or SIGTERM.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 
 import click
 
-from curb import tls
+from curb import event_loop, tls
 from curb.durations import Duration
 from curb.flags import (
     ack_timeout_option,
@@ -235,7 +234,7 @@ def router_command(
         spawning = None if spawn_dir is None else (Path(spawn_dir).resolve(), spawn_cap, spawn_max, tuple(spawn_args))
         web = WebConfig(http, http_open, tuple(http_origins)) if http is not None else None
         listeners = Listeners(addr, tls_addr, server_tls, link_tls, users_path, web)
-        code = asyncio.run(serve(table, config, listeners, route_flags, routes_file, events, spawning))
+        code = event_loop.run(serve(table, config, listeners, route_flags, routes_file, events, spawning))
     except StartError as err:
         click.echo(f"curb: {err.line}", err=True)
         sys.exit(err.status)

@@ -40,9 +40,9 @@ from pathlib import Path
 
 import trustme
 
+from benchmark.broker import rss_bytes
 from curb import users
 from curb.frame import FrameParser, encode
-from benchmark.broker import rss_bytes
 from curb.spawn import BrokerProcess
 
 BYSTANDER = "bystander"
