@@ -35,6 +35,7 @@ import click
 
 from curb import __version__, event_loop, systemd, tls
 from curb.broker_config import CONNECT_TIMEOUT_SECONDS
+from curb.compiled import build
 from curb.durations import Duration, format_seconds
 from curb.flags import (
     ack_timeout_option,
@@ -81,6 +82,14 @@ class _Commands(click.Group):
 
             return router_command
         return super().get_command(ctx, cmd_name)
+
+
+def print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """`curb --version`: the version and the build in use (curb.compiled), looked up only
+    when asked, since it walks the package's files."""
+    if value and not ctx.resilient_parsing:
+        click.echo(f"curb {__version__} ({build()})")
+        ctx.exit()
 
 
 @click.group(cls=_Commands, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
@@ -225,7 +234,15 @@ class _Commands(click.Group):
 )
 @http_origin_option
 @log_format_option
-@click.version_option(__version__, "-version", "--version", prog_name="curb")
+@click.option(
+    "-version",
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=print_version,
+    help="Show the version, and which build (compiled with mypyc, or pure Python), and exit.",
+)
 @click.pass_context
 def command(
     ctx: click.Context,

@@ -199,6 +199,7 @@ class FrameParser:
         head = self._head
         searched = self._searched
         max_body = self.max_body_bytes
+        length: int | None  # declared: mypyc types a local by its first assignment's narrowed type
         while pos < end and len(frames) != limit:
             if head is None:
                 if buf[pos] <= 13:  # maybe LF or CR: heart-beats

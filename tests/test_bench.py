@@ -348,8 +348,9 @@ def test_the_instruction_check_fails_a_workload_the_baseline_lacks():
     assert not ok and "not in the baseline" in table
 
 
-def test_the_committed_baseline_names_every_workload_at_the_check_loads():
-    baseline = instructions.read_baseline()
+@pytest.mark.parametrize("kind", sorted(instructions.BASELINES))
+def test_the_committed_baselines_name_every_workload_at_the_check_loads(kind):
+    baseline = instructions.read_baseline(instructions.BASELINES[kind])
     assert baseline["loads"] == list(instructions.CHECK_LOADS)
     figures = baseline["instructions_per_message"]
     assert isinstance(figures, dict) and set(figures) == set(instructions.WORKLOADS)

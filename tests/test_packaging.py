@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import curb
+from curb.compiled import build
 
 SOURCE = Path(__file__).resolve().parent.parent
 UNIT_FILES = ("curb@.service", "curb@.socket", "curb.env.example")
@@ -28,9 +29,9 @@ def run(*command, cwd: Path, timeout: float = 300) -> str:
 def wheel(tmp_path_factory) -> Path:
     """A wheel built by `pip wheel` from a copy of the source, so the checkout gets no build droppings."""
     source = tmp_path_factory.mktemp("source")
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(SOURCE / name, source)
-    shutil.copytree(SOURCE / "curb", source / "curb", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(SOURCE / "curb", source / "curb", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
     out = tmp_path_factory.mktemp("wheel")
     run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", out, source, cwd=source)
     [built] = out.glob("curb-*.whl")
@@ -78,6 +79,12 @@ def test_wheel_holds_no_benchmark_or_test_helpers(wheel):
 def test_installed_console_script_and_module_report_the_version(venv):
     assert curb.__version__ in run(venv / "bin" / "curb", "--version", cwd=venv)
     assert curb.__version__ in run(venv / "bin" / "python", "-m", "curb", "--version", cwd=venv)
+
+
+def test_installed_package_runs_the_build_of_this_checkout(venv):
+    """The wheel is built as this checkout was installed: with the same hot modules
+    compiled where a C compiler is (and CURB_PURE_PYTHON is not 1), pure Python otherwise."""
+    assert run(venv / "bin" / "curb", "--version", cwd=venv).strip() == f"curb {curb.__version__} ({build()})"
 
 
 def test_installed_package_carries_the_unit_files(venv):

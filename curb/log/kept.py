@@ -343,11 +343,11 @@ class Kept:
         way (whether it was): it removes the entries the watermark acked, the next slice
         at the next flush; `events.walked` once the counts are exact again."""
         parked = self.parked
-        if parked.upto_at is None:
+        if not parked.walking:
             return False
         for seq in parked.walk_upto(UPTO_SLICE):
             self.drop_parked(seq)
-        if parked.upto_at is None:
+        if not parked.walking:
             self.events.walked()
         else:
             self.pacer.flush_wanted()

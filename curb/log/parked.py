@@ -386,6 +386,13 @@ class Parked:
             self.upto = upto
             self.upto_at = self.base
 
+    @property
+    def walking(self) -> bool:
+        """Whether an ACK up to an id's walk is under way. Callers that test again after a
+        `walk_upto` ask this rather than `upto_at is None`: a compiled caller keeps the type
+        the first test narrowed `upto_at` to, across the call that changed it."""
+        return self.upto_at is not None
+
     def _acked(self, seq: int) -> bool:
         """Whether the entry is acked by the watermark and not yet removed."""
         return self.upto_at is not None and self.ids[seq - self.base] <= self.upto
