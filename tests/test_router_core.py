@@ -339,6 +339,36 @@ def test_an_ack_lost_with_its_link_gets_an_unconfirmed_receipt_that_promises_not
     assert not c.close_wanted
 
 
+def test_what_a_lost_link_read_is_handed_on_32_at_a_time_and_at_its_loss_only_its_receipts():
+    """A link's MESSAGEs of one read go to clients handle_each a call, the rest in later
+    calls; when the link is lost with some unhandled, its RECEIPTs still answer (a plain
+    RECEIPT, confirmed) and its MESSAGEs never reach a client (the instance took them back)."""
+    w = World("q=127.0.0.1:1")
+    link = w.up("q")
+    w.out(link)
+    w.core.links.handle_each = 1
+    c = w.client()
+    w.send(c, "SUBSCRIBE", {"destination": "/queue/q", "id": "a", "ack": "client-individual"})
+    sub_id = w.out(link)[-1].headers["id"]
+    w.answer(link, *message(sub_id, 1))
+    [m1] = w.out(c)
+    w.send(c, "ACK", {"id": m1.headers["ack"], "receipt": "k"})
+    marker = w.out(link)[-1]
+    assert marker.headers["id"] == "count-0"
+    read = b"".join(
+        [
+            encode(*message(sub_id, 2)),
+            encode(*message(sub_id, 3)),
+            encode("RECEIPT", {"receipt-id": marker.headers["receipt"]}),
+        ]
+    )
+    assert w.core.links.data(link, read, w.now)  # one of three handed on, two wait
+    w.run()
+    assert [f.headers["message-id"] for f in w.out(c)] == [stable_id(w, link, 2)]
+    w.lose(link, "connection lost")
+    assert [(f.command, f.headers) for f in w.out(c)] == [("RECEIPT", {"receipt-id": "k"})]
+
+
 def test_a_commit_whose_ack_was_lost_with_its_link_is_an_error():
     w = World("q=127.0.0.1:1")
     link = w.up("q")

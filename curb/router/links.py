@@ -21,7 +21,9 @@ Rules:
   (HANDLE_EACH) in one call (`data`, then `handle` until none are left), so the glue can read other
   connections between: a window of MESSAGEs read at once flows on in parts, the
   clients' ACKs read in between, instead of each process holding the whole window in
-  turn. What a connection read before it was lost is handled before the loss.
+  turn. Of what a connection read before it was lost, its RECEIPTs are handled before
+  the loss (each confirms what it answers); its MESSAGEs are dropped unhandled, since
+  the instance took them back when the connection ended, and no client may get them.
 """
 
 from __future__ import annotations
@@ -242,13 +244,13 @@ class Links:
         return bool(unhandled)
 
     def lost(self, link: Link, why: str) -> None:
-        """The connection is gone (or never came): what it read is handled first; what it
-        forwarded is the core's again."""
+        """The connection is gone (or never came): the RECEIPTs it read are handled first
+        (see the rules); what it forwarded and nobody answered is the core's again."""
         unhandled = link.unhandled
-        while unhandled and link.state is not DOWN:
-            self._frame(link, unhandled.popleft())
-            if link.state is DOWN:
-                return  # that frame dropped the link: lost ran then
+        while unhandled:
+            frame = unhandled.popleft()
+            if frame.command == "RECEIPT":
+                self._frame(link, frame)
         unhandled.clear()
         was_up = link.state is UP
         link.state = DOWN
