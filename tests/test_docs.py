@@ -143,3 +143,14 @@ def test_a_broken_link_is_named_with_its_line(tmp_path: Path) -> None:
         "README.md:3 (docs/a.md#three): docs/a.md has no heading #three",
         "README.md:3 (docs/c.md): no such file",
     ]
+
+
+def test_ci_runs_exactly_the_commands_the_readme_gives():
+    """Every command of .ci/run (its lines that are not comments, `set` or `cd`) stands,
+    as written, at the start of a line of README.md's indented commands: CI checks what a
+    user is told to run, no more."""
+    ci = (TOP / ".ci" / "run").read_text().splitlines()
+    commands = [line.strip() for line in ci if line.strip() and not line.lstrip().startswith(("#", "set ", "cd "))]
+    shown = [line.strip() for line in README.read_text().splitlines() if line.startswith("    ")]
+    missing = [c for c in commands if not any(line.split("  #")[0].strip() == c for line in shown)]
+    assert commands and not missing, f"commands CI runs that README.md does not give: {missing}"
