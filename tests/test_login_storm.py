@@ -31,6 +31,18 @@ def write_users(path: Path, names: list[str], **cost: int) -> None:
     path.write_text(users.format_users(table))
 
 
+def tls_files(where: Path) -> tuple[ssl.SSLContext, tuple[str, ...]]:
+    """A certificate and key for 127.0.0.1 in `where` (the broker's directory): a client
+    context that trusts them, and the broker's flags for a TLS listener with them."""
+    ca = trustme.CA()
+    issued = ca.issue_cert("127.0.0.1")
+    issued.private_key_pem.write_to_path(str(where / "tls.key"))
+    issued.cert_chain_pems[0].write_to_path(str(where / "tls.pem"))
+    tls = ssl.create_default_context()
+    ca.configure_trust(tls)
+    return tls, ("-tls-addr", "127.0.0.1:0", "-tls-cert", "tls.pem", "-tls-key", "tls.key")
+
+
 async def _log_in(port: int, login: str, passcode: str, source: str, tls: ssl.SSLContext | None) -> str:
     reader, writer = await asyncio.open_connection(
         "127.0.0.1", port, local_addr=(source, 0), ssl=tls, server_hostname="127.0.0.1" if tls else None
@@ -66,13 +78,7 @@ def test_a_storm_of_valid_logins_is_served_and_a_wrong_one_among_them_refused(
     write_users(tmp_path / "users", names, **CHEAP)
     tls = None
     if over_tls:
-        ca = trustme.CA()
-        issued = ca.issue_cert("127.0.0.1")
-        issued.private_key_pem.write_to_path(str(tmp_path / "tls.key"))
-        issued.cert_chain_pems[0].write_to_path(str(tmp_path / "tls.pem"))
-        tls = ssl.create_default_context()
-        ca.configure_trust(tls)
-        flags = ("-tls-addr", "127.0.0.1:0", "-tls-cert", "tls.pem", "-tls-key", "tls.key")
+        tls, flags = tls_files(tmp_path)
         broker = curb_broker(addr="off", extra_args=("-users", "users", *flags))
     else:
         broker = curb_broker(extra_args=("-users", "users"))
@@ -156,13 +162,7 @@ def test_a_flood_of_bad_logins_from_one_address_keeps_no_other_address_out(curb_
 def test_tls_clients_that_send_nothing_cannot_keep_a_real_one_waiting(curb_broker, tmp_path):
     """More silent TLS connections than handshakes run at once (curb.arrivals), then a real
     client: it is served within a second, not after the silent ones' handshake timeout."""
-    ca = trustme.CA()
-    issued = ca.issue_cert("127.0.0.1")
-    issued.private_key_pem.write_to_path(str(tmp_path / "tls.key"))
-    issued.cert_chain_pems[0].write_to_path(str(tmp_path / "tls.pem"))
-    tls = ssl.create_default_context()
-    ca.configure_trust(tls)
-    flags = ("-tls-addr", "127.0.0.1:0", "-tls-cert", "tls.pem", "-tls-key", "tls.key")
+    tls, flags = tls_files(tmp_path)
     broker = curb_broker(addr="off", extra_args=flags)
     silent = [socket.create_connection(("127.0.0.1", broker.port)) for _ in range(40)]
     try:
