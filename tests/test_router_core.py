@@ -339,6 +339,32 @@ def test_an_ack_lost_with_its_link_gets_an_unconfirmed_receipt_that_promises_not
     assert not c.close_wanted
 
 
+def test_a_touch_that_brings_a_deadline_nearer_is_kept_though_ticks_look_only_from_the_soonest():
+    """Ticks look at deadlines only once the soonest has passed (Deliveries.soonest): a
+    curb-touch that moves one nearer than every other moves that soonest too."""
+    w = World("q=127.0.0.1:1")
+    link = w.up("q")
+    w.out(link)
+    c = w.client()
+    w.send(
+        c, "SUBSCRIBE", {"destination": "/queue/q", "id": "s", "ack": "client-individual", "curb-ack-timeout": "60000"}
+    )
+    sub_id = w.out(link)[-1].headers["id"]
+    w.answer(link, *message(sub_id, 1))
+    [m] = w.out(c)
+    w.now = 1.0
+    w.tick()
+    assert w.out(link) == []
+    w.send(c, "NACK", {"id": m.headers["ack"], "curb-touch": "1000"})  # due at 2.0, not 60.0
+    assert [f.headers for f in w.out(link)] == [{"id": "1", "curb-touch": "1000"}]
+    w.now = 1.9
+    w.tick()
+    assert w.out(link) == []
+    w.now = 2.1
+    w.tick()
+    assert [(f.command, f.headers) for f in w.out(link)] == [("NACK", {"id": "1"})]
+
+
 def test_what_a_lost_link_read_is_handed_on_32_at_a_time_and_at_its_loss_only_its_receipts():
     """A link's MESSAGEs of one read go to clients handle_each a call, the rest in later
     calls; when the link is lost with some unhandled, its RECEIPTs still answer (a plain

@@ -158,3 +158,11 @@ def test_a_peer_reset_before_the_linger_is_aborted_without_an_exception(tmp_path
 
     transport = asyncio.run(run())
     assert transport.aborted and b"ERROR" in transport.sent
+
+
+def test_a_tls_connection_reads_into_32_kib_not_asyncios_256():
+    """asyncio keeps a read buffer of SSLProtocol.max_size for each TLS connection's whole
+    life; the server module sets it to two TLS records' worth (curb.server)."""
+    import asyncio.sslproto
+
+    assert asyncio.sslproto.SSLProtocol.max_size == server.TLS_READ_BUFFER == 32 * 1024
