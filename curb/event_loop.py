@@ -90,7 +90,9 @@ if sys.platform == "linux":  # epoll, and so EPOLLRDHUP
                     selectors.EVENT_WRITE if event & _WRITABLE else 0
                 )
                 (closing if event & _RDHUP else ready).append((key, mask & key.events))
-            return ready + self._window(closing)
+            if closing:
+                ready += self._window(closing)
+            return ready
 
         def _window(self, closing: Ready) -> Ready:
             count, most = len(closing), self._most
