@@ -307,13 +307,19 @@ def test_python_shares_rank_curbs_functions_by_their_growth_in_cpu_time():
             (f"{instructions.CURB_DIR}/cli.py", 1, "main"): (1, 1, 0.5 + 2.0 * scale, 8.5 * scale, {}),
             (f"{instructions.CURB_DIR}/frame.py", 10, "feed"): (9, 9, 3.0 * scale, 4.0 * scale, {}),
             (f"{instructions.CURB_DIR}/session.py", 20, "receive_data"): (9, 9, 1.0 * scale, 6.0 * scale, {}),
+            (f"{instructions.CURB_DIR}/router/links.py", 30, "forward"): (9, 9, 1.0 * scale, 1.0 * scale, {}),
             ("/lib/asyncio/events.py", 78, "_run"): (9, 9, 1.0 + 2.0 * scale, 6.0 * scale, {}),
         }
         return cast(pstats.Stats, SimpleNamespace(stats=profile))
 
-    # CPU time grows by 2 + 3 + 1 + 2; main, called once, holds all of it; the loop's _run is not Curb's
+    # CPU time grows by 2 + 3 + 1 + 1 + 2; main, called once, holds all of it; the loop's
+    # _run is not Curb's; a subpackage's function keeps its folder
     shares = instructions.python_shares(stats(1.0), stats(2.0))
-    assert shares == [("session.py:20(receive_data)", 0.75), ("frame.py:10(feed)", 0.5)]
+    assert shares == [
+        ("session.py:20(receive_data)", 6 / 9),
+        ("frame.py:10(feed)", 4 / 9),
+        ("router/links.py:30(forward)", 1 / 9),
+    ]
 
 
 def test_instructions_refuses_a_broker_it_does_not_start():

@@ -285,12 +285,13 @@ def python_shares(small: pstats.Stats, large: pstats.Stats) -> list[tuple[str, f
 
 def _by_function(stats: pstats.Stats) -> dict[str, tuple[float, float, int]]:
     """{function: (own time, cumulative time, calls)}, named `module.py:line(function)`,
-    with CURB_MODULE in front for Curb's own."""
+    with CURB_MODULE in front for Curb's own, whose subpackages' keep their folder
+    (`router/links.py:...`)."""
     table: dict[str, tuple[float, float, int]] = {}
     for (path, line, function), (_, calls, own, cumulative, _) in stats.stats.items():  # type: ignore[attr-defined]
         name = function if path == "~" else f"{os.path.basename(path)}:{line}({function})"
-        if os.path.dirname(path) == CURB_DIR:
-            name = CURB_MODULE + name
+        if path.startswith(CURB_DIR + os.sep):
+            name = CURB_MODULE + f"{os.path.relpath(path, CURB_DIR)}:{line}({function})"
         table[name] = (own, cumulative, calls)
     return table
 
