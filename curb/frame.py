@@ -20,7 +20,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import repeat
 
 HEARTBEAT = b"\n"
 FRAME_END = b"\0\n"
@@ -31,8 +30,6 @@ _EOLS = re.compile(rb"(?:\r?\n)+")
 _LONE_CR = re.compile(rb"\r[^\n]")
 _ESCAPE_SEQUENCE = re.compile(r"\\(.?)", re.DOTALL)
 _UNESCAPES = {"r": "\r", "n": "\n", "c": ":", "\\": "\\"}
-# Arguments that make map(str.split, lines, ...) split every line at its first colon, in C.
-_COLON, _ONCE = repeat(":"), repeat(1)
 # An incomplete head's scan: complete lines seen, where the current line starts, CR seen.
 _NO_HEAD_SCAN = (0, 0, False)
 # Default limits of a frame, the same for the broker's incoming frames and the client's.
@@ -342,16 +339,9 @@ class FrameParser:
         if has_cr:
             lines = [line[:-1] if line.endswith("\r") else line for line in lines]
         command = lines[0]
-        del lines[0]
-        try:
-            headers = dict(map(str.split, lines, _COLON, _ONCE))
-        except ValueError:
-            raise ProtocolError("header line without a colon") from None
-        escaped = "\\" in text and command not in UNESCAPED_COMMANDS
-        if escaped or len(headers) != len(lines):
-            headers = _first_headers(lines, escaped)
-        if "" in headers:
-            raise ProtocolError("header with an empty name")
+        headers = _headers(lines)
+        if "\\" in text and command not in UNESCAPED_COMMANDS:
+            headers = _first_headers(lines, True)
         size = body_offset
         length = None
         raw_length = headers.get("content-length")
@@ -384,10 +374,34 @@ def _head_end_with_cr(buf: bytes | bytearray, resume: int, head_end: int) -> int
     return lf_crlf if lf_crlf >= 0 else head_end
 
 
-def _first_headers(lines: list[str], escaped: bool) -> dict[str, str]:
-    """Header lines to a dict in wire order, unescaped if asked, first occurrence winning."""
+def _headers(lines: list[str]) -> dict[str, str]:
+    """The header lines after the command line (lines[0]) to a dict, first occurrence
+    winning, split at the first colon; ProtocolError for a line without one (whichever
+    line it is) before one for an empty name. A loop of str.find and slices, which the
+    compiled build runs without a Python call, costs a third of a dict built by `map`."""
     headers: dict[str, str] = {}
-    for line in lines:
+    empty_name = False
+    for index in range(1, len(lines)):
+        line = lines[index]
+        colon = line.find(":")
+        if colon <= 0:
+            if colon < 0:
+                raise ProtocolError("header line without a colon")
+            empty_name = True
+        name = line[:colon]
+        if name not in headers:
+            headers[name] = line[colon + 1 :]
+    if empty_name:
+        raise ProtocolError("header with an empty name")
+    return headers
+
+
+def _first_headers(lines: list[str], escaped: bool) -> dict[str, str]:
+    """Header lines (after the command line) to a dict in wire order, unescaped if asked,
+    first occurrence winning."""
+    headers: dict[str, str] = {}
+    for index in range(1, len(lines)):
+        line = lines[index]
         name, _, value = line.partition(":")
         if escaped:
             name, value = unescape(name), unescape(value)
