@@ -45,6 +45,11 @@ COMPILED = [
     "curb/log/placement.py",
     "curb/log/record.py",
     "curb/log/ring.py",
+    "curb/router/links.py",
+    "curb/router/placement.py",
+    "curb/router/routes.py",
+    "curb/router/tally.py",
+    "curb/router/waits.py",
 ]
 
 

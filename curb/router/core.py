@@ -219,14 +219,7 @@ class RouterCore(UsersFile):
         dest = self.placement.route(headers.get("destination"), "SEND")
         lines = self._checked_lines(headers, body)
         waits = self.waits.get(session) or self.waits.setdefault(session, Waits())
-        item = Forwarded(session, waits, "SEND", headers, body, dest, done, waits.forwarded())
-        item.wire = b"SEND\ndestination:/queue/%s\n%scontent-length:%d\n\n%s\x00" % (
-            dest.encode(),
-            lines,
-            len(body),
-            body,
-        )
-        self.placement.place_send(item)
+        self.placement.send(session, waits, headers, body, dest, lines, done)
 
     # ---------------------------------------------------------------- subscriptions
 

@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import collections
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from curb.log.waiters import MaybeStored
 from curb.peer import Peer
 from curb.queue import QueueError
+from curb.receipts import Done
 from curb.router.links import BROWSES, CONSUMES, SENDS, UP, Forwarded, Link, Links
 from curb.router.routes import SPAWN_NAME, Address, Routes, destination_name
 from curb.router.tally import DestTally
+from curb.router.waits import Waits
 
 INDEX_BITS = 12  # message ids through the router: the instance's id << 12 | its index
 PARTITION_KEY = "curb-partition-key"
@@ -142,6 +144,28 @@ class Placement:
                 f"Give destination:/queue/NAME (or ./NAME) with a routed NAME; this router routes: {known}.{how}",
             )
         return name
+
+    def send(
+        self,
+        session: Peer,
+        waits: Waits,
+        headers: Mapping[str, str],
+        body: bytes,
+        dest: str,
+        lines: bytes,
+        done: Done | None,
+    ) -> None:
+        """A client's checked SEND to `dest`, whose kept header lines are `lines`:
+        numbered among its session's forwarded frames, encoded once for the instances
+        (the router's receipt goes in per link), and placed."""
+        item = Forwarded(session, waits, "SEND", headers, body, dest, done, waits.forwarded())
+        item.wire = b"SEND\ndestination:/queue/%s\n%scontent-length:%d\n\n%s\x00" % (
+            dest.encode(),
+            lines,
+            len(body),
+            body,
+        )
+        self.place_send(item)
 
     def place_send(self, item: Forwarded) -> None:
         """Forward a SEND to an instance of its destination that is up, or park it until
