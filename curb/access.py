@@ -24,7 +24,7 @@ from curb.backend import COUNT, REDRIVE
 from curb.conn import CLOSING, OPEN, Conn
 from curb.frame import Frame, encode
 from curb.logins import Answer, Shed
-from curb.queue import QueueError
+from curb.queue_errors import QueueError
 
 SERVER = f"curb/{__version__}"
 

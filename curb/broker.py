@@ -41,7 +41,8 @@ from curb.logins import Answer, LoginChecks, Offload, UsersFile, run_now
 from curb.loop_pass import LoopPass
 from curb.metrics import Metrics
 from curb.peer import Peer
-from curb.queue import Late, Queue, QueueError, Subscription
+from curb.queue import Queue, Subscription
+from curb.queue_errors import Late, QueueError
 from curb.redelivery import REASON_MAX_DELIVERIES
 from curb.refusals import Refusals
 from curb.returns import Kept, Loop, Returns, Schedule

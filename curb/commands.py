@@ -39,7 +39,8 @@ from curb.conn import NEW, OPEN, Conn
 from curb.destinations import ORDINARY
 from curb.frame import Frame, decimal, escape
 from curb.log.waiters import MaybeStored
-from curb.queue import MAX_PREFETCH, Late, QueueError
+from curb.queue import MAX_PREFETCH
+from curb.queue_errors import Late, QueueError
 from curb.timing import TIME_HEADERS, nack_delay
 
 # The command of a stand-in, among the frames held during a login check, for bytes that

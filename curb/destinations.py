@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from curb.counts import COUNT_DESTINATION
 from curb.dead import DEAD_DESTINATION, REDRIVE_DESTINATION
-from curb.queue import QueueError
+from curb.queue_errors import QueueError
 
 LOCAL_PREFIX = "./"
 # Ordinary destinations already judged so: a producer names the same few again and again,

@@ -54,8 +54,9 @@ Rules (pure state, no sockets, no files):
 import heapq
 from collections import OrderedDict
 from collections.abc import Hashable
-from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
+
+from curb.queue_errors import Late, QueueError
 
 ACK_MODES = ("auto", "client", "client-individual")
 # The most unacked messages one subscription may ask to hold (prefetch-count).
@@ -66,24 +67,6 @@ MAX_PREFETCH = 1_000_000
 LATE_KEPT = 1024
 # Stale heap entries tolerated before the deadline heap is rebuilt, beyond one per live one.
 DEADLINE_SLACK = 1024
-
-
-class QueueError(Exception):
-    """A client asked for something the queue state does not allow.
-
-    str() is a short reason, fit for the `message` header of an ERROR frame; `advice`,
-    for its body, says what the client should do instead (every raise must give one).
-    """
-
-    def __init__(self, reason: str, advice: str):
-        super().__init__(reason)
-        self.advice = advice
-
-
-class Late(QueueError):
-    """An ACK, NACK or touch of a message whose ack deadline passed while this connection
-    held it: the message is back in the queue (or with another consumer) and this
-    changes nothing."""
 
 
 class Message(Protocol):
@@ -119,17 +102,18 @@ class Source(Protocol[M_co]):
         """
 
 
-@dataclass(eq=False)
 class Subscription(Generic[C, M]):
-    """One SUBSCRIBE of a connection, and the messages it holds (its wip, in delivery order)."""
+    """One SUBSCRIBE of a connection, and the messages it holds (its wip, in delivery order).
+    Compared by identity: two subscriptions are never the same one."""
 
-    conn: C
-    id: str
-    ack_mode: str
-    prefetch: int
-    ack_timeout_ms: int = 0  # how long a delivery may stay unsettled; 0: no deadline
-    active: bool = True
-    unacked: OrderedDict[int, M] = field(default_factory=OrderedDict, repr=False)
+    def __init__(self, conn: C, sub_id: str, ack_mode: str, prefetch: int, ack_timeout_ms: int = 0):
+        self.conn = conn
+        self.id = sub_id
+        self.ack_mode = ack_mode
+        self.prefetch = prefetch
+        self.ack_timeout_ms = ack_timeout_ms  # how long a delivery may stay unsettled; 0: no deadline
+        self.active = True
+        self.unacked: OrderedDict[int, M] = OrderedDict()
 
     def has_room(self) -> bool:
         return len(self.unacked) < self.prefetch

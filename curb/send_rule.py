@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from curb import message_limits
-from curb.queue import QueueError
+from curb.queue_errors import QueueError
 from curb.timing import TIME_HEADERS, send_times
 
 

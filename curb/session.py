@@ -42,7 +42,7 @@ from curb.commands import RULES, UNPARSABLE, unexpected, unparsable
 from curb.conn import CLOSING, NEW, Beats, Login
 from curb.frame import Frame, FrameParser, ProtocolError
 from curb.output import Output, Piece
-from curb.queue import QueueError
+from curb.queue_errors import QueueError
 from curb.receipts import Owed, ReceiptLine
 from curb.transaction_rules import TRANSACTION_RULES
 from curb.transactions import Transactions

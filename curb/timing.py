@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from curb.frame import decimal
-from curb.queue import QueueError
+from curb.queue_errors import QueueError
 from curb.redelivery import MAX_DELAY_MS
 
 # The latest time the log keeps: 44 bits of milliseconds (the year 2527).

@@ -22,7 +22,7 @@ from curb import commands, receipts
 from curb.backend import REDRIVE
 from curb.conn import OPEN, Conn
 from curb.frame import Frame
-from curb.queue import QueueError
+from curb.queue_errors import QueueError
 from curb.transactions import Transactions
 
 TX_HEADER = "curb-transaction"

@@ -15,7 +15,7 @@ gone) gives its bytes back.
 from __future__ import annotations
 
 from curb.frame import Frame
-from curb.queue import QueueError
+from curb.queue_errors import QueueError
 
 MAX_FRAMES = 10_000  # frames held by one connection's transactions
 MAX_BYTES = 64 << 20  # bytes held by one connection's transactions

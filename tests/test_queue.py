@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from curb.queue import DEADLINE_SLACK, LATE_KEPT, MAX_PREFETCH, Late, Queue, QueueError, Subscription
+from curb.queue import DEADLINE_SLACK, LATE_KEPT, MAX_PREFETCH, Queue, Subscription
+from curb.queue_errors import Late, QueueError
 
 
 @dataclass(eq=False, frozen=True)

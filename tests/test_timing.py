@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from curb.queue import QueueError
+from curb.queue_errors import QueueError
 from curb.redelivery import MAX_DELAY_MS
 from curb.timing import MAX_EPOCH_MS, nack_delay, send_times
 

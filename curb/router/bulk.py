@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from curb.frame import decimal
-from curb.queue import QueueError
+from curb.queue_errors import QueueError
 from curb.receipts import Done
 from curb.router.links import UP, Forwarded, Link, Links
 from curb.router.placement import INDEX_BITS, Placement

@@ -39,15 +39,25 @@ from curb.router.links import UP, Link, Links
 MAX_WINDOW = 10_000
 
 
-@dataclass(eq=False)
 class ClientSub(Subscription[Peer, Record]):
     """A client's SUBSCRIBE through the router: its destination (its dead letters with
     `dead`) and its credit per instance."""
 
-    dest: str = ""
-    dead: bool = False
-    shares: dict[Link, int] = field(default_factory=dict)
-    held: dict[Link, int] = field(default_factory=dict)
+    def __init__(
+        self,
+        conn: Peer,
+        sub_id: str,
+        ack_mode: str,
+        prefetch: int,
+        ack_timeout_ms: int = 0,
+        dest: str = "",
+        dead: bool = False,
+    ):
+        super().__init__(conn, sub_id, ack_mode, prefetch, ack_timeout_ms)
+        self.dest = dest
+        self.dead = dead
+        self.shares: dict[Link, int] = {}
+        self.held: dict[Link, int] = {}
 
     @property
     def line(self) -> str:

@@ -32,7 +32,8 @@ from curb import payload
 from curb.frame import Frame
 from curb.log.cursor import Record
 from curb.peer import Peer
-from curb.queue import Late, QueueError, not_awaiting
+from curb.queue import not_awaiting
+from curb.queue_errors import Late, QueueError
 from curb.router.credit import ClientSub, Credit, Delivery
 from curb.router.links import Link, Links
 from curb.router.placement import INDEX_BITS

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 
 from curb.log.waiters import MaybeStored
 from curb.peer import Peer
-from curb.queue import QueueError
+from curb.queue_errors import QueueError
 from curb.receipts import Done
 from curb.router.links import BROWSES, CONSUMES, SENDS, UP, Forwarded, Link, Links
 from curb.router.routes import SPAWN_NAME, Address, Routes, destination_name

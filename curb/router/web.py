@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from curb.backend import Done
 from curb.instance import EXIT_USAGE, Events, StartError, is_loopback, listen, sockname
-from curb.queue import QueueError
+from curb.queue_errors import QueueError
 from curb.router import figures
 from curb.router.config import WebConfig
 from curb.router.console import RouterFeed

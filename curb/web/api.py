@@ -41,7 +41,7 @@ from curb import payload
 from curb.backend import Backend
 from curb.broker import NotStored, Refused, publish
 from curb.heartbeat import MAX_MS
-from curb.queue import Late
+from curb.queue_errors import Late
 from curb.users import User
 from curb.web import narconi
 from curb.web.access import log_in, peer_of

@@ -116,7 +116,7 @@ class Takers:
 
     async def ack(self, msg_id: int) -> None:
         """The claimed message is done; returns once that is on disk. KeyError: not claimed
-        here; curb.queue.Late: its deadline passed."""
+        here; curb.queue_errors.Late: its deadline passed."""
         peer = self._holder(msg_id)
         self.backend.ack(peer, msg_id)
         del self.claims[msg_id]
