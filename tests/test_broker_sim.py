@@ -153,6 +153,10 @@ REGRESSIONS_WITH_BOUNCES = {
     # power loss undid, came back queued with its count at the limit, and the queue buried
     # it again when it met it: the checker had forgotten it was at the limit.
     "an_undone_ack_upto_of_a_dead_letter_at_the_limit": (38102880, "dead browse returned a message that is not dead"),
+    # A failed write of the copies of two messages parked by a passed ack deadline left
+    # the index naming copies past the written head; a browse then missed both and still
+    # ended. Once the log failed, no browse is stepped and nothing is delivered.
+    "a_browse_after_a_failed_write_misses_parked_messages": (60017037, "browse missed a live message"),
 }
 
 
@@ -160,10 +164,6 @@ REGRESSIONS_WITH_BOUNCES = {
 # change alike (replayed on both): kept, expected to fail until the log is fixed (strict:
 # a pass means the mark should go).
 OPEN_FINDINGS = {
-    # The ack deadline of two delivered messages passes; they go back with a redelivery
-    # delay (parked), and a browse of their range in that loop pass lists neither: the
-    # browse's liveness test and the parked messages disagree.
-    "a_browse_misses_messages_parked_by_a_passed_deadline": (60017037, "browse missed a live message"),
     # A redrive (no receipt) moves a dead letter back; an ack:auto consumer takes it at
     # once, and its connection's later SENDs get RECEIPTs; after a power loss the restart
     # finds the letter dead again, where the model has it acked.
