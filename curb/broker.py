@@ -12,11 +12,15 @@ future): the limits a MESSAGE must meet (curb.message_limits), the headers kept
 maps `Refused.reason` and its `done` answer to its own words.
 
 Delivery is `pump`: one message at a time while a subscription has credit and its
-session can take output. The rest is in units of their own, each with its invariants:
-refusals and their lines (curb.refusals), the return policy and its two timers
-(curb.returns), a loop pass's batching (curb.loop_pass), `./count` coalescing
-(curb.counts) and browse stepping (curb.browse_steps). They take a scheduler and a loop
-as parameters, so tests drive the broker without an event loop.
+session can take output. Once the log failed (`log_failed`), nothing is handed out or
+browsed: after a failed write the log's memory may name records that never reached the
+disk, so a delivery or a browse read then could be wrong; the owner stops the broker.
+
+The rest is in units of their own, each with its invariants: refusals and their lines
+(curb.refusals), the return policy and its two timers (curb.returns), a loop pass's
+batching (curb.loop_pass), `./count` coalescing (curb.counts) and browse stepping
+(curb.browse_steps). They take a scheduler and a loop as parameters, so tests drive the
+broker without an event loop.
 """
 
 from __future__ import annotations
@@ -150,8 +154,9 @@ def loop_schedule(loop: asyncio.AbstractEventLoop) -> Schedule:
 class BrokerEvents(NoEvents):
     """The log's events (curb.log.events) for the broker made over that log. The log is
     made first (the broker reads its counts when made), so its owner gives the log this
-    and sets `broker` once the broker exists, before the log's first flush. Damage and a
-    fatal error are the owner's to hear (curb.instance)."""
+    and sets `broker` once the broker exists, before the log's first flush. A fatal error
+    halts the broker (`Broker.log_failed`); stopping it, and damage, are the owner's
+    (curb.instance)."""
 
     broker: Broker
 
@@ -166,6 +171,9 @@ class BrokerEvents(NoEvents):
 
     def disk_full(self, refused: int, why: str) -> None:
         self.broker.refusals.disk_full(refused, why)
+
+    def fatal(self, reason: str) -> None:
+        self.broker.log_failed(reason)
 
 
 class Broker(SingleQueue, UsersFile):
@@ -228,6 +236,7 @@ class Broker(SingleQueue, UsersFile):
             pump=self.pump,
         )
         self._pumping = False
+        self.halted: str | None = None  # why the log failed: nothing is handed out or browsed since
 
     # ---------------------------------------------------------------- a session's steps
 
@@ -463,6 +472,13 @@ class Broker(SingleQueue, UsersFile):
         for session in list(self.sessions):
             session.close()
 
+    def log_failed(self, reason: str) -> None:
+        """A write or sync failed and the log stopped for good: from now on no message is
+        handed out and no browse stepped (curb.browse_steps), so no answer rests on
+        records a failed write may not have put on disk."""
+        self.halted = reason
+        self.browses.halted = True
+
     # ---------------------------------------------------------------- delivery
 
     def pump(self) -> None:
@@ -471,6 +487,8 @@ class Broker(SingleQueue, UsersFile):
         its bound (curb.session), so a pass makes at most about that much per
         connection, whatever the prefetch or the message size. A pump called from within
         a pass is skipped, so that each session gets its messages in the queue's order."""
+        if self.halted is not None:
+            return
         queue = self.queue
         if queue.has_credit() and not self._pumping:
             self._pumping = True
@@ -491,21 +509,26 @@ class Broker(SingleQueue, UsersFile):
                 self._pumping = False
                 self.metrics.delivered += delivered
                 self.metrics.redelivered += redelivered
-            soonest = queue.soonest
-            deadlines = self.returns.deadlines
-            if soonest is not None and (deadlines.at is None or soonest < deadlines.at):
-                deadlines.arm(soonest)
-            if queue.expired:
-                self.returns.expired(queue.take_expired())
-            if queue.spent:
-                for rec in queue.take_spent():
-                    self.returns.bury(rec, REASON_MAX_DELIVERIES)
+            self._after_pass(queue)
         if self.dead.has_credit() and not self._pumping:
             self._pump_dead()
         if self.count_watch.watchers:
             self.count_watch.changed()
         if self.browses.sessions:
             self.browses.want()
+
+    def _after_pass(self, queue: Queue[Peer, Record]) -> None:
+        """After a pass of the queue's deliveries: its soonest ack deadline armed, what it
+        met expired or past the delivery limit given to the return policy."""
+        soonest = queue.soonest
+        deadlines = self.returns.deadlines
+        if soonest is not None and (deadlines.at is None or soonest < deadlines.at):
+            deadlines.arm(soonest)
+        if queue.expired:
+            self.returns.expired(queue.take_expired())
+        if queue.spent:
+            for rec in queue.take_spent():
+                self.returns.bury(rec, REASON_MAX_DELIVERIES)
 
     def _pump_dead(self) -> None:
         """Hand out dead letters to `./dead` subscribers while they have credit."""

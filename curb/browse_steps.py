@@ -4,6 +4,12 @@ holds only its window in memory and respects the session's flow control as deliv
 
 Sessions are served in the order they came (a dict, not a set: the order a pass serves
 them in must not depend on where objects live).
+
+Invariant: no browse is stepped once the log failed (`halted`). A failed write leaves the
+log's memory naming records that never reached the disk (a copy the index points to, a
+head not yet moved past it), so a browse read then could miss live messages and still
+send its end marker; it is left open instead, and ends without one when its connection
+closes as the broker stops.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ class BrowseSteps:
         self.schedule = schedule
         self.sessions: dict[Peer, None] = {}
         self._scheduled = False
+        self.halted = False  # the log failed: no browse is stepped again
 
     def add(self, session: Peer) -> None:
         self.sessions[session] = None
@@ -37,6 +44,8 @@ class BrowseSteps:
         """One step of every browse whose session can take output; again next loop pass
         while some could go on (those waiting for writes go on from the broker's pump)."""
         self._scheduled = False
+        if self.halted:
+            return
         again = False
         for session in list(self.sessions):
             if not session.writable:

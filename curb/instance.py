@@ -162,6 +162,7 @@ class _LogEvents(BrokerEvents):
         self.stop = stop
 
     def fatal(self, reason: str) -> None:
+        super().fatal(reason)
         self.stop(reason)
 
     def damage(self, text: str) -> None:

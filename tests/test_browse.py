@@ -13,6 +13,7 @@ from curb.access import permission_needed
 from curb.frame import Frame
 from curb.log import QueueFull, Record
 from curb.log.browse import Browse
+from curb.redelivery import Redelivery
 from curb.render import BROWSE_END
 from curb.single_queue import SingleQueue
 
@@ -406,3 +407,25 @@ def test_a_delayed_message_is_browsed_with_its_due_time_and_a_ready_one_without(
     assert now.body == b"now" and "curb-due" not in now.headers
     world.now += 61.0
     assert [f.headers.get("curb-due") for f in browse(peer) if f.command == "MESSAGE"] == [None, None, None]
+
+
+def test_after_a_failed_write_no_browse_ends_and_nothing_is_delivered() -> None:
+    """A NACKed message with a redelivery delay is copied into the parked index at the
+    next flush; when that write fails, the log's memory names copies that are not on
+    disk. A browse read then would miss both messages and still end, so once the log
+    failed no browse is stepped and no message handed out: the connections close as
+    the broker stops."""
+    world = MemWorld(redelivery=Redelivery(delay_ms=60_000))
+    peer = world.peer()
+    peer.produce([b"m%d" % i for i in range(1, 4)])
+    consumer = world.peer()
+    consumer.send("SUBSCRIBE", id="s", destination="/queue/curb", ack="client-individual")
+    assert ids(consumer.frames()) == ["1", "2", "3"]
+    world.disk.write_eio = 1.0
+    consumer.send("NACK", id="1")
+    consumer.send("NACK", id="2")
+    assert world.log.broken is not None
+    assert browse(peer) == []
+    late = world.peer()
+    late.send("SUBSCRIBE", id="s", destination="/queue/curb")
+    assert late.frames() == []

@@ -30,7 +30,10 @@ the moment something else is:
   subscriber again, never lost, served by `./dead` with `curb-dead-reason:max-deliveries`
   (an expired one with `expired`); a MESSAGE never carries a count past the limit;
 - a redrive makes every dead letter no `./dead` subscriber holds a queued message again,
-  its count reset (the next delivery says 1), and loses none;
+  its count reset (the next delivery says 1), and loses none; which it moved is read
+  from the broker (a message the model has queued may be a dead letter already, met at
+  the limit or expired), and one it moved may be dead again after a crash until the
+  redrive is durable (a power loss may keep the burial's write and lose the redrive's);
 - RECEIPTs come in frame order, and the only ERROR is the refusal of a SEND (queue full);
 - every delivery is a message sent, byte for byte with its headers, under one id for
   good, never a refused one; its delivery count goes up by one each time in a run,
@@ -154,7 +157,7 @@ class Msg:
     # that count reached the disk, the queue buries it when it meets it.
     spent: bool = False
     redrive_unsure: bool = False  # redriven, not yet durably: a crash may leave it dead
-    # A dead letter, expired, that a redrive of some may have moved and the queue, meeting
+    # A dead letter, expired, that a redrive may have moved and the queue, meeting
     # it expired, buried again at once: its count may be reset and its reason "expired".
     reason_unsure: bool = False
     # Redriven (not yet durably) from a burial at the delivery limit: a crash may lose the
@@ -371,39 +374,18 @@ class Checker:
         if receipt is not None:
             conn.expect[receipt] = Expect(seq, "DISCONNECT", (), False)
 
-    def redrive(self, serial: int, seq: int, receipt: str | None) -> None:
-        """SEND ./redrive (all): every dead letter no ./dead subscriber holds is queued
-        again, its count reset."""
-        moved = []
-        wall = self.wall
-        for msg in self.messages.values():
-            if msg.state == LIVE and msg.holder is None and (msg.spent or (msg.expires and wall >= msg.expires)):
-                # Maybe dead-lettered already (the queue met it expired), and so redriven:
-                # its count is unknown from here on. It stays expired, so never delivered.
-                msg.count = msg.durable_count = msg.returned = 0
-                msg.redrives += 1
-            if msg.state == DEAD and msg.holder is None:
-                msg.redrive_at_limit = msg.reason == LIMIT
-                msg.state, msg.reason = LIVE, ""
-                msg.count = msg.durable_count = msg.returned = msg.due = msg.durable_due = 0
-                msg.fresh = msg.redrive_unsure = msg.redriven_dead = True
-                msg.dead_promised = False
-                msg.redrives += 1
-                moved.append(msg.tag)
-                self._now_live(msg)
-        conn = self.conns[serial]
-        conn.effects.append(Effect(seq, "REDRIVE", tuple(moved)))
-        if receipt is not None:
-            conn.expect[receipt] = Expect(seq, "REDRIVE", tuple(moved), False)
-
-    def redrive_counted(self, serial: int, seq: int, receipt: str | None, count: int, moved_ids: set[int]) -> None:
-        """SEND ./redrive with curb-count: `moved_ids` are the dead letters the broker
-        moved (what its dead letters lost in the frame). At most `count`, none a ./dead
-        subscriber holds, none that is not (or may not be) a dead letter, and no fewer
-        than it could: the oldest first is the broker's to order."""
+    def redrive(self, serial: int, seq: int, receipt: str | None, count: int | None, moved_ids: set[int]) -> None:
+        """SEND ./redrive, of all (`count` None) or with curb-count: `moved_ids` are the
+        dead letters the broker moved (what its dead letters lost in the frame). At most
+        `count`, none a ./dead subscriber holds, none that is not (or may not be) a dead
+        letter, and no fewer than it could: the oldest first is the broker's to order.
+        Which it moved is read from the broker, not guessed: a message the model has
+        queued may be a dead letter already (met at the limit or expired), and one the
+        redrive moved is, until the redrive is durable, dead again after a crash that
+        kept its burial and lost the redrive."""
         wall = self.wall
         by_id = {msg.id: msg for msg in self.messages.values() if msg.id is not None}
-        where = f"redrive of {count} by connection {serial}"
+        where = f"redrive of {'all' if count is None else count} by connection {serial}"
         moved = []
         for msg_id in sorted(moved_ids):
             found = by_id.get(msg_id)
@@ -421,12 +403,12 @@ class Checker:
                 raise fail("redrive moved a held dead letter", f"{where}: #{msg.tag} held by {msg.holder}")
             if msg not in free and msg not in maybe:
                 raise fail("redrive moved a message that is not dead", f"{where}: #{msg.tag} is {msg.state}")
-        if len(moved) > count:
+        if count is not None and len(moved) > count:
             raise fail("redrive moved more than curb-count", f"{where}: moved {len(moved)}")
         # An expired dead letter it moved the queue buries again at once (it meets it
         # expired): it is not among the moved, and is dead still.
         reburied = [m for m in free + maybe if m.expires and wall >= m.expires and m not in moved]
-        if len(moved) + len(reburied) < min(count, len(free)):
+        if len(moved) + len(reburied) < (len(free) if count is None else min(count, len(free))):
             raise fail(
                 "redrive moved fewer than it could",
                 f"{where}: moved {len(moved)} of {len(free)} dead letters no one holds"
@@ -438,6 +420,7 @@ class Checker:
             # Its redrive's rewrite and its burial again are two writes: a crash between
             # them leaves it queued, the burial before no longer binding.
             msg.dead_promised = False
+            msg.redrives += 1
         tags = []
         for msg in moved:
             msg.redrive_at_limit = msg.reason == LIMIT or (msg.state == LIVE and msg.spent)
@@ -454,7 +437,7 @@ class Checker:
             conn.expect[receipt] = Expect(seq, "REDRIVE", tuple(tags), False)
 
     def redrive_interrupted(self) -> None:
-        """A crash struck amid a redrive of some: any dead letter no one held may have
+        """A crash struck amid a redrive: any dead letter no one held may have
         moved, and its reset may reach the disk; the restart's read says which did."""
         for msg in self.messages.values():
             if msg.state == DEAD and msg.holder is None:

@@ -468,15 +468,12 @@ class Sim:
         headers = {"destination": "./redrive"}
         if receipt is not None:
             headers["receipt"] = receipt
-        if a.count is None:
-            self.checker.redrive(client.serial, seq, receipt)
-            self.feed(client, "SEND", headers)
-            self.stats.redrives += 1
-            return
-        # Which dead letters a redrive of some moves is the broker's to choose (the oldest
-        # first): the simulator sees which it moved, the checker whether it may have.
+        if a.count is not None:
+            headers["curb-count"] = str(a.count)
+        # Which dead letters a redrive moves is the broker's to know (the oldest first; and
+        # a message the checker has queued may be a dead letter already, met at the limit
+        # or expired): the simulator sees which it moved, the checker whether it may have.
         before = self._dead_ids()
-        headers["curb-count"] = str(a.count)
         try:
             self.feed(client, "SEND", headers)
         except Crashed:
@@ -484,7 +481,7 @@ class Sim:
             raise
         moved = before - self._dead_ids()
         self.trace(f"  redrive moved {sorted(moved)}")
-        self.checker.redrive_counted(client.serial, seq, receipt, a.count, moved)
+        self.checker.redrive(client.serial, seq, receipt, a.count, moved)
         self.stats.redrives += 1
 
     def _dead_ids(self) -> set[int]:
