@@ -480,9 +480,9 @@ def test_a_crash_that_undoes_a_retired_ack_leaves_room_to_copy_the_message_back(
         core.send(body(n, 400))
         log.flush()
         log.sync()
-        rec = core.take()
+        got = core.take()
         if n % 3:
-            log.ack(rec)
+            log.ack(got)
         n += 1
     log.ack(oldest)
     for n in range(8):
