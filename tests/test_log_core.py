@@ -461,6 +461,49 @@ def test_retired_acks_become_durable_with_no_receipt_asked_and_no_other_traffic(
     assert core.crash("power").drain() == []
 
 
+def test_a_crash_that_undoes_a_retired_ack_leaves_room_to_copy_the_message_back():
+    """The oldest held message is acked (nothing written: the next synced checkpoint
+    retires it) just before a flush that must make room. Compaction copies nothing until
+    that checkpoint: a kill before it brings the message back at the tail, and copies of
+    the held messages after it, had they spent the reserve, would leave no room to copy
+    it there. The restarted log, the message held and never acked, still stores SENDs."""
+    core = Core()
+    log = core.log
+    core.send(body(0, 1500))
+    log.flush()
+    log.sync()
+    oldest = core.take()
+    # Messages of 400 bytes until the ring is nearly full, every third one held: no early
+    # compaction (the clock stands still, so the tail is never pinned for long).
+    n = 1
+    while n * fmt.record_size(401) < log.capacity - 6 * 1024:
+        core.send(body(n, 400))
+        log.flush()
+        log.sync()
+        got = core.take()
+        if n % 3:
+            log.ack(got)
+        n += 1
+    log.ack(oldest)
+    for n in range(8):
+        core.send(body(1000 + n, 400))
+    log.flush()  # no room for them all: the room comes with the checkpoint, not copies
+    restarted = core.crash("kill")
+    taken = []
+    while (rec := restarted.log.next_ready()) is not None:
+        restarted.log.delivered(rec)
+        taken.append(rec)
+    assert [rec.id for rec in taken if rec.id == oldest.id] == [oldest.id]
+    for rec in taken:
+        if rec.id != oldest.id:
+            restarted.log.ack(rec)
+    answers: list[list[str | None]] = []
+    for n in range(40):
+        answers.append(restarted.send(body(2000 + n, 100)))
+        restarted.settle(2)
+    until(restarted, lambda: all(a == [None] for a in answers), rounds=10)
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_a_crash_while_recovery_records_a_new_cap_loses_nothing_and_the_next_start_records_it(seed):
     """The header's cap line is rewritten when a broker opens the file with another -cap:

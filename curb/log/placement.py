@@ -18,6 +18,14 @@ Invariants kept here:
   the head (same id, new write sequence, the mutable block as it is now) and its index
   entry moves to the copy, at once. Long-lived records therefore never pin the tail,
   whatever their due time.
+- Compaction copies only while the durable tail (the ring's, the last synced
+  checkpoint's) is the logical tail (Cursor.tail). Bytes between them are released by
+  the next synced checkpoint anyway, and a record there may be dead only by an ACK a
+  crash undoes (an ACK of the oldest message writes nothing: that checkpoint retires it,
+  curb.log.checkpoints rule 6). Copies that spent the free bytes before then could
+  leave a restarted log with that message at its tail and no contiguous room to copy
+  it: every SEND refused until a consumer ACKs it. Admission's plan (Ring.clears)
+  counts on the same order: each copy after a checkpoint released every byte before it.
 - Every parked record is in the index from the moment it is placed: a copy of a parked
   record and a kept record copied to the head become entries at the head, in ring
   order, so the cursor never has to park what it meets (curb.log.cursor).
@@ -152,15 +160,17 @@ class Placement:
         """Make room for `size` bytes: copy the held and parked messages that pin the tail
         to the head, oldest first, in one batch covering a quarter of the ring (so that
         one sync and one checkpoint release plenty of room, not one record's worth), while
-        copies fit. Only when that frees more than the next checkpoint would anyway:
-        copying a run of live messages with no dead bytes after it just moves them round
+        copies fit. Only once the durable tail is the logical tail: until then the next
+        synced checkpoint releases bytes first, and they may be dead only by ACKs a crash
+        can undo. And only when dead bytes lie among the live records up to the read
+        position: copying a run of live messages with none after it just moves them round
         the ring. Copies leave `keep` bytes free."""
         ring, cursor, parked = self.ring, self.cursor, self.parked
         cursor.pass_dead()
-        freed_by_checkpoint = ring.distance(ring.tail, cursor.tail())
+        if cursor.tail() != ring.tail:
+            return  # the next synced checkpoint frees room first (see the module's invariants)
         pinning = cursor.behind_bytes + parked.bytes - parked.unpassed_bytes
-        freed_by_moving = ring.distance(ring.tail, cursor.rpos) - pinning
-        if freed_by_moving <= freed_by_checkpoint:
+        if ring.distance(ring.tail, cursor.rpos) <= pinning:
             return  # the live records are not followed by dead bytes: copying them gains nothing
         span = size + self.admission.reserve() + self.capacity // 4
         used = ring.distance(ring.tail, ring.head)
