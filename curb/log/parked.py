@@ -315,6 +315,8 @@ class Parked:
 
     def first_passed_live(self) -> int | None:
         """`passed_live`'s first seq, or None when it has none."""
+        if self.first >= self.passed:  # no live entry below `first`: none passed (no search)
+            return None
         seq = self._first_live()
         return seq if seq < self.passed else None
 
