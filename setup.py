@@ -29,6 +29,7 @@ COMPILED = [
     "curb/destinations.py",
     "curb/fairqueue.py",
     "curb/frame.py",
+    "curb/handout.py",
     "curb/heartbeat.py",
     "curb/loop_pass.py",
     "curb/message_limits.py",

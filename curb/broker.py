@@ -11,10 +11,11 @@ future): the limits a MESSAGE must meet (curb.message_limits), the headers kept
 (curb.payload), and what a RECEIPT or an HTTP 201 waits for (the fsync). A front only
 maps `Refused.reason` and its `done` answer to its own words.
 
-Delivery is `pump`: one message at a time while a subscription has credit and its
-session can take output. Once the log failed (`log_failed`), nothing is handed out or
-browsed: after a failed write the log's memory may name records that never reached the
-disk, so a delivery or a browse read then could be wrong; the owner stops the broker.
+Delivery is `pump`, and settling what was delivered (ACK, NACK, a bounce, a touch)
+the steps of curb.handout, which run for every message. Once the log failed
+(`log_failed`), nothing is handed out or browsed: after a failed write the log's memory
+may name records that never reached the disk, so a delivery or a browse read then could
+be wrong; the owner stops the broker.
 
 The rest is in units of their own, each with its invariants: refusals and their lines
 (curb.refusals), the return policy and its two timers (curb.returns), a loop pass's
@@ -36,6 +37,7 @@ from curb.broker_config import BrokerConfig
 from curb.browse_steps import BrowseSteps
 from curb.counts import CountWatch
 from curb.dead import DeadBrowse, DeadSource
+from curb.handout import Handout
 from curb.log import QueueFull, TooLarge
 from curb.log.browse import Browse
 from curb.log.cursor import Record
@@ -46,8 +48,7 @@ from curb.loop_pass import LoopPass
 from curb.metrics import Metrics
 from curb.peer import Peer
 from curb.queue import Queue, Subscription
-from curb.queue_errors import Late, QueueError
-from curb.redelivery import REASON_MAX_DELIVERIES
+from curb.queue_errors import QueueError
 from curb.refusals import Refusals
 from curb.returns import Kept, Loop, Returns, Schedule
 from curb.single_queue import SingleQueue
@@ -216,14 +217,26 @@ class Broker(SingleQueue, UsersFile):
         self.refusals = Refusals(metrics, events, clock)
         # The ack deadlines' time and timers. Default: the event loop running now.
         self.loop: Loop = loop or asyncio.get_running_loop()
-        # Read once per pump pass: an asyncio loop's time() is a Python call around
-        # time.monotonic, so take that C function directly when it is the loop's clock.
-        self._time = time.monotonic if type(self.loop).time is asyncio.BaseEventLoop.time else self.loop.time
         self.sessions: dict[Peer, None] = {}  # in the order they came
         self.count_watch = CountWatch(self.counts, self.schedule)
         self.browses = BrowseSteps(self.schedule)
-        self.passes = LoopPass(log, self.pump, self.schedule)
-        self.returns = Returns(
+        self.handout = handout = Handout(
+            self.queue,
+            self.dead,
+            log,
+            metrics,
+            self.refusals,
+            self.count_watch,
+            self.browses,
+            self.loop,
+            # Read once per pump pass: an asyncio loop's time() is a Python call around
+            # time.monotonic, so take that C function directly when it is the loop's clock.
+            time.monotonic if type(self.loop).time is asyncio.BaseEventLoop.time else self.loop.time,
+            self.wall_ms,
+        )
+        self.pump = handout.pump
+        self.passes = LoopPass(log, handout.pump, self.schedule)
+        self.returns = handout.returns = Returns(
             self.queue,
             self.dead,
             log,
@@ -233,10 +246,8 @@ class Broker(SingleQueue, UsersFile):
             refusals=self.refusals,
             loop=self.loop,
             schedule=self.schedule,
-            pump=self.pump,
+            pump=handout.pump,
         )
-        self._pumping = False
-        self.halted: str | None = None  # why the log failed: nothing is handed out or browsed since
 
     # ---------------------------------------------------------------- a session's steps
 
@@ -313,33 +324,7 @@ class Broker(SingleQueue, UsersFile):
         (self.dead if dead else self.queue).unsubscribe(session, sub_id)
 
     def ack(self, session: Peer, msg_id: int) -> None:
-        """The client is done with the message (and, in client mode, the earlier ones).
-        Late (counted and logged) when its ack deadline passed: nothing changes. A dead
-        letter's ACK deletes it for good."""
-        queue = self._holder(session, msg_id)
-        try:
-            records = queue.ack(session, msg_id)
-        except Late:
-            self.refusals.late(session, msg_id, "ACK", self.loop.time())
-            raise
-        for rec in records:
-            self.log.ack(rec)
-        if queue is self.dead:
-            self.metrics.dead_acked += len(records)
-            self.count_watch.changed()
-        else:
-            self.metrics.acked += len(records)
-
-    def _holder(self, session: Peer, msg_id: int) -> Queue[Peer, Record]:
-        """The queue an ACK, NACK or touch of the message is for: the dead letters' when
-        the session's `./dead` subscription holds it, or held it until its deadline
-        passed (and the queue does not hold it now); else the queue."""
-        dead = self.dead
-        if dead.wip_count and dead.holds(session, msg_id):
-            return dead
-        if dead.passed(session, msg_id) and not self.queue.holds(session, msg_id):
-            return dead
-        return self.queue
+        self.handout.ack(session, msg_id)
 
     def ack_upto(self, upto: int, done: Done | None = None, destination: str | None = None) -> None:
         """Every message with an id up to `upto` is done for good, on every connection,
@@ -379,53 +364,18 @@ class Broker(SingleQueue, UsersFile):
             self.log.end_browse(browse)
 
     def nack(self, session: Peer, msg_id: int, delay_ms: int | None = None) -> None:
-        """The client gives the message back: rdy again after `delay_ms` (None: the
-        policy's delay), or dead past the delivery limit."""
-        records = self._given_back(session, msg_id)
-        self.metrics.nacked += len(records)
-        self.returns.requeue(records, delay_ms)
+        self.handout.nack(session, msg_id, delay_ms)
 
     def bounce(self, session: Peer, msg_id: int) -> None:
-        """NACK curb-undelivered:true: the message reached nobody (a router had no client
-        with credit for it), so it is rdy at once and its delivery is not counted."""
-        records = self._given_back(session, msg_id)
-        for rec in records:
-            rec.deliveries = max(0, rec.deliveries - 1)
-        self.metrics.bounced += len(records)
-        self.returns.requeue(records, 0)
-
-    def _given_back(self, session: Peer, msg_id: int) -> list[Record]:
-        """A NACK's messages (Late past their ack deadline); none when they are dead
-        letters, which go back among the dead."""
-        queue = self._holder(session, msg_id)
-        try:
-            records = queue.nack(session, msg_id)
-        except Late:
-            self.refusals.late(session, msg_id, "NACK", self.loop.time())
-            raise
-        if queue is self.dead:
-            queue.requeue(records)
-            return []
-        return records
+        self.handout.bounce(session, msg_id)
 
     def touch(self, session: Peer, msg_id: int, seconds: float) -> None:
-        """The message's ack deadline is `seconds` from now (Late as for a NACK); a dead
-        letter's too."""
-        queue = self._holder(session, msg_id)
-        try:
-            queue.touch(session, msg_id, self.loop.time() + seconds)
-        except Late:
-            self.refusals.late(session, msg_id, "touch", self.loop.time())
-            raise
-        self.returns.deadlines.arm(queue.soonest)
+        self.handout.touch(session, msg_id, seconds)
 
     def handed_off(self, session: Peer, records: Sequence[Record]) -> None:
         """Messages of an auto subscription went to the connection's transport: only now
         are they done, and their credit is free for more."""
-        for rec in records:
-            (self.dead if rec.dead else self.queue).ack(session, rec.id)
-            self.log.ack(rec)
-        self.metrics.delivered += len(records)
+        self.handout.handed_off(session, records)
         self.passes.want_pump()
 
     def set_writable(self, session: Peer, writable: bool) -> None:
@@ -476,72 +426,8 @@ class Broker(SingleQueue, UsersFile):
         """A write or sync failed and the log stopped for good: from now on no message is
         handed out and no browse stepped (curb.browse_steps), so no answer rests on
         records a failed write may not have put on disk."""
-        self.halted = reason
+        self.handout.halted = reason
         self.browses.halted = True
-
-    # ---------------------------------------------------------------- delivery
-
-    def pump(self) -> None:
-        """Hand out messages, one at a time, while some subscription has credit and its
-        session can take output: a session stops taking once its unsent output passes
-        its bound (curb.session), so a pass makes at most about that much per
-        connection, whatever the prefetch or the message size. A pump called from within
-        a pass is skipped, so that each session gets its messages in the queue's order."""
-        if self.halted is not None:
-            return
-        queue = self.queue
-        if queue.has_credit() and not self._pumping:
-            self._pumping = True
-            delivered = redelivered = 0
-            try:
-                log = self.log
-                now = self._time()
-                wall_ms = self.wall_ms()
-                while (got := queue.next_delivery(now, wall_ms)) is not None:
-                    sub, rec = got
-                    log.delivered(rec)
-                    sub.conn.deliver(sub, rec, log.payload(rec))
-                    if sub.ack_mode != "auto":
-                        delivered += 1
-                    if rec.deliveries > 1:
-                        redelivered += 1
-            finally:
-                self._pumping = False
-                self.metrics.delivered += delivered
-                self.metrics.redelivered += redelivered
-            self._after_pass(queue)
-        if self.dead.has_credit() and not self._pumping:
-            self._pump_dead()
-        if self.count_watch.watchers:
-            self.count_watch.changed()
-        if self.browses.sessions:
-            self.browses.want()
-
-    def _after_pass(self, queue: Queue[Peer, Record]) -> None:
-        """After a pass of the queue's deliveries: its soonest ack deadline armed, what it
-        met expired or past the delivery limit given to the return policy."""
-        soonest = queue.soonest
-        deadlines = self.returns.deadlines
-        if soonest is not None and (deadlines.at is None or soonest < deadlines.at):
-            deadlines.arm(soonest)
-        if queue.expired:
-            self.returns.expired(queue.take_expired())
-        if queue.spent:
-            for rec in queue.take_spent():
-                self.returns.bury(rec, REASON_MAX_DELIVERIES)
-
-    def _pump_dead(self) -> None:
-        """Hand out dead letters to `./dead` subscribers while they have credit."""
-        dead = self.dead
-        self._pumping = True
-        try:
-            now = self._time()
-            while (got := dead.next_delivery(now)) is not None:
-                sub, rec = got
-                sub.conn.deliver(sub, rec, self.log.payload(rec))
-        finally:
-            self._pumping = False
-        self.returns.deadlines.arm(dead.soonest)
 
     # ---------------------------------------------------------------- counts
 

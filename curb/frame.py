@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 HEARTBEAT = b"\n"
 FRAME_END = b"\0\n"
@@ -64,11 +63,25 @@ def decimal(text: str, name: str, maximum: int) -> int:
     return int(digits)
 
 
-@dataclass(slots=True)
 class Frame:
-    command: str
-    headers: dict[str, str]
-    body: bytes = b""
+    """One STOMP frame: its command, headers (the first of repeated names) and body.
+    A plain class, not a dataclass: the compiled build makes one for every frame, and a
+    dataclass's generated __init__ would run as Python code."""
+
+    __slots__ = ("body", "command", "headers")
+
+    def __init__(self, command: str, headers: dict[str, str], body: bytes = b""):
+        self.command = command
+        self.headers = headers
+        self.body = body
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Frame):
+            return NotImplemented
+        return self.command == other.command and self.headers == other.headers and self.body == other.body
+
+    def __repr__(self) -> str:
+        return f"Frame(command={self.command!r}, headers={self.headers!r}, body={self.body!r})"
 
 
 def escape(text: str) -> str:

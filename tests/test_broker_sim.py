@@ -17,6 +17,7 @@ from sim.driver import STEPS, run_many, run_seed
 from simdisk import SimDisk
 
 from curb import send_rule, timing
+from curb.broker import Broker
 from curb.queue import Queue
 from curb.redelivery import Redelivery
 
@@ -231,10 +232,10 @@ def test_a_queue_that_puts_a_message_back_twice_is_caught(monkeypatch):
     assert caught({"held by two consumers"}, 40)
 
 
-def test_a_queue_that_ignores_touches_is_caught(monkeypatch):
+def test_a_broker_that_ignores_touches_is_caught(monkeypatch):
     """A touch that does not move the deadline releases the message too soon: the queue
     holds fewer messages than the checker."""
-    monkeypatch.setattr(Queue, "touch", lambda self, conn, message_id, deadline: None)
+    monkeypatch.setattr(Broker, "touch", lambda self, session, msg_id, seconds: None)
     assert caught({"wip count"}, 60)
 
 

@@ -56,7 +56,7 @@ import struct
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple, overload
+from typing import Final, NamedTuple, overload
 
 # What the readers parse: bytes read from a file, or a buffer they were read into.
 Bytes = bytes | bytearray
@@ -72,26 +72,26 @@ CAP_OFFSET = 191  # the cap line's newline; the line itself starts at 192
 SLOT_OFFSETS = (256, 384)
 RING_START = 512
 
-ALIGN = 32
-RECORD_HEADER = 103
+ALIGN: Final = 32
+RECORD_HEADER: Final = 103
 MUTABLE = 32  # the mutable block: state, deliveries, due time and tag
 CRC_FROM, CRC_TO = 33, 93  # the header bytes the CRC covers: id to length
 STATE_RDY = b"rdy"
 STATE_ACK = b"ack"
-STATE_PAD = b"pad"
+STATE_PAD: Final = b"pad"
 STATE_MAX = b"max"  # dead letter: delivered -max-deliveries times and back once more
 STATE_EXP = b"exp"  # dead letter: expired before it was delivered
 DEAD_REASONS = {STATE_MAX: "max-deliveries", STATE_EXP: "expired"}
 DEAD_STATES = {reason: state for state, reason in DEAD_REASONS.items()}
-STATES = (STATE_RDY, STATE_ACK, STATE_PAD, STATE_MAX, STATE_EXP)
+STATES: Final = (STATE_RDY, STATE_ACK, STATE_PAD, STATE_MAX, STATE_EXP)
 MAX_DELIVERIES = 0xFFFFFFFF
 MAX_TIME_MS = (1 << 47) - 1  # due and expiry times; the send time's top bit is COPY_FLAG
-TAG_MASK = 0xFFFFFF
-COPY_FLAG = 1 << 47
+TAG_MASK: Final = 0xFFFFFF
+COPY_FLAG: Final = 1 << 47
 # The header's hex fields after the state as bytes: deliveries (4), due (6, as 2 + 4), tag
 # (3, as 1 + 2), id, write sequence, time and expiry (6 each), length and CRC (4 each).
 _FIELDS = struct.Struct(">IHIBHHIHIHIHIII")
-_SPACES = (3, 12, 25, 32, 45, 58, 71, 84, 93)
+_SPACES: Final = (3, 12, 25, 32, 45, 58, 71, 84, 93)
 # The bytes after a payload: spaces to the record's alignment, then the newline.
 TAILS = tuple(b" " * n + b"\n" for n in range(ALIGN))
 
@@ -108,22 +108,53 @@ class FormatError(Exception):
     """Bytes that are not a valid part of a curb log."""
 
 
-@dataclass(slots=True)
 class RecordHeader:
-    """The fixed-width line in front of each record's payload, and where its payload is."""
+    """The fixed-width line in front of each record's payload, and where its payload is.
+    A plain class, not a dataclass: the compiled build makes one for every record read,
+    and a dataclass's generated __init__ would run as Python code."""
 
-    state: bytes
-    deliveries: int
-    id: int
-    wseq: int
-    timestamp_ms: int
-    length: int
-    crc: int
-    copy: bool = False
-    due_ms: int = 0
-    expires_ms: int = 0
-    size: int = 0  # the record's bytes in the ring
-    body_at: int = RECORD_HEADER  # where the payload starts, from the record's start
+    __slots__ = (
+        "body_at",
+        "copy",
+        "crc",
+        "deliveries",
+        "due_ms",
+        "expires_ms",
+        "id",
+        "length",
+        "size",
+        "state",
+        "timestamp_ms",
+        "wseq",
+    )
+
+    def __init__(
+        self,
+        state: bytes,
+        deliveries: int,
+        msg_id: int,
+        wseq: int,
+        timestamp_ms: int,
+        length: int,
+        crc: int,
+        copy: bool = False,
+        due_ms: int = 0,
+        expires_ms: int = 0,
+        size: int = 0,
+        body_at: int = RECORD_HEADER,
+    ):
+        self.state = state
+        self.deliveries = deliveries
+        self.id = msg_id
+        self.wseq = wseq
+        self.timestamp_ms = timestamp_ms
+        self.length = length
+        self.crc = crc
+        self.copy = copy
+        self.due_ms = due_ms
+        self.expires_ms = expires_ms
+        self.size = size  # the record's bytes in the ring
+        self.body_at = body_at  # where the payload starts, from the record's start
 
     @overload
     def payload(self, buf: bytes, off: int) -> bytes: ...
@@ -168,42 +199,42 @@ def mutable_block(state: bytes, deliveries: int, due_ms: int, wseq: int) -> byte
 def parse_header(buf: Bytes, pos: int) -> RecordHeader:
     """Parse the record header at buf[pos:]; FormatError if it is not well formed.
     The payload's CRC is not checked here (see check_payload)."""
-    if len(buf) < pos + RECORD_HEADER or buf[pos + RECORD_HEADER - 1] != 10:
+    line = bytes(buf[pos : pos + RECORD_HEADER])  # one copy, then native indexing
+    if len(line) < RECORD_HEADER or line[RECORD_HEADER - 1] != 10:
         raise FormatError("incomplete or malformed record header")
-    state = bytes(buf[pos : pos + 3])
+    state = line[:3]
     if state not in STATES:
         raise FormatError(f"unknown record state {state!r}")
     # Fixed-width fields: one space before each, then an even number of hex digits, so
     # with the spaces in place the digits decode as 45 big-endian bytes in one call.
     for at in _SPACES:
-        if buf[pos + at] != 32:
+        if line[at] != 32:
             raise FormatError("malformed record header")
     try:
-        fields = _FIELDS.unpack(bytes.fromhex(buf[pos + 4 : pos + RECORD_HEADER - 1].decode("ascii")))
+        fields: tuple[int, ...] = _FIELDS.unpack(bytes.fromhex(line[4 : RECORD_HEADER - 1].decode("ascii")))
     except (ValueError, struct.error):  # not ASCII, not hex digits, or too few of them
         raise FormatError("malformed record header") from None
-    deliveries, due_hi, due_lo, tag_hi, tag_lo, id_hi, id_lo, wseq_hi, wseq_lo, stamp_hi, stamp_lo = fields[:11]
-    exp_hi, exp_lo, length, crc = fields[11:]
-    msg_id = id_hi << 32 | id_lo
-    wseq = wseq_hi << 32 | wseq_lo
-    if (tag_hi << 16 | tag_lo) != wseq & TAG_MASK:
+    msg_id = fields[5] << 32 | fields[6]
+    wseq = fields[7] << 32 | fields[8]
+    length = fields[13]
+    if (fields[3] << 16 | fields[4]) != wseq & TAG_MASK:
         # The mutable block is another write's: an older record's, before bytes of a
         # newer one that a crash tore (see the module's invariants).
         raise FormatError("record's state belongs to another write")
     if (state == STATE_PAD) != (msg_id == 0 and length == 0):
         raise FormatError("record state does not match its id and length")
-    stamp = stamp_hi << 32 | stamp_lo
+    stamp = fields[9] << 32 | fields[10]
     return RecordHeader(
         state,
-        deliveries,
+        fields[0],
         msg_id,
         wseq,
         stamp & ~COPY_FLAG,
         length,
-        crc,
+        fields[14],
         bool(stamp & COPY_FLAG),
-        due_hi << 32 | due_lo,
-        exp_hi << 32 | exp_lo,
+        fields[1] << 32 | fields[2],
+        fields[11] << 32 | fields[12],
         record_size(length),
     )
 
