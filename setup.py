@@ -42,6 +42,7 @@ COMPILED = [
     "curb/log/admission.py",
     "curb/log/appends.py",
     "curb/log/cursor.py",
+    "curb/log/dying.py",
     "curb/log/idset.py",
     "curb/log/kept.py",
     "curb/log/placement.py",
