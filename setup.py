@@ -44,6 +44,7 @@ COMPILED = [
     "curb/log/appends.py",
     "curb/log/core.py",
     "curb/log/cursor.py",
+    "curb/log/dying.py",
     "curb/log/idset.py",
     "curb/log/kept.py",
     "curb/log/placement.py",

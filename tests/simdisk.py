@@ -162,6 +162,19 @@ class SimDisk:
         disk._allocs = list(allocs)
         return disk
 
+    def power_loss_without(self, offsets: set[int]) -> SimDisk:
+        """A power loss that keeps every unsynced write and allocation but the writes
+        made at `offsets`: one of the outcomes `crash("power")` may draw, taken on
+        purpose (a test that needs one patch lost and the batch beside it kept)."""
+        image = bytearray(self._durable)
+        for upto in self._allocs:
+            if upto > len(image):
+                image.extend(bytes(upto - len(image)))
+        for offset, data in self._writes:
+            if offset not in offsets:
+                _put(image, offset, data)
+        return self._successor(image, image, [], [])
+
     def _power_loss_image(self) -> bytearray:
         """The durable image plus a random selection of the unsynced writes (in part, by
         sector) and allocations. A survival odds is drawn per crash, so that some crashes

@@ -504,6 +504,99 @@ def test_a_crash_that_undoes_a_retired_ack_leaves_room_to_copy_the_message_back(
     until(restarted, lambda: all(a == [None] for a in answers), rounds=10)
 
 
+def two_held_then_nearly_full(core: Core, first: int, second: int, hold_every: int) -> tuple[Record, Record]:
+    """Two messages taken and held, of `first` and `second` bytes, then messages of 400
+    bytes until the free bytes are little more than the reserve the larger of the two
+    needs, every `hold_every`-th held (0: none) and the rest acked, all of it synced.
+    No early compaction: the clock stands still, so the tail is never pinned for long."""
+    log = core.log
+    held = []
+    for n, size in enumerate((first, second)):
+        core.send(body(n, size))
+        log.flush()
+        log.sync()
+        held.append(core.take())
+    n = 2
+    while log._ring.free() > 2 * (max(first, second) + 200) + 3 * 1024:
+        core.send(body(n, 400))
+        log.flush()
+        log.sync()
+        got = core.take()
+        if not hold_every or n % hold_every:
+            log.ack(got)
+        n += 1
+    core.settle(2)
+    return held[0], held[1]
+
+
+def holds_it_and_still_stores_sends(restarted: Core, held_id: int) -> None:
+    """The restarted log hands out `held_id` once, a consumer holds it for good and acks
+    everything else: SENDs are still stored (the log can copy the held message forward)."""
+    log = restarted.log
+    taken = []
+    while (rec := log.next_ready()) is not None:
+        log.delivered(rec)
+        taken.append(rec)
+    assert [rec.id for rec in taken].count(held_id) == 1
+    for rec in taken:
+        if rec.id != held_id:
+            log.ack(rec)
+    answers: list[list[str | None]] = []
+    for n in range(40):
+        answers.append(restarted.send(body(2000 + n, 100)))
+        restarted.settle(2)
+    until(restarted, lambda: all(a == [None] for a in answers), rounds=10)
+
+
+@pytest.mark.parametrize("hold_every", [0, 3])
+def test_a_power_loss_that_undoes_an_ack_patch_leaves_room_to_copy_the_message_back(hold_every):
+    """A large held message just after the oldest one is acked: a patch, written in the
+    flush that fills the ring and copies the held messages forward (hold_every=3) or
+    the oldest one only (0). A power loss keeps that flush's appends and copies and
+    loses the patch: the message is back, just after the first copied one. Had the
+    appends spent the reserve its size needed, or copies past it the room its copy
+    needs, the restarted log would refuse every SEND with 4 KB queued of 64 KB."""
+    core = Core()
+    log = core.log
+    _, acked = two_held_then_nearly_full(core, 200, 4000, hold_every)
+    log.ack(acked)
+    for n in range(24):
+        core.send(body(1000 + n, 400))
+    log.flush()
+    assert state_on_disk(core, acked) == fmt.STATE_ACK  # a patch, unsynced
+    holds_it_and_still_stores_sends(Core(core.disk.power_loss_without({acked.offset}), core.cap), acked.id)
+
+
+def test_a_kill_that_undoes_a_retired_ack_of_a_large_message_leaves_room_to_copy_it_back():
+    """The oldest held message, larger than any other, is acked (retired: nothing
+    written) and appends fill the ring in the same flush. A kill before the checkpoint
+    brings it back: had the appends spent the reserve its size needed, the restarted
+    log could not copy it."""
+    core = Core()
+    log = core.log
+    oldest, _ = two_held_then_nearly_full(core, 4000, 200, 0)
+    log.ack(oldest)
+    for n in range(24):
+        core.send(body(1000 + n, 400))
+    log.flush()
+    holds_it_and_still_stores_sends(core.crash("kill"), oldest.id)
+
+
+def test_a_power_loss_that_undoes_an_ack_upto_leaves_room_to_copy_the_message_back():
+    """An ACK up to the oldest held message (large) takes it: appends fill the ring in
+    the same flush, and a power loss keeps them but not the checkpoint carrying the
+    watermark. The message is back; the appends must have left room to copy it."""
+    core = Core()
+    log = core.log
+    oldest, _ = two_held_then_nearly_full(core, 4000, 200, 0)
+    log.ack_upto(oldest.id)
+    for n in range(24):
+        core.send(body(1000 + n, 400))
+    log.flush()
+    restarted = Core(core.disk.power_loss_without(set(fmt.SLOT_OFFSETS)), core.cap)
+    holds_it_and_still_stores_sends(restarted, oldest.id)
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_a_crash_while_recovery_records_a_new_cap_loses_nothing_and_the_next_start_records_it(seed):
     """The header's cap line is rewritten when a broker opens the file with another -cap:

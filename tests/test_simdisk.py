@@ -139,6 +139,19 @@ def test_power_loss_may_drop_an_unsynced_allocation():
     assert sizes == {100, 8192}
 
 
+def test_a_power_loss_without_some_writes_keeps_every_other_one():
+    d = disk()
+    d.pwrite(b"a" * 10, 0)
+    d.sync()
+    d.allocate(4096)
+    d.pwrite(b"b" * 10, 0)
+    d.pwrite(b"c" * 10, 1000)
+    after = d.power_loss_without({0})
+    assert after.size() == 4096
+    assert after.pread(10, 0) == b"a" * 10 and after.pread(10, 1000) == b"c" * 10
+    assert after.unsynced_writes() == 0
+
+
 def test_a_failed_sync_makes_nothing_durable():
     d = disk(sync_eio=1.0)
     d.pwrite(b"x", 0)

@@ -12,8 +12,10 @@ place without new ACKs. Invariants, each kept here:
   (curb.log.cursor's `pinning`): a plan over only some of them counted on room that the
   first uncopyable record would keep, and accepted SENDs compaction could not place.
 - The headroom is counted from an upper bound of the largest live or waiting record
-  (size classes, curb.log.sizes), never from an exact index of the records; when nothing
-  is live the bound is exact again, whatever damage made it err.
+  (size classes, curb.log.sizes), never from an exact index of the records; a record
+  acked counts until its ACK is durable (curb.log.dying: a crash may bring it back).
+  When nothing is live and no ACK can be undone the bound is exact again, whatever
+  damage made it err.
 - Compaction starts before it must (`early`) only once a held message has pinned the
   tail for PINNED_FOR seconds of the log's clock (`pinned`): messages held briefly are
   acked before they would be copied.
@@ -24,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from curb.log.cursor import Cursor
+from curb.log.dying import Dying
 from curb.log.record import PAD_SIZE, record_size
 from curb.log.ring import Ring
 from curb.log.sizes import SizeClasses, class_bound, size_class
@@ -50,6 +53,7 @@ class Admission:
         ring: Ring,
         cursor: Cursor,
         classes: SizeClasses,
+        dying: Dying,
         clock: Callable[[], float],
     ):
         self.capacity = capacity
@@ -58,6 +62,7 @@ class Admission:
         self.ring = ring
         self.cursor = cursor
         self.classes = classes
+        self.dying = dying
         self.clock = clock
         self.pending_bytes = 0
         self.pending_largest = 0
@@ -91,9 +96,10 @@ class Admission:
             )
         cur, ring = self.cursor, self.ring
         live = self.live_bytes
-        if live <= 0 and self.classes.top:
+        if live <= 0 and self.classes.top and not self.dying.pending():
             # Nothing is live (and nothing is being placed: appends come between flushes),
-            # so the size classes are exact again, whatever damage made them err.
+            # nor can a crash bring an acked record back (curb.log.dying), so the size
+            # classes are exact again, whatever damage made them err.
             self.classes.clear()
         roomy = self._roomy + cur.behind_bytes // 4
         if live + size + roomy + ring.distance(cur.rpos, cur.whead) > self.capacity or ring.free() < roomy:

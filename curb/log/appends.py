@@ -30,6 +30,7 @@ from curb.log import record as fmt
 from curb.log.admission import Admission
 from curb.log.checkpoints import Checkpoints
 from curb.log.cursor import Cursor, Record
+from curb.log.dying import Dying
 from curb.log.events import LogEvents
 from curb.log.marks import Marks
 from curb.log.parked import DELAYED, Parked
@@ -55,6 +56,7 @@ class Appends:
         checkpoints: Checkpoints,
         waiters: Waiters,
         syncs: Syncs,
+        dying: Dying,
         events: LogEvents,
         metrics: Any,
         wall_ms: Callable[[], int],
@@ -68,6 +70,7 @@ class Appends:
         self.checkpoints = checkpoints
         self.waiters = waiters
         self.syncs = syncs
+        self.dying = dying
         self.events = events
         self.metrics = metrics
         self.wall_ms = wall_ms
@@ -187,12 +190,14 @@ class Appends:
 
     def _can_progress(self) -> bool:
         """Whether room will come without new ACKs: a checkpoint yet to be written or
-        synced will release space behind the tail."""
+        synced will release space behind the tail, or ACKs already made will become
+        durable (curb.log.dying: until then their room is not spent)."""
         syncs = self.syncs
         return (
             self.cursor.tail() != self.placement.ring.tail
             or self.checkpoints.writing is not None
             or syncs.written_no > syncs.synced_no
+            or self.dying.pending()
         )
 
     def cancel(self, reason: str) -> None:

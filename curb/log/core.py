@@ -19,6 +19,9 @@ Invariants kept here:
   patch would. While retired ACKs are not covered a checkpoint is written at every
   flush the pipeline allows, so they become durable within the same few sync cycles as
   a patch would (and `on_durable` waits for them, curb.log.waiters).
+- No room is spent on an ACK a crash can undo, retired, patched or up to an id: its size
+  still bounds the reserve and compaction copies nothing past it until it is durable
+  (curb.log.dying), so a message a crash brings back can always be copied forward.
 - The ack-up-to watermark (`ack_upto`) makes every message with an id up to it dead at
   once, with no per-record write: it is a field of every checkpoint
   (curb.log.checkpoints), its RECEIPT waits for the first checkpoint carrying it to be
@@ -50,6 +53,7 @@ from curb.log.browses import Browses
 from curb.log.checkpoints import Snapshot
 from curb.log.cursor import KEEP_PAYLOAD, SLICE_WORK, Record
 from curb.log.disk import Disk
+from curb.log.dying import Dying
 from curb.log.events import LogEvents, NoEvents
 from curb.log.kept import Kept
 from curb.log.marks import Marks, spacing_for
@@ -138,15 +142,16 @@ class LogCore:
         self._ring, self._cursor, self._parked = ring, cursor, parked = found.ring, found.cursor, found.parked
         self._checkpoints = checkpoints = found.checkpoints
         self.waiters = waiters = Waiters(checkpoints)
-        self.admission = Admission(self.capacity, self.max_message, ring, cursor, found.classes, clock)
+        self._dying = dying = Dying(found.classes)  # ACKs a crash can undo: no room is spent on them
+        self.admission = Admission(self.capacity, self.max_message, ring, cursor, found.classes, dying, clock)
         self.browses = Browses(disk, self.end, cursor, ring, self.marks, self._waits_for, slice_work)
         self._kept = kept = Kept(
-            disk, parked, cursor, found.classes, self._patches, self.pacer, self.events, wall_ms, self._patch,
+            disk, parked, cursor, dying, self._patches, self.pacer, self.events, wall_ms, self._patch,
             self._damaged, self._ready_changed,
         )  # fmt: skip
         self._placement = Placement(
             disk, ring, found.next_wseq, found.allocated, self.admission, cursor, parked, self._kept, self.browses,
-            metrics,
+            dying, metrics,
         )  # fmt: skip
         # Every id below the next is on disk now, or will never be assigned.
         self._syncs = Syncs(
@@ -154,7 +159,7 @@ class LogCore:
         )
         self._appends = Appends(
             name, self._placement, self.admission, cursor, parked, self.marks, checkpoints, waiters, self._syncs,
-            self.events, metrics, wall_ms,
+            dying, self.events, metrics, wall_ms,
         )  # fmt: skip
         self._pending = self._appends.line
         self.next_ready: Callable[[], Record | None] = cursor.next_ready
@@ -298,7 +303,6 @@ class LogCore:
         if rec.parked:
             self._kept.unkeep(rec)
         cur = self._cursor
-        self.admission.classes.remove(rec.size)
         if rec.slot >= 0:  # released from the parked index: it pins the tail from there
             self._parked.remove(rec.slot)
             rec.slot = -1
@@ -308,8 +312,10 @@ class LogCore:
             cur.settled(rec)
             if oldest:
                 self._retired += 1
+                self._dying.retired.append(rec.size)
                 self._schedule()
                 return
+        self._dying.acked.append((rec.offset, rec.size))
         self._patch(rec, STATE_ACK)
 
     def ack_upto(self, upto: int, done: Done | None = None) -> None:
@@ -319,7 +325,7 @@ class LogCore:
         SEND's `done` then waits for the watermark instead). `done(None)` runs once a
         synced checkpoint carries the watermark. The caller checks `upto <= last_id`."""
         if upto > self._acked_upto:
-            self._acked_upto = upto
+            self._acked_upto = self._dying.upto = upto
             self._appends.drop_upto(upto)
             self._kept.ack_upto(upto)
             self._kept.walk_upto()
@@ -440,6 +446,7 @@ class LogCore:
             for off, patch in patches.items():
                 self.disk.pwrite(patch, off)
             patches.clear()
+            self._dying.flushed(fno)
         if self._checkpoints.writing is None and self._checkpoint_if_due(fno, wrote):
             wrote = True
         return placed, wrote
@@ -505,6 +512,7 @@ class LogCore:
         if self._broken:
             return
         self._syncs.synced(target, seconds)
+        self._dying.synced(target, self._checkpoints.durable)
         waiters = self.waiters
         answers = waiters.untagged or waiters.watermark or self._retired > self._checkpoints.durable.retired
         if self._pending or self._patches or answers:  # a flush has work: the sync after it follows

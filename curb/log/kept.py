@@ -70,11 +70,11 @@ from collections.abc import Callable
 from curb.log import record as fmt
 from curb.log.cursor import KEEP_PAYLOAD, Cursor, Record
 from curb.log.disk import Disk
+from curb.log.dying import Dying
 from curb.log.events import LogEvents
 from curb.log.pacing import Pacer
 from curb.log.parked import DEAD_HELD, DELAYED, EXP, HELD, MAX, READY, Parked
 from curb.log.record import DEAD_REASONS, DEAD_STATES, RECORD_HEADER, STATE_EXP, STATE_MAX, STATE_RDY, FormatError
-from curb.log.sizes import SizeClasses
 
 # A dead letter's reason (Record.dead) as its state in the index.
 DEAD_INDEX = {DEAD_REASONS[STATE_MAX]: MAX, DEAD_REASONS[STATE_EXP]: EXP}
@@ -94,7 +94,7 @@ class Kept:
         disk: Disk,
         parked: Parked,
         cursor: Cursor,
-        classes: SizeClasses,
+        dying: Dying,
         patches: dict[int, bytes],
         pacer: Pacer,
         events: LogEvents,
@@ -106,7 +106,8 @@ class Kept:
         self.disk = disk
         self.parked = parked
         self.cursor = cursor
-        self.classes = classes
+        self.dying = dying  # the ACKs up to an id not yet durable: their sizes still count
+        self.classes = dying.classes
         self.patches = patches  # the log's rewrites of mutable blocks, by offset, not yet written
         self.pacer = pacer
         self.events = events
@@ -329,7 +330,7 @@ class Kept:
                 if rec.parked:
                     self.unkeep(rec)
                 cur.settled(rec)
-                self.classes.remove(rec.size)
+                self.dying.take_upto(rec.offset, rec.size)
         if self.ready_kept:
             self.ready_kept = collections.deque(rec for rec in self.ready_kept if not rec.acked)
         cur.ack_upto(upto)  # first: it tells parked records from unread ones by the index
@@ -362,7 +363,7 @@ class Kept:
         if held_rec is not None:
             held_rec.acked = True
             held_rec.slot = -1
-        self.classes.remove(parked.size(seq))
+        self.dying.take_upto(parked.offset(seq), parked.size(seq))
         parked.remove(seq)
 
     def lost(self, seq: int) -> None:

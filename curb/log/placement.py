@@ -26,6 +26,11 @@ Invariants kept here:
   leave a restarted log with that message at its tail and no contiguous room to copy
   it: every SEND refused until a consumer ACKs it. Admission's plan (Ring.clears)
   counts on the same order: each copy after a checkpoint released every byte before it.
+- Compaction copies no record lying past one whose ACK a crash can still undo (an ACK
+  patch not yet synced, an ACK up to an id no durable checkpoint carries: curb.log.dying).
+  A crash that brings such a message back then kept only copies of records before it,
+  whose originals the next checkpoint releases: the restarted log has at least the
+  room it had before them to copy it.
 - Every parked record is in the index from the moment it is placed: a copy of a parked
   record and a kept record copied to the head become entries at the head, in ring
   order, so the cursor never has to park what it meets (curb.log.cursor).
@@ -44,6 +49,7 @@ from curb.log.admission import Admission
 from curb.log.browses import Browses
 from curb.log.cursor import Cursor, Record
 from curb.log.disk import Disk
+from curb.log.dying import Dying
 from curb.log.kept import DEAD_INDEX, Kept
 from curb.log.parked import DELAYED, Parked
 from curb.log.record import DEAD_STATES, PAD_SIZE, RING_START, STATE_PAD, STATE_RDY, FormatError, record_bytes
@@ -85,6 +91,7 @@ class Placement:
         parked: Parked,
         kept: Kept,
         browses: Browses,
+        dying: Dying,
         metrics: Any,
     ):
         self.disk = disk
@@ -98,6 +105,7 @@ class Placement:
         self.parked = parked
         self.kept = kept
         self.browses = browses
+        self.dying = dying
         self.metrics = metrics
 
     def room_for_append(self, size: int, runs: WriteRuns, reserve: int) -> int | None:
@@ -172,7 +180,7 @@ class Placement:
         pinning = cursor.behind_bytes + parked.bytes - parked.unpassed_bytes
         if ring.distance(ring.tail, cursor.rpos) <= pinning:
             return  # the live records are not followed by dead bytes: copying them gains nothing
-        span = size + self.admission.reserve() + self.capacity // 4
+        span = min(size + self.admission.reserve() + self.capacity // 4, self.dying.first(ring))
         used = ring.distance(ring.tail, ring.head)
         while True:
             first = next(cursor.pinning(), None)
