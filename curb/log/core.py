@@ -51,7 +51,7 @@ from curb.log.admission import Admission, QueueFull
 from curb.log.appends import Appends
 from curb.log.browses import Browses
 from curb.log.checkpoints import Snapshot
-from curb.log.cursor import KEEP_PAYLOAD, SLICE_WORK, Record
+from curb.log.cursor import SLICE_WORK, Record, take_payload
 from curb.log.disk import Disk
 from curb.log.dying import Dying
 from curb.log.events import LogEvents, NoEvents
@@ -59,7 +59,7 @@ from curb.log.kept import Kept
 from curb.log.marks import Marks, spacing_for
 from curb.log.pacing import ByHand, Pacer
 from curb.log.placement import Placement
-from curb.log.record import PAD_SIZE, RECORD_HEADER, RING_START, STATE_ACK, mutable_block, record_size
+from curb.log.record import PAD_SIZE, RING_START, STATE_ACK, mutable_block, record_size
 from curb.log.recovery import ID_RESERVE, Recovery, recover
 from curb.log.scan import LogError
 from curb.log.syncing import Syncs
@@ -378,16 +378,8 @@ class LogCore:
         self._schedule()
 
     def payload(self, rec: Record) -> bytes | memoryview:
-        """The stored SEND headers and body of a record, as written or read (a view, never
-        a copy). One larger than KEEP_PAYLOAD stays with its record only until this call
-        takes it for a delivery, so that a held message does not pin its bytes."""
-        data = rec.payload
-        if data is None:
-            raw = self.disk.pread(rec.size, rec.offset)
-            return memoryview(raw)[RECORD_HEADER : RECORD_HEADER + int(raw[85:93], 16)]
-        if rec.size > KEEP_PAYLOAD:
-            rec.payload = None
-        return data
+        """The stored SEND headers and body of a record (curb.log.cursor.take_payload)."""
+        return take_payload(rec, self.disk)
 
     # ---------------------------------------------------------------- writing
 

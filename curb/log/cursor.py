@@ -56,9 +56,19 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Iterator
 
+from curb.log.disk import Disk
 from curb.log.parked import DELAYED, HELD, READY, Parked
 from curb.log.reader import RecordReader
-from curb.log.record import RING_START, STATE_ACK, STATE_EXP, STATE_MAX, STATE_PAD, STATE_RDY, RecordHeader
+from curb.log.record import (
+    RECORD_HEADER,
+    RING_START,
+    STATE_ACK,
+    STATE_EXP,
+    STATE_MAX,
+    STATE_PAD,
+    STATE_RDY,
+    RecordHeader,
+)
 
 # A payload up to this size stays with its record while the message is held (for
 # redelivery and compaction); a larger one only from its read or write until its
@@ -123,6 +133,20 @@ class Record:
         self.dead = ""  # a dead letter's reason: "max-deliveries" or "expired"
         self.slot = -1  # its entry in curb.log.parked while it has one (released from it)
         self.parked = False  # held by no one: requeued with a delay, or buried
+
+
+def take_payload(rec: Record, disk: Disk) -> bytes | memoryview:
+    """The stored SEND headers and body of a record, as written or read (a view, never a
+    copy), read from `disk` if its record no longer holds them. One larger than
+    KEEP_PAYLOAD stays with its record only until this call takes it for a delivery, so
+    that a held message does not pin its bytes."""
+    data = rec.payload
+    if data is None:
+        raw = disk.pread(rec.size, rec.offset)
+        return memoryview(raw)[RECORD_HEADER : RECORD_HEADER + int(raw[85:93], 16)]
+    if rec.size > KEEP_PAYLOAD:
+        rec.payload = None
+    return data
 
 
 class Cursor:
