@@ -82,18 +82,24 @@ class Upstream:
     deliveries: dict[str, Delivery] = field(default_factory=dict)  # by the instance's ack id
 
 
-@dataclass(slots=True, eq=False)
 class Delivery:
-    """A message an instance delivered to the router and the router to one client."""
+    """A message an instance delivered to the router and the router to one client. A
+    plain class, not a dataclass: one is made for every message, and a dataclass's
+    generated __init__ would run as Python code in the compiled build."""
 
-    link: Link
-    upstream: str  # the instance's ack id
-    sub_id: str  # the upstream subscription it came on
-    sub: ClientSub
-    rec: Record  # as the client's session renders it: the router's stable id
-    epoch: int  # the link's connection it came on
-    source: Upstream  # the link's upstream (queue or dead letters) it came from
-    due: float = 0.0  # its ack deadline (curb-ack-timeout), 0: none
+    __slots__ = ("due", "epoch", "link", "rec", "source", "sub", "sub_id", "upstream")
+
+    def __init__(
+        self, link: Link, upstream: str, sub_id: str, sub: ClientSub, rec: Record, epoch: int, source: Upstream
+    ):
+        self.link = link
+        self.upstream = upstream  # the instance's ack id
+        self.sub_id = sub_id  # the upstream subscription it came on
+        self.sub = sub
+        self.rec = rec  # as the client's session renders it: the router's stable id
+        self.epoch = epoch  # the link's connection it came on
+        self.source = source  # the link's upstream (queue or dead letters) it came from
+        self.due = 0.0  # its ack deadline (curb-ack-timeout), 0: none
 
 
 class Credit:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Protocol
 
 from curb import heartbeat
@@ -48,21 +47,35 @@ LINK_MAX_FRAME = 64 * 1024 * 1024
 HANDLE_EACH = 32  # frames of a CONSUMES link's read handled in one call
 
 
-@dataclass(slots=True, eq=False)
 class Forwarded:
-    """A frame a client's session asked the router to forward, until an instance answers."""
+    """A frame a client's session asked the router to forward, until an instance answers.
+    A plain class, not a dataclass: one is made for every SEND, and a dataclass's
+    generated __init__ would run as Python code in the compiled build."""
 
-    session: Peer | None  # None: a frame no session's later RECEIPTs wait for
-    waits: Waits
-    command: str
-    headers: Mapping[str, str]  # as the client gave them (a SEND's `wire` is made from them)
-    body: bytes
-    dest: str
-    done: Done | None = None  # told the instance's answer: None, or why it failed
-    number: int = 0  # its place in its session's Waits
-    wire: bytes | None = None  # the frame as the instance gets it, but for our receipt
-    answer: Frame | None = None  # the instance's RECEIPT, once it came
-    sent: bool = False  # it was forwarded at least once (an instance may have taken it)
+    __slots__ = ("answer", "body", "command", "dest", "done", "headers", "number", "sent", "session", "waits", "wire")
+
+    def __init__(
+        self,
+        session: Peer | None,
+        waits: Waits,
+        command: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        dest: str,
+        done: Done | None = None,
+        number: int = 0,
+    ):
+        self.session = session  # None: a frame no session's later RECEIPTs wait for
+        self.waits = waits
+        self.command = command
+        self.headers = headers  # as the client gave them (a SEND's `wire` is made from them)
+        self.body = body
+        self.dest = dest
+        self.done = done  # told the instance's answer: None, or why it failed
+        self.number = number  # its place in its session's Waits
+        self.wire: bytes | None = None  # the frame as the instance gets it, but for our receipt
+        self.answer: Frame | None = None  # the instance's RECEIPT, once it came
+        self.sent = False  # it was forwarded at least once (an instance may have taken it)
 
     def answered(self, frame: Frame) -> None:
         """The instance's RECEIPT: `done` once every earlier frame of the session is
