@@ -220,23 +220,7 @@ class Broker(SingleQueue, UsersFile):
         self.sessions: dict[Peer, None] = {}  # in the order they came
         self.count_watch = CountWatch(self.counts, self.schedule)
         self.browses = BrowseSteps(self.schedule)
-        self.handout = handout = Handout(
-            self.queue,
-            self.dead,
-            log,
-            metrics,
-            self.refusals,
-            self.count_watch,
-            self.browses,
-            self.loop,
-            # Read once per pump pass: an asyncio loop's time() is a Python call around
-            # time.monotonic, so take that C function directly when it is the loop's clock.
-            time.monotonic if type(self.loop).time is asyncio.BaseEventLoop.time else self.loop.time,
-            self.wall_ms,
-        )
-        self.pump = handout.pump
-        self.passes = LoopPass(log, handout.pump, self.schedule)
-        self.returns = handout.returns = Returns(
+        self.returns = Returns(
             self.queue,
             self.dead,
             log,
@@ -246,8 +230,25 @@ class Broker(SingleQueue, UsersFile):
             refusals=self.refusals,
             loop=self.loop,
             schedule=self.schedule,
-            pump=handout.pump,
+            pump=lambda: self.pump(),  # the handout's, made next: timers only
         )
+        self.handout = handout = Handout(
+            self.queue,
+            self.dead,
+            log,
+            metrics,
+            self.refusals,
+            self.count_watch,
+            self.browses,
+            self.returns,
+            self.loop,
+            # Read once per pump pass: an asyncio loop's time() is a Python call around
+            # time.monotonic, so take that C function directly when it is the loop's clock.
+            time.monotonic if type(self.loop).time is asyncio.BaseEventLoop.time else self.loop.time,
+            self.wall_ms,
+        )
+        self.pump = handout.pump
+        self.passes = LoopPass(log, handout.pump, self.schedule)
 
     # ---------------------------------------------------------------- a session's steps
 

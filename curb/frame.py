@@ -354,7 +354,7 @@ class FrameParser:
         command = lines[0]
         headers = _headers(lines)
         if "\\" in text and command not in UNESCAPED_COMMANDS:
-            headers = _first_headers(lines, True)
+            headers = _unescaped_headers(lines)
         size = body_offset
         length = None
         raw_length = headers.get("content-length")
@@ -407,14 +407,11 @@ def _headers(lines: list[str]) -> dict[str, str]:
     return headers
 
 
-def _first_headers(lines: list[str], escaped: bool) -> dict[str, str]:
-    """Header lines (after the command line) to a dict in wire order, unescaped if asked,
-    first occurrence winning."""
+def _unescaped_headers(lines: list[str]) -> dict[str, str]:
+    """Header lines (after the command line), which `_headers` found well formed, to a
+    dict unescaped, first occurrence winning after unescaping."""
     headers: dict[str, str] = {}
-    for index in range(1, len(lines)):
-        line = lines[index]
+    for line in lines[1:]:
         name, _, value = line.partition(":")
-        if escaped:
-            name, value = unescape(name), unescape(value)
-        headers.setdefault(name, value)
+        headers.setdefault(unescape(name), unescape(value))
     return headers

@@ -54,6 +54,7 @@ class Handout:
         refusals: Refusals,
         count_watch: CountWatch,
         browses: BrowseSteps,
+        returns: Returns,
         loop: Loop,
         time: Callable[[], float],
         wall_ms: Callable[[], int],
@@ -65,10 +66,10 @@ class Handout:
         self.refusals = refusals
         self.count_watch = count_watch
         self.browses = browses
+        self.returns = returns
         self.loop = loop
         self.time = time  # read once per pump pass
         self.wall_ms = wall_ms
-        self.returns: Returns | None = None  # the return policy, set once it is made (it pumps)
         self.halted: str | None = None  # why the log failed: nothing is handed out since
         self._pumping = False
 
@@ -112,7 +113,7 @@ class Handout:
     def _after_pass(self, queue: Queue[Peer, Record]) -> None:
         """After a pass of the queue's deliveries: its soonest ack deadline armed, what it
         met expired or past the delivery limit given to the return policy."""
-        returns = self._returns()
+        returns = self.returns
         soonest = queue.soonest
         deadlines = returns.deadlines
         if soonest is not None and (deadlines.at is None or soonest < deadlines.at):
@@ -134,19 +135,14 @@ class Handout:
                 sub.conn.deliver(sub, rec, self.log.payload(rec))
         finally:
             self._pumping = False
-        self._returns().deadlines.arm(dead.soonest)
+        self.returns.deadlines.arm(dead.soonest)
 
     # ---------------------------------------------------------------- settling
 
     def ack(self, session: Peer, msg_id: int) -> None:
         """The client is done with the message (and, in client mode, the earlier ones).
         A dead letter's ACK deletes it for good."""
-        queue = self._holder(session, msg_id)
-        try:
-            records = queue.ack(session, msg_id)
-        except Late:
-            self.refusals.late(session, msg_id, "ACK", self.loop.time())
-            raise
+        queue, records = self._taken(session, msg_id, "ACK")
         log = self.log
         for rec in records:
             log.ack(rec)
@@ -161,7 +157,7 @@ class Handout:
         policy's delay), or dead past the delivery limit."""
         records = self._given_back(session, msg_id)
         self.metrics.nacked += len(records)
-        self._returns().requeue(records, delay_ms)
+        self.returns.requeue(records, delay_ms)
 
     def bounce(self, session: Peer, msg_id: int) -> None:
         """NACK curb-undelivered:true: the message reached nobody (a router had no client
@@ -170,7 +166,7 @@ class Handout:
         for rec in records:
             rec.deliveries = max(0, rec.deliveries - 1)
         self.metrics.bounced += len(records)
-        self._returns().requeue(records, 0)
+        self.returns.requeue(records, 0)
 
     def touch(self, session: Peer, msg_id: int, seconds: float) -> None:
         """The message's ack deadline is `seconds` from now; a dead letter's too."""
@@ -180,7 +176,7 @@ class Handout:
         except Late:
             self.refusals.late(session, msg_id, "touch", self.loop.time())
             raise
-        self._returns().deadlines.arm(queue.soonest)
+        self.returns.deadlines.arm(queue.soonest)
 
     def handed_off(self, session: Peer, records: Sequence[Record]) -> None:
         """Messages of an auto subscription went to the connection's transport: only now
@@ -192,16 +188,21 @@ class Handout:
 
     def _given_back(self, session: Peer, msg_id: int) -> list[Record]:
         """A NACK's messages; none when they are dead letters, which go back among the dead."""
-        queue = self._holder(session, msg_id)
-        try:
-            records = queue.nack(session, msg_id)
-        except Late:
-            self.refusals.late(session, msg_id, "NACK", self.loop.time())
-            raise
+        queue, records = self._taken(session, msg_id, "NACK")
         if queue is self.dead:
             queue.requeue(records)
             return []
         return records
+
+    def _taken(self, session: Peer, msg_id: int, command: str) -> tuple[Queue[Peer, Record], list[Record]]:
+        """The queue holding the message, and what an ACK or NACK (`command`) of it takes
+        out of that queue's wip; Late, counted and logged, past its ack deadline."""
+        queue = self._holder(session, msg_id)
+        try:
+            return queue, (queue.ack if command == "ACK" else queue.nack)(session, msg_id)
+        except Late:
+            self.refusals.late(session, msg_id, command, self.loop.time())
+            raise
 
     def _holder(self, session: Peer, msg_id: int) -> Queue[Peer, Record]:
         """The queue an ACK, NACK or touch of the message is for: the dead letters' when
@@ -213,8 +214,3 @@ class Handout:
         if dead.passed(session, msg_id) and not self.queue.holds(session, msg_id):
             return dead
         return self.queue
-
-    def _returns(self) -> Returns:
-        returns = self.returns
-        assert returns is not None, "the broker sets the return policy once it is made"
-        return returns
