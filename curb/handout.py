@@ -198,8 +198,8 @@ class Handout:
         """The queue holding the message, and what an ACK or NACK (`command`) of it takes
         out of that queue's wip; Late, counted and logged, past its ack deadline."""
         queue = self._holder(session, msg_id)
-        try:
-            return queue, (queue.ack if command == "ACK" else queue.nack)(session, msg_id)
+        try:  # each a direct call, compiled (a bound method picked first would be a generic one)
+            return queue, queue.ack(session, msg_id) if command == "ACK" else queue.nack(session, msg_id)
         except Late:
             self.refusals.late(session, msg_id, command, self.loop.time())
             raise
