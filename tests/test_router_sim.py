@@ -42,6 +42,11 @@ FIXED = {
         13946,
         Switches(delays=True, dead_letters=True),
     ),
+    # A ./count watcher whose SEND an instance refused: the router had decided to close
+    # the connection (its ERROR owed behind earlier receipts) and rightly sent it no more
+    # counts, but the check still compared its last ones. A connection the router is
+    # ending is no longer compared.
+    "a_connection_the_router_is_ending_gets_no_more_counts": (8002394, Switches(delays=True, dead_letters=True)),
 }
 # Seeds that showed a router bug, each fixed in the router: they must pass, under the
 # switches they were found with and with every feature on.
@@ -85,16 +90,6 @@ ROUTER_BUGS = {
     "messages_read_before_a_link_was_lost_reach_clients_after_it": (2005008, ALL),
 }
 
-# Seeds a fresh run found that fail on this code and on the code of the stop before alike
-# (replayed on both): kept, expected to fail until the router is fixed (strict: a pass
-# means the mark should go).
-OPEN_FINDINGS = {
-    # Step 120: a ./parts/count subscriber's last count says rdy 11 and one instance up,
-    # where the two instances, both up again after a kill, hold 16: no fresh count
-    # reached it after the instance came back.
-    "a_count_goes_stale_after_an_instance_comes_back": (8002394, Switches(delays=True, dead_letters=True)),
-}
-
 
 def test_seeds_in_the_default_range_keep_every_invariant():
     totals = run_many(0, SEEDS, ALL)
@@ -120,21 +115,6 @@ def test_a_seed_that_showed_a_router_bug_keeps_the_invariants(seed: int, switche
     for each in (switches, ALL):
         outcome = play_seed(seed, each)
         assert outcome.kind is None, outcome.report(STEPS)
-
-
-@pytest.mark.parametrize(
-    "seed,switches",
-    [
-        pytest.param(
-            seed, switches, id=name, marks=pytest.mark.xfail(strict=True, reason="open finding: ./count stale")
-        )
-        for name, (seed, switches) in OPEN_FINDINGS.items()
-    ],
-)
-def test_an_open_finding_keeps_the_invariants(seed: int, switches: Switches):
-    """Fails while the bug is there; the strict mark turns a pass red."""
-    outcome = play_seed(seed, switches)
-    assert outcome.kind is None, outcome.report(STEPS)
 
 
 def test_seeds_with_delays_and_dead_letters_keep_every_invariant():
