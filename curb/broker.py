@@ -42,7 +42,7 @@ from curb.log import QueueFull, TooLarge
 from curb.log.browse import Browse
 from curb.log.cursor import Record
 from curb.log.events import NoEvents
-from curb.log.waiters import MaybeStored
+from curb.log.reasons import MaybeStored
 from curb.logins import Answer, LoginChecks, Offload, UsersFile, run_now
 from curb.loop_pass import LoopPass
 from curb.metrics import Metrics

@@ -38,7 +38,8 @@ from curb.broker import Refused
 from curb.conn import NEW, OPEN, Conn
 from curb.destinations import ORDINARY
 from curb.frame import Frame, decimal, escape
-from curb.log.waiters import MaybeStored
+from curb.log.reasons import MaybeStored
+from curb.outcomes import Refusal
 from curb.queue import MAX_PREFETCH
 from curb.queue_errors import Late, QueueError
 from curb.timing import TIME_HEADERS, nack_delay
@@ -75,7 +76,7 @@ def on_send(session: Conn, frame: Frame) -> None:
         if err is None:
             if entry is not None and receipt is not None:
                 line.settle(entry, receipts.receipt(receipt))
-        elif isinstance(err, receipts.Refusal):
+        elif isinstance(err, Refusal):
             session.error(err.message, str(err), receipt=receipt, entry=entry)
         elif isinstance(err, MaybeStored):
             session.error(
@@ -139,7 +140,7 @@ def _redrive(session: Conn, frame: Frame, name: str) -> None:
             line.after_sync_at(entry, receipt_id, "SEND", extra=b"curb-moved:%d\n" % n)
 
     def failed(err: str | None) -> None:
-        if isinstance(err, receipts.Refusal):
+        if isinstance(err, Refusal):
             session.error(err.message, str(err), receipt=receipt_id, entry=entry)
         else:
             session.error(
@@ -266,7 +267,7 @@ def _refused_only(session: Conn) -> receipts.Done:
     """What waits for an ACK curb-upto without a receipt: only a refusal is sent."""
 
     def done(err: str | None) -> None:
-        if isinstance(err, receipts.Refusal):
+        if isinstance(err, Refusal):
             session.error(err.message, str(err))
 
     return done

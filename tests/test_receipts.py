@@ -4,7 +4,8 @@ order the log answers in, and a lost frame's ERROR takes its place."""
 from __future__ import annotations
 
 from curb.frame import FrameParser
-from curb.receipts import ReceiptLine, Unconfirmed
+from curb.outcomes import Unconfirmed
+from curb.receipts import ReceiptLine
 
 
 class Line:

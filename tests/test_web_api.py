@@ -14,7 +14,7 @@ from webrig import basic, http, running, users_file
 
 from curb.broker import NotStored
 from curb.client import Client
-from curb.log.waiters import MaybeStored
+from curb.log.reasons import MaybeStored
 from curb.redelivery import Redelivery
 from curb.web.replies import not_stored
 

@@ -34,12 +34,9 @@ import collections
 from collections.abc import Callable
 
 from curb.log.checkpoints import Checkpoints, Snapshot
+from curb.log.reasons import MaybeStored
 
 Done = Callable[[str | None], None]
-
-
-class MaybeStored(str):
-    """A failure's reason for a waiter whose write was issued: it may be on disk."""
 
 
 class Waiters:

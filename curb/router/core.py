@@ -45,10 +45,10 @@ from curb.log.cursor import Record
 from curb.logins import Answer, LoginChecks, Offload, UsersFile, run_now
 from curb.loop_pass import LoopPass, Schedule
 from curb.metrics import Metrics
+from curb.outcomes import Refusal
 from curb.peer import Peer
 from curb.queue import MAX_PREFETCH, settings
 from curb.queue_errors import QueueError
-from curb.receipts import Refusal
 from curb.refusals import Refusals
 from curb.router.browses import Browses, RoutedBrowse
 from curb.router.bulk import Bulk

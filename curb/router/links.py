@@ -35,8 +35,9 @@ from typing import Protocol
 from curb import heartbeat
 from curb.deadlines import BEAT_EARLY
 from curb.frame import Frame, FrameParser, ProtocolError, encode
+from curb.outcomes import Unconfirmed
 from curb.peer import Peer
-from curb.receipts import Done, Unconfirmed
+from curb.receipts import Done
 from curb.router.routes import Address
 from curb.router.tally import Tally
 from curb.router.waits import Waits

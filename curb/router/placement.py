@@ -21,7 +21,7 @@ import collections
 import zlib
 from collections.abc import Callable, Mapping
 
-from curb.log.waiters import MaybeStored
+from curb.log.reasons import MaybeStored
 from curb.peer import Peer
 from curb.queue_errors import QueueError
 from curb.receipts import Done

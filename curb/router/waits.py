@@ -17,7 +17,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from curb.receipts import Done, Refusal, Unconfirmed
+from curb.outcomes import Refusal, Unconfirmed
+from curb.receipts import Done
 
 _EARLIER = (
     "A frame this connection sent before this one failed ({why}), so this RECEIPT, which would promise "
