@@ -17,7 +17,6 @@ import pytest
 from sim import router_driver
 from sim.router_driver import STEPS, Switches, play_seed, run_many
 
-
 LATE = b"curb-late:true\n"
 SEEDS = int(os.environ.get("CURB_ROUTER_SIM_SEEDS", "30"))
 # Every feature on: ack deadlines, SENDs refused for want of an instance, hand-back loops
