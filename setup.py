@@ -38,6 +38,7 @@ COMPILED = [
     "curb/queue.py",
     "curb/receipts.py",
     "curb/render.py",
+    "curb/session.py",
     "curb/timing.py",
     "curb/transaction_rules.py",
     "curb/transactions.py",

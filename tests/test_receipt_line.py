@@ -25,7 +25,8 @@ from test_session_rules import FakeLog
 
 from curb.broker import Broker
 from curb.broker_config import BrokerConfig
-from curb.conn import CLOSING
+from curb.commands import Handler, unexpected
+from curb.conn import CLOSING, NEW, OPEN, Conn
 from curb.frame import Frame, FrameParser, encode
 from curb.log import QueueFull
 from curb.log.cursor import Record
@@ -161,15 +162,27 @@ class Rig:
         self.collect()
         assert [f.command for f in self.out] == ["CONNECTED"] + ["MESSAGE"] * MESSAGES
         self.out.clear()
-        handle = self.session.handle
+        # Every (state, command) the frames can meet, those of no rule with the session's
+        # `unexpected`, each noting its frame as handled.
+        rules = self.session.rules
+        commands = {command for _, command in rules} | {"FROB"}
+        self.session.rules = {
+            (state, command): self.recording(rules.get((state, command), unexpected))
+            for state in (NEW, OPEN)
+            for command in commands
+        }
 
-        def recording(frame: Frame) -> None:
+    def recording(self, rule: Handler) -> Handler:
+        """`rule` (a frame's handler) noting the frame as handled, and whether the
+        connection was closing after it."""
+
+        def handle(session: Conn, frame: Frame) -> None:
             index = int(frame.headers.get("x-i", -1))
             self.handled.append(index)
-            handle(frame)
-            self.closing_after[index] = self.session.state is CLOSING
+            rule(session, frame)
+            self.closing_after[index] = session.state is CLOSING
 
-        self.session.handle = recording  # type: ignore[method-assign]
+        return handle
 
     def feed(self, data: bytes) -> None:
         self.session.receive_data(data, 0.0)
