@@ -50,6 +50,7 @@ COMPILED = [
     "curb/log/idset.py",
     "curb/log/kept.py",
     "curb/log/marks.py",
+    "curb/log/parked.py",
     "curb/log/placement.py",
     "curb/log/reader.py",
     "curb/log/record.py",

@@ -240,7 +240,7 @@ class Parked:
             keys, dead, dead_ids = [], seqs, ids
         else:
             keys = [due << SEQ_BITS | (first + at) for at, due in enumerate(dues) if states[at] == DELAYED]
-            dead = [first + at for at, state in enumerate(states) if state != DELAYED]
+            dead = [first + at for at in range(len(states)) if states[at] != DELAYED]
             dead_ids = [ids[seq - first] for seq in dead]
         self.delayed += len(keys)
         self.dead += len(dead)
