@@ -31,6 +31,7 @@ COMPILED = [
     "curb/frame.py",
     "curb/handout.py",
     "curb/heartbeat.py",
+    "curb/intake.py",
     "curb/loop_pass.py",
     "curb/message_limits.py",
     "curb/output.py",

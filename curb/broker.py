@@ -6,10 +6,11 @@ the metrics, so each step is written once: an ACK is `queue.ack` then `log.ack`,
 message that comes back unfinished goes through the return policy (curb.returns). Dead
 letters are served by a second queue (curb.dead).
 
-Accepting a message is one rule for every front (`accept`; `publish` is the same as a
-future): the limits a MESSAGE must meet (curb.message_limits), the headers kept
-(curb.payload), and what a RECEIPT or an HTTP 201 waits for (the fsync). A front only
-maps `Refused.reason` and its `done` answer to its own words.
+Accepting a message is one rule for every front (`accept`, curb.intake's, compiled;
+`publish` is the same as a future): the limits a MESSAGE must meet
+(curb.message_limits), the headers kept (curb.payload), and what a RECEIPT or an HTTP
+201 waits for (the fsync). A front only maps `Refused.reason` (curb.refused) and its
+`done` answer to its own words.
 
 Delivery is `pump`, and settling what was delivered (ACK, NACK, a bounce, a touch)
 the steps of curb.handout, which run for every message. Once the log failed
@@ -31,18 +32,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from curb import message_limits, payload, send_rule
 from curb.backend import Backend, Browsing
 from curb.broker_config import BrokerConfig
 from curb.browse_steps import BrowseSteps
 from curb.counts import CountWatch
 from curb.dead import DeadBrowse, DeadSource
 from curb.handout import Handout
-from curb.log import QueueFull, TooLarge
+from curb.intake import Intake
 from curb.log.browse import Browse
 from curb.log.cursor import Record
 from curb.log.events import NoEvents
-from curb.log.reasons import MaybeStored
 from curb.logins import Answer, LoginChecks, Offload, UsersFile, run_now
 from curb.loop_pass import LoopPass
 from curb.metrics import Metrics
@@ -50,6 +49,7 @@ from curb.peer import Peer
 from curb.queue import Queue, Subscription
 from curb.queue_errors import QueueError
 from curb.refusals import Refusals
+from curb.refused import NotStored
 from curb.returns import Kept, Loop, Returns, Schedule
 from curb.single_queue import SingleQueue
 from curb.users import User
@@ -93,34 +93,6 @@ class Store(Kept, Protocol):
     def payload(self, rec: Record) -> bytes | memoryview: ...
     def next_ready(self) -> Record | None: ...
     def flush(self) -> None: ...
-
-
-class Refused(Exception):
-    """A message the broker would not take (`accept`); nothing was stored. `message` is
-    for an ERROR frame's header, str() the detail (what happened and what to do), `reason`
-    one of TOO_LARGE, BAD_HEADERS, FULL (an HTTP front's 413, 400, 503), and
-    `retry_after` the seconds after which trying again may work (FULL only)."""
-
-    def __init__(self, message: str, detail: str, reason: str = "", retry_after: float | None = None):
-        super().__init__(detail)
-        self.message = message
-        self.reason = reason
-        self.retry_after = retry_after
-
-
-class NotStored(Exception):
-    """A message `accept` took could not be made durable after all: it will not be
-    delivered, or (`maybe`: the log failed after writing it) it may be on disk and then
-    delivered. str() says why."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.maybe = isinstance(reason, MaybeStored)
-
-
-TOO_LARGE, BAD_HEADERS, FULL = "too_large", "bad_headers", "full"
-# When a front may suggest trying a SEND the full queue refused again (HTTP's Retry-After).
-RETRY_FULL_SECONDS = 1.0
 
 
 def publish(
@@ -247,7 +219,11 @@ class Broker(SingleQueue, UsersFile):
             time.monotonic if type(self.loop).time is asyncio.BaseEventLoop.time else self.loop.time,
             self.wall_ms,
         )
+        # The per-message steps are the handout's own (compiled), with no hop through here.
         self.pump = handout.pump
+        self.ack, self.nack, self.bounce = handout.ack, handout.nack, handout.bounce
+        # The one SEND rule (curb.intake), compiled, for every front.
+        self.accept = Intake(log, config.max_frame, self.wall_ms, metrics, self.returns, self.count_watch).accept
         self.passes = LoopPass(log, handout.pump, self.schedule)
 
     # ---------------------------------------------------------------- a session's steps
@@ -265,48 +241,6 @@ class Broker(SingleQueue, UsersFile):
         self.sessions[session] = None
         self.metrics.connections_total += 1
 
-    def accept(
-        self,
-        headers: Mapping[str, str],
-        body: bytes,
-        done: Done | None = None,
-        urgent: bool = True,
-        session: Peer | None = None,
-    ) -> None:
-        """The one SEND rule, for every front (STOMP over TCP, TLS and WebSocket, HTTP):
-        take a message of these headers (the one-hop ones, curb.payload.NOT_STORED, are
-        dropped, the rest kept for its MESSAGE; its due and expiry times, curb.timing, are
-        read from them) and body, or raise Refused with nothing stored. `done(None)` runs
-        once it is fsynced, which is what a RECEIPT or an HTTP 201 waits for;
-        `done(reason)` if it could not be stored after all. urgent=False: nobody waits for
-        `done`, so the write may wait for company."""
-        lines = payload.header_lines(headers)
-        data = lines + b"\n" + body
-        due_ms = expires_ms = 0
-        max_frame = self.config.max_frame
-        if lines or len(data) - 1 + message_limits.RESERVE > max_frame:  # else nothing to check
-            try:
-                due_ms, expires_ms = send_rule.check(headers, lines, len(data), max_frame, self.wall_ms)
-            except send_rule.BadSend as err:
-                raise Refused(str(err), err.advice, TOO_LARGE if err.too_large else BAD_HEADERS) from None
-        try:
-            self.log.append(data, done, urgent=urgent, due_ms=due_ms, expires_ms=expires_ms)
-        except TooLarge as err:
-            self.metrics.refused_too_large += 1
-            raise Refused(
-                "message too large",
-                f"{err}: send a smaller message, or ask the operator for a larger -cap",
-                TOO_LARGE,
-            ) from None
-        except QueueFull as err:
-            self.metrics.refused_full += 1
-            raise Refused("queue full", str(err), FULL, RETRY_FULL_SECONDS) from None
-        self.metrics.sent += 1
-        if due_ms:
-            self.returns.arm_due()
-        if self.count_watch.watchers:
-            self.count_watch.changed()
-
     def subscribe(
         self,
         session: Peer,
@@ -323,9 +257,6 @@ class Broker(SingleQueue, UsersFile):
 
     def unsubscribe(self, session: Peer, sub_id: str, dead: bool = False) -> None:
         (self.dead if dead else self.queue).unsubscribe(session, sub_id)
-
-    def ack(self, session: Peer, msg_id: int) -> None:
-        self.handout.ack(session, msg_id)
 
     def ack_upto(self, upto: int, done: Done | None = None, destination: str | None = None) -> None:
         """Every message with an id up to `upto` is done for good, on every connection,
@@ -363,12 +294,6 @@ class Broker(SingleQueue, UsersFile):
     def end_browse(self, browse: Browsing) -> None:
         if isinstance(browse, Browse):
             self.log.end_browse(browse)
-
-    def nack(self, session: Peer, msg_id: int, delay_ms: int | None = None) -> None:
-        self.handout.nack(session, msg_id, delay_ms)
-
-    def bounce(self, session: Peer, msg_id: int) -> None:
-        self.handout.bounce(session, msg_id)
 
     def touch(self, session: Peer, msg_id: int, seconds: float) -> None:
         self.handout.touch(session, msg_id, seconds)

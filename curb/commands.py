@@ -34,7 +34,6 @@ from collections.abc import Callable
 from curb import heartbeat, message_limits, receipts
 from curb.access import on_connect
 from curb.backend import COUNT, DEAD, QUEUE, REDRIVE
-from curb.broker import Refused
 from curb.conn import NEW, OPEN, Conn
 from curb.destinations import ORDINARY
 from curb.frame import Frame, decimal, escape
@@ -42,6 +41,7 @@ from curb.log.reasons import MaybeStored
 from curb.outcomes import Refusal
 from curb.queue import MAX_PREFETCH
 from curb.queue_errors import Late, QueueError
+from curb.refused import Refused
 from curb.timing import TIME_HEADERS, nack_delay
 
 # The command of a stand-in, among the frames held during a login check, for bytes that

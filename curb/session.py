@@ -37,13 +37,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from curb import access, deadlines, message_limits, render
-from curb.broker import Refused
 from curb.commands import RULES, UNPARSABLE, unexpected, unparsable
 from curb.conn import CLOSING, NEW, Beats, Login
 from curb.frame import Frame, FrameParser, ProtocolError
 from curb.output import Output, Piece
 from curb.queue_errors import QueueError
 from curb.receipts import Owed, ReceiptLine
+from curb.refused import Refused
 from curb.transaction_rules import TRANSACTION_RULES
 from curb.transactions import Transactions
 

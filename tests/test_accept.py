@@ -9,8 +9,9 @@ import errno
 import pytest
 from memworld import MemWorld
 
-from curb.broker import BAD_HEADERS, FULL, RETRY_FULL_SECONDS, TOO_LARGE, NotStored, Refused, publish
+from curb.broker import publish
 from curb.frame import MAX_HEADERS
+from curb.refused import BAD_HEADERS, FULL, RETRY_FULL_SECONDS, TOO_LARGE, NotStored, Refused
 
 
 def test_done_runs_only_once_the_message_is_synced_and_its_kept_headers_reach_a_stomp_consumer():

@@ -7,9 +7,9 @@ so a few stand for all)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from memworld import MemPeer, MemWorld
@@ -336,13 +336,12 @@ ROWS = {
 
 def the_error(row: Row) -> Frame:
     """Play the row's steps on a fresh broker and return the one ERROR they drew."""
-    world = MemWorld(cap=row.cap)
+    options: dict[str, Any] = {} if row.max_frame is None else {"max_frame": row.max_frame}
+    world = MemWorld(cap=row.cap, **options)
     if row.held:
         world.peer().produce([b"held %d" % n for n in range(row.held)])
     if row.users:
         world.broker.users = USERS
-    if row.max_frame is not None:
-        world.broker.config = dataclasses.replace(world.broker.config, max_frame=row.max_frame)
     peer = MemPeer(world, Session(world.broker, world.now, "test"))
     if row.connect:
         peer.send("CONNECT", accept_version="1.2")

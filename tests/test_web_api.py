@@ -12,10 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from webrig import basic, http, running, users_file
 
-from curb.broker import NotStored
 from curb.client import Client
 from curb.log.reasons import MaybeStored
 from curb.redelivery import Redelivery
+from curb.refused import NotStored
 from curb.web.replies import not_stored
 
 Q = "/v2/shop/queues/orders"

@@ -38,7 +38,6 @@ from collections.abc import Callable, Mapping, Sequence
 
 from curb import message_limits, payload, send_rule
 from curb.backend import COUNT, DEAD, QUEUE, REDRIVE, Browsing, Done
-from curb.broker import Refused
 from curb.browse_steps import BrowseSteps
 from curb.frame import Frame
 from curb.log.cursor import Record
@@ -50,6 +49,7 @@ from curb.peer import Peer
 from curb.queue import MAX_PREFETCH, settings
 from curb.queue_errors import QueueError
 from curb.refusals import Refusals
+from curb.refused import Refused
 from curb.router.browses import Browses, RoutedBrowse
 from curb.router.bulk import Bulk
 from curb.router.config import RouterConfig

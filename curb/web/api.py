@@ -39,9 +39,10 @@ from aiohttp import web
 
 from curb import payload
 from curb.backend import Backend
-from curb.broker import NotStored, Refused, publish
+from curb.broker import publish
 from curb.heartbeat import MAX_MS
 from curb.queue_errors import Late
+from curb.refused import NotStored, Refused
 from curb.users import User
 from curb.web import narconi
 from curb.web.access import log_in, peer_of

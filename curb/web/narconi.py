@@ -45,10 +45,10 @@ from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from curb import payload
 from curb.backend import Backend
-from curb.broker import NotStored, Refused
 from curb.log import Record
 from curb.queue import Subscription
 from curb.queue_errors import Late, QueueError
+from curb.refused import NotStored, Refused
 from curb.session import OUTPUT_LIMIT
 from curb.web.access import log_in, peer_of
 from curb.web.messages import DEFAULT_TYPE, PREFIX, BadMessage, check_encoding, decode_body, encode_body, headers_in

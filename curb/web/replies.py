@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 
-from curb.broker import BAD_HEADERS, FULL, TOO_LARGE, NotStored, Refused
+from curb.refused import BAD_HEADERS, FULL, TOO_LARGE, NotStored, Refused
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

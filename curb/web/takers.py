@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from curb.backend import Backend
-from curb.broker import NotStored
 from curb.log import Record
 from curb.queue import Subscription
+from curb.refused import NotStored
 from curb.web.peers import HttpPeer
 from curb.web.queues import Queues
 
