@@ -7,6 +7,7 @@ by compaction, an ACK patch, delivery counts written by requeues, a watermark of
 from __future__ import annotations
 
 import shutil
+import zlib
 
 import pytest
 
@@ -52,6 +53,36 @@ def test_every_field_survives_encode_and_parse(state, deliveries, due, expires, 
     assert hdr.timestamp_ms == 1_700_000_000_000 and bytes(hdr.payload(raw, 0)) == b"\nbody"
     assert fmt.check_payload(raw, 0, hdr)
     assert len(raw) == hdr.size == fmt.record_size(5) and hdr.size % fmt.ALIGN == 0
+
+
+@pytest.mark.parametrize(
+    "deliveries, mid, wseq, stamp, due, expires, copy",
+    [
+        (0, 1, 1, 0, 0, 0, False),
+        (7, 0x123456789ABC, 0xFEDCBA987654, 1_700_000_000_000, 1_700_000_000_123, 1_800_000_000_000, True),
+        (fmt.MAX_DELIVERIES + 5, (1 << 48) - 1, (1 << 48) - 1, fmt.MAX_TIME_MS, fmt.MAX_TIME_MS, fmt.MAX_TIME_MS, True),
+    ],
+)
+def test_a_header_is_laid_out_field_by_field_as_the_format_says(deliveries, mid, wseq, stamp, due, expires, copy):
+    """The header line, byte for byte: fixed-width lowercase hex fields, one space apart,
+    the mutable block as mutable_block writes it, the CRC over the rest and the payload."""
+    payload = b"\nsome body"
+    header = fmt.encode_record(b"rdy", deliveries, mid, wseq, stamp, payload, copy=copy, due_ms=due, expires_ms=expires)
+    rest = b"%012x %012x %012x %012x %08x" % (mid, wseq, stamp | (fmt.COPY_FLAG if copy else 0), expires, len(payload))
+    crc = zlib.crc32(payload, zlib.crc32(rest))
+    assert header == b"%s %s %08x\n" % (fmt.mutable_block(b"rdy", deliveries, due, wseq), rest, crc)
+    assert len(header) == fmt.RECORD_HEADER
+
+
+@pytest.mark.parametrize("at", [4, 11, 13, 26, 33, 46, 59, 72, 85, 94, 101])
+@pytest.mark.parametrize("char", [b" ", b"_", b"+", b"g", b"\xff"])
+def test_a_header_digit_that_is_not_lowercase_hex_is_malformed(at, char):
+    """Every field is lowercase hex digits and nothing else: a space, an underscore or a
+    sign that a looser number parser would let through is damage."""
+    raw = bytearray(record())
+    raw[at : at + 1] = char
+    with pytest.raises(fmt.FormatError):
+        fmt.parse_header(raw, 0)
 
 
 @pytest.mark.parametrize("flip", [None, 40, 90, 98, fmt.RECORD_HEADER + 2, -1])
