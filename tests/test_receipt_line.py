@@ -179,7 +179,11 @@ class Rig:
         def handle(session: Conn, frame: Frame) -> None:
             index = int(frame.headers.get("x-i", -1))
             self.handled.append(index)
-            rule(session, frame)
+            try:
+                rule(session, frame)
+            except Exception:
+                self.closing_after[index] = True  # the session answers it with an ERROR
+                raise
             self.closing_after[index] = session.state is CLOSING
 
         return handle
