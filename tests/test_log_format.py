@@ -85,6 +85,23 @@ def test_a_header_digit_that_is_not_lowercase_hex_is_malformed(at, char):
         fmt.parse_header(raw, 0)
 
 
+@pytest.mark.parametrize("length", [0, 100, fmt.SMALL_CRC, fmt.SMALL_CRC + 1, 70_000])
+@pytest.mark.parametrize("kind", [bytes, bytearray])
+@pytest.mark.parametrize("flip", [None, 40, 96, "payload"])
+def test_the_crc_check_reads_small_and_large_payloads_alike(length, kind, flip):
+    """Payloads up to SMALL_CRC in bytes are copied out for the CRC, the rest viewed in
+    place: both judge a record the same, intact or with one bit flipped."""
+    raw = bytearray(record(payload=b"y" * length))
+    at = fmt.RECORD_HEADER + length - 1 if flip == "payload" else flip
+    if at is not None and at >= fmt.RECORD_HEADER - 1 and length == 0:
+        at = None
+    if at is not None:
+        raw[at] ^= 0x01
+    buf = kind(raw)
+    hdr = fmt.parse_header(buf, 0)
+    assert fmt.check_payload(buf, 0, hdr) == fmt.crc_holds(buf, 0, len(raw)) == (at is None)
+
+
 @pytest.mark.parametrize("flip", [None, 40, 90, 98, fmt.RECORD_HEADER + 2, -1])
 def test_the_skims_crc_check_agrees_with_the_parsed_one(flip):
     """crc_holds (recovery's skim: fields read in place) judges a record as check_payload does."""

@@ -56,7 +56,7 @@ import struct
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, NamedTuple, overload
+from typing import Final, overload
 
 # What the readers parse: bytes read from a file, or a buffer they were read into.
 Bytes = bytes | bytearray
@@ -76,6 +76,7 @@ ALIGN: Final = 32
 RECORD_HEADER: Final = 103
 MUTABLE = 32  # the mutable block: state, deliveries, due time and tag
 CRC_FROM, CRC_TO = 33, 93  # the header bytes the CRC covers: id to length
+SMALL_CRC: Final = 4096  # payloads up to this size are copied out for their CRC, not viewed
 STATE_RDY = b"rdy"
 STATE_ACK = b"ack"
 STATE_PAD: Final = b"pad"
@@ -266,23 +267,9 @@ def parse_header(buf: Bytes, pos: int) -> RecordHeader:
     )
 
 
-def check_payload(buf: Bytes, pos: int, header: RecordHeader | CrcFields) -> bool:
-    """True if the record at buf[pos:] is complete and its CRC matches (of `header` only
-    its size, length and crc are read: see `crc_holds`)."""
-    end = pos + header.size
-    if len(buf) < end or buf[end - 1] != 10:
-        return False
-    view = memoryview(buf)  # the CRC reads the bytes where they are: no copy of the payload
-    crc = zlib.crc32(view[pos + CRC_FROM : pos + CRC_TO])
-    return zlib.crc32(view[pos + RECORD_HEADER : pos + RECORD_HEADER + header.length], crc) == header.crc
-
-
-class CrcFields(NamedTuple):
-    """What `check_payload` reads of a header."""
-
-    size: int
-    length: int
-    crc: int
+def check_payload(buf: Bytes, pos: int, header: RecordHeader) -> bool:
+    """True if the record at buf[pos:] is complete and its CRC matches."""
+    return _crc_matches(buf, pos, header.size, header.length, header.crc)
 
 
 def crc_holds(buf: Bytes, pos: int, size: int) -> bool:
@@ -292,7 +279,22 @@ def crc_holds(buf: Bytes, pos: int, size: int) -> bool:
         length, crc = int(buf[pos + 85 : pos + 93], 16), int(buf[pos + 94 : pos + 102], 16)
     except ValueError:
         return False
-    return check_payload(buf, pos, CrcFields(size, length, crc))
+    return _crc_matches(buf, pos, size, length, crc)
+
+
+def _crc_matches(buf: Bytes, pos: int, size: int, length: int, crc: int) -> bool:
+    """Whether the record of `size` bytes at buf[pos:] is complete and the CRC of its
+    header's id-to-length fields and its payload of `length` bytes is `crc`. The bytes
+    are read where they are (a memoryview) unless they are few: copying a small payload
+    out of bytes costs less than making the views."""
+    end = pos + size
+    if len(buf) < end or buf[end - 1] != 10:
+        return False
+    body = pos + RECORD_HEADER
+    if length <= SMALL_CRC and isinstance(buf, bytes):
+        return zlib.crc32(buf[body : body + length], zlib.crc32(buf[pos + CRC_FROM : pos + CRC_TO])) == crc
+    view = memoryview(buf)
+    return zlib.crc32(view[body : body + length], zlib.crc32(view[pos + CRC_FROM : pos + CRC_TO])) == crc
 
 
 class Layout:
