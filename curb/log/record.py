@@ -54,7 +54,6 @@ from __future__ import annotations
 import re
 import struct
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, overload
 
@@ -299,21 +298,31 @@ def _crc_matches(buf: Bytes, pos: int, size: int, length: int, crc: int) -> bool
 
 class Layout:
     """How a format's records are read: the header's size, its parser, the CRC check and
-    the pattern a header's start matches (for finding records after damage)."""
+    the pattern a header's start matches (for finding records after damage). This one is
+    the current format's; LayoutV1 the first's. Methods, not functions held in fields:
+    a reader calls them for every record, and a method of a compiled class is a direct
+    call where a function in a field is a generic one."""
 
-    def __init__(
-        self,
-        magic: bytes,
-        header: int,
-        parse: Callable[[Bytes, int], RecordHeader],
-        check: Callable[[Bytes, int, RecordHeader], bool],
-        candidate: re.Pattern[bytes],
-    ):
+    def __init__(self, magic: bytes, header: int, candidate: re.Pattern[bytes]):
         self.magic = magic
         self.header = header
-        self.parse = parse
-        self.check = check
         self.candidate = candidate
+
+    def parse(self, buf: Bytes, pos: int) -> RecordHeader:
+        return parse_header(buf, pos)
+
+    def check(self, buf: Bytes, pos: int, header: RecordHeader) -> bool:
+        return check_payload(buf, pos, header)
+
+
+class LayoutV1(Layout):
+    """The first format's records."""
+
+    def parse(self, buf: Bytes, pos: int) -> RecordHeader:
+        return parse_header_v1(buf, pos)
+
+    def check(self, buf: Bytes, pos: int, header: RecordHeader) -> bool:
+        return check_payload_v1(buf, pos, header)
 
 
 # ---------------------------------------------------------------- the first format
@@ -378,14 +387,8 @@ def _candidate(states: tuple[bytes, ...], digits: int) -> re.Pattern[bytes]:
     return re.compile(b"(?:" + b"|".join(states) + rb") [0-9a-f]{%d} [0-9a-f]{12} " % digits)
 
 
-V2 = Layout(MAGIC, RECORD_HEADER, parse_header, check_payload, _candidate(STATES, 8))
-V1 = Layout(
-    MAGIC_V1,
-    RECORD_HEADER_V1,
-    parse_header_v1,
-    check_payload_v1,
-    _candidate((STATE_RDY, STATE_ACK, STATE_PAD, *TORN_STATES_V1), 4),
-)
+V2 = Layout(MAGIC, RECORD_HEADER, _candidate(STATES, 8))
+V1 = LayoutV1(MAGIC_V1, RECORD_HEADER_V1, _candidate((STATE_RDY, STATE_ACK, STATE_PAD, *TORN_STATES_V1), 4))
 
 
 @dataclass(frozen=True, slots=True)
