@@ -38,7 +38,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-CLOSING_PER_PASS = 64
+CLOSING_PER_PASS = 32
 # Silence after which a socket's next readiness counts with the closing ones. A client in
 # conversation (a round trip, a heart-beat at full rate, a consumer's ACKs) speaks more
 # often; the clients of a storm have been quiet since their login.
