@@ -12,13 +12,14 @@ live clients are read in each of them. Each teardown step asyncio runs after the
 later, so the bound holds for every pass of the teardown, not only the first.
 
 A socket looks like it is closing when epoll flags its peer's close (EPOLLRDHUP), or
-when it becomes readable after a silence of QUIET_SECONDS and two calls or more. The
-second is for TLS: its clients send close_notify before their TCP end, and until the
-broker has read and decrypted it (and then sent its own, closed and torn down) it cannot
-be told from data. A client in conversation spoke within QUIET_SECONDS, or in one of
-the last two calls (when passes are slow, its next request waits on the loop, and that
-is no silence of its own), and is never held behind the crowd; a quiet one that wakes
-waits at most a few passes for its turn.
+when it becomes readable after a silence of QUIET_SECONDS and of two calls that found
+sockets ready. The second is for TLS: its clients send close_notify before their TCP
+end, and until the broker has read and decrypted it (and then sent its own, closed and
+torn down) it cannot be told from data. A client in conversation spoke within
+QUIET_SECONDS, or in one of the last two such calls (when passes are slow, its next
+request waits on the loop, and that is no silence of its own), and is never held behind
+the crowd; a quiet one that wakes waits at most a few passes for its turn. A call that
+finds nothing ready costs nothing more than epoll's.
 
 Invariant: no readiness is lost and none starves. epoll is level-triggered as asyncio
 uses it: a socket left out is still ready, and reported again by the next call; and
@@ -69,7 +70,7 @@ if sys.platform == "linux":  # epoll, and so EPOLLRDHUP
             self._clock = clock
             self._turn = 0  # where the next window starts among more closing sockets than `most`
             self._heard: dict[int, float] = {}  # fd -> the call that last reported it readable
-            self._called = (-math.inf, -math.inf)  # when the last two calls were, the earlier first
+            self._earlier = self._last = -math.inf  # when the last two calls that found any were
             # The base class's own table of keys by fd, as its select reads it: looked up for
             # every ready socket, so without the public mapping's layers.
             self._keys: dict[int, selectors.SelectorKey] = self._fd_to_key  # type: ignore[attr-defined]
@@ -111,10 +112,16 @@ if sys.platform == "linux":  # epoll, and so EPOLLRDHUP
                 events = self._epoll.poll(wait, max(len(keys), 1))
             except InterruptedError:
                 return []
+            if not events:
+                return []
             now = self._clock()
-            earlier, last = self._called
-            self._called = (last, now)
-            woken = min(now - self._quiet, earlier)  # heard before this and readable: a closing look
+            # Readable and last heard before `woken`: silent for QUIET_SECONDS and through
+            # the last two calls that found any, so it looks like it is closing.
+            woken = now - self._quiet
+            if self._earlier < woken:
+                woken = self._earlier
+            self._earlier = self._last
+            self._last = now
             heard = self._heard
             ready: Ready = []
             closing: Ready = []

@@ -99,10 +99,10 @@ def test_quiet_sockets_that_wake_at_once_come_two_a_call_and_a_talking_one_every
     speak(talking + quiet)  # the logins: none was heard before, so all are in conversation
     assert len(reported(selector)) == 6
     hear(talking + quiet)
-    clock.now = 4.5
-    speak(talking)
-    assert reported(selector) == ["talking0"]
-    hear(talking)
+    for clock.now in (4.5, 4.8):
+        speak(talking)
+        assert reported(selector) == ["talking0"]
+        hear(talking)
     clock.now = 5.0
     assert reported(selector) == []
     speak(talking + quiet)  # the quiet ones close their TLS sessions: data, to epoll
@@ -118,7 +118,7 @@ def test_quiet_sockets_that_wake_at_once_come_two_a_call_and_a_talking_one_every
     selector.close()
 
 
-def test_a_socket_heard_in_one_of_the_last_two_calls_is_in_conversation_after_a_long_pass(pairs):
+def test_a_socket_heard_in_one_of_the_last_two_busy_calls_is_in_conversation_after_a_long_pass(pairs):
     clock = Clock()
     selector = event_loop.ClosingLast(most=1, quiet=1.0, clock=clock)
     talking, quiet = pairs(1), pairs(2)
@@ -127,10 +127,10 @@ def test_a_socket_heard_in_one_of_the_last_two_calls_is_in_conversation_after_a_
     speak(talking + quiet)
     reported(selector)
     hear(talking + quiet)
-    assert reported(selector) == []
-    speak(talking)
-    assert reported(selector) == ["talking0"]
-    hear(talking)
+    for _ in range(2):
+        speak(talking)
+        assert reported(selector) == ["talking0"]
+        hear(talking)
     clock.now = 10.0  # the loop's pass took ten seconds: the talking one waited on it
     speak(talking + quiet)
     got = reported(selector)
