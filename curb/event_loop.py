@@ -41,8 +41,9 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 CLOSING_PER_PASS = 32
 # Silence after which a socket's next readiness counts with the closing ones. A client in
-# conversation (a round trip, a heart-beat at full rate, a consumer's ACKs) speaks more
-# often; the clients of a storm have been quiet since their login.
+# conversation (round trips, a busy consumer's ACKs) speaks more often; the clients of a
+# storm have been quiet since their login; one that speaks less often (a heart-beat)
+# only waits its turn when a crowd wakes with it.
 QUIET_SECONDS = 0.1
 
 _RDHUP: int = getattr(select, "EPOLLRDHUP", 0)
