@@ -94,6 +94,8 @@ _FIELDS = struct.Struct(">IHIBHHIHIHIHIII")
 _SPACES: Final = (3, 12, 25, 32, 45, 58, 71, 84, 93)
 _MID: Final = struct.Struct(">HIHIHIHII")  # the 48-bit fields as 16 + 32 bits, then the length
 _LOW32: Final = 0xFFFFFFFF
+# The mutable block of a new message up to its tag: rdy, never delivered, due at once.
+_NEW_FIXED: Final = b"%s %08x %012x " % (STATE_RDY, 0, 0)
 # The bytes after a payload: spaces to the record's alignment, then the newline.
 TAILS = tuple(b" " * n + b"\n" for n in range(ALIGN))
 
@@ -201,15 +203,13 @@ def encode_record(
         .encode()
     )
     crc = zlib.crc32(payload, zlib.crc32(mid))
-    # The mutable block laid out as mutable_block does, in the same format call.
-    return b"%s %08x %012x %06x %s %08x\n" % (
-        state,
-        min(deliveries, MAX_DELIVERIES),
-        due_ms,
-        wseq & TAG_MASK,
-        mid,
-        crc,
-    )
+    # The mutable block laid out as mutable_block does; most records are new messages,
+    # never delivered and due at once, whose state, count and due time are constant.
+    if deliveries == 0 and due_ms == 0 and state == STATE_RDY:
+        fixed = _NEW_FIXED
+    else:
+        fixed = b"%s %08x %012x " % (state, min(deliveries, MAX_DELIVERIES), due_ms)
+    return b"%s%06x %s %08x\n" % (fixed, wseq & TAG_MASK, mid, crc)
 
 
 def record_bytes(header: bytes, payload: bytes) -> tuple[bytes, bytes, bytes]:
