@@ -2,7 +2,7 @@
 
 import pytest
 
-from curb.frame import HEARTBEAT, Frame, FrameParser, ProtocolError, encode, escape, unescape
+from curb.frame import GATHER_FROM, HEARTBEAT, Frame, FrameParser, ProtocolError, encode, escape, unescape
 
 
 def feed_in_chunks(wire: bytes, sizes, **limits) -> list[Frame]:
@@ -113,6 +113,52 @@ def test_byte_by_byte_gives_the_same_frames(wire, expected):
     frames = feed_bytewise(wire)
     assert frames == expected
     assert all(type(frame.body) is bytes for frame in frames)
+
+
+@pytest.mark.parametrize("wire, expected", [case[1:] for case in PARSE_CASES], ids=[c[0] for c in PARSE_CASES])
+def test_gathered_bodies_give_the_same_frames(wire, expected):
+    """gather_from=1: every sized body a read leaves incomplete is gathered piece by piece."""
+    for split in range(len(wire) + 1):
+        assert feed_in_chunks(wire, [split], gather_from=1) == expected, f"split at {split}"
+    frames = feed_bytewise(wire, gather_from=1)
+    assert frames == expected
+    assert all(type(frame.body) is bytes for frame in frames)
+
+
+BIG = b"x" * GATHER_FROM + b"\0y"
+BIG_WIRE = b"SEND\ncontent-length:%d\n\n%s\0\nSEND\n\nz\0" % (len(BIG), BIG)
+
+
+@pytest.mark.parametrize(
+    "reads",
+    [
+        [len(BIG_WIRE)],  # whole: nothing gathered
+        [30, len(BIG_WIRE)],  # the head, then the rest
+        [10, 100, 1000, 40000],  # head cut, then body pieces
+        [len(BIG_WIRE) - 6, 1, 5],  # the NUL alone, then the next frame
+        [len(BIG_WIRE) - 5, 5],  # the NUL last in a read
+        [4096] * 9,
+    ],
+)
+def test_large_body_in_many_reads(reads):
+    parser = FrameParser()
+    frames, pos = [], 0
+    for size in reads:
+        frames += parser.feed(BIG_WIRE[pos : pos + size])
+        pos += size
+        if not frames:  # every byte of the incomplete frame is counted as held
+            assert parser.buffered == pos
+    assert frames == [Frame("SEND", {"content-length": str(len(BIG))}, BIG), Frame("SEND", {}, b"z")]
+    assert type(frames[0].body) is bytes and parser.buffered == 0
+
+
+def test_large_body_without_its_nul_is_refused():
+    wire = b"SEND\nreceipt:r\ncontent-length:%d\n\n" % GATHER_FROM
+    parser = FrameParser()
+    assert parser.feed(wire + b"a" * 1000) == []
+    with pytest.raises(ProtocolError, match="not followed by NUL") as err:
+        parser.feed(b"a" * GATHER_FROM)
+    assert err.value.receipt == "r"
 
 
 def test_frames_come_out_as_soon_as_complete():

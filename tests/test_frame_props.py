@@ -79,6 +79,12 @@ def test_any_split_gives_the_same_frames_or_error_under_small_limits(data, cuts)
     assert run(split(data, cuts), **LIMITS) == run([data], **LIMITS)
 
 
+@given(wire_bytes, st.lists(st.integers(min_value=0), max_size=12))
+def test_any_split_gives_the_same_frames_or_error_when_gathering(data, cuts):
+    """gather_from=1: every sized body left incomplete by a feed is gathered, not buffered."""
+    assert run(split(data, cuts), gather_from=1, **LIMITS) == run([data], **LIMITS)
+
+
 @given(wire_bytes)
 def test_byte_by_byte_gives_the_same_frames_or_error(data):
     assert run([data[i : i + 1] for i in range(len(data))], **LIMITS) == run([data], **LIMITS)

@@ -117,7 +117,7 @@ class Appends:
         urgent_any = False
         line, placement, parked = self.line, self.placement, self.parked
         ring, end, capacity = placement.ring, placement.end, placement.capacity
-        admission, synced = self.admission, self.waiters.synced
+        admission, synced, syncs = self.admission, self.waiters.synced, self.syncs
         reserve = early = -1  # computed when first needed, and again once a record outgrows it
         while line:
             rec, payload, done, urgent = line[0]
@@ -148,6 +148,7 @@ class Appends:
                 parked.add(off, size, rec.id, DELAYED, rec.due_ms, passed=False)
             line.popleft()
             admission.pending_bytes -= size
+            syncs.unsynced_bytes += size
             admission.classes.add(size)
             if 2 * (size + PAD_SIZE) > reserve:
                 reserve = -1

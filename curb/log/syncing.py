@@ -32,6 +32,9 @@ from curb.log.ring import Ring
 from curb.log.waiters import Waiters
 
 INLINE_SYNC_OPS = 4  # a sync of at most this many writes is small (Pacer.sync_soon)
+# ... and of at most this many bytes: syncing more takes the disk long enough that the
+# loop had better go on reading the next SENDs meanwhile, so they share the next sync.
+INLINE_SYNC_BYTES = 32 << 10
 
 
 class Syncs:
@@ -62,6 +65,7 @@ class Syncs:
         self.synced_no = 0  # the last flush a finished sync covered
         self.urgent_upto = 0  # the last flush someone waits to see synced
         self.unsynced_ops = 0  # writes since the last sync began
+        self.unsynced_bytes = 0  # bytes of appends written since the last sync began
         self.written_ids: collections.deque[tuple[int, int]] = collections.deque()  # (flush, its last id)
         self.durable_id = durable_id
 
@@ -69,13 +73,13 @@ class Syncs:
         """Something written may wait for a sync: soon when a receipt (or an append
         waiting for room) waits on it, else whenever the pacer likes."""
         if self.urgent_upto > self.synced_no:
-            self.pacer.sync_soon(self.unsynced_ops <= INLINE_SYNC_OPS)
+            self.pacer.sync_soon(self.unsynced_ops <= INLINE_SYNC_OPS and self.unsynced_bytes <= INLINE_SYNC_BYTES)
         elif self.written_no > self.synced_no or self.waiters.synced:
             self.pacer.sync_later()
 
     def begin(self) -> int:
         """The flush a sync starting now covers."""
-        self.unsynced_ops = 0
+        self.unsynced_ops = self.unsynced_bytes = 0
         return self.flush_no
 
     def synced(self, target: int, seconds: float) -> None:
