@@ -219,7 +219,8 @@ class Broker(SingleQueue, UsersFile):
             time.monotonic if type(self.loop).time is asyncio.BaseEventLoop.time else self.loop.time,
             self.wall_ms,
         )
-        # The per-message steps are the handout's own (compiled), with no hop through here.
+        # The per-message steps are the handout's own (compiled), with no hop through here
+        # (but `touch`, a method: the simulator's self-check replaces it on the class).
         self.pump = handout.pump
         self.ack, self.nack, self.bounce = handout.ack, handout.nack, handout.bounce
         # The one SEND rule (curb.intake), compiled, for every front.

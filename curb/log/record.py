@@ -94,8 +94,6 @@ _FIELDS = struct.Struct(">IHIBHHIHIHIHIII")
 _SPACES: Final = (3, 12, 25, 32, 45, 58, 71, 84, 93)
 _MID: Final = struct.Struct(">HIHIHIHII")  # the 48-bit fields as 16 + 32 bits, then the length
 _LOW32: Final = 0xFFFFFFFF
-# The mutable block of a new message up to its tag: rdy, never delivered, due at once.
-_NEW_FIXED: Final = b"%s %08x %012x " % (STATE_RDY, 0, 0)
 # The bytes after a payload: spaces to the record's alignment, then the newline.
 TAILS = tuple(b" " * n + b"\n" for n in range(ALIGN))
 
@@ -203,13 +201,11 @@ def encode_record(
         .encode()
     )
     crc = zlib.crc32(payload, zlib.crc32(mid))
-    # The mutable block laid out as mutable_block does; most records are new messages,
-    # never delivered and due at once, whose state, count and due time are constant.
     if deliveries == 0 and due_ms == 0 and state == STATE_RDY:
-        fixed = _NEW_FIXED
-    else:
-        fixed = b"%s %08x %012x " % (state, min(deliveries, MAX_DELIVERIES), due_ms)
-    return b"%s%06x %s %08x\n" % (fixed, wseq & TAG_MASK, mid, crc)
+        # Most records are new messages, never delivered and due at once: their mutable
+        # block is a constant but for its tag, and one format call does the rest.
+        return b"%s%06x %s %08x\n" % (_NEW_UNTAGGED, wseq & TAG_MASK, mid, crc)
+    return b"%s %s %08x\n" % (mutable_block(state, deliveries, due_ms, wseq), mid, crc)
 
 
 def record_bytes(header: bytes, payload: bytes) -> tuple[bytes, bytes, bytes]:
@@ -221,6 +217,11 @@ def mutable_block(state: bytes, deliveries: int, due_ms: int, wseq: int) -> byte
     """The first MUTABLE bytes of a record: what an ACK, requeue, burial or redrive
     rewrites in place (one sector, so never torn)."""
     return b"%s %08x %012x %06x" % (state, min(deliveries, MAX_DELIVERIES), due_ms, wseq & TAG_MASK)
+
+
+# A new message's mutable block up to its tag (rdy, never delivered, due at once), as
+# mutable_block lays it out; encode_record writes the six digits of its tag after it.
+_NEW_UNTAGGED: Final = mutable_block(STATE_RDY, 0, 0, 0)[:-6]
 
 
 def parse_header(buf: Bytes, pos: int) -> RecordHeader:
