@@ -28,7 +28,10 @@ the moment something else is:
 - a message that comes back (NACK, deadline, disconnect) after being delivered
   `max_deliveries` times is a dead letter at once: never delivered to an ordinary
   subscriber again, never lost, served by `./dead` with `curb-dead-reason:max-deliveries`
-  (an expired one with `expired`); a MESSAGE never carries a count past the limit;
+  (an expired one with `expired`); a MESSAGE never carries a count past the limit; a
+  bounce (NACK `curb-undelivered`) takes its delivery back from the count, and until it
+  is durable a crash may keep the count it lowered (a copy compaction writes a held
+  message's count as it is), so one bounced at the limit may be buried after a crash;
 - a redrive makes every dead letter no `./dead` subscriber holds a queued message again,
   its count reset (the next delivery says 1), and loses none; which it moved is read
   from the broker (a message the model has queued may be a dead letter already, met at
@@ -164,6 +167,11 @@ class Msg:
     # redrive's reset of the count while a copy compaction made keeps the count at the
     # limit (a copy writes the count as it is in memory), so the queue may bury it again.
     redrive_at_limit: bool = False
+    # Its last bounce, until durable: the bounce lowered the count in memory, but a copy
+    # compaction made while it was held may have written the count before it (a copy
+    # writes the count as it is in memory), which a crash then keeps.
+    bounce: Effect | None = None
+    bounced_from: int = 0  # the count that bounce lowered
 
 
 @dataclass(slots=True)
@@ -356,13 +364,18 @@ class Checker:
                 self._release(m)
                 m.state = ACKED
             else:
+                bounced_from = 0
                 if kind == "bounce" and not conn.dead:  # undelivered: uncounted, rdy at once (a dead
                     # letter's goes back among the dead, as its NACK would)
+                    bounced_from = m.count
                     m.count = max(0, m.count - 1)
                     delay_ms = 0
                 count = m.count
                 self._come_back(m, delay_ms)
-                conn.effects.append(Effect(seq, "NACK", (settled,), count, m.due, m.state == DEAD, m.redrives))
+                effect = Effect(seq, "NACK", (settled,), count, m.due, m.state == DEAD, m.redrives)
+                conn.effects.append(effect)
+                if bounced_from:
+                    m.bounce, m.bounced_from = effect, bounced_from
         if receipt is not None:
             conn.expect[receipt].tags = tuple(tags)
         if kind == "ACK":
@@ -637,6 +650,8 @@ class Checker:
                 msg.ack_promised = True
                 self.upto_durable = max(self.upto_durable, effect.count)
             elif effect.redrives == msg.redrives:  # NACK: its count, where it put the message
+                if msg.bounce is effect:
+                    msg.bounce, msg.bounced_from = None, 0
                 msg.durable_count = max(msg.durable_count, effect.count)
                 msg.durable_due = max(msg.durable_due, effect.due)
                 msg.dead_promised = msg.dead_promised or (effect.buried and msg.state == DEAD)
@@ -797,6 +812,7 @@ class Checker:
         for msg in self.messages.values():
             if msg.returned > msg.durable_count:
                 msg.durable_count = msg.returned
+            msg.bounce, msg.bounced_from = None, 0
 
     def crash(self) -> None:
         self.conns.clear()
@@ -804,8 +820,11 @@ class Checker:
         for msg in self.messages.values():
             if limit and (msg.holder is not None or msg.state == ACKED) and msg.count >= limit:
                 msg.spent = msg.was_limit_dead = True
+            if limit and msg.state == LIVE and msg.bounced_from >= limit:
+                msg.spent = msg.was_limit_dead = True  # the copy's count may outlive the bounce
             msg.holder = msg.deadline = None
-            msg.count = msg.returned = 0
+            msg.count = msg.returned = msg.bounced_from = 0
+            msg.bounce = None
 
     def restarted(self, found: dict[int, Found], watermark: int = 0) -> None:
         """A full read after recovery found these messages (by tag), queued or dead, and
