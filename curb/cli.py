@@ -26,7 +26,7 @@ LogDamaged) and raises plain OSError for what the system refused.
 from __future__ import annotations
 
 import asyncio
-import difflib
+import importlib
 import os
 import signal
 import sys
@@ -52,10 +52,8 @@ from curb.flags import (
     users_option,
 )
 from curb.heartbeat import MAX_MS as MAX_HEARTBEAT_MS
-from curb.inspect import inspect_command
 from curb.instance import DEFAULT_PORT, EXIT_IO, FD_HEADROOM, Addr, Config, Events, Instance, StartError, reason_of
 from curb.log import LogError
-from curb.passwd import passwd_command
 from curb.redelivery import MAX_DELAY_MS, MAX_MULTIPLIER, Redelivery
 from curb.web.settings import LIMIT, MAX_LIMIT, NarconiSettings
 
@@ -69,19 +67,27 @@ def default_file() -> str:
     return os.path.join(state.split(":")[0], "curb.log") if state else "curb.log"
 
 
+# The subcommands, each imported only when it is asked for (or listed by --help): the
+# broker itself never needs their modules, and an idle broker's memory pays for each one.
+SUBCOMMANDS = {
+    "inspect": ("curb.inspect", "inspect_command"),
+    "passwd": ("curb.passwd", "passwd_command"),
+    "router": ("curb.router.cli", "router_command"),
+}
+
+
 class _Commands(click.Group):
-    """The subcommands, with `curb router` imported only when it is asked for (or listed by
-    --help): the broker itself never needs the router's modules."""
+    """The broker's command, with SUBCOMMANDS loaded on demand."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted([*self.commands, "router"])
+        return sorted(SUBCOMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name == "router":
-            from curb.router.cli import router_command
-
-            return router_command
-        return super().get_command(ctx, cmd_name)
+        where = SUBCOMMANDS.get(cmd_name)
+        if where is None:
+            return None
+        found: click.Command = getattr(importlib.import_module(where[0]), where[1])
+        return found
 
 
 def print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -318,10 +324,6 @@ def command(
     sys.exit(code)
 
 
-command.add_command(inspect_command)
-command.add_command(passwd_command)
-
-
 def _tls_files(
     tls_addr: Addr | None, cert: str | None, key: str | None, ca: str | None, http_tls: bool = False
 ) -> tls.TlsFiles | None:
@@ -373,6 +375,8 @@ def _unknown_option(err: click.NoSuchOption, args: list[str]) -> str:
             if name.startswith("-") and name not in ours and typed[1:] in name[1:]
         ]
         typed = unknown[0] if unknown else typed
+    import difflib  # only for this message: an idle broker need not hold it
+
     near = difflib.get_close_matches(typed.lstrip("-"), list(known), n=2, cutoff=0.6)
     hint = f"; did you mean {' or '.join(known[name] for name in near)}?" if near else ""
     where = ctx.command_path if ctx is not None else "curb"
