@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -39,6 +39,24 @@ STARTUP_S = 15.0
 WAIT_S = 10.0
 QUIET_S = 0.3
 CURB = [sys.executable, "-m", "curb"]
+# The real processes a test started (brokers, routers), named: when the test fails, each
+# one's stderr goes into its report, since its files go with the test's temporary directory.
+PROCESSES = pytest.StashKey[list[tuple[str, Callable[[], str]]]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.failed:
+        for name, output in item.stash.get(PROCESSES, []):
+            report.sections.append((f"stderr of {name}", output() or "(nothing)"))
+    return report
+
+
+def _watch(request: pytest.FixtureRequest, name: str, output: Callable[[], str]) -> None:
+    request.node.stash.setdefault(PROCESSES, []).append((name, output))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -171,7 +189,7 @@ class Broker:
 
 
 @pytest.fixture
-def curb_broker(tmp_path: Path) -> Iterator[Callable[..., Broker]]:
+def curb_broker(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Broker]]:
     """Factory: `curb_broker(cap="10MiB", extra_args=(), file=None, addr="127.0.0.1:0",
     env=None, cwd=None, default_file=False)` starts a broker (see Broker) with cwd tmp_path
     and its log at cwd/curb.log, or at `file` (relative to cwd), or, with default_file=True,
@@ -197,6 +215,7 @@ def curb_broker(tmp_path: Path) -> Iterator[Callable[..., Broker]]:
             env=env,
         )
         brokers.append(broker)
+        _watch(request, f"broker {len(brokers)} (port {broker.port})", broker.stderr_text)
         return broker
 
     yield start
@@ -239,7 +258,7 @@ class RouterProcess:
 
 
 @pytest.fixture
-def curb_router(tmp_path: Path) -> Iterator[Callable[..., RouterProcess]]:
+def curb_router(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., RouterProcess]]:
     """Factory: `curb_router(routes, extra_args=())` starts a router (see RouterProcess);
     each is killed at the end of the test."""
     routers: list[RouterProcess] = []
@@ -247,6 +266,7 @@ def curb_router(tmp_path: Path) -> Iterator[Callable[..., RouterProcess]]:
     def start(routes: Sequence[str], extra_args: Sequence[str] = ()) -> RouterProcess:
         router = RouterProcess(tmp_path, routes, extra_args)
         routers.append(router)
+        _watch(request, f"router {len(routers)} (port {router.port})", router.stderr_text)
         return router
 
     yield start
