@@ -10,6 +10,7 @@ import signal
 import time
 
 import pytest
+from conftest import RouterProcess
 
 from curb.client import Client, StompError
 
@@ -18,6 +19,17 @@ def live_bodies(port: int) -> list[bytes]:
     """The bodies of the messages queued on an instance, read directly (a browse)."""
     with Client("127.0.0.1", port) as direct:
         return [frame.body for frame in direct.browse()]
+
+
+def logged(router: RouterProcess, pattern: str, timeout: float = 10.0) -> re.Match[str]:
+    """The router's first stderr line that matches `pattern`, once it has come: lines are
+    read from its pipe by a thread of their own, so one written before a RECEIPT the test
+    already has may not be read yet."""
+    deadline = time.monotonic() + timeout
+    while (match := re.search(pattern, router.stderr_text())) is None:
+        assert time.monotonic() < deadline, router.stderr_text()
+        time.sleep(0.05)
+    return match
 
 
 def consume(client: Client, count: int, timeout: float = 10.0) -> list[bytes]:
@@ -193,10 +205,7 @@ def test_routes_file_is_reread_on_sighup(curb_broker, curb_router, tmp_path):
     # A comment after a route is a comment (it once made the reload fail).
     routes.write_text(f"a=127.0.0.1:{first.port}  # the first\nb=127.0.0.1:{second.port} # added\n")
     router.child.process.send_signal(signal.SIGHUP)
-    deadline = time.monotonic() + 10
-    while "reloaded routes" not in router.stderr_text():
-        assert time.monotonic() < deadline, router.stderr_text()
-        time.sleep(0.05)
+    logged(router, "reloaded routes")
     with Client("127.0.0.1", router.port) as client:
         time.sleep(0.3)
         client.send(b"x", receipt="r", destination="/queue/b")
@@ -247,14 +256,10 @@ def test_spawn_runs_an_instance_per_new_destination_and_restarts_it(curb_router,
         client.send(b"hello", receipt="r", destination="/queue/fresh")
         client.wait_receipt("r")
         assert (spawned / "fresh.log").exists()
-        match = re.search(r"spawned an instance for 'fresh' \(pid (\d+)\) on 127\.0\.0\.1:(\d+)", router.stderr_text())
-        assert match is not None, router.stderr_text()
+        match = logged(router, r"spawned an instance for 'fresh' \(pid (\d+)\) on 127\.0\.0\.1:(\d+)")
         assert live_bodies(int(match.group(2))) == [b"hello"]
         os.kill(int(match.group(1)), signal.SIGKILL)
-        deadline = time.monotonic() + 15
-        while "restarted an instance for 'fresh'" not in router.stderr_text():
-            assert time.monotonic() < deadline, router.stderr_text()
-            time.sleep(0.05)
+        logged(router, "restarted an instance for 'fresh'", timeout=15)
         client.subscribe("s", destination="./fresh", prefetch=5)
         assert consume(client, 1, timeout=15) == [b"hello"]
         client.send(b"x", receipt="second", destination="/queue/second")
