@@ -5,11 +5,19 @@ prints `curb: listening on HOST:PORT, ...` only once recovery is done and its po
 connections, so that one line is both the readiness signal and, for `-addr HOST:0`, the
 port the kernel picked. Everything the broker writes to stderr is kept (and copied to a
 file if asked), so a failure can show it.
+
+Invariant: `output()` holds every line the broker wrote before the call. A thread reads
+the pipe as lines come, but every read of the pipe, the thread's and `output()`'s own
+drain of what the thread has not read yet, happens under one lock and reads what is
+there without waiting: so a line the broker wrote before it answered a frame is seen by
+a caller that got the answer, however far behind the thread is.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -53,13 +61,18 @@ class BrokerProcess:
         self.preexec_fn = preexec_fn
         self.interpreter = tuple(interpreter)
         self.port = 0
-        self._process: subprocess.Popen[str] | None = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._lines: list[str] = []
+        self._partial = b""  # the bytes of a line not yet ended
+        self._stream: IO[bytes] | None = None  # the pipe, while it is open
+        self._sink: IO[str] | None = None
+        self._found: list[int] = []
+        self._ready = threading.Event()
         self._lock = threading.Lock()
 
     @property
-    def process(self) -> subprocess.Popen[str]:
+    def process(self) -> subprocess.Popen[bytes]:
         if self._process is None:
             raise RuntimeError("the broker was never started")
         return self._process
@@ -79,8 +92,6 @@ class BrokerProcess:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            text=True,
-            errors="replace",
             preexec_fn=self.preexec_fn,
         )
         self._process = process
@@ -88,7 +99,11 @@ class BrokerProcess:
         found: list[int] = []
         ready = threading.Event()
         assert process.stderr is not None
-        self._reader = threading.Thread(target=self._read, args=(process.stderr, found, ready), daemon=True)
+        os.set_blocking(process.stderr.fileno(), False)
+        with self._lock:
+            self._stream, self._found, self._ready = process.stderr, found, ready
+            self._sink = open(self.output_file, "a") if self.output_file is not None else None  # noqa: SIM115
+        self._reader = threading.Thread(target=self._read, args=(process.stderr,), daemon=True)
         self._reader.start()
         if not ready.wait(self.timeout) or not found:
             if process.poll() is None:
@@ -105,28 +120,62 @@ class BrokerProcess:
         self.port = found[0]
         return self.port
 
-    def _read(self, stream: IO[str], found: list[int], ready: threading.Event) -> None:
-        """Keep every line; signal the first `listening on` line, or the end of the output."""
-        sink = open(self.output_file, "a") if self.output_file is not None else None  # noqa: SIM115
+    def _read(self, stream: IO[bytes]) -> None:
+        """Wait for the pipe, drain it under the lock, until its end."""
         try:
-            for line in stream:
+            while True:
+                select.select([stream], [], [])
                 with self._lock:
-                    self._lines.append(line)
-                if sink is not None:
-                    sink.write(line)
-                    sink.flush()
-                if not found and (match := LISTENING.search(line)):
-                    found.append(int(match.group(1)))
-                    ready.set()
+                    if not self._drain():
+                        return
         finally:
-            stream.close()
-            if sink is not None:
-                sink.close()
-            ready.set()
+            with self._lock:
+                self._close()
+
+    def _drain(self) -> bool:
+        """Under the lock: take what the pipe holds now, without waiting; False at its end."""
+        stream = self._stream
+        if stream is None:
+            return False
+        while True:
+            try:
+                chunk = os.read(stream.fileno(), 65536)
+            except BlockingIOError:
+                return True
+            if not chunk:
+                return False
+            self._take(chunk)
+
+    def _take(self, chunk: bytes) -> None:
+        """Keep every whole line; signal the first `listening on` line."""
+        *whole, self._partial = (self._partial + chunk).split(b"\n")
+        for raw in whole:
+            line = raw.decode(errors="replace") + "\n"
+            self._lines.append(line)
+            if self._sink is not None:
+                self._sink.write(line)
+                self._sink.flush()
+            if not self._found and (match := LISTENING.search(line)):
+                self._found.append(int(match.group(1)))
+                self._ready.set()
+
+    def _close(self) -> None:
+        """Under the lock, at the pipe's end: keep an unended last line, close, and wake a
+        start still waiting for the `listening on` line."""
+        if self._partial:
+            self._take(b"\n")
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        if self._sink is not None:
+            self._sink.close()
+            self._sink = None
+        self._ready.set()
 
     def output(self) -> str:
         """Everything the broker wrote to stderr so far, over all its starts."""
         with self._lock:
+            self._drain()  # at the pipe's end the reading thread closes it
             return "".join(self._lines)
 
     def running(self) -> bool:

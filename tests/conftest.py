@@ -147,7 +147,7 @@ class Broker:
         return path
 
     @property
-    def proc(self) -> subprocess.Popen[str]:
+    def proc(self) -> subprocess.Popen[bytes]:
         return self.child.process
 
     def argv(self) -> list[str]:

@@ -4,12 +4,19 @@ with what it said."""
 
 from __future__ import annotations
 
+import select
 import signal
 import sys
+import threading
+import time
+import types
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from curb import spawn
 from curb.client import Client
 from curb.spawn import BrokerProcess, StartError
 
@@ -45,3 +52,46 @@ def test_the_interpreter_given_runs_curb_with_the_flags(tmp_path: Path):
     child.process.wait(15)  # it exits by itself; stop() then collects its status and all its output
     assert child.stop() == 0
     assert "argv ['-m', 'curb', '-cap', '1MiB']" in child.output()
+
+
+# A stand-in for `python -m curb`: says it listens, then, once the test creates `go`,
+# writes one line and only then creates `written`, the way a broker logs before it answers.
+LATE_LINE = """
+import pathlib, sys, time
+print("curb: listening on 127.0.0.1:1", file=sys.stderr, flush=True)
+while not pathlib.Path("go").exists():
+    time.sleep(0.01)
+print("curb: the line", file=sys.stderr, flush=True)
+pathlib.Path("written").touch()
+time.sleep(60)
+"""
+
+
+def test_output_holds_every_line_written_before_the_call_however_far_behind_its_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    hold, held, release = threading.Event(), threading.Event(), threading.Event()
+
+    def lagging(rlist: Sequence[Any], wlist: Sequence[Any], xlist: Sequence[Any]) -> tuple[list[Any], ...]:
+        ready = select.select(rlist, wlist, xlist)
+        if hold.is_set():  # the pipe has something, and the reading thread lags behind it
+            held.set()
+            release.wait(30)
+        return ready
+
+    monkeypatch.setattr(spawn, "select", types.SimpleNamespace(select=lagging))
+    child = BrokerProcess(cwd=tmp_path, timeout=15, interpreter=(sys.executable, "-c", LATE_LINE))
+    try:
+        child.start([])
+        hold.set()
+        (tmp_path / "go").touch()
+        deadline = time.monotonic() + 15
+        while not (tmp_path / "written").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert held.wait(15)  # the thread has not read the line
+        assert child.output().endswith("curb: the line\n")
+    finally:
+        release.set()
+        child.kill()
+    assert child.output().count("curb: the line\n") == 1

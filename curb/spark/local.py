@@ -52,7 +52,7 @@ class LocalBroker:
         self.port = 0
 
     @property
-    def process(self) -> subprocess.Popen[str]:
+    def process(self) -> subprocess.Popen[bytes]:
         return self.child.process
 
     @property
