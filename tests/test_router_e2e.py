@@ -10,7 +10,7 @@ import signal
 import time
 
 import pytest
-from conftest import RouterProcess
+from conftest import RouterProcess, wait_until
 
 from curb.client import Client, StompError
 
@@ -22,13 +22,10 @@ def live_bodies(port: int) -> list[bytes]:
 
 
 def logged(router: RouterProcess, pattern: str, timeout: float = 10.0) -> re.Match[str]:
-    """The router's first stderr line that matches `pattern`, once it has come: lines are
-    read from its pipe by a thread of their own, so one written before a RECEIPT the test
-    already has may not be read yet."""
-    deadline = time.monotonic() + timeout
-    while (match := re.search(pattern, router.stderr_text())) is None:
-        assert time.monotonic() < deadline, router.stderr_text()
-        time.sleep(0.05)
+    """The router's first stderr line that matches `pattern`, once it has written it."""
+    assert wait_until(lambda: re.search(pattern, router.stderr_text()), timeout), router.stderr_text()
+    match = re.search(pattern, router.stderr_text())
+    assert match is not None
     return match
 
 

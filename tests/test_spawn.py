@@ -8,13 +8,13 @@ import select
 import signal
 import sys
 import threading
-import time
 import types
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import wait_until
 
 from curb import spawn
 from curb.client import Client
@@ -85,10 +85,7 @@ def test_output_holds_every_line_written_before_the_call_however_far_behind_its_
         child.start([])
         hold.set()
         (tmp_path / "go").touch()
-        deadline = time.monotonic() + 15
-        while not (tmp_path / "written").exists():
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        assert wait_until((tmp_path / "written").exists, 15)
         assert held.wait(15)  # the thread has not read the line
         assert child.output().endswith("curb: the line\n")
     finally:

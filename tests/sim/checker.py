@@ -167,11 +167,10 @@ class Msg:
     # redrive's reset of the count while a copy compaction made keeps the count at the
     # limit (a copy writes the count as it is in memory), so the queue may bury it again.
     redrive_at_limit: bool = False
-    # Its last bounce, until durable: the bounce lowered the count in memory, but a copy
-    # compaction made while it was held may have written the count before it (a copy
-    # writes the count as it is in memory), which a crash then keeps.
+    # Its last bounce, until durable: the bounce lowered the count in memory (to the
+    # effect's count), but a copy compaction made while it was held may have written the
+    # count before it (a copy writes the count as it is in memory), which a crash keeps.
     bounce: Effect | None = None
-    bounced_from: int = 0  # the count that bounce lowered
 
 
 @dataclass(slots=True)
@@ -364,18 +363,18 @@ class Checker:
                 self._release(m)
                 m.state = ACKED
             else:
-                bounced_from = 0
-                if kind == "bounce" and not conn.dead:  # undelivered: uncounted, rdy at once (a dead
-                    # letter's goes back among the dead, as its NACK would)
-                    bounced_from = m.count
+                bounced = kind == "bounce" and not conn.dead
+                if bounced:  # undelivered: uncounted, rdy at once (a dead letter's goes back
+                    # among the dead, as its NACK would)
+                    bounced = m.count > 0  # it lowered a count
                     m.count = max(0, m.count - 1)
                     delay_ms = 0
                 count = m.count
                 self._come_back(m, delay_ms)
                 effect = Effect(seq, "NACK", (settled,), count, m.due, m.state == DEAD, m.redrives)
                 conn.effects.append(effect)
-                if bounced_from:
-                    m.bounce, m.bounced_from = effect, bounced_from
+                if bounced:
+                    m.bounce = effect
         if receipt is not None:
             conn.expect[receipt].tags = tuple(tags)
         if kind == "ACK":
@@ -651,7 +650,7 @@ class Checker:
                 self.upto_durable = max(self.upto_durable, effect.count)
             elif effect.redrives == msg.redrives:  # NACK: its count, where it put the message
                 if msg.bounce is effect:
-                    msg.bounce, msg.bounced_from = None, 0
+                    msg.bounce = None
                 msg.durable_count = max(msg.durable_count, effect.count)
                 msg.durable_due = max(msg.durable_due, effect.due)
                 msg.dead_promised = msg.dead_promised or (effect.buried and msg.state == DEAD)
@@ -812,7 +811,7 @@ class Checker:
         for msg in self.messages.values():
             if msg.returned > msg.durable_count:
                 msg.durable_count = msg.returned
-            msg.bounce, msg.bounced_from = None, 0
+            msg.bounce = None
 
     def crash(self) -> None:
         self.conns.clear()
@@ -820,11 +819,10 @@ class Checker:
         for msg in self.messages.values():
             if limit and (msg.holder is not None or msg.state == ACKED) and msg.count >= limit:
                 msg.spent = msg.was_limit_dead = True
-            if limit and msg.state == LIVE and msg.bounced_from >= limit:
+            if limit and msg.state == LIVE and msg.bounce is not None and msg.bounce.count + 1 >= limit:
                 msg.spent = msg.was_limit_dead = True  # the copy's count may outlive the bounce
-            msg.holder = msg.deadline = None
-            msg.count = msg.returned = msg.bounced_from = 0
-            msg.bounce = None
+            msg.holder = msg.deadline = msg.bounce = None
+            msg.count = msg.returned = 0
 
     def restarted(self, found: dict[int, Found], watermark: int = 0) -> None:
         """A full read after recovery found these messages (by tag), queued or dead, and
