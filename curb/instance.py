@@ -24,8 +24,6 @@ curb.cli), `LogError` or OSError; whatever was opened before the failure is clos
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
 import errno
 import gc
 import ipaddress
@@ -40,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
-from curb import systemd, tls, users
+from curb import heap, systemd, tls, users
 from curb.broker import Broker, BrokerEvents
 from curb.broker_config import ACK_TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS, BrokerConfig
 from curb.log import Log
@@ -76,8 +74,6 @@ TLS_HANDSHAKE_DEFAULT_SECONDS = 60.0
 # New container objects between passes of the cyclic garbage collector (Python's
 # default: 700); see _settle_memory.
 GC_EVERY = 50_000
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-MMAP_THRESHOLD = 2 << 20
 # What the system says about a log file that it will keep saying until someone changes
 # the file, its directory or the flags; any other error may pass (see curb.cli).
 OPERATOR_ERRNOS = frozenset(
@@ -187,6 +183,7 @@ class Instance:
         self._tls: tls.Listener | None = None
         self._servers: list[asyncio.Server] = []
         self._checks: ThreadPoolExecutor | None = None
+        self._heap: heap.Keeper | None = None  # the process's, when it runs as one (curb.heap)
         self._stop = asyncio.Event()
         self._fatal: list[str] = []
         self._stopped = False
@@ -201,7 +198,7 @@ class Instance:
         self.users = load_users(config.users_path) if config.users_path is not None else None
         self._tls = _load_tls(config.tls_files) if config.tls_files is not None else None
         if self.process:
-            _fix_mmap_threshold()
+            self._heap = heap.install(loop)
             fd_limit = _raise_fd_limit()
             loop.set_exception_handler(_accept_failures_as_lines(events))
         else:
@@ -387,6 +384,8 @@ class Instance:
             await asyncio.sleep(0.01)
         if self._checks is not None:
             self._checks.shutdown(wait=False, cancel_futures=True)
+        if self._heap is not None:
+            self._heap.release()
         self.events("stopped", "stopped")
         return EXIT_IO if self._fatal else 0
 
@@ -528,21 +527,6 @@ def _accept_failures_as_lines(
             )
 
     return handle
-
-
-def _fix_mmap_threshold() -> None:
-    """Blocks of MMAP_THRESHOLD bytes and more in mappings of their own (glibc's mallopt;
-    elsewhere nothing changes). The parked index's arrays grow by reallocation to several
-    MiB for a million entries; by default glibc raises its threshold as such blocks are
-    freed, so the next ones land on the heap and their predecessors leave holes it keeps:
-    2-3 MiB of RSS that a fixed threshold gives back (a million dead letters took 56.8
-    to 57.1 MiB live at 128 KiB, 58.1 at 2 MiB, 58-61 by default, more at 4 MiB).
-    Below the threshold, the buffers of large messages (received pieces, bodies, stored
-    payloads, records read back) reuse the heap's pages: in a mapping of its own each
-    faults in fresh pages, which cost about 0.7 ms per MiB here, half the broker's CPU
-    for a 1 MiB SEND and more than the copies themselves."""
-    with contextlib.suppress(OSError, AttributeError):  # no glibc: nothing to set
-        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
 def _settle_memory() -> None:

@@ -45,6 +45,7 @@ import ssl
 import weakref
 from typing import cast
 
+from curb import heap
 from curb.arrivals import Arrival, Arrivals, Start
 from curb.backend import Backend
 from curb.driver import Driver
@@ -119,6 +120,7 @@ class Connection(asyncio.Protocol):
         self._refused = False
         self._lingering = False
         self._linger: asyncio.TimerHandle | None = None
+        self._heap = heap.keeper()  # told of large reads and writes (curb.heap)
 
     @property
     def session(self) -> Session:
@@ -142,6 +144,8 @@ class Connection(asyncio.Protocol):
         self.driver = Driver(self.broker, self, name, peer_name(transport.get_extra_info("peercert")))
 
     def data_received(self, data: bytes) -> None:
+        if len(data) >= heap.LARGE_BYTES and self._heap is not None:
+            self._heap.moved()
         if not self._lingering:
             self.driver.received(data)
 
@@ -161,6 +165,8 @@ class Connection(asyncio.Protocol):
     # ---------------------------------------------------------------- the driver's Link
 
     def write(self, data: Piece) -> None:
+        if len(data) >= heap.LARGE_BYTES and self._heap is not None:
+            self._heap.moved()
         self.transport.write(data)
 
     def pause_reading(self) -> None:
