@@ -23,8 +23,8 @@ after a restart).
 
 "Large" is one read or one write of LARGE_BYTES or more on a connection: curb.server
 tests each one's length and calls `moved`. The thresholds are the process's, so one
-Keeper serves it, made by `install` when a broker runs as the process; `keeper()` is
-None otherwise.
+Keeper serves it, made by `install` when a broker or a router runs as the process;
+`keeper()` is None otherwise (a broker run inside a test's process, for one).
 """
 
 from __future__ import annotations

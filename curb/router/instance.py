@@ -13,7 +13,7 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from curb import systemd
+from curb import heap, systemd
 from curb.instance import Events, StartError, addr_text, is_loopback, listen, load_users, sockname
 from curb.router import routes as routing
 from curb.router.config import RouterConfig, WebConfig
@@ -53,6 +53,7 @@ async def serve(
     spawning: tuple[Path, str, int, tuple[str, ...]] | None = None,
 ) -> int:
     loop = asyncio.get_running_loop()
+    heap.install(loop)  # large messages reuse the heap's pages, as in an instance
     core = loop_core(table, config=config, events=events)
     router = Router(core, listeners.link_tls)
     users_path = listeners.users_path
