@@ -23,8 +23,8 @@ after a restart).
 
 "Large" is one read or one write of LARGE_BYTES or more on a connection: curb.server
 tests each one's length and calls `moved`. The thresholds are the process's, so one
-Keeper serves it, made by `install` when a broker or a router runs as the process;
-`keeper()` is None otherwise (a broker run inside a test's process, for one).
+Keeper serves it, made by `install` when a broker or a router runs as the process, and
+`keeper(loop)` gives it only to that process's loop.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class Keeper:
     """Keeps the heap's freed top for reuse while large messages move (see the module)."""
 
     def __init__(self, loop: Timers, libc: Libc, quiet: float = QUIET_SECONDS):
-        self._loop = loop
+        self.loop = loop
         self._libc = libc
         self._quiet = quiet
         self._last = 0.0  # loop time of the last large read or write
@@ -75,15 +75,15 @@ class Keeper:
 
     def moved(self) -> None:
         """A read or write of LARGE_BYTES or more happened now."""
-        self._last = self._loop.time()
+        self._last = self.loop.time()
         if self._timer is None:
             self._libc.mallopt(M_TRIM_THRESHOLD, KEEP_BYTES)
-            self._timer = self._loop.call_at(self._last + self._quiet, self._check)
+            self._timer = self.loop.call_at(self._last + self._quiet, self._check)
 
     def _check(self) -> None:
         due = self._last + self._quiet
-        if self._loop.time() < due:
-            self._timer = self._loop.call_at(due, self._check)
+        if self.loop.time() < due:
+            self._timer = self.loop.call_at(due, self._check)
             return
         self.release()
 
@@ -115,6 +115,9 @@ def install(loop: asyncio.AbstractEventLoop) -> Keeper | None:
     return _keeper
 
 
-def keeper() -> Keeper | None:
-    """The process's Keeper, once `install` made one."""
-    return _keeper
+def keeper(loop: asyncio.AbstractEventLoop) -> Keeper | None:
+    """The process's Keeper, once `install` made one on this loop. Only there: a loop
+    that is gone (a broker run inside a test's process and stopped) leaves its Keeper
+    behind, whose timers would fail on any other loop."""
+    found = _keeper
+    return found if found is not None and found.loop is loop else None

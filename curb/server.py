@@ -120,7 +120,7 @@ class Connection(asyncio.Protocol):
         self._refused = False
         self._lingering = False
         self._linger: asyncio.TimerHandle | None = None
-        self._heap = heap.keeper()  # told of large reads and writes (curb.heap)
+        self._heap = heap.keeper(self._loop)  # told of large reads and writes (curb.heap)
 
     @property
     def session(self) -> Session:

@@ -103,14 +103,21 @@ def test_keeping_starts_again_after_a_release_and_release_twice_is_once():
     assert keep.keeping and libc.calls == [KEEP, BACK, TRIM, KEEP]
 
 
-def test_install_makes_the_process_keeper_on_glibc(monkeypatch):
+def test_install_makes_the_process_keeper_on_glibc_for_its_loop_only(monkeypatch):
     monkeypatch.setattr(heap, "_keeper", None)
 
-    async def run() -> heap.Keeper | None:
-        return heap.install(asyncio.get_running_loop())
+    async def run() -> tuple[heap.Keeper | None, heap.Keeper | None]:
+        loop = asyncio.get_running_loop()
+        return heap.install(loop), heap.keeper(loop)
 
-    made = asyncio.run(run())
-    assert made is not None and heap.keeper() is made and not made.keeping
+    made, found = asyncio.run(run())
+    assert made is not None and found is made and not made.keeping
+    # Its loop closed, another loop's connections never get it (its timers would fail there).
+    other = asyncio.new_event_loop()
+    try:
+        assert heap.keeper(other) is None
+    finally:
+        other.close()
 
 
 def test_the_server_tells_the_keeper_of_large_reads_and_writes_only(tmp_path, monkeypatch):
