@@ -7,6 +7,7 @@ by compaction, an ACK patch, delivery counts written by requeues, a watermark of
 from __future__ import annotations
 
 import shutil
+import sys
 import zlib
 
 import pytest
@@ -85,12 +86,15 @@ def test_a_header_digit_that_is_not_lowercase_hex_is_malformed(at, char):
         fmt.parse_header(raw, 0)
 
 
-@pytest.mark.parametrize("length", [0, 100, fmt.SMALL_CRC, fmt.SMALL_CRC + 1, 70_000])
+@pytest.mark.parametrize(
+    "length", [0, 100, fmt.SMALL_CRC, fmt.SMALL_CRC + 1, fmt.FAST_CRC_FROM - 1, fmt.FAST_CRC_FROM, 70_000]
+)
 @pytest.mark.parametrize("kind", [bytes, bytearray])
 @pytest.mark.parametrize("flip", [None, 40, 96, "payload"])
 def test_the_crc_check_reads_small_and_large_payloads_alike(length, kind, flip):
     """Payloads up to SMALL_CRC in bytes are copied out for the CRC, the rest viewed in
-    place: both judge a record the same, intact or with one bit flipped."""
+    place, and from FAST_CRC_FROM on zlib-ng computes it: all judge a record the same,
+    intact or with one bit flipped."""
     raw = bytearray(record(payload=b"y" * length))
     at = fmt.RECORD_HEADER + length - 1 if flip == "payload" else flip
     if at is not None and at >= fmt.RECORD_HEADER - 1 and length == 0:
@@ -100,6 +104,19 @@ def test_the_crc_check_reads_small_and_large_payloads_alike(length, kind, flip):
     buf = kind(raw)
     hdr = fmt.parse_header(buf, 0)
     assert fmt.check_payload(buf, 0, hdr) == fmt.crc_holds(buf, 0, len(raw)) == (at is None)
+
+
+@pytest.mark.parametrize("length", [0, 1, fmt.FAST_CRC_FROM - 1, fmt.FAST_CRC_FROM, 1 << 20])
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
+def test_the_payload_crc_is_zlibs_crc32_at_every_size(length, kind):
+    """zlib-ng's CRC (large payloads) is zlib's function: the format does not change."""
+    data = bytes(range(256)) * (length // 256) + b"z" * (length % 256)
+    assert fmt.payload_crc(kind(data), 0x1234ABCD) == zlib.crc32(data, 0x1234ABCD)
+
+
+def test_without_zlib_ng_the_large_payloads_crc_is_zlibs(monkeypatch):
+    monkeypatch.setitem(sys.modules, "zlib_ng", None)  # `import zlib_ng` then raises ImportError
+    assert fmt._fast_crc32() is zlib.crc32
 
 
 @pytest.mark.parametrize("flip", [None, 40, 90, 98, fmt.RECORD_HEADER + 2, -1])

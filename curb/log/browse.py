@@ -51,6 +51,7 @@ from curb.log.record import (
     STATE_PAD,
     STATE_RDY,
     RecordHeader,
+    payload_crc,
     record_size,
 )
 
@@ -196,7 +197,7 @@ class Browse:
         if mid == 0 or pos + size > limit or end > len(buf) or buf[end - 1] != 10:
             return None
         body = off + RECORD_HEADER
-        if zlib.crc32(buf[body : body + length], zlib.crc32(buf[off + CRC_FROM : off + CRC_TO])) != hdr.crc:
+        if payload_crc(buf[body : body + length], zlib.crc32(buf[off + CRC_FROM : off + CRC_TO])) != hdr.crc:
             return None
         return hdr, buf, off
 
