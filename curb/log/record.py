@@ -125,7 +125,9 @@ def _fast_crc32() -> Callable[[Bytes | memoryview, int], int]:
         from zlib_ng import zlib_ng
     except ImportError:
         return zlib.crc32
-    return zlib_ng.crc32
+    # Typed here: mypyc's build environment lacks zlib-ng, so there its crc32 is Any.
+    fast: Callable[[Bytes | memoryview, int], int] = zlib_ng.crc32
+    return fast
 
 
 def record_size(length: int) -> int:
