@@ -349,6 +349,21 @@ def test_the_instruction_check_fails_a_workload_more_than_the_margin_over_its_ba
     assert "produce-4x256" in table and "FAIL" in table.splitlines()[1]
 
 
+@pytest.mark.parametrize(
+    ("kind", "environ", "compiler", "fails"),
+    [
+        ("pure", {}, "sh", True),  # a compiler is here and nobody asked for pure: the compile failed
+        ("pure", {"CURB_PURE_PYTHON": "1"}, "sh", False),  # asked for
+        ("pure", {}, "no-such-compiler-here", False),  # no compiler: pure is all there is
+        ("compiled", {}, "sh", False),
+    ],
+)
+def test_the_guard_refuses_a_pure_build_that_a_failed_compile_left(monkeypatch, kind, environ, compiler, fails):
+    monkeypatch.setattr(instructions, "build_kind", lambda: kind)
+    why = instructions.fell_back_to_pure(environ, compiler)
+    assert bool(why) == fails and (not fails or "compiling the hot modules failed" in why)
+
+
 def test_the_instruction_check_fails_a_workload_the_baseline_lacks():
     table, ok = instructions.check([_measured("pingpong", 1.0)], {"instructions_per_message": {}})
     assert not ok and "not in the baseline" in table

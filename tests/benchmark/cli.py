@@ -286,6 +286,10 @@ def main(
                 loads = instructions.QUICK_LOADS if quick else instructions.LOADS
                 keys = [key for key in instructions.WORKLOADS if key in selected]
                 if check or write_baseline:
+                    fallen = instructions.fell_back_to_pure()
+                    if fallen:
+                        click.echo(f"curb bench: FAILED: {fallen}", err=True)
+                        sys.exit(1)
                     measured = instructions.measure(bench, keys, instructions.CHECK_LOADS, profile=False)
                     if write_baseline:
                         click.echo(f"wrote {instructions.write_baseline(measured)}")

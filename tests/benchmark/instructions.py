@@ -31,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -317,6 +318,22 @@ def build_kind() -> str:
     """The build the benchmark's brokers run, which picks the baseline: they are started
     from this environment, so they load the modules this process loads."""
     return "compiled" if compiled_modules() else "pure"
+
+
+def fell_back_to_pure(environ: Mapping[str, str] = os.environ, compiler: str | None = None) -> str:
+    """Why this pure-Python build is not the one asked for, or "" when it is (or runs
+    compiled). setup.py falls back to pure Python when compiling fails, and the install
+    goes on; so where a C compiler is and CURB_PURE_PYTHON is not 1, a pure build means
+    the compile failed, and the guard would compare the wrong build with its baseline."""
+    if build_kind() == "compiled" or environ.get("CURB_PURE_PYTHON") == "1":
+        return ""
+    cc = compiler if compiler is not None else (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(cc) is None:
+        return ""
+    return (
+        f"the pure-Python build runs, but a C compiler ({cc}) is here and CURB_PURE_PYTHON is not 1: "
+        "compiling the hot modules failed (`.venv/bin/pip install -v -e .` shows mypyc's error)"
+    )
 
 
 def baseline_path() -> Path:
