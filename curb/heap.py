@@ -40,7 +40,7 @@ MMAP_THRESHOLD = 2 << 20
 TRIM_BYTES = 128 * 1024  # glibc's default trim threshold
 KEEP_BYTES = 4 << 20  # free at the top kept while large messages move: a few messages' buffers
 LARGE_BYTES = 64 * 1024
-QUIET_SECONDS = 1.0
+QUIET_SECONDS = 1.0  # a stream of large messages reads every few ms; an RSS read soon after one finds the pages back
 
 
 class Libc(Protocol):
@@ -86,6 +86,10 @@ class Keeper:
             self._timer = self.loop.call_at(due, self._check)
             return
         self.release()
+
+    def trim(self) -> None:
+        """Give the heap's free pages back now (after start-up's recovery)."""
+        self._libc.malloc_trim(0)
 
     def release(self) -> None:
         """Give the kept pages back now (when quiet, and when the broker stops)."""

@@ -269,6 +269,8 @@ class Instance:
             _widen_backlog(server)
         if self.process:
             _settle_memory()
+            if self._heap is not None:
+                self._heap.trim()  # what recovery freed goes back before serving
         # Before the `listening` line, which tells the tests and Spark the broker is ready.
         web_sockets = self.web.sockets if self.web is not None else []
         _say_who_may_connect(

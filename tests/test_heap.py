@@ -103,6 +103,12 @@ def test_keeping_starts_again_after_a_release_and_release_twice_is_once():
     assert keep.keeping and libc.calls == [KEEP, BACK, TRIM, KEEP]
 
 
+def test_trim_gives_the_free_pages_back_and_keeps_nothing():
+    keep, timers, libc = keeper()
+    keep.trim()
+    assert libc.calls == [TRIM] and not keep.keeping and timers.due is None
+
+
 def test_install_makes_the_process_keeper_on_glibc_for_its_loop_only(monkeypatch):
     monkeypatch.setattr(heap, "_keeper", None)
 
