@@ -40,7 +40,7 @@ MMAP_THRESHOLD = 2 << 20
 TRIM_BYTES = 128 * 1024  # glibc's default trim threshold
 KEEP_BYTES = 4 << 20  # free at the top kept while large messages move: a few messages' buffers
 LARGE_BYTES = 64 * 1024
-QUIET_SECONDS = 1.0  # a stream of large messages reads every few ms; an RSS read soon after one finds the pages back
+QUIET_SECONDS = 0.25  # a stream of large messages reads every few ms; an RSS read soon after one finds the pages back
 
 
 class Libc(Protocol):
