@@ -161,3 +161,29 @@ def test_the_server_tells_the_keeper_of_large_reads_and_writes_only(tmp_path, mo
     seen, bodies = asyncio.run(run())
     assert bodies == [b"x" * 100, b"y" * (100 << 10)]
     assert seen == [[], [KEEP, BACK, TRIM], [KEEP, BACK, TRIM, KEEP, BACK, TRIM]]
+
+
+def test_a_broker_run_as_the_process_trims_after_recovery_and_releases_at_stop(tmp_path, monkeypatch):
+    """Start-up gives back what recovery freed (one malloc_trim before serving); a stop
+    while keeping gives the kept pages back."""
+    from curb import instance
+
+    libc = FakeLibc()
+    monkeypatch.delenv("LISTEN_FDS", raising=False)
+    monkeypatch.setattr(instance, "_settle_memory", lambda: None)  # gc.freeze would hold the test's objects
+    monkeypatch.setattr(heap, "install", lambda loop: heap.Keeper(loop, libc))
+    config = Config(path=str(tmp_path / "q.log"), cap=8 << 20, addr=("127.0.0.1", 0), heartbeat_ms=0)
+
+    async def run() -> tuple[list[tuple[object, int]], list[tuple[object, int]]]:
+        curb = Instance(config, process=True)
+        await curb.start()
+        started = list(libc.calls)
+        kept = curb._heap
+        assert kept is not None
+        kept.moved()
+        await curb.stop()
+        return started, list(libc.calls)
+
+    started, stopped = asyncio.run(run())
+    assert started == [TRIM]
+    assert stopped == [TRIM, KEEP, BACK, TRIM]
