@@ -1,4 +1,4 @@
-"""Which of Curb's modules run compiled (mypyc), for `curb --version`.
+"""Which of Curb's modules run compiled (mypyc, or written in C), for `curb --version`.
 
 setup.py compiles the hot modules when it can and installs the pure-Python ones when it
 cannot, so the same version may run either build. The answer is read from what Python
@@ -32,6 +32,11 @@ def compiled_modules() -> list[str]:
 
 
 def build() -> str:
-    """The build in use, as `curb --version` says it."""
+    """The build in use, as `curb --version` says it: the modules mypyc compiled from
+    their Python, then those written in C (no .py beside them)."""
     names = compiled_modules()
-    return f"compiled with mypyc: {', '.join(names)}" if names else "pure Python"
+    if not names:
+        return "pure Python"
+    in_c = [name for name in names if not _PACKAGE.parent.joinpath(*name.split(".")).with_suffix(".py").exists()]
+    mypyc = [name for name in names if name not in in_c]
+    return f"compiled with mypyc: {', '.join(mypyc)}" + (f"; in C: {', '.join(in_c)}" if in_c else "")

@@ -20,6 +20,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+try:  # the compiled build's C step (frame_c.c); the pure-Python build has none
+    from curb import frame_c as _c
+
+    NATIVE = True
+except ImportError:
+    NATIVE = False
+
 HEARTBEAT = b"\n"
 FRAME_END = b"\0\n"
 UNESCAPED_COMMANDS = frozenset({"CONNECT", "STOMP", "CONNECTED"})
@@ -396,17 +403,8 @@ class FrameParser:
             or body_offset > self.max_frame_bytes
         ):
             raise ProtocolError(self._first_head_error(buf, pos, pos + body_offset))
-        try:
-            text = buf[pos:head_end].decode()
-        except UnicodeDecodeError:
-            raise ProtocolError("frame head is not valid UTF-8") from None
-        lines = text.split("\n")
-        if has_cr:
-            lines = [line[:-1] if line.endswith("\r") else line for line in lines]
-        command = lines[0]
-        headers = _headers(lines)
-        if "\\" in text and command not in UNESCAPED_COMMANDS:
-            headers = _unescaped_headers(lines)
+        split = _c.split_head(buf, pos, head_end) if NATIVE and not has_cr else None
+        command, headers = _split_head(buf, pos, head_end, has_cr) if split is None else split
         size = body_offset
         length = None
         raw_length = headers.get("content-length")
@@ -430,6 +428,22 @@ class FrameParser:
         if size > self.max_frame_bytes:
             raise ProtocolError(f"frame exceeds {self.max_frame_bytes} bytes", headers.get("receipt"))
         return command, headers, body_offset, length
+
+
+def _split_head(buf: bytes | bytearray, pos: int, head_end: int, has_cr: bool) -> tuple[str, dict[str, str]]:
+    """The command and headers of the head in buf[pos:head_end] (see the module's rules)."""
+    try:
+        text = buf[pos:head_end].decode()
+    except UnicodeDecodeError:
+        raise ProtocolError("frame head is not valid UTF-8") from None
+    lines = text.split("\n")
+    if has_cr:
+        lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+    command = lines[0]
+    headers = _headers(lines)
+    if "\\" in text and command not in UNESCAPED_COMMANDS:
+        headers = _unescaped_headers(lines)
+    return command, headers
 
 
 def _head_end_with_cr(buf: bytes | bytearray, resume: int, head_end: int) -> int:

@@ -65,6 +65,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, overload
 
+try:  # the compiled build's C steps (record_c.c); the pure-Python build has none
+    from curb.log import record_c as _c
+
+    NATIVE = True
+except ImportError:
+    NATIVE = False
+
 # What the readers parse: bytes read from a file, or a buffer they were read into.
 Bytes = bytes | bytearray
 
@@ -214,6 +221,10 @@ def encode_record(
     """The header line of a record; the payload and `TAILS[...]` follow it in the file
     (`record_bytes` gives all three)."""
     stamp = timestamp_ms | COPY_FLAG if copy else timestamp_ms
+    if NATIVE:
+        line = _c.encode(state, deliveries, msg_id, wseq, stamp, payload, due_ms, expires_ms)
+        if line is not None:
+            return line
     # The id, write sequence, stamp, expiry and length as "%012x %012x %012x %012x %08x":
     # packed big-endian and written out as hex in groups of 6 bytes from the left (the
     # last group 4): about 3,000 instructions a record fewer than formatting each number.
@@ -259,6 +270,11 @@ _NEW_UNTAGGED: Final = mutable_block(STATE_RDY, 0, 0, 0)[:-6]
 def parse_header(buf: Bytes, pos: int) -> RecordHeader:
     """Parse the record header at buf[pos:]; FormatError if it is not well formed.
     The payload's CRC is not checked here (see check_payload)."""
+    if NATIVE:
+        parsed = _c.parse(buf, pos)
+        if parsed is not None:
+            state, count, msg_id, wseq, stamp, length, crc, copy, due_ms, expires_ms, size = parsed
+            return RecordHeader(state, count, msg_id, wseq, stamp, length, crc, copy, due_ms, expires_ms, size)
     line = bytes(buf[pos : pos + RECORD_HEADER])  # one copy, then native indexing
     if len(line) < RECORD_HEADER or line[RECORD_HEADER - 1] != 10:
         raise FormatError("incomplete or malformed record header")
@@ -319,6 +335,10 @@ def _crc_matches(buf: Bytes, pos: int, size: int, length: int, crc: int) -> bool
     header's id-to-length fields and its payload of `length` bytes is `crc`. The bytes
     are read where they are (a memoryview) unless they are few: copying a small payload
     out of bytes costs less than making the views."""
+    if NATIVE:
+        matches = _c.crc_matches(buf, pos, size, length, crc)
+        if matches is not None:
+            return matches
     end = pos + size
     if len(buf) < end or buf[end - 1] != 10:
         return False
