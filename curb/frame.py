@@ -232,8 +232,15 @@ class FrameParser:
         searched = self._searched
         max_body = self.max_body_bytes
         length: int | None  # declared: mypyc types a local by its first assignment's narrowed type
+        native = NATIVE
         while pos < end and len(frames) != limit:
             if head is None:
+                if native and not searched:
+                    whole = _c.next_frame(buf, pos, self.max_frame_bytes, max_body, self._short_head)
+                    if whole is not None:
+                        command, headers, body, pos = whole
+                        append(Frame(command, headers, body))
+                        continue
                 if buf[pos] <= 13:  # maybe LF or CR: heart-beats
                     if buf[pos] == 10 and pos + 1 < end and buf[pos + 1] > 13:
                         pos += 1  # the common case, one LF after a frame's NUL, at once
