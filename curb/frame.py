@@ -222,6 +222,20 @@ class FrameParser:
 
     def _parse(self, buf: bytes | bytearray, pos: int, frames: list[Frame], limit: int) -> int:
         """Append up to `limit` (-1: all) complete frames from buf[pos:] to frames and return
+        where the unparsed rest starts: in the compiled build the C step takes the simple
+        frames in front (frame_c.next_frame), and _parse_rest the rest."""
+        if NATIVE and self._head is None and not self._searched:
+            end = len(buf)
+            while pos < end and len(frames) != limit:
+                whole = _c.next_frame(buf, pos, self.max_frame_bytes, self.max_body_bytes, self._short_head)
+                if whole is None:
+                    break
+                command, headers, body, pos = whole
+                frames.append(Frame(command, headers, body))
+        return self._parse_rest(buf, pos, frames, limit)
+
+    def _parse_rest(self, buf: bytes | bytearray, pos: int, frames: list[Frame], limit: int) -> int:
+        """Append up to `limit` (-1: all) complete frames from buf[pos:] to frames and return
         where the unparsed rest starts (the incomplete frame's state is saved, relative to it).
         A frame that comes whole takes one call, _parse_head; the rare cases (a CR in the
         head, an incomplete or oversized frame) take calls of their own."""
@@ -232,15 +246,8 @@ class FrameParser:
         searched = self._searched
         max_body = self.max_body_bytes
         length: int | None  # declared: mypyc types a local by its first assignment's narrowed type
-        native = NATIVE
         while pos < end and len(frames) != limit:
             if head is None:
-                if native and not searched:
-                    whole = _c.next_frame(buf, pos, self.max_frame_bytes, max_body, self._short_head)
-                    if whole is not None:
-                        command, headers, body, pos = whole
-                        append(Frame(command, headers, body))
-                        continue
                 if buf[pos] <= 13:  # maybe LF or CR: heart-beats
                     if buf[pos] == 10 and pos + 1 < end and buf[pos + 1] > 13:
                         pos += 1  # the common case, one LF after a frame's NUL, at once
