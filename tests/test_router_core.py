@@ -90,6 +90,11 @@ class World:
                 client.connection_lost()
         self.run()
 
+    def may_send(self, link: Link) -> int:
+        """How many more MESSAGEs the router's subscription lets the link's instance send."""
+        upstream = self.core.credit.of(link)
+        return upstream.window - upstream.on_current
+
     def out(self, endpoint: Session | Link) -> list[Frame]:
         """The frames written to an endpoint since the last look (heart-beats dropped)."""
         self.run()
@@ -458,6 +463,34 @@ def test_a_subscriber_of_a_partitioned_destination_gets_credit_where_the_message
     f1, f2 = w.out(l1), w.out(l2)
     assert [f.command for f in f1] == ["UNSUBSCRIBE", "SUBSCRIBE"] and f1[-1].headers["prefetch-count"] == "1"
     assert f2[-1].headers["prefetch-count"] == "9"
+
+
+def test_a_full_client_is_offered_nothing_when_its_credit_moves_to_another_instance():
+    """Seed 9302341 of the router simulator: a client that held its whole prefetch from
+    two instances had its shares moved by their counts; the instance that got the larger
+    share was offered credit the client did not have, handed the MESSAGEs back, its count
+    rose, the shares moved again: a livelock. What a client holds in all bounds its credit."""
+    w = World("p=127.0.0.1:1,127.0.0.1:2")
+    l1, l2 = w.up("p", 0), w.up("p", 1)
+    w.out(l1), w.out(l2)
+    c = w.client()
+    w.send(c, "SUBSCRIBE", {"destination": "/queue/p", "id": "s", "ack": "client-individual", "prefetch-count": "4"})
+    w.answer(l2, "MESSAGE", {"subscription": "count", "message-id": "count-1", "destination": "./count", "rdy": "50"})
+    sub1, sub2 = w.out(l1)[-1].headers["id"], w.out(l2)[-1].headers["id"]
+    assert [w.may_send(link) for link in (l1, l2)] == [1, 3]
+    w.answer(l1, *message(sub1, 1))
+    for msg_id in (2, 3, 4):
+        w.answer(l2, *message(sub2, msg_id))
+    assert len(w.out(c)) == 4  # the client holds its prefetch
+    # The counts turn: the first instance has the messages now. The client is full, so no
+    # instance may send it anything, whatever its share.
+    w.answer(l1, "MESSAGE", {"subscription": "count", "message-id": "count-2", "destination": "./count", "rdy": "50"})
+    w.answer(l2, "MESSAGE", {"subscription": "count", "message-id": "count-3", "destination": "./count", "rdy": "0"})
+    assert [w.may_send(link) for link in (l1, l2)] == [0, 0]
+    # An ACK of a message from the second instance makes room for one, which the first
+    # instance (its larger share) is offered.
+    w.send(c, "ACK", {"id": stable_id(w, l2, 2)})
+    assert [w.may_send(link) for link in (l1, l2)] == [1, 0]
 
 
 def test_transaction_frames_wait_for_commit_whose_receipt_waits_for_all_of_them():

@@ -5,7 +5,8 @@ Rules (invariants the tests check):
 - Per instance at most one upstream subscription, open while clients of its destination
   have free credit for it. Its prefetch (`window`) never exceeds the clients' free
   credit for that instance (`free`: the sum over client subscriptions of their share of
-  the instance less what they hold from it): `window - on_current <= free`. So every
+  the instance less what they hold from it, each at most its prefetch less what it holds
+  from all instances): `window - on_current <= free`. So every
   MESSAGE of the current subscription finds a client with credit, and an ACK or NACK
   frees one place on each side. When `free` falls below what the instance may still send
   (a client leaves, unsubscribes, cannot take output, or its share moves) the router
@@ -21,7 +22,11 @@ Rules (invariants the tests check):
 - A client subscription's prefetch is split into shares, one per instance of its
   destination that is up: at least 1 each, the rest to those that report queued
   messages (their `./count`), NSQ's shape; a single instance gets all of it. A session
-  that cannot take output has no share.
+  that cannot take output has no share. Shares move with the counts while what a client
+  holds stays where it came from, so a share alone could offer credit a full client
+  does not have: a client that holds its prefetch takes nothing more from any instance
+  (without that bound, a full client's credit moved between instances with their counts
+  and made them hand the same messages back and forth for good).
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ class ClientSub(Subscription[Peer, Record]):
         self.dead = dead
         self.shares: dict[Link, int] = {}
         self.held: dict[Link, int] = {}
+        self.total = 0  # what it holds from every instance: the sum of `held`
 
     @property
     def line(self) -> str:
@@ -65,7 +71,11 @@ class ClientSub(Subscription[Peer, Record]):
         return f"{self.dest}/dead" if self.dead else self.dest
 
     def free(self, link: Link) -> int:
-        return max(0, self.shares.get(link, 0) - self.held.get(link, 0)) if self.active else 0
+        """What it may still take from the instance: its share there less what it holds
+        from it, and never more than its prefetch less what it holds in all."""
+        if not self.active:
+            return 0
+        return max(0, min(self.shares.get(link, 0) - self.held.get(link, 0), self.prefetch - self.total))
 
 
 @dataclass(slots=True, eq=False)
@@ -144,7 +154,8 @@ class Credit:
         self._rebalance_line(sub.dest, sub.dead)
 
     def taker(self, link: Link, dead: bool = False) -> ClientSub | None:
-        """The next client subscription (in turn) with free credit for this instance."""
+        """The next client subscription (in turn) with free credit for this instance
+        (`ClientSub.free`, inline)."""
         line = f"{link.dest}/dead" if dead else link.dest
         subs = self.subs.get(line)
         if not subs:
@@ -153,23 +164,36 @@ class Credit:
         start = self._turn.get(line, 0)
         for step in range(count):
             sub = subs[(start + step) % count]
-            if sub.active and sub.shares.get(link, 0) > sub.held.get(link, 0):  # free(link) > 0, inline
+            if sub.active and sub.shares.get(link, 0) > sub.held.get(link, 0) and sub.prefetch > sub.total:
                 self._turn[line] = (start + step + 1) % count
                 return sub
         return None
 
     def hold(self, delivery: Delivery, held: int) -> None:
         """A client took (1) or let go of (-1) a message from the instance: `_adjust`,
-        inline, as this runs twice for every message."""
+        inline, as this runs twice for every message. Its room in all changes too, which
+        bounds its free credit for the other instances: those it changed are rebalanced."""
         sub, link, upstream = delivery.sub, delivery.link, delivery.source
         had = sub.held.get(link, 0)
         sub.held[link] = had + held
-        if sub.active:
-            before = sub.shares.get(link, 0) - had  # its free credit was max(0, before)
-            after = before - held
-            upstream.free += (after if after > 0 else 0) - (before if before > 0 else 0)
+        room = sub.prefetch - sub.total  # before
+        sub.total += held
         if delivery.sub_id == upstream.sub_id:
             upstream.on_current += held
+        if not sub.active:
+            return
+        left = sub.shares.get(link, 0) - had
+        before, after = min(left, room), min(left - held, room - held)  # its free credit: max(0, ...)
+        upstream.free += (after if after > 0 else 0) - (before if before > 0 else 0)
+        for other, share in sub.shares.items():
+            if other is link:
+                continue
+            left = share - sub.held.get(other, 0)
+            was, now = max(0, min(left, room)), max(0, min(left, room - held))
+            if was != now:
+                source = self.of(other, sub.dead)
+                source.free += now - was
+                self.rebalance(other, sub.dead, source)
 
     def _adjust(self, sub: ClientSub, link: Link, held: int = 0, share: int | None = None) -> None:
         """Change what a client subscription holds from, or may take from, an instance,
@@ -177,6 +201,7 @@ class Credit:
         before = sub.free(link)
         if held:
             sub.held[link] = sub.held.get(link, 0) + held
+            sub.total += held
         if share is not None:
             sub.shares[link] = share
         self.of(link, sub.dead).free += sub.free(link) - before
