@@ -170,8 +170,9 @@ class Credit:
         return None
 
     def hold(self, delivery: Delivery, held: int) -> None:
-        """A client took (1) or let go of (-1) a message from the instance: `_adjust`,
-        inline, as this runs twice for every message. Its room in all changes too, which
+        """A client took (1) or let go of (-1) a message from the instance, keeping every
+        instance's `free` the sum of its subscriptions' free credit (`ClientSub.free`,
+        written out, as this runs twice for every message). Its room in all changes too, which
         bounds its free credit for the other instances: those it changed are rebalanced."""
         sub, link, upstream = delivery.sub, delivery.link, delivery.source
         had = sub.held.get(link, 0)
@@ -195,15 +196,12 @@ class Credit:
                 source.free += now - was
                 self.rebalance(other, sub.dead, source)
 
-    def _adjust(self, sub: ClientSub, link: Link, held: int = 0, share: int | None = None) -> None:
-        """Change what a client subscription holds from, or may take from, an instance,
-        keeping the instance's `free` the sum of every subscription's free credit."""
+    def _set_share(self, sub: ClientSub, link: Link, share: int) -> None:
+        """Change what a client subscription may take from an instance, keeping the
+        instance's `free` the sum of every subscription's free credit. (What it holds
+        changes in `hold`, which also rebalances the other instances.)"""
         before = sub.free(link)
-        if held:
-            sub.held[link] = sub.held.get(link, 0) + held
-            sub.total += held
-        if share is not None:
-            sub.shares[link] = share
+        sub.shares[link] = share
         self.of(link, sub.dead).free += sub.free(link) - before
 
     def share(self, sub: ClientSub) -> None:
@@ -223,7 +221,7 @@ class Credit:
                 if link in busy and len(links) > 1:
                     index = busy.index(link)
                     share += each + (1 if index < extra else 0)
-            self._adjust(sub, link, share=share)
+            self._set_share(sub, link, share)
 
     def reshare(self, dest: str) -> None:
         for line in (dest, f"{dest}/dead"):
